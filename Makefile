@@ -1,0 +1,35 @@
+# Two entry points do all set-up on a fresh machine: `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.tito-installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml requirements-parsers.txt Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# CPU-only torch first, so nothing below can pull a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	# sglang only for its parsers: no dependencies (they are CUDA), then its import-time needs.
+	$(BIN)/pip install -q --no-deps sglang==0.5.23 xgrammar==0.2.7
+	$(BIN)/pip install -q -r requirements-parsers.txt
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/tito demo
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: install
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV)

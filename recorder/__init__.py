@@ -1,0 +1,1 @@
+"""Recording: cassette writer, recording proxy, agent launchers."""

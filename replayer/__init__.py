@@ -1,0 +1,1 @@
+"""Replay: cassette reader, replay through the adapters, diffs."""

@@ -1,0 +1,1 @@
+"""Turn records, the trajectory manager, linearization into training samples, and golden rendering."""

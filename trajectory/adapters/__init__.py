@@ -1,0 +1,1 @@
+"""Adapters: agent wire formats (Anthropic Messages, OpenAI Chat, OpenAI Responses) to SGLang /generate."""

@@ -1,0 +1,67 @@
+"""The adapter app's taps: where a recorder listens to both legs of the traffic.
+
+The adapter app calls a `TrafficTap` after each exchange is complete (the agent's request with the reply
+that was sent, or one engine call), and when a session finishes. The default tap does nothing; the
+recorder's tap writes a cassette. Taps receive raw material (secrets included): redaction is the
+recorder's job, in one place, before anything reaches disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class AgentExchange:
+    """One agent-leg request and the reply the adapter sent back."""
+
+    method: str
+    path: str  # as received, path prefix (`/s/<sid>`) included
+    query: str
+    headers: dict[str, str]
+    body: bytes  # request bytes as sent by the agent
+    status: int
+    reply_headers: dict[str, str]
+    reply_body: bytes | None = None  # JSON replies
+    reply_events: list[str] | None = None  # SSE replies: each event's raw text, `event:`/`data:` lines
+    started_s: float = 0.0  # seconds since the session's first exchange (never wall time)
+    duration_s: float = 0.0
+    side: bool = False  # title generation, probes: answered but kept out of the agent's tree
+    retry_of: int | None = None  # seq of the exchange whose identical body this re-sends
+    turn_index: int | None = None  # the manager's turn index when the exchange produced a turn
+
+
+@dataclass
+class EngineExchange:
+    """One call the adapter made to the engine (`/generate`, `/abort_request`, `/workers`, ...)."""
+
+    method: str
+    path: str
+    request: dict[str, Any] | None  # JSON body sent
+    status: int  # 0 when no HTTP answer came (connection refused, timeout)
+    response: Any = None  # parsed JSON body (the final body for a stream), or text
+    error: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # request headers (routing key)
+    started_s: float = 0.0
+    duration_s: float = 0.0
+
+
+class TrafficTap(Protocol):
+    def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
+        """`source` says where the session id came from: bearer, x-api-key, body, path, or anonymous."""
+
+    def engine_exchange(self, session: str, source: str, exchange: EngineExchange) -> None: ...
+
+    def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None: ...
+
+
+class NullTap:
+    def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
+        pass
+
+    def engine_exchange(self, session: str, source: str, exchange: EngineExchange) -> None:
+        pass
+
+    def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
+        pass

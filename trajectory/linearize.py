@@ -1,0 +1,139 @@
+"""Token-level linearization of one root-to-leaf chain into training samples.
+
+Routing decides which turns belong to one conversation; tokens decide whether they can share a sample.
+For each generated turn the held tokens are compared with the turn's prompt_ids (longest common prefix):
+CLEAN when the held tokens are a prefix, REALIGN when the divergence lies in the most recent response
+and the incoming output is short, FORK otherwise. Only the engine's own output ids are ever trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trajectory.events import Event
+from trajectory.records import Sample
+from trajectory.tree import Node
+
+_CHUNK = 512
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Longest common prefix of two id lists, compared a chunk at a time at C speed."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo = 0
+    while lo + _CHUNK <= n and a[lo:lo + _CHUNK] == b[lo:lo + _CHUNK]:
+        lo += _CHUNK
+    while lo < n and a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+@dataclass
+class Span:
+    turn_index: int
+    start: int
+    length: int
+    trained: bool
+
+
+@dataclass
+class Builder:
+    """Tokens of one sample under construction; loss and logprobs are kept for every token."""
+
+    tokens: list[int]
+    loss: list[int]
+    logprobs: list[float]
+    spans: list[Span] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, prompt_ids: list[int]) -> Builder:
+        n = len(prompt_ids)
+        return cls(list(prompt_ids), [0] * n, [0.0] * n)
+
+    def add_context(self, ids: list[int]) -> None:
+        self.tokens += ids
+        self.loss += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+    def add_output(self, node: Node, trained: bool) -> None:
+        turn = node.turn
+        assert turn is not None and node.turn_index is not None
+        self.spans.append(Span(node.turn_index, len(self.tokens), len(turn.output_ids), trained))
+        self.nodes.append(node)
+        self.tokens += turn.output_ids
+        self.loss += [int(trained)] * len(turn.output_ids)
+        self.logprobs += turn.output_log_probs if trained else [0.0] * len(turn.output_ids)
+
+    def realign(self, prompt_ids: list[int]) -> int:
+        """Replace the last response span by the prompt's tokens, masked; returns trained tokens lost."""
+        span = self.spans[-1]
+        lost = span.length if span.trained else 0
+        del self.tokens[span.start:], self.loss[span.start:], self.logprobs[span.start:]
+        self.add_context(prompt_ids[span.start:])
+        span.trained, span.length = False, 0  # its tokens are context now, not a response
+        return lost
+
+    def region_of(self, index: int) -> tuple[str, Span | None]:
+        """Which part of the held tokens an index falls in: a response span, or context."""
+        for span in reversed(self.spans):
+            if span.start <= index < span.start + span.length:
+                return "response", span
+            if index >= span.start + span.length:
+                break
+        return "context", None
+
+    def to_sample(self, reward: float, metadata: dict) -> Sample | None:
+        try:
+            first = self.loss.index(1)
+        except ValueError:
+            return None
+        return Sample(tokens=list(self.tokens), response_length=len(self.tokens) - first,
+                      loss_mask=self.loss[first:], rollout_log_probs=self.logprobs[first:],
+                      reward=reward, metadata=metadata)
+
+
+def linearize_chain(leaf: Node, trained_turns: set[int], fork_threshold_tokens: int,
+                    events: list[Event]) -> list[Builder]:
+    """Builders for one leaf's chain. `trained_turns` holds turns an earlier leaf already trains."""
+    builders: list[Builder] = []
+    builder: Builder | None = None
+    for node in leaf.path():
+        if not node.generated or node.turn is None or node.turn_index is None:
+            continue
+        turn, index = node.turn, node.turn_index
+        if builder is None:
+            builder = Builder.start(turn.prompt_ids)
+        else:
+            held = builder.tokens
+            lcp = common_prefix_len(held, turn.prompt_ids)
+            if lcp == len(held):
+                builder.add_context(turn.prompt_ids[lcp:])
+            else:
+                region, span = builder.region_of(lcp)
+                last = builder.spans[-1] if builder.spans else None
+                short = fork_threshold_tokens > 0 and len(turn.output_ids) < fork_threshold_tokens
+                if span is not None and span is last and short:
+                    lost = builder.realign(turn.prompt_ids)
+                    events.append(Event("realign", f"divergence inside the response of turn {span.turn_index}",
+                                        index, lcp, leaf.id, lost))
+                else:
+                    if span is None:
+                        reason = "prompt"
+                    elif span is last:
+                        reason = "threshold"
+                    else:
+                        reason = "earlier-response"
+                    events.append(Event("fork", reason, index, lcp, leaf.id))
+                    builders.append(builder)
+                    builder = Builder.start(turn.prompt_ids)
+        trained = index not in trained_turns
+        if not trained:
+            events.append(Event("dedup", f"turn {index} is trained by an earlier leaf", index, None, leaf.id,
+                                len(turn.output_ids)))
+        builder.add_output(node, trained)
+    if builder is not None:
+        builders.append(builder)
+    return builders

@@ -1,0 +1,70 @@
+"""Records that cross module boundaries: one generated turn in, one training sample out."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass
+class TurnRecord:
+    """What the engine produced for one agent turn, exactly as token ids.
+
+    `prompt_ids` is what was sent to /generate and `output_ids` what came back (stop token included),
+    never re-tokenised text: linearization compares id prefixes, so any re-encoding would show up as drift.
+    """
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str = "stop"
+    output_log_probs: list[float] = field(default_factory=list)
+    ill_formed: bool = False
+    aborted: bool = False
+    # Set by the adapter for explanations in events and goldens; never used for routing.
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+        if not self.output_log_probs:
+            self.output_log_probs = [0.0] * len(self.output_ids)
+        if len(self.output_log_probs) != len(self.output_ids):
+            raise ValueError(
+                f"output_log_probs has {len(self.output_log_probs)} entries for {len(self.output_ids)} output ids"
+            )
+        if self.finish_reason == "abort":
+            self.aborted = True
+
+
+@dataclass
+class Sample:
+    """One training sample: `tokens` = prompt + response; masks and logprobs cover the response region."""
+
+    tokens: list[int]
+    response_length: int
+    loss_mask: list[int]
+    rollout_log_probs: list[float]
+    reward: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = self.response_length
+        if not (len(self.loss_mask) == len(self.rollout_log_probs) == n <= len(self.tokens)):
+            raise ValueError(
+                f"inconsistent sample: response_length={n}, loss_mask={len(self.loss_mask)}, "
+                f"rollout_log_probs={len(self.rollout_log_probs)}, tokens={len(self.tokens)}"
+            )
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.tokens) - self.response_length
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Sample:
+        return cls(**{k: data[k] for k in ("tokens", "response_length", "loss_mask", "rollout_log_probs")},
+                   reward=data.get("reward", 0.0), metadata=dict(data.get("metadata", {})))

