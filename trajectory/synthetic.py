@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trajectory.canonical import canonical_arguments, canonical_content
 from trajectory.manager import TrajectoryManager
 from trajectory.records import TurnRecord
 
@@ -52,7 +53,8 @@ class ToyTemplate:
     eot_newline: bool = True  # like Qwen3: the template writes `<|im_end|>\n`, the model stops at `<|im_end|>`
     drop_old_reasoning: bool = True  # like Qwen3: no <think> for assistant turns before the last user message
 
-    def words(self, prefix: str, text: str | None) -> list[str]:
+    def words(self, prefix: str, text: Any) -> list[str]:
+        text = canonical_content(text)  # one text block or a plain string render alike, as in real templates
         return [f"{prefix}:{w}" for w in (text or "").split()]
 
     def assistant_body(self, message: dict[str, Any], keep_reasoning: bool = True) -> list[str]:
@@ -63,7 +65,7 @@ class ToyTemplate:
         for call in message.get("tool_calls") or []:
             fn = call.get("function", call)
             out.append(f"call:{fn['name']}")
-            args = fn.get("arguments") or {}
+            args = canonical_arguments(fn.get("arguments")) or {}
             out += [f"arg:{k}={v}" for k, v in args.items()]
         return out + ["</ast>"]
 

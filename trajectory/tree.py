@@ -128,7 +128,7 @@ class MessageTree:
         leaf_samples = leaf_samples or {}
         return {
             "nodes": [
-                {"id": n.id, "parent": n.parent.id if n.parent else None, "role": n.role,
+                {"id": n.id, "parent": n.parent.id if n.parent else None, "role": n.role, "message": n.canon,
                  "generated": n.generated, "turn": n.turn_index,
                  "leaf": not n.children, "samples": leaf_samples.get(n.id, [])}
                 for n in self.nodes[1:]

@@ -1,0 +1,12 @@
+"""Shared fixtures: the real tokenizer is loaded once per test session."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    from trajectory.tokenizer import load_tokenizer
+
+    return load_tokenizer()

@@ -1,0 +1,106 @@
+"""The manager's API around linearization: identity, records, events, stats, tree export, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trajectory.canonical import canonical_message
+from trajectory.manager import TrajectoryManager
+from trajectory.records import Sample, TurnRecord
+from trajectory.synthetic import SyntheticSession, assistant, system, tool, user
+
+
+def test_canonical_identity_ignores_cosmetic_echo_changes() -> None:
+    sent = {"role": "assistant", "content": "hi", "reasoning_content": "r",
+            "tool_calls": [{"id": "call_1", "type": "function",
+                            "function": {"name": "Bash", "arguments": {"command": "ls", "n": 1}}}]}
+    echoed = {"tool_calls": [{"type": "function", "id": "toolu_9",
+                              "function": {"arguments": '{"n":1,"command":"ls"}', "name": "Bash"}}],
+              "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
+              "role": "assistant"}
+    assert canonical_message(sent) == canonical_message(echoed)
+    assert canonical_message(sent, keep_reasoning=True) != canonical_message(echoed, keep_reasoning=True)
+    assert canonical_message({"role": "assistant", "content": None}) == canonical_message({"role": "assistant"})
+    changed = json.loads(json.dumps(echoed))
+    changed["tool_calls"][0]["function"]["arguments"] = '{"n":2,"command":"ls"}'
+    assert canonical_message(sent) != canonical_message(changed)
+    malformed = {"role": "assistant", "tool_calls": [{"function": {"name": "x", "arguments": "{oops"}}]}
+    assert canonical_message(malformed)["tool_calls"][0]["arguments"] == "{oops"  # kept, never lost
+
+
+def test_echo_with_cosmetic_changes_routes_to_the_same_chain() -> None:
+    m = TrajectoryManager()
+    s = SyntheticSession(m)
+    call = assistant("", ("calc", {"x": 1}))
+    s.turn([system("S"), user("go")], call)
+    echo = {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"x": 1}'}}]}
+    s.turn([system("S"), {"role": "user", "content": [{"type": "text", "text": "go"}]}, echo, tool("1", "c1")],
+           assistant("done"))
+    stats = m.stats("s")
+    assert (stats.leaves, stats.samples, stats.branches, stats.merges) == (1, 1, 0, 0)
+
+
+def test_identical_retry_is_recorded_once() -> None:
+    m = TrajectoryManager()
+    s = SyntheticSession(m)
+    s.turn([system("S"), user("go")], assistant("ok"))
+    s.turn([system("S"), user("go")], assistant("ok"))
+    assert [e.kind for e in m.events("s")] == ["duplicate"]
+    assert len(m.samples("s")) == 1
+
+
+def test_side_turns_stay_out_of_the_tree() -> None:
+    m = TrajectoryManager()
+    s = SyntheticSession(m)
+    s.turn([system("S"), user("go")], assistant("ok"))
+    m.record_side_turn("s", [user("title?")], assistant("Title"), TurnRecord([1, 2], [3], "stop", [-1.0]))
+    stats = m.stats("s")
+    assert (stats.turns, stats.side_turns, stats.samples, stats.leaves) == (1, 1, 1, 1)
+
+
+def test_stats_events_and_tree_export_explain_a_fork() -> None:
+    m = TrajectoryManager()
+    s = SyntheticSession(m)
+    s.turn([system("S"), user("go")], assistant("", ("calc", {"x": 1})))
+    msgs = [system("S"), user("go"), assistant("", ("calc", {"x": 1})), tool("1")]
+    drifted = s.vocab.decode(s.template.render(msgs)).replace("user:go", "user:go <DRIFT>")
+    s.turn(msgs, assistant("done"), prompt=drifted)
+    (fork,) = [e for e in m.events("s") if e.kind == "fork"]
+    assert (fork.reason, fork.turn, fork.token_index) == ("prompt", 1, 5)
+    assert "fork(prompt) turn=1 at=5" in fork.describe()
+    stats = m.stats("s").to_dict()
+    assert stats["forks"] == {"prompt": 1} and stats["samples"] == 2 and stats["trained_tokens"] == 5
+    tree = m.export_tree("s")
+    leaves = [n for n in tree["nodes"] if n["leaf"]]
+    assert len(leaves) == 1 and leaves[0]["samples"] == [0, 1] and leaves[0]["generated"]
+    assert [n["role"] for n in tree["nodes"]] == ["system", "user", "assistant", "tool", "assistant"]
+
+
+def test_sample_json_form_has_the_training_field_names() -> None:
+    m = TrajectoryManager()
+    SyntheticSession(m).turn([system("S"), user("go")], assistant("ok"))
+    data = json.loads(json.dumps(m.finish("s", 0.5)[0].to_dict()))
+    assert list(data) == ["tokens", "response_length", "loss_mask", "rollout_log_probs", "reward", "metadata"]
+    assert data["reward"] == 0.5 and data["metadata"]["session"] == "s"
+    assert Sample.from_dict(data).to_dict() == data
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"finish_reason": "eos"}, "finish_reason"), ({"output_log_probs": [-1.0]}, "output_log_probs")],
+)
+def test_turn_record_rejects_bad_input(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        TurnRecord(prompt_ids=[1], output_ids=[2, 3], **kwargs)
+
+
+def test_manager_rejects_bad_options() -> None:
+    with pytest.raises(ValueError, match="reward_policy"):
+        TrajectoryManager(reward_policy="mean")
+    with pytest.raises(ValueError, match="fork_threshold_tokens"):
+        TrajectoryManager(fork_threshold_tokens=-1)
+    with pytest.raises(ValueError, match="inconsistent sample"):
+        Sample(tokens=[1, 2], response_length=1, loss_mask=[1, 1], rollout_log_probs=[0.0])
