@@ -1,0 +1,410 @@
+"""The fake engine's HTTP app: SGLang 0.5.x's native API in front of a Policy.
+
+`create_app(policy, options)` is the single factory; tests and other modules use it like this:
+
+    from aiohttp import web
+    from fake_engine.app import EngineOptions, create_app
+    app = create_app(ScriptedPolicy(scenario, tokenizer), EngineOptions(tokenizer=tokenizer))
+    web.run_app(app, host="127.0.0.1", port=30000)
+
+The app owns everything a policy should not care about: validation (validation.py), queueing and
+`/abort_request`, streaming, faults (faults.py) and response shapes (responses.py). A policy only maps a
+`GenerateRequest` to a `Generation`, or raises `PolicyError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from fake_engine.drift import inject_split
+from fake_engine.faults import FaultSchedule, FaultSpec
+from fake_engine.logprobs import logprobs_for, token_logprob
+from fake_engine.policy import GenerateRequest, Generation, Policy, PolicyError
+from fake_engine.responses import (
+    DEFAULT_PROFILE,
+    finish_abort,
+    finish_length,
+    finish_stop,
+    generate_body,
+    get_profile,
+    logprob_entries,
+    meta_info,
+    model_info,
+    models_list,
+    queued_abort_body,
+    server_info,
+)
+from fake_engine.sessions import session_key, turn_index
+from fake_engine.validation import EngineHTTPError, check_context, parse_failure, parse_generate, verify_sampling
+
+ROUTING_HEADER = "X-SMG-Routing-Key"
+FLUSH_CACHE_TEXT = ("Cache flushed.\nPlease check backend logs for more details. "
+                    "(When there are running or waiting requests, the operation will not be performed.)\n")
+
+
+@dataclass
+class EngineOptions:
+    """Server-level settings (what `python -m sglang.launch_server` flags would set)."""
+
+    model_name: str = "Qwen/Qwen3-8B"  # served model name
+    model_path: str = "Qwen/Qwen3-8B"
+    context_length: int = 40960
+    version_profile: str = DEFAULT_PROFILE
+    incremental_streaming: bool = False
+    router: bool = False  # also serve GET /workers, refuse /abort_request like the SGLang router
+    weight_version: str = "default"
+    max_running_requests: int = 0  # 0: unlimited; beyond it requests wait in a queue (abortable)
+    vocab_size: int = 151936
+    tokenizer: Any = None  # for `text` in requests and `text` in responses; None: no text key
+    faults: FaultSchedule = field(default_factory=FaultSchedule)
+    logprob_seed: str = "tito"
+    host: str = "127.0.0.1"
+    port: int = 30000
+
+
+class _Dropped(Exception):
+    """The connection was closed on purpose (fault); nothing more is written."""
+
+
+@dataclass
+class _Tracked:
+    rid: str
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    running: bool = False
+    request: web.Request | None = None
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_dumps(obj), status=status, content_type="application/json")
+
+
+def _drop(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort() if hasattr(transport, "abort") else transport.close()
+    raise _Dropped
+
+
+class Engine:
+    """Request bookkeeping shared by the router face and its worker face."""
+
+    def __init__(self, policy: Policy, options: EngineOptions) -> None:
+        self.policy = policy
+        self.options = options
+        self.profile = get_profile(options.version_profile)
+        self.tracked: dict[str, _Tracked] = {}
+        self.slots = asyncio.Semaphore(options.max_running_requests) if options.max_running_requests else None
+        self.restarting_until = 0.0
+        self.startup_time = time.time()
+
+    # ---- bookkeeping -------------------------------------------------------------------------------
+    def abort(self, rid: str, abort_all: bool) -> int:
+        """SGLang 0.5.23 semantics: an empty rid is ignored, an unknown exact rid does nothing (one
+        tokenizer worker), a known one aborts every request whose rid starts with it."""
+        if not abort_all and (not rid or rid not in self.tracked):
+            return 0
+        hits = [t for r, t in self.tracked.items() if abort_all or r.startswith(rid)]
+        for t in hits:
+            t.aborted.set()
+        return len(hits)
+
+    def restart(self, seconds: float, current: web.Request) -> None:
+        self.restarting_until = time.monotonic() + seconds
+        for t in list(self.tracked.values()):
+            if t.request is not None and t.request is not current and t.request.transport is not None:
+                t.request.transport.abort()
+        self.tracked.clear()
+
+    @property
+    def restarting(self) -> bool:
+        return time.monotonic() < self.restarting_until
+
+    # ---- /generate ---------------------------------------------------------------------------------
+    async def handle_generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._generate(request)
+        except EngineHTTPError as e:
+            if e.content_type == "application/json":
+                return _json(e.body, e.status)
+            return web.Response(text=str(e.body), status=e.status, content_type=e.content_type)
+        except _Dropped:
+            return web.Response(status=500)  # never reaches the client: the socket is gone
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        if self.restarting:
+            _drop(request)
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise parse_failure(f"JSON decode error: {e.msg if hasattr(e, 'msg') else e}") from None
+        opts = self.options
+        parsed = parse_generate(body, self.profile, request.headers.get(ROUTING_HEADER))
+        input_ids = parsed.input_ids
+        if input_ids is None:
+            if opts.tokenizer is None:
+                raise EngineHTTPError(400, {"error": {"message": "text input needs a tokenizer "
+                                                                  "(the engine runs without one)"}})
+            input_ids = list(opts.tokenizer.encode(parsed.text, add_special_tokens=False))
+        sp = parsed.sampling_params
+        check_context(len(input_ids), sp.get("max_new_tokens"), opts.context_length)
+        verify_sampling(sp, opts.vocab_size)
+        rid = parsed.rid or uuid.uuid4().hex
+        greq = GenerateRequest(
+            input_ids=input_ids, sampling_params=sp, rid=rid, stream=parsed.stream,
+            return_logprob=parsed.return_logprob, routing_key=parsed.routing_key, headers=request.headers,
+            session_key=session_key(input_ids, parsed.routing_key), turn_index=turn_index(input_ids))
+        start = time.perf_counter()
+        tracked = _Tracked(rid=rid, request=request)
+        self.tracked[rid] = tracked
+        try:
+            if not await self._admit(tracked):
+                return _json(queued_abort_body(
+                    rid=rid, weight_version=opts.weight_version, with_logprobs=parsed.return_logprob,
+                    e2e_latency=time.perf_counter() - start, sent_ts=time.time(),
+                    has_text=opts.tokenizer is not None))
+            try:
+                return await self._run(request, greq, tracked, start)
+            finally:
+                if self.slots is not None:
+                    self.slots.release()
+        finally:
+            if self.tracked.get(rid) is tracked:
+                del self.tracked[rid]
+
+    async def _admit(self, tracked: _Tracked) -> bool:
+        """Wait for a running slot; False if aborted while queued."""
+        if self.slots is None:
+            tracked.running = True
+            return True
+        acquire = asyncio.ensure_future(self.slots.acquire())
+        aborted = asyncio.ensure_future(tracked.aborted.wait())
+        await asyncio.wait({acquire, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        if acquire.done() and not tracked.aborted.is_set():
+            aborted.cancel()
+            tracked.running = True
+            return True
+        if acquire.done():
+            self.slots.release()
+        else:
+            acquire.cancel()
+        aborted.cancel()
+        return False
+
+    def _policy_generation(self, greq: GenerateRequest) -> Generation:
+        try:
+            return self.policy.generate(greq)
+        except PolicyError as e:
+            raise EngineHTTPError(e.status, {"error": {"message": e.message}}) from None
+
+    def _shape_output(self, greq: GenerateRequest, gen: Generation, faults: FaultSpec
+                      ) -> tuple[list[int], list[float], str, Any]:
+        ids = list(gen.output_ids)
+        lps = list(gen.logprobs) if gen.logprobs is not None else logprobs_for(
+            self.options.logprob_seed, greq.session_key, greq.turn_index, ids)
+        finish, matched = gen.finish, gen.matched
+        if faults.drift and self.options.tokenizer is not None:
+            split = inject_split(self.options.tokenizer, ids)
+            if split is not None:
+                ids, pos = split
+                extra = token_logprob(self.options.logprob_seed, greq.session_key, greq.turn_index, pos + 1,
+                                      ids[pos + 1])
+                lps = lps[:pos + 1] + [extra] + lps[pos + 1:]
+        for keep, kind in ((faults.finish_length, "length"), (faults.abort_after, "abort")):
+            if keep is not None and (keep < len(ids) or kind == "abort"):
+                ids, lps, finish = ids[:keep], lps[:keep], kind
+        limit = greq.max_new_tokens
+        if limit is not None and len(ids) > limit:
+            ids, lps, finish = ids[:limit], lps[:limit], "length"
+        if finish == "stop" and matched is None:
+            matched = ids[-1] if ids else None
+        return ids, lps, finish, matched
+
+    def _finish_reason(self, finish: str, matched: Any, n: int) -> dict[str, Any]:
+        if finish == "stop":
+            return finish_stop(matched)
+        if finish == "length":
+            return finish_length(n)
+        return finish_abort()
+
+    def _text(self, ids: list[int], sp: dict[str, Any], trim_stop: bool) -> str | None:
+        tok = self.options.tokenizer
+        if tok is None:
+            return None
+        if trim_stop and not sp.get("no_stop_trim", False):
+            ids = ids[:-1]
+        skip = sp.get("skip_special_tokens")
+        return tok.decode(ids, skip_special_tokens=True if skip is None else bool(skip))
+
+    def _body(self, greq: GenerateRequest, ids: list[int], lps: list[float], finish_reason: dict | None,
+              cached: int, *, n_total: int, trim_stop: bool = False, e2e: float | None = None,
+              sent_ts: float | None = None) -> dict[str, Any]:
+        """One response body; `ids` may be a streaming delta while `n_total` counts all output so far."""
+        entries = logprob_entries(ids, lps) if greq.return_logprob else None
+        meta = meta_info(rid=greq.rid, finish_reason=finish_reason, prompt_tokens=len(greq.input_ids),
+                         n_output=n_total, profile=self.profile, weight_version=self.options.weight_version,
+                         logprobs=entries, cached_tokens=cached, e2e_latency=e2e, sent_ts=sent_ts)
+        return generate_body(self._text(ids, greq.sampling_params, trim_stop), ids, meta)
+
+    async def _run(self, request: web.Request, greq: GenerateRequest, tracked: _Tracked,
+                   start: float) -> web.StreamResponse:
+        faults = self.options.faults.next()
+        gen = self._policy_generation(greq)
+        faults = faults.merged(gen.faults)
+        if faults.latency_ms:
+            await asyncio.sleep(faults.latency_ms / 1000)
+        if faults.restart_s is not None:
+            self.restart(faults.restart_s, request)
+            _drop(request)
+        if faults.drop_connection:
+            _drop(request)
+        if faults.status is not None:
+            # What SGLang's HTTPException handler writes for a 5xx.
+            return _json({"object": "error", "message": faults.message, "type": str(faults.status),
+                          "param": None, "code": faults.status}, faults.status)
+        ids, lps, finish, matched = self._shape_output(greq, gen, faults)
+        if greq.stream:
+            return await self._stream(request, greq, tracked, ids, lps, finish, matched, gen.cached_tokens,
+                                      faults, start)
+        produced = await self._produce(tracked, len(ids), faults.token_delay_ms)
+        if produced < len(ids) or tracked.aborted.is_set():
+            ids, lps, finish = ids[:produced], lps[:produced], "abort"
+        body = self._body(greq, ids, lps, self._finish_reason(finish, matched, len(ids)), gen.cached_tokens,
+                          n_total=len(ids), trim_stop=finish == "stop", e2e=time.perf_counter() - start,
+                          sent_ts=time.time())
+        return _json(body)
+
+    async def _produce(self, tracked: _Tracked, n: int, delay_ms: float) -> int:
+        """Pretend to decode n tokens; an abort stops it early. Returns how many were produced."""
+        if delay_ms <= 0:
+            return 0 if tracked.aborted.is_set() else n
+        for i in range(n):
+            try:
+                await asyncio.wait_for(tracked.aborted.wait(), delay_ms / 1000)
+                return i
+            except TimeoutError:
+                continue
+        return n
+
+    async def _stream(self, request: web.Request, greq: GenerateRequest, tracked: _Tracked, ids: list[int],
+                      lps: list[float], finish: str, matched: Any, cached: int, faults: FaultSpec,
+                      start: float) -> web.StreamResponse:
+        """Cumulative chunks by default (each repeats all output so far), deltas in incremental mode;
+        the last event is the full body, then `[DONE]`."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        interval = max(1, int(greq.sampling_params.get("stream_interval") or 1))
+        incremental = self.options.incremental_streaming
+        prev, sent = 0, 0
+        while prev < len(ids):
+            step = min(interval, len(ids) - prev)
+            produced = await self._produce(tracked, step, faults.token_delay_ms)
+            if produced < step or tracked.aborted.is_set():
+                ids, lps, finish = ids[:prev + produced], lps[:prev + produced], "abort"
+                break
+            if prev + step == len(ids):
+                break  # the final event below carries the last tokens
+            lo = prev if incremental else 0
+            chunk = self._body(greq, ids[lo:prev + step], lps[lo:prev + step], None, cached,
+                               n_total=prev + step, sent_ts=time.time() if sent == 0 else None)
+            await resp.write(b"data: " + _dumps(chunk) + b"\n\n")
+            sent += 1
+            prev += step
+            if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
+                _drop(request)
+        if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
+            _drop(request)
+        lo = prev if incremental else 0
+        final = self._body(greq, ids[lo:], lps[lo:], self._finish_reason(finish, matched, len(ids)), cached,
+                           n_total=len(ids), trim_stop=finish == "stop", e2e=time.perf_counter() - start,
+                           sent_ts=time.time() if sent == 0 else None)
+        await resp.write(b"data: " + _dumps(final) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    # ---- other endpoints ---------------------------------------------------------------------------
+    async def handle_abort(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except json.JSONDecodeError as e:
+            return _json(parse_failure(f"JSON decode error: {e.msg}").body, 400)
+        if not isinstance(body, dict):
+            return _json(parse_failure("Input should be a valid dictionary or object").body, 400)
+        self.abort(str(body.get("rid") or ""), bool(body.get("abort_all") or False))
+        return web.Response(status=200)
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self.restarting else 200)
+
+    async def handle_model_info(self, request: web.Request) -> web.Response:
+        o = self.options
+        return _json(model_info(model_path=o.model_path, served_model_name=o.model_name,
+                                weight_version=o.weight_version))
+
+    async def handle_server_info(self, request: web.Request) -> web.Response:
+        o = self.options
+        return _json(server_info(model_path=o.model_path, served_model_name=o.model_name, host=o.host,
+                                 port=o.port, context_length=o.context_length,
+                                 incremental=o.incremental_streaming, profile=self.profile,
+                                 startup_time=self.startup_time))
+
+    async def handle_flush_cache(self, request: web.Request) -> web.Response:
+        return web.Response(text=FLUSH_CACHE_TEXT, content_type="text/plain")
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        return _json(models_list(self.options.model_name, self.options.context_length, int(self.startup_time)))
+
+    async def handle_workers(self, request: web.Request) -> web.Response:
+        url = f"{request.scheme}://{request.host}/worker0"
+        worker = {"url": url, "model": self.options.model_name, "healthy": not self.restarting,
+                  "requests_active": len(self.tracked)}
+        return _json({"workers": [worker], "total": 1, "healthy": int(not self.restarting)})
+
+
+ENGINE_KEY = web.AppKey("engine", Engine)
+
+
+def _add_engine_routes(app: web.Application, engine: Engine, *, abort: bool) -> None:
+    r = app.router
+    r.add_route("POST", "/generate", engine.handle_generate)
+    r.add_route("PUT", "/generate", engine.handle_generate)
+    if abort:
+        r.add_post("/abort_request", engine.handle_abort)
+    r.add_get("/health", engine.handle_health)
+    r.add_get("/health_generate", engine.handle_health)
+    r.add_get("/get_model_info", engine.handle_model_info)
+    r.add_get("/get_server_info", engine.handle_server_info)
+    if engine.profile.info_routes:
+        r.add_get("/model_info", engine.handle_model_info)
+        r.add_get("/server_info", engine.handle_server_info)
+    r.add_route("GET", "/flush_cache", engine.handle_flush_cache)
+    r.add_route("POST", "/flush_cache", engine.handle_flush_cache)
+    r.add_get("/v1/models", engine.handle_models)
+
+
+def create_app(policy: Policy, options: EngineOptions | None = None) -> web.Application:
+    """The fake engine as an aiohttp app. Router mode: the app is the router (no /abort_request, plus
+    GET /workers) and its one worker is mounted at /worker0 with the full engine API."""
+    options = options or EngineOptions()
+    engine = Engine(policy, options)
+    app = web.Application(client_max_size=1 << 30)
+    app[ENGINE_KEY] = engine
+    _add_engine_routes(app, engine, abort=not options.router)
+    if options.router:
+        app.router.add_get("/workers", engine.handle_workers)
+        worker = web.Application(client_max_size=1 << 30)
+        _add_engine_routes(worker, engine, abort=True)
+        app.add_subapp("/worker0/", worker)
+    return app

@@ -1,0 +1,80 @@
+"""`tito fake-engine`: start the SGLang-compatible fake engine in one line.
+
+    tito fake-engine --demo
+    tito fake-engine --script fake_engine/examples/claude_tool_loop.yaml --port 30000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fake_engine.faults import ALLOWED_STATUSES, FaultSchedule, FaultSpec
+from fake_engine.responses import DEFAULT_PROFILE, PROFILES
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--demo", action="store_true", help="answer every /generate with a short scripted reply")
+    src.add_argument("--script", metavar="FILE", help="scenario file (YAML or JSON) for the scripted policy")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--model-name", default="Qwen/Qwen3-8B", help="served model name")
+    parser.add_argument("--context-length", type=int, default=40960)
+    parser.add_argument("--version-profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE,
+                        help="SGLang release whose wire shapes to mimic")
+    parser.add_argument("--router", action="store_true",
+                        help="act as the SGLang router: GET /workers, no /abort_request (worker at /worker0)")
+    parser.add_argument("--incremental-streaming", action="store_true",
+                        help="stream deltas instead of cumulative chunks")
+    parser.add_argument("--max-running-requests", type=int, default=0, help="queue beyond this (0: no limit)")
+    parser.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer folder (default: Qwen3)")
+    f = parser.add_argument_group("faults (applied to every /generate unless --fault-first/--fault-every)")
+    f.add_argument("--fault-latency-ms", type=float, default=0.0)
+    f.add_argument("--fault-token-delay-ms", type=float, default=0.0)
+    f.add_argument("--fault-status", type=int, choices=sorted(ALLOWED_STATUSES))
+    f.add_argument("--fault-drop-connection", action="store_true")
+    f.add_argument("--fault-cut-stream-after", type=int, metavar="N")
+    f.add_argument("--fault-finish-length", type=int, metavar="N")
+    f.add_argument("--fault-abort-after", type=int, metavar="N")
+    f.add_argument("--fault-restart-s", type=float, metavar="SECONDS")
+    f.add_argument("--fault-drift", action="store_true", help="emit a non-canonical token split")
+    f.add_argument("--fault-first", type=int, default=0, metavar="N", help="only the first N requests")
+    f.add_argument("--fault-every", type=int, default=1, metavar="K", help="only every K-th request")
+
+
+def fault_schedule(args: argparse.Namespace) -> FaultSchedule:
+    spec = FaultSpec(
+        latency_ms=args.fault_latency_ms, token_delay_ms=args.fault_token_delay_ms, status=args.fault_status,
+        drop_connection=args.fault_drop_connection, cut_stream_after=args.fault_cut_stream_after,
+        finish_length=args.fault_finish_length, abort_after=args.fault_abort_after,
+        restart_s=args.fault_restart_s, drift=args.fault_drift)
+    return FaultSchedule(spec=spec, first=args.fault_first, every=max(1, args.fault_every))
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from fake_engine.app import EngineOptions, create_app
+    from fake_engine.demo import demo_policy
+    from fake_engine.scripted import ScriptedPolicy, load_scenario
+    from trajectory.tokenizer import load_tokenizer
+
+    try:
+        scenario = None if args.demo else load_scenario(args.script)
+        faults = fault_schedule(args)
+    except (OSError, ValueError) as e:
+        print(f"tito fake-engine: {e}", file=sys.stderr)
+        return 2
+    tokenizer = load_tokenizer(args.tokenizer)
+    policy = demo_policy(tokenizer) if scenario is None else ScriptedPolicy(scenario, tokenizer)
+    options = EngineOptions(
+        model_name=args.model_name, model_path=args.model_name, context_length=args.context_length,
+        version_profile=args.version_profile, incremental_streaming=args.incremental_streaming,
+        router=args.router, max_running_requests=args.max_running_requests, tokenizer=tokenizer,
+        vocab_size=max(len(tokenizer), 151936), faults=faults, host=args.host, port=args.port)
+    what = "demo scenario" if scenario is None else f"scenario {scenario.name!r}"
+    print(f"tito fake-engine: {what} on http://{args.host}:{args.port} (SGLang {args.version_profile} "
+          f"profile{', router mode' if args.router else ''})", flush=True)
+    web.run_app(create_app(policy, options), host=args.host, port=args.port, print=None)
+    return 0

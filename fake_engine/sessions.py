@@ -1,0 +1,57 @@
+"""Telling sessions and turns apart without the rid (random per call, so useless for replays).
+
+Session: the router's `X-SMG-Routing-Key` when present, else a digest of the prompt's opening (everything
+up to the end of the first user message: system prompt, tools and the task). Turn: how many assistant
+turns the prompt already holds. Both are pure functions of the request, hence stable across replays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+IM_START = 151644
+IM_END = 151645
+ROLE_USER = 872
+ROLE_ASSISTANT = 77091
+
+
+def _positions(ids: list[int], first: int, second: int) -> list[int]:
+    out = []
+    start = 0
+    try:
+        while True:
+            i = ids.index(first, start)
+            if i + 1 < len(ids) and ids[i + 1] == second:
+                out.append(i)
+            start = i + 1
+    except ValueError:
+        return out
+
+
+def opening_end(input_ids: list[int]) -> int:
+    """Index just past the first user message's `<|im_end|>`, or the whole prompt if there is none."""
+    users = _positions(input_ids, IM_START, ROLE_USER)
+    if not users:
+        return len(input_ids)
+    try:
+        return input_ids.index(IM_END, users[0]) + 1
+    except ValueError:
+        return len(input_ids)
+
+
+def prompt_digest(input_ids: list[int]) -> str:
+    head = input_ids[: opening_end(input_ids)]
+    return "p:" + hashlib.sha256(array("q", head).tobytes()).hexdigest()[:16]
+
+
+def session_key(input_ids: list[int], routing_key: str | None) -> str:
+    return f"k:{routing_key}" if routing_key else prompt_digest(input_ids)
+
+
+def turn_index(input_ids: list[int]) -> int:
+    """Assistant turns already in the prompt; a trailing generation prompt does not count."""
+    starts = _positions(input_ids, IM_START, ROLE_ASSISTANT)
+    if starts and IM_END not in input_ids[starts[-1]:]:
+        return len(starts) - 1  # the last one is the open generation prompt
+    return len(starts)

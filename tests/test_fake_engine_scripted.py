@@ -1,0 +1,137 @@
+"""The scripted policy: Qwen3-native output that sglang's parsers read back, sessions, turns, logprobs."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import pytest
+
+from fake_engine.drift import inject_split
+from fake_engine.policy import GenerateRequest
+from fake_engine.scripted import ScriptedPolicy, load_scenario, parse_scenario
+from fake_engine.sessions import session_key, turn_index
+from tests.fake_engine_helpers import BASH, EXEC, TOOL_LOOP, first_prompt, prompt_ids, serve, tokenizer
+
+
+@lru_cache(maxsize=1)
+def parsers():
+    pytest.importorskip("sglang.srt.function_call.function_call_parser")
+    from sglang.srt.entrypoints.openai.protocol import Function, Tool
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+    def parse(text: str, tools: list[dict]):
+        reasoning, normal = ReasoningParser("qwen3").parse_non_stream(text)
+        sg_tools = [Tool(type="function", function=Function(**t["function"])) for t in tools]
+        normal, calls = FunctionCallParser(sg_tools, "qwen25").parse_non_stream(normal)
+        return reasoning, normal, [(tools[c.tool_index]["function"]["name"], json.loads(c.parameters))
+                                   for c in calls]
+    return parse
+
+
+def request(ids, routing_key=None):
+    return GenerateRequest(input_ids=ids, sampling_params={}, rid="r", routing_key=routing_key,
+                           session_key=session_key(ids, routing_key), turn_index=turn_index(ids))
+
+
+@pytest.mark.parametrize("tools,name,args", [([BASH], "Bash", {"command": "ls"}),
+                                             ([EXEC], "exec_command", {"cmd": "ls"})])
+def test_rendered_turn_parses_back_with_sglang_parsers(tools, name, args):
+    policy = ScriptedPolicy(parse_scenario(TOOL_LOOP), tokenizer())
+    gen = policy.generate(request(first_prompt(tools=tools)))
+    assert gen.output_ids[-1] == 151645 and gen.finish == "stop"
+    text = tokenizer().decode(gen.output_ids[:-1], skip_special_tokens=False)
+    reasoning, normal, calls = parsers()(text, tools)
+    assert reasoning.strip() == "The user wants a listing."
+    assert normal.strip() == "Let me list the files."
+    assert calls == [(name, args)]
+
+
+def test_turn_index_follows_assistant_turns_and_session_key_ignores_rid():
+    tok = tokenizer()
+    policy = ScriptedPolicy(parse_scenario(TOOL_LOOP), tok)
+    p1 = first_prompt()
+    g1 = policy.generate(request(p1))
+    reply = tok.decode(g1.output_ids[:-1], skip_special_tokens=False)
+    history = [{"role": "system", "content": "You are a coding agent."},
+               {"role": "user", "content": "list the files"},
+               {"role": "assistant", "content": reply.split("</think>\n\n")[1].split("\n<tool_call>")[0],
+                "reasoning_content": "The user wants a listing.",
+                "tool_calls": [{"type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}}]},
+               {"role": "tool", "content": "a.txt\nb.txt"}]
+    p2 = prompt_ids(history, tools=[BASH])
+    assert turn_index(p1) == 0 and turn_index(p2) == 1
+    assert session_key(p1, None) == session_key(p2, None)  # same opening, same session
+    assert session_key(p1, "abc") == "k:abc"
+    g2 = policy.generate(request(p2))
+    assert tok.decode(g2.output_ids, skip_special_tokens=True) == "There are two files."
+
+
+def test_sessions_match_by_routing_key_and_prompt_text():
+    scenario = parse_scenario({"sessions": [
+        {"match": {"routing_key": "k1"}, "turns": ["by key"]},
+        {"match": {"prompt_contains": "weather"}, "turns": ["by prompt"]},
+        {"turns": ["fallback"]}]})
+    policy = ScriptedPolicy(scenario, tokenizer())
+
+    def say(ids, key=None):
+        return tokenizer().decode(policy.generate(request(ids, key)).output_ids, skip_special_tokens=True)
+    assert say(first_prompt(), "k1") == "by key"
+    assert say(first_prompt("what is the weather")) == "by prompt"
+    assert say(first_prompt()) == "fallback"
+
+
+def test_logprobs_are_deterministic_negative_and_vary_by_session():
+    policy = ScriptedPolicy(parse_scenario(TOOL_LOOP), tokenizer())
+    a = policy.generate(request(first_prompt())).logprobs
+    b = policy.generate(request(first_prompt())).logprobs
+    c = policy.generate(request(first_prompt("another task"))).logprobs
+    assert a == b and a != c and all(x < 0 for x in a)
+
+
+def test_after_last_error_and_raw_ids_and_bad_scenarios():
+    from fake_engine.policy import PolicyError
+
+    policy = ScriptedPolicy(parse_scenario({"after_last": "error", "turns": [{"ids": [9707, 151645]}]}),
+                            tokenizer())
+    assert policy.generate(request(first_prompt())).output_ids == [9707, 151645]
+    second = prompt_ids([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+                         {"role": "user", "content": "z"}])
+    with pytest.raises(PolicyError, match="has no turn 1"):
+        policy.generate(request(second))
+    bad_scenarios = [({"turns": [{"txt": "x"}]}, "unknown keys"), ({}, "needs `sessions`"),
+                     ({"turns": [{"finish": "maybe"}]}, "finish"),
+                     ({"turns": [{"faults": {"status": 404}}]}, "status")]
+    for bad, msg in bad_scenarios:
+        with pytest.raises(ValueError, match=msg):
+            parse_scenario(bad)
+
+
+def test_example_scenarios_load():
+    from pathlib import Path
+
+    for path in sorted(Path("fake_engine/examples").glob("*.yaml")):
+        assert load_scenario(path).sessions
+
+
+def test_drift_split_decodes_the_same_but_reencodes_differently():
+    tok = tokenizer()
+    ids = tok.encode("Let me list the files.", add_special_tokens=False) + [151645]
+    drifted, pos = inject_split(tok, ids)
+    assert len(drifted) == len(ids) + 1
+    assert tok.decode(drifted) == tok.decode(ids)
+    text = tok.decode(drifted[:-1])
+    assert tok.encode(text, add_special_tokens=False) != drifted[:-1]
+
+
+async def test_drift_fault_over_http():
+    scenario = {"turns": [{"text": "Let me list the files.", "faults": {"drift": True}}]}
+    async with serve(scenario) as (url, s, _):
+        r = await s.post(url + "/generate", json={"input_ids": first_prompt(), "return_logprob": True})
+        body = await r.json()
+    tok = tokenizer()
+    out = body["output_ids"]
+    assert tok.decode(out[:-1]) == "Let me list the files."
+    assert tok.encode(tok.decode(out[:-1]), add_special_tokens=False) != out[:-1]
+    assert len(body["meta_info"]["output_token_logprobs"]) == len(out)
