@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trajectory import linearize as lin  # noqa: E402
+from trajectory import manager as mgr  # noqa: E402
 from trajectory.manager import TrajectoryManager  # noqa: E402
 from trajectory.records import TurnRecord  # noqa: E402
 from trajectory.tree import MessageTree  # noqa: E402
@@ -87,12 +88,16 @@ def naive_match(self: MessageTree, parent, message):
 
 @contextlib.contextmanager
 def naive() -> Iterator[None]:
-    saved = lin.common_prefix_len, MessageTree._match
-    lin.common_prefix_len, MessageTree._match = naive_prefix_len, naive_match
+    saved = lin.common_prefix_len, MessageTree._match, mgr.linearize_chain
+
+    def uncached_chain(leaf, trained, threshold, events, _cache=None):
+        return saved[2](leaf, trained, threshold, events, None)
+
+    lin.common_prefix_len, MessageTree._match, mgr.linearize_chain = naive_prefix_len, naive_match, uncached_chain
     try:
         yield
     finally:
-        lin.common_prefix_len, MessageTree._match = saved
+        lin.common_prefix_len, MessageTree._match, mgr.linearize_chain = saved
 
 
 def best(turns, repeats: int = 3) -> tuple[float, float, int]:

@@ -96,19 +96,29 @@ class Builder:
 
 
 def linearize_chain(leaf: Node, trained_turns: set[int], fork_threshold_tokens: int,
-                    events: list[Event]) -> list[Builder]:
-    """Builders for one leaf's chain. `trained_turns` holds turns an earlier leaf already trains."""
+                    events: list[Event], prefix_cache: dict[tuple[int, int], int] | None = None) -> list[Builder]:
+    """Builders for one leaf's chain. `trained_turns` holds turns an earlier leaf already trains.
+
+    After any turn the held tokens are exactly that turn's prompt_ids + output_ids (CLEAN, REALIGN and
+    FORK all end there), so the prefix comparison depends only on the pair of consecutive generated
+    nodes: `prefix_cache` keeps it across leaves that share a chain prefix.
+    """
+    prefix_cache = {} if prefix_cache is None else prefix_cache
     builders: list[Builder] = []
     builder: Builder | None = None
+    prev: Node | None = None
     for node in leaf.path():
         if not node.generated or node.turn is None or node.turn_index is None:
             continue
         turn, index = node.turn, node.turn_index
-        if builder is None:
+        if builder is None or prev is None:
             builder = Builder.start(turn.prompt_ids)
         else:
             held = builder.tokens
-            lcp = common_prefix_len(held, turn.prompt_ids)
+            key = (prev.id, node.id)
+            lcp = prefix_cache.get(key)
+            if lcp is None:
+                lcp = prefix_cache[key] = common_prefix_len(held, turn.prompt_ids)
             if lcp == len(held):
                 builder.add_context(turn.prompt_ids[lcp:])
             else:
@@ -134,6 +144,7 @@ def linearize_chain(leaf: Node, trained_turns: set[int], fork_threshold_tokens: 
             events.append(Event("dedup", f"turn {index} is trained by an earlier leaf", index, None, leaf.id,
                                 len(turn.output_ids)))
         builder.add_output(node, trained)
+        prev = node
     if builder is not None:
         builders.append(builder)
     return builders

@@ -81,7 +81,8 @@ class TrajectoryManager:
         trained_turns: set[int] = set()
         kept: list[tuple[int, Builder]] = []
         for leaf in session.tree.leaves():
-            for builder in linearize_chain(leaf, trained_turns, self.fork_threshold_tokens, events):
+            for builder in linearize_chain(leaf, trained_turns, self.fork_threshold_tokens, events,
+                                           session.tree.prefix_cache):
                 if 1 not in builder.loss:
                     events.append(Event("drop", "no trained token", builder.spans[-1].turn_index if builder.spans
                                         else None, leaf=leaf.id))

@@ -44,6 +44,7 @@ class MessageTree:
         self.keep_reasoning = keep_reasoning
         self.root = Node(id=0, role="root", canon={}, raw={})
         self.nodes: list[Node] = [self.root]
+        self.prefix_cache: dict[tuple[int, int], int] = {}  # (previous generated node, node) -> common prefix
 
     def _canon(self, message: dict[str, Any]) -> dict[str, Any]:
         return canonical_message(message, keep_reasoning=self.keep_reasoning)
