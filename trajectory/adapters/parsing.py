@@ -1,0 +1,91 @@
+"""Engine text -> reasoning, content and tool calls, with sglang's own parsers.
+
+sglang is imported lazily and once: its import costs seconds, and only `serve` and the adapter tests need it.
+Using the production parsers (not a re-implementation) keeps the adapter's view of model output identical to
+what an SGLang OpenAI server would report.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+
+@dataclass
+class ParsedCall:
+    name: str
+    arguments: str  # JSON text as the parser re-serialised it
+
+    def arguments_dict(self) -> dict[str, Any]:
+        value = json.loads(self.arguments) if self.arguments else {}
+        return value if isinstance(value, dict) else {"value": value}
+
+
+@dataclass
+class ParsedOutput:
+    reasoning: str
+    content: str
+    tool_calls: list[ParsedCall] = field(default_factory=list)
+    ill_formed: bool = False  # tool-call markup the parser could not read (kept as text, never dropped)
+
+
+@cache
+def _sglang() -> tuple[Any, Any, Any, Any]:
+    from sglang.srt.entrypoints.openai.protocol import Function, Tool
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+    return FunctionCallParser, ReasoningParser, Tool, Function
+
+
+class OutputParser:
+    """Splits decoded model output the way the configured sglang parsers do."""
+
+    def __init__(self, reasoning_parser: str | None = "qwen3", tool_parser: str | None = "qwen25") -> None:
+        self.reasoning_parser = reasoning_parser
+        self.tool_parser = tool_parser
+        if reasoning_parser or tool_parser:
+            self._check_names()
+
+    def _check_names(self) -> None:
+        fcp, rp, _, _ = _sglang()
+        if self.tool_parser and self.tool_parser not in fcp.ToolCallParserEnum:
+            raise ValueError(f"unknown tool parser {self.tool_parser!r}; known: {sorted(fcp.ToolCallParserEnum)}")
+        if self.reasoning_parser and self.reasoning_parser not in rp.DetectorMap:
+            raise ValueError(
+                f"unknown reasoning parser {self.reasoning_parser!r}; known: {sorted(rp.DetectorMap)}")
+
+    def parse(self, text: str, tools: list[dict[str, Any]]) -> ParsedOutput:
+        fcp_cls, rp_cls, tool_cls, function_cls = _sglang()
+        reasoning, normal = "", text
+        if self.reasoning_parser:
+            found, rest = rp_cls(self.reasoning_parser, stream_reasoning=False).parse_non_stream(text)
+            # The template renders reasoning.strip("\n"): stripping here loses nothing the render keeps.
+            reasoning, normal = (found or "").strip("\n"), rest or ""
+        if not (self.tool_parser and tools):
+            return ParsedOutput(reasoning, normal.lstrip("\n"))
+        sg_tools = [tool_cls(type="function", function=function_cls(
+            name=t["function"]["name"], description=t["function"].get("description"),
+            parameters=t["function"].get("parameters") or {"type": "object", "properties": {}}))
+            for t in tools]
+        parser = fcp_cls(sg_tools, self.tool_parser)
+        if not parser.has_tool_call(normal):
+            return ParsedOutput(reasoning, normal.lstrip("\n"))
+        content, items = parser.parse_non_stream(normal)
+        calls = [ParsedCall(item.name, item.parameters or "{}") for item in items]
+        if not calls or _bad_arguments(calls):
+            # sglang drops malformed calls silently (reference issue #2306): keep the raw text instead, and
+            # flag the turn so it is visible in samples' metadata.
+            return ParsedOutput(reasoning, normal.lstrip("\n"), [], ill_formed=True)
+        return ParsedOutput(reasoning, (content or "").lstrip("\n"), calls)
+
+
+def _bad_arguments(calls: list[ParsedCall]) -> bool:
+    try:
+        for call in calls:
+            call.arguments_dict()
+    except ValueError:
+        return True
+    return False

@@ -1,0 +1,109 @@
+"""Chat-template rendering, and encoding that reuses the previous turn's ids when the text only grew.
+
+Re-tokenising the whole history every turn is quadratic per trajectory (reference issue #2285). An agent
+turn's render usually extends the previous render as text, so only the new suffix needs encoding. The cut
+is placed at the start of the last special token of the previous render: special tokens are split out of
+the text before BPE, so no token can straddle that point, and ids before it are exactly the full encoding's.
+When the new text does not extend any cached render (history rewritten, reasoning dropped), it is a full
+encode.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+# Qwen3-style templates drop reasoning of assistant turns before the last user query; this is the test.
+_REASONING_WINDOW = "loop.index0 > ns.last_query_index"
+
+
+class ChatRenderer:
+    """Renders canonical messages with a Hugging Face tokenizer's chat template (generation prompt added)."""
+
+    def __init__(self, tokenizer: Any, preserve_reasoning: bool = False,
+                 template_kwargs: dict[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.template: str = tokenizer.chat_template
+        if not self.template:
+            raise ValueError("the tokenizer has no chat template")
+        self.template_kwargs = dict(template_kwargs or {})
+        self.preserves_reasoning = False
+        if preserve_reasoning and _REASONING_WINDOW in self.template:
+            # Keep every assistant turn's <think> block, so history renders as it was generated.
+            self.template = self.template.replace(
+                _REASONING_WINDOW, f"(tito_keep_reasoning or {_REASONING_WINDOW})")
+            self.template_kwargs["tito_keep_reasoning"] = True
+            self.preserves_reasoning = True
+        self._backend = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer: no Python per-call cost
+        self.special_ids = {tokenizer.convert_tokens_to_ids(t): t for t in tokenizer.all_special_tokens}
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, chat_template=self.template, tokenize=False,
+            add_generation_prompt=True, **self.template_kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+@dataclass
+class _Render:
+    text: str
+    ids: list[int]
+
+
+@dataclass
+class EncodeResult:
+    ids: list[int]
+    reused: int  # leading ids taken from a previous render without encoding
+
+
+class IncrementalEncoder:
+    """Per session: encodes renders, reusing the longest cached render that the new text extends."""
+
+    def __init__(self, renderer: ChatRenderer, capacity: int = 8) -> None:
+        self.renderer = renderer
+        self._cache: deque[_Render] = deque(maxlen=capacity)  # sub-agents and side chains keep their own
+
+    def encode(self, text: str) -> EncodeResult:
+        best = max((r for r in self._cache if text.startswith(r.text)), key=lambda r: len(r.text), default=None)
+        result = self._extend(best, text) if best is not None else None
+        if result is None:
+            result = EncodeResult(self.renderer.encode(text), 0)
+        self._cache.append(_Render(text, result.ids))
+        return result
+
+    def _extend(self, prev: _Render, text: str) -> EncodeResult | None:
+        cut, token = _last_special(prev.text, self.renderer.special_ids.values())
+        if token is None:
+            return None
+        token_id = self.renderer.tokenizer.convert_tokens_to_ids(token)
+        index = _last_index(prev.ids, token_id)
+        if index is None:
+            return None
+        suffix = self.renderer.encode(text[cut:])
+        if not suffix or suffix[0] != token_id:
+            return None
+        return EncodeResult(prev.ids[:index] + suffix, index)
+
+
+def _last_special(text: str, specials: Any) -> tuple[int, str | None]:
+    best, token = -1, None
+    for s in specials:
+        pos = text.rfind(s, max(best, 0))
+        if pos > best:
+            best, token = pos, s
+    return best, token
+
+
+def _last_index(ids: list[int], value: int) -> int | None:
+    for i in range(len(ids) - 1, -1, -1):
+        if ids[i] == value:
+            return i
+    return None

@@ -1,0 +1,48 @@
+"""`tito serve`: the adapter app standalone, in front of an SGLang engine (or router, or fake engine)."""
+
+from __future__ import annotations
+
+import argparse
+
+from trajectory.adapters.app import AdapterSettings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = AdapterSettings()
+    parser.add_argument("--engine", required=True, help="engine base URL, e.g. http://127.0.0.1:30000")
+    parser.add_argument("--listen", default="127.0.0.1:8400", help="HOST:PORT to serve on (default %(default)s)")
+    parser.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer folder (default: embedded Qwen3)")
+    parser.add_argument("--tool-parser", default=d.tool_parser, help="sglang tool-call parser (default %(default)s)")
+    parser.add_argument("--reasoning-parser", default=d.reasoning_parser,
+                        help="sglang reasoning parser (default %(default)s)")
+    parser.add_argument("--context-length", type=int, default=d.context_length)
+    parser.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
+    parser.add_argument("--model-name", default=d.model_name, help="name listed by GET /v1/models")
+    parser.add_argument("--no-preserve-reasoning", action="store_true",
+                        help="render history as the template does (drops earlier <think> blocks)")
+    parser.add_argument("--no-fold-system", action="store_true", help="keep mid-list system messages as they are")
+
+
+def settings_from(args: argparse.Namespace) -> AdapterSettings:
+    return AdapterSettings(
+        engine_url=args.engine, tokenizer_dir=args.tokenizer, tool_parser=args.tool_parser or None,
+        reasoning_parser=args.reasoning_parser or None, context_length=args.context_length,
+        default_max_tokens=args.default_max_tokens, model_name=args.model_name,
+        preserve_reasoning=not args.no_preserve_reasoning, fold_system=not args.no_fold_system)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise SystemExit(f"--listen must be HOST:PORT, got {value!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from trajectory.adapters.app import create_app
+
+    host, port = parse_listen(args.listen)
+    web.run_app(create_app(settings_from(args)), host=host, port=port)
+    return 0

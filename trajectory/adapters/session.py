@@ -1,0 +1,45 @@
+"""Which agent session a request belongs to.
+
+Order: `Authorization: Bearer <sid>`, else `x-api-key`, else a body field (`metadata.session_id`,
+`user`), else a path prefix `/s/<sid>/...`. Clients set the first two from their API-key settings, so a
+rollout driver gives each agent run its own key; the path prefix serves clients whose key is fixed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ANONYMOUS = "anonymous"
+_SID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,200}$")
+
+
+@dataclass(frozen=True)
+class SessionRef:
+    sid: str
+    source: str  # bearer, x-api-key, body, path, anonymous
+
+
+def _valid(value: Any) -> str | None:
+    if isinstance(value, str) and _SID.match(value.strip()):
+        return value.strip()
+    return None
+
+
+def resolve_session(headers: Mapping[str, str], body: Any, path_sid: str | None) -> SessionRef:
+    auth = headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer " and (sid := _valid(auth[7:])):
+        return SessionRef(sid, "bearer")
+    if sid := _valid(headers.get("x-api-key", "")):
+        return SessionRef(sid, "x-api-key")
+    if isinstance(body, dict):
+        metadata = body.get("metadata")
+        if isinstance(metadata, dict) and (sid := _valid(metadata.get("session_id"))):
+            return SessionRef(sid, "body")
+        if sid := _valid(body.get("user")):
+            return SessionRef(sid, "body")
+    if path_sid and (sid := _valid(path_sid)):
+        return SessionRef(sid, "path")
+    return SessionRef(ANONYMOUS, "anonymous")
