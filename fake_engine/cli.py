@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--demo", action="store_true", help="answer every /generate with a short scripted reply")
     src.add_argument("--script", metavar="FILE", help="scenario file (YAML or JSON) for the scripted policy")
+    src.add_argument("--cassette", metavar="FILE", help="serve the engine leg recorded in a cassette")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--model-name", default="Qwen/Qwen3-8B", help="served model name")
@@ -56,24 +57,34 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from fake_engine.app import EngineOptions, create_app
+    from fake_engine.cassette_policy import CassettePolicy
     from fake_engine.demo import demo_policy
     from fake_engine.scripted import ScriptedPolicy, load_scenario
+    from recorder.cassette_format import CassetteError
     from trajectory.tokenizer import load_tokenizer
 
+    tokenizer = load_tokenizer(args.tokenizer)
     try:
-        scenario = None if args.demo else load_scenario(args.script)
         faults = fault_schedule(args)
-    except (OSError, ValueError) as e:
+        if args.cassette:
+            policy = CassettePolicy.load(args.cassette, args.tokenizer)
+            if policy.truncated:
+                print(f"tito fake-engine: warning: {args.cassette} ends in a truncated record; "
+                      "serving every complete exchange", file=sys.stderr)
+            what = f"cassette {args.cassette}"
+        elif args.demo:
+            policy, what = demo_policy(tokenizer), "demo scenario"
+        else:
+            scenario = load_scenario(args.script)
+            policy, what = ScriptedPolicy(scenario, tokenizer), f"scenario {scenario.name!r}"
+    except (OSError, ValueError, CassetteError) as e:
         print(f"tito fake-engine: {e}", file=sys.stderr)
         return 2
-    tokenizer = load_tokenizer(args.tokenizer)
-    policy = demo_policy(tokenizer) if scenario is None else ScriptedPolicy(scenario, tokenizer)
     options = EngineOptions(
         model_name=args.model_name, model_path=args.model_name, context_length=args.context_length,
         version_profile=args.version_profile, incremental_streaming=args.incremental_streaming,
         router=args.router, max_running_requests=args.max_running_requests, tokenizer=tokenizer,
         vocab_size=max(len(tokenizer), 151936), faults=faults, host=args.host, port=args.port)
-    what = "demo scenario" if scenario is None else f"scenario {scenario.name!r}"
     print(f"tito fake-engine: {what} on http://{args.host}:{args.port} (SGLang {args.version_profile} "
           f"profile{', router mode' if args.router else ''})", flush=True)
     web.run_app(create_app(policy, options), host=args.host, port=args.port, print=None)

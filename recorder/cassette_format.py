@@ -1,0 +1,555 @@
+"""Cassette format v1: the one place that knows how a cassette is laid out on disk.
+
+A cassette is the 8-byte magic followed by frames. Each frame carries one msgpack map (a record) behind a
+small binary header with its length, a check of that header, and a CRC32 of the payload: a crash leaves at
+most one incomplete frame at the end (read as a truncated tail), while flipped bytes anywhere are caught
+as corruption instead of being decoded into nonsense. The first frame is always the header record.
+
+Token arrays are stored as packed little-endian uint32 (msgpack ext types), and each prompt as a delta
+against the session's previous engine context (previous prompt + its output): a long session costs a few
+bytes per new token instead of the whole history per turn. `SessionCodec` owns that per-session state;
+the writer and the reader run the same codec, in the same order, so deltas resolve exactly.
+Spec for humans: `cassettes/FORMAT.md` (keep the two in step).
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import zlib
+from array import array
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any
+
+import msgpack
+
+MAGIC = b"TITOCAS\n"
+FORMAT_VERSION = 1
+# Frame header: payload length (u32), flags (u8), header check (u16), payload CRC32 (u32), little-endian.
+FRAME_HEADER = struct.Struct("<IBHI")
+FLAG_ZLIB = 0x01
+MAX_FRAME_BYTES = 1 << 30
+COMPRESS_MIN_BYTES = 512
+
+# msgpack ext type codes.
+EXT_U32 = 1  # packed uint32 array -> list[int]
+EXT_F64 = 2  # packed float64 array -> list[float]
+EXT_TOKEN_DELTA = 3  # u32 common-prefix length + packed uint32 tail, against the session's context
+EXT_BYTES_DELTA = 4  # u32 prefix length + u32 suffix length + middle bytes, against the previous body
+EXT_MASK_RLE = 5  # u8 first value + packed uint32 run lengths of a 0/1 mask -> list[int]
+EXT_LOGPROB_COLUMN = 6  # packed float64 logprobs of `[[lp, output_ids[i], None], ...]`
+
+_U32_MAX = 0xFFFFFFFF
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+class CassetteError(Exception):
+    """Base class: every way a cassette can be unreadable has its own subclass and message."""
+
+
+class CorruptCassetteError(CassetteError):
+    """Bytes that are not what the writer wrote (bad magic, failed checksum, undecodable record)."""
+
+
+class TruncatedHeaderError(CassetteError):
+    """The file ends before its header record is complete: nothing in it can be trusted."""
+
+
+class UnsupportedVersionError(CassetteError):
+    """A cassette written in a format version this tito cannot read."""
+
+
+class TokenizerMismatchError(CassetteError):
+    """Replaying token ids with a different tokenizer than the recording's would silently diverge."""
+
+
+# --- packed arrays ---------------------------------------------------------------------------------------
+
+
+def pack_u32(values: list[int] | array) -> bytes:
+    arr = values if isinstance(values, array) and values.typecode == "I" else array("I", values)
+    if _BIG_ENDIAN:
+        arr = array("I", arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def unpack_u32(data: bytes) -> list[int]:
+    if len(data) % 4:
+        raise CorruptCassetteError(f"packed uint32 array of {len(data)} bytes is not a multiple of 4")
+    arr = array("I")
+    arr.frombytes(data)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tolist()
+
+
+def pack_f64(values: list[float]) -> bytes:
+    arr = array("d", values)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def unpack_f64(data: bytes) -> list[float]:
+    if len(data) % 8:
+        raise CorruptCassetteError(f"packed float64 array of {len(data)} bytes is not a multiple of 8")
+    arr = array("d")
+    arr.frombytes(data)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tolist()
+
+
+def packed_token_list(value: Any) -> bytes | None:
+    """Packed bytes when `value` is a list of uint32 token ids, else None (then it is stored verbatim).
+
+    The check runs at C speed (array conversion), which matters on 150k-token prompts; the price is
+    that booleans would pass as 0/1, which never happens in JSON token arrays.
+    """
+    if not isinstance(value, list):
+        return None
+    try:
+        return pack_u32(value)
+    except (TypeError, OverflowError):
+        return None
+
+
+def is_float_list(value: Any) -> bool:
+    return isinstance(value, list) and all(type(v) is float for v in value)
+
+
+def common_prefix_bytes(a: bytes, b: bytes) -> int:
+    """Longest common prefix by halving: slice comparisons run at memcmp speed."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def token_prefix_len(a: list[int], b: list[int]) -> int:
+    """Common prefix of two token lists, fast on long prompts (compares packed bytes)."""
+    return common_prefix_bytes(pack_u32(a), pack_u32(b)) // 4
+
+
+def packed_prefix_len(a: bytes, b: bytes) -> int:
+    return common_prefix_bytes(a, b) // 4
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """A token array as `prefix` tokens of the session's context plus a packed tail (all packed bytes)."""
+
+    prefix: int
+    tail: bytes
+
+    def apply(self, base: bytes) -> bytes:
+        if 4 * self.prefix > len(base):
+            raise CorruptCassetteError(f"token delta keeps {self.prefix} tokens of a {len(base) // 4}-token context")
+        return base[: 4 * self.prefix] + self.tail
+
+
+@dataclass(frozen=True)
+class BytesDelta:
+    prefix: int
+    suffix: int
+    middle: bytes
+
+    def apply(self, base: bytes) -> bytes:
+        if self.prefix + self.suffix > len(base):
+            raise CorruptCassetteError("bytes delta keeps more than its base holds")
+        return base[: self.prefix] + self.middle + base[len(base) - self.suffix :]
+
+
+@dataclass(frozen=True)
+class LogprobColumn:
+    values: list[float]
+
+    def apply(self, output_ids: list[int]) -> list[list[Any]]:
+        if len(output_ids) != len(self.values):
+            raise CorruptCassetteError("logprob column and output_ids differ in length")
+        return [[lp, tid, None] for lp, tid in zip(self.values, output_ids, strict=True)]
+
+
+def token_delta(base: bytes, tokens: bytes) -> TokenDelta:
+    prefix = packed_prefix_len(base, tokens)
+    return TokenDelta(prefix, tokens[4 * prefix :])
+
+
+def bytes_delta(base: bytes, data: bytes) -> BytesDelta:
+    prefix = common_prefix_bytes(base, data)
+    rest_base, rest_data = base[prefix:], data[prefix:]
+    suffix = common_prefix_bytes(rest_base[::-1], rest_data[::-1])
+    return BytesDelta(prefix, suffix, rest_data[: len(rest_data) - suffix])
+
+
+def mask_rle(mask: list[int]) -> bytes:
+    runs: list[int] = []
+    current, count = (mask[0] if mask else 0), 0
+    for v in mask:
+        if v == current:
+            count += 1
+        else:
+            runs.append(count)
+            current, count = v, 1
+    runs.append(count)
+    return bytes([mask[0] if mask else 0]) + pack_u32(runs)
+
+
+def mask_unrle(data: bytes) -> list[int]:
+    if not data or data[0] not in (0, 1):
+        raise CorruptCassetteError("bad run-length mask")
+    value, out = data[0], []
+    for run in unpack_u32(data[1:]):
+        out.extend([value] * run)
+        value ^= 1
+    return out
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, TokenDelta):
+        return msgpack.ExtType(EXT_TOKEN_DELTA, struct.pack("<I", obj.prefix) + obj.tail)
+    if isinstance(obj, BytesDelta):
+        return msgpack.ExtType(EXT_BYTES_DELTA, struct.pack("<II", obj.prefix, obj.suffix) + obj.middle)
+    if isinstance(obj, LogprobColumn):
+        return msgpack.ExtType(EXT_LOGPROB_COLUMN, pack_f64(obj.values))
+    if isinstance(obj, _Packed):
+        return msgpack.ExtType(obj.code, obj.data)
+    raise TypeError(f"cannot store {type(obj).__name__} in a cassette")
+
+
+@dataclass(frozen=True)
+class _Packed:
+    code: int
+    data: bytes
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == EXT_U32:
+        return unpack_u32(data)
+    if code == EXT_F64:
+        return unpack_f64(data)
+    if code == EXT_MASK_RLE:
+        return mask_unrle(data)
+    if code == EXT_TOKEN_DELTA:
+        if len(data) < 4:
+            raise CorruptCassetteError("short token delta")
+        if (len(data) - 4) % 4:
+            raise CorruptCassetteError("token delta tail is not a whole number of uint32")
+        return TokenDelta(struct.unpack_from("<I", data)[0], bytes(data[4:]))
+    if code == EXT_BYTES_DELTA:
+        if len(data) < 8:
+            raise CorruptCassetteError("short bytes delta")
+        prefix, suffix = struct.unpack_from("<II", data)
+        return BytesDelta(prefix, suffix, bytes(data[8:]))
+    if code == EXT_LOGPROB_COLUMN:
+        return LogprobColumn(unpack_f64(data))
+    raise CorruptCassetteError(f"unknown msgpack ext type {code}")
+
+
+def packed_floats(values: list[float]) -> _Packed:
+    return _Packed(EXT_F64, pack_f64(values))
+
+
+def packed_mask(values: list[int]) -> _Packed:
+    return _Packed(EXT_MASK_RLE, mask_rle(values))
+
+
+# --- frames ----------------------------------------------------------------------------------------------
+
+
+def _header_check(length: int, flags: int) -> int:
+    return zlib.crc32(struct.pack("<IB", length, flags)) & 0xFFFF
+
+
+def encode_frame(record: dict[str, Any]) -> bytes:
+    payload = msgpack.packb(record, default=_default, use_bin_type=True)
+    flags = 0
+    if len(payload) >= COMPRESS_MIN_BYTES:
+        packed = zlib.compress(payload, 6)
+        if len(packed) < len(payload) * 0.9:
+            payload, flags = packed, FLAG_ZLIB
+    if len(payload) > MAX_FRAME_BYTES:
+        raise ValueError(f"record of {len(payload)} bytes exceeds the {MAX_FRAME_BYTES}-byte frame limit")
+    return FRAME_HEADER.pack(len(payload), flags, _header_check(len(payload), flags), zlib.crc32(payload)) + payload
+
+
+def decode_frame_header(data: bytes, offset: int) -> tuple[int, int, int]:
+    """(payload length, flags, crc); raises CorruptCassetteError when the header's own check fails."""
+    length, flags, check, crc = FRAME_HEADER.unpack(data)
+    if check != _header_check(length, flags) or flags & ~FLAG_ZLIB or length > MAX_FRAME_BYTES:
+        raise CorruptCassetteError(f"corrupt cassette: bad frame header at byte {offset}")
+    return length, flags, crc
+
+
+def decode_payload(payload: bytes, flags: int, crc: int, offset: int) -> dict[str, Any]:
+    if zlib.crc32(payload) != crc:
+        raise CorruptCassetteError(f"corrupt cassette: checksum mismatch in the record at byte {offset}")
+    try:
+        if flags & FLAG_ZLIB:
+            payload = zlib.decompress(payload)
+        record = msgpack.unpackb(payload, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    except CorruptCassetteError:
+        raise
+    except Exception as exc:  # zlib.error, msgpack's several exception types
+        raise CorruptCassetteError(f"corrupt cassette: undecodable record at byte {offset}: {exc}") from exc
+    if not isinstance(record, dict) or not isinstance(record.get("t"), str):
+        raise CorruptCassetteError(f"corrupt cassette: the record at byte {offset} has no type")
+    return record
+
+
+# --- records ---------------------------------------------------------------------------------------------
+
+
+def utc_now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def tito_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tito")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass
+class Header:
+    """What a replay must agree with: the tokenizer, the parsers, the adapter's settings, the engine."""
+
+    tokenizer_fingerprint: str
+    created: str = field(default_factory=utc_now_iso)  # pin it for byte-identical cassettes
+    format_version: int = FORMAT_VERSION
+    tito_version: str = field(default_factory=tito_version)
+    parsers: dict[str, Any] = field(default_factory=dict)  # {"reasoning": "qwen3", "tool_call": "qwen25"}
+    adapter: dict[str, Any] = field(default_factory=dict)  # adapter settings (threshold, reward policy...)
+    agent: dict[str, Any] | None = None  # {"client": "claude-code", "version": "2.1.330"} when known
+    engine: dict[str, Any] | None = None  # the engine's /model_info body
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SessionStart:
+    """First record of a session: its on-disk name and where the live id came from."""
+
+    session: str
+    source: str
+    seq: int = 0
+
+
+@dataclass
+class AgentRecord:
+    session: str
+    seq: int
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+    status: int
+    reply_headers: dict[str, str]
+    reply_body: bytes | None = None
+    reply_events: list[str] | None = None
+    started_s: float = 0.0
+    duration_s: float = 0.0
+    side: bool = False
+    retry_of: int | None = None
+    turn_index: int | None = None
+
+
+@dataclass
+class EngineRecord:
+    session: str
+    seq: int
+    method: str
+    path: str
+    request: dict[str, Any] | None
+    status: int
+    response: Any = None
+    error: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    started_s: float = 0.0
+    duration_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. vcrpy's url and response headers
+
+
+@dataclass
+class SamplesRecord:
+    """The samples the live run produced at session finish, so a replay can prove it reproduces them."""
+
+    session: str
+    seq: int
+    reward: float
+    samples: list[dict[str, Any]]
+
+
+Record = SessionStart | AgentRecord | EngineRecord | SamplesRecord
+RECORD_TYPES: dict[str, type] = {
+    "session": SessionStart, "agent": AgentRecord, "engine": EngineRecord, "samples": SamplesRecord,
+}
+_TYPE_NAMES = {cls: name for name, cls in RECORD_TYPES.items()}
+
+
+def encode_header(header: Header) -> bytes:
+    return encode_frame({"t": "header", **header.to_dict()})
+
+
+def decode_header(record: dict[str, Any]) -> Header:
+    """Version first: a future format may change everything except the header's `format_version` key."""
+    if record.get("t") != "header":
+        raise CorruptCassetteError("corrupt cassette: the first record is not a header")
+    version = record.get("format_version")
+    if version != FORMAT_VERSION:
+        raise UnsupportedVersionError(
+            f"cassette format version {version!r} is not supported (this tito reads version {FORMAT_VERSION})"
+        )
+    known = {f.name for f in fields(Header)}
+    try:
+        return Header(**{k: v for k, v in record.items() if k in known})
+    except TypeError as exc:
+        raise CorruptCassetteError(f"corrupt cassette: bad header: {exc}") from exc
+
+
+def _record_from_dict(record: dict[str, Any]) -> Record:
+    cls = RECORD_TYPES.get(record["t"])
+    if cls is None:
+        raise CorruptCassetteError(f"corrupt cassette: unknown record type {record['t']!r}")
+    known = {f.name for f in fields(cls)}
+    try:
+        return cls(**{k: v for k, v in record.items() if k in known})
+    except TypeError as exc:
+        raise CorruptCassetteError(f"corrupt cassette: bad {record['t']} record: {exc}") from exc
+
+
+# --- per-session delta state -----------------------------------------------------------------------------
+
+
+@dataclass
+class _SessionState:
+    context: bytes = b""  # last engine prompt followed by its output ids, packed
+    agent_body: bytes = b""
+    seq: int = 0
+
+
+class SessionCodec:
+    """Turns records into frame maps and back, holding each session's delta bases.
+
+    Writer and reader must see the same records in the same order; the format therefore forbids
+    reordering frames, and a reader that skips a frame cannot resolve later deltas of that session.
+    """
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _SessionState] = {}
+
+    def _state(self, session: str) -> _SessionState:
+        return self._sessions.setdefault(session, _SessionState())
+
+    def next_seq(self, session: str) -> int:
+        state = self._state(session)
+        seq = state.seq
+        state.seq += 1
+        return seq
+
+    # encoding
+
+    def encode(self, record: Record) -> dict[str, Any]:
+        # Shallow on purpose: asdict() would deep-copy every token list of a long session.
+        data = {"t": _TYPE_NAMES[type(record)], **{f.name: getattr(record, f.name) for f in fields(record)}}
+        state = self._state(record.session)
+        if isinstance(record, AgentRecord):
+            body = bytes(record.body)
+            data["body"] = bytes_delta(state.agent_body, body)
+            state.agent_body = body
+        elif isinstance(record, EngineRecord):
+            data["request"], data["response"] = self._encode_engine(state, record.request, record.response)
+        elif isinstance(record, SamplesRecord):
+            data["samples"] = [self._encode_sample(state, s) for s in record.samples]
+        return data
+
+    @staticmethod
+    def _encode_engine(state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:
+        packed_in = packed_token_list(request.get("input_ids")) if isinstance(request, dict) else None
+        if packed_in is not None:
+            request = {**request, "input_ids": token_delta(state.context, packed_in)}
+            state.context = packed_in
+        packed_out = packed_token_list(response.get("output_ids")) if isinstance(response, dict) else None
+        if packed_out is not None:
+            output_ids = response["output_ids"]
+            if packed_in is not None:
+                state.context = state.context + packed_out
+            response = {**response, "output_ids": _Packed(EXT_U32, packed_out)}
+            meta = response.get("meta_info")
+            if isinstance(meta, dict) and _is_logprob_triples(meta.get("output_token_logprobs"), output_ids):
+                column = LogprobColumn([t[0] for t in meta["output_token_logprobs"]])
+                response["meta_info"] = {**meta, "output_token_logprobs": column}
+        return request, response
+
+    @staticmethod
+    def _encode_sample(state: _SessionState, sample: dict[str, Any]) -> dict[str, Any]:
+        out = dict(sample)
+        packed = packed_token_list(sample.get("tokens"))
+        if packed is not None:
+            out["tokens"] = token_delta(state.context, packed)
+        mask = sample.get("loss_mask")
+        if isinstance(mask, list) and all(type(v) is int and v in (0, 1) for v in mask):
+            out["loss_mask"] = packed_mask(mask)
+        if is_float_list(sample.get("rollout_log_probs")):
+            out["rollout_log_probs"] = packed_floats(sample["rollout_log_probs"])
+        return out
+
+    # decoding
+
+    def decode(self, data: dict[str, Any]) -> Record:
+        record = _record_from_dict(data)
+        if not isinstance(getattr(record, "session", None), str):
+            raise CorruptCassetteError("corrupt cassette: a record without a session name")
+        state = self._state(record.session)
+        state.seq = max(state.seq, int(record.seq) + 1)
+        if isinstance(record, AgentRecord):
+            if isinstance(record.body, BytesDelta):
+                record.body = record.body.apply(state.agent_body)
+            state.agent_body = record.body
+        elif isinstance(record, EngineRecord):
+            record.request, record.response = self._decode_engine(state, record.request, record.response)
+        elif isinstance(record, SamplesRecord):
+            for sample in record.samples:
+                if isinstance(sample.get("tokens"), TokenDelta):
+                    sample["tokens"] = unpack_u32(sample["tokens"].apply(state.context))
+        return record
+
+    @staticmethod
+    def _decode_engine(state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:
+        resolved = False
+        if isinstance(request, dict) and isinstance(request.get("input_ids"), TokenDelta):
+            state.context = request["input_ids"].apply(state.context)
+            request["input_ids"] = unpack_u32(state.context)
+            resolved = True
+        # Packable exactly when the writer packed them (and extended its context with them).
+        packed_out = packed_token_list(response.get("output_ids")) if isinstance(response, dict) else None
+        if packed_out is not None:
+            if resolved:
+                state.context = state.context + packed_out
+            meta = response.get("meta_info")
+            if isinstance(meta, dict) and isinstance(meta.get("output_token_logprobs"), LogprobColumn):
+                meta["output_token_logprobs"] = meta["output_token_logprobs"].apply(response["output_ids"])
+        return request, response
+
+
+def _is_logprob_triples(value: Any, output_ids: list[int]) -> bool:
+    """Only the exact `[float, output_ids[i], None]` shape is stored as a column, so decoding is lossless."""
+    if not isinstance(value, list) or len(value) != len(output_ids):
+        return False
+    return all(
+        isinstance(t, list) and len(t) == 3 and type(t[0]) is float and t[1] == tid and type(t[1]) is int
+        and t[2] is None
+        for t, tid in zip(value, output_ids, strict=True)
+    )

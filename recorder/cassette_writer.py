@@ -1,0 +1,150 @@
+"""The cassette writer: a `TrafficTap` that appends every completed exchange to a cassette file.
+
+Crash safety comes from the layout, not from cleanup: the file is opened for appending, each record is
+one self-checking frame handed to the OS in a single unbuffered write as soon as its exchange is complete,
+so a `kill -9` loses at most the exchange in flight and leaves a tail the reader recognizes as truncated.
+Nothing is written before redaction (`recorder.redaction`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from recorder.cassette_format import (
+    MAGIC,
+    AgentRecord,
+    EngineRecord,
+    Header,
+    Record,
+    SamplesRecord,
+    SessionCodec,
+    SessionStart,
+    encode_frame,
+    encode_header,
+)
+from recorder.redaction import Redactor
+from trajectory.adapters.tap import AgentExchange, EngineExchange
+
+# The adapter's routing header carries the live session id (often the bearer token) to the engine.
+ROUTING_HEADERS = frozenset({"x-smg-routing-key"})
+
+
+class CassetteWriter:
+    """Implements `trajectory.adapters.tap.TrafficTap`; give it to the adapter app to record."""
+
+    def __init__(self, target: str | os.PathLike[str] | BinaryIO, header: Header,
+                 redactor: Redactor | None = None, fsync: bool = False) -> None:
+        """`target`: a new file's path, or an open binary stream (in-memory serialization, vcrpy)."""
+        self.redactor = redactor or Redactor()
+        self._codec = SessionCodec()
+        self._names: dict[str, str] = {}
+        self._started: set[str] = set()
+        self._lock = threading.Lock()
+        self.header = Header(**self.redactor.scrub_json(header.to_dict()))
+        if isinstance(target, str | os.PathLike):
+            self.path: Path | None = Path(target)
+            # "xb": never append to, or clobber, someone else's cassette; buffering=0: one write() per frame.
+            self._file: BinaryIO = open(self.path, "xb", buffering=0)  # noqa: SIM115 - closed by close()
+            self.fsync = fsync
+        else:
+            self.path, self._file = None, target
+            self.fsync = False
+        self._write(MAGIC + encode_header(self.header))
+
+    # TrafficTap
+
+    def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
+        r = self.redactor
+        name = self._session(session, source)
+        r.learn_headers(exchange.headers)
+        self._append(AgentRecord(
+            session=name, seq=self._codec.next_seq(name), method=exchange.method, path=r.scrub_text(exchange.path),
+            query=r.scrub_query(exchange.query), headers=self._headers(exchange.headers, name),
+            body=r.scrub_bytes(bytes(exchange.body)), status=exchange.status,
+            reply_headers=self._headers(exchange.reply_headers, name),
+            reply_body=None if exchange.reply_body is None else r.scrub_bytes(bytes(exchange.reply_body)),
+            reply_events=None if exchange.reply_events is None else [r.scrub_text(e) for e in exchange.reply_events],
+            started_s=float(exchange.started_s), duration_s=float(exchange.duration_s), side=exchange.side,
+            retry_of=exchange.retry_of, turn_index=exchange.turn_index,
+        ))
+
+    def engine_exchange(self, session: str, source: str, exchange: EngineExchange) -> None:
+        r = self.redactor
+        name = self._session(session, source)
+        self.write_engine(EngineRecord(
+            session=name, seq=0, method=exchange.method, path=r.scrub_text(exchange.path),
+            request=r.scrub_json(exchange.request), status=exchange.status, response=r.scrub_json(exchange.response),
+            error=None if exchange.error is None else r.scrub_text(exchange.error),
+            headers=self._headers(exchange.headers, name), started_s=float(exchange.started_s),
+            duration_s=float(exchange.duration_s),
+        ), redacted=True)
+
+    def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
+        name = self._session(session, source)
+        self._append(SamplesRecord(
+            session=name, seq=self._codec.next_seq(name), reward=float(reward),
+            samples=[self.redactor.scrub_json(dict(s)) for s in samples],
+        ))
+
+    # for in-process integrations (vcrpy) that build engine records themselves
+
+    def write_engine(self, record: EngineRecord, redacted: bool = False) -> None:
+        """Append an engine record under its (already safe) session name; the writer assigns `seq`."""
+        if not redacted:
+            r = self.redactor
+            record.request, record.response = r.scrub_json(record.request), r.scrub_json(record.response)
+            record.headers = self._headers(record.headers, record.session)
+            record.extra = r.scrub_json(record.extra)
+        self._ensure_started(record.session, "named")
+        record.seq = self._codec.next_seq(record.session)
+        self._append(record)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.path is not None and not self._file.closed:
+                self._file.close()
+
+    def __enter__(self) -> CassetteWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # internals
+
+    def _session(self, session: str, source: str) -> str:
+        # Keyed by the live id alone: the adapter reports a bearer session's finish with source "api".
+        name = self._names.get(session)
+        if name is None:
+            name = self._names[session] = self.redactor.session_name(session, source)
+            self._ensure_started(name, source)
+        return name
+
+    def _ensure_started(self, name: str, source: str) -> None:
+        if name not in self._started:
+            self._started.add(name)
+            self._append(SessionStart(session=name, source=source, seq=self._codec.next_seq(name)))
+
+    def _headers(self, headers: dict[str, str], session_name: str) -> dict[str, str]:
+        out = self.redactor.headers(headers)
+        for k in out:
+            if k.lower() in ROUTING_HEADERS:
+                out[k] = session_name
+        return out
+
+    def _append(self, record: Record) -> None:
+        with self._lock:
+            self._write(encode_frame(self._codec.encode(record)))
+
+    def _write(self, data: bytes) -> None:
+        if self._file.closed:
+            raise ValueError(f"cassette {self.path} is closed")
+        view = memoryview(data)
+        while view:  # an unbuffered write may be partial; loop until the whole frame is handed over
+            written = self._file.write(view)
+            view = view[len(view) if written is None else written :]
+        if self.fsync:
+            os.fsync(self._file.fileno())

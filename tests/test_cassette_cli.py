@@ -1,0 +1,59 @@
+"""`tito cassette info PATH [--json]` through the real `tito` entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recorder.cassette_writer import CassetteWriter
+from recorder.redaction import session_digest
+from tests.cassette_helpers import BEARER, final_sample, header, play, session_traffic
+from tito_cli import main
+from trajectory.adapters.tap import AgentExchange
+
+
+@pytest.fixture
+def two_sessions(tmp_path: Path, qwen_tokenizer: Any) -> Path:
+    path = tmp_path / "two.tito"
+    traffic = session_traffic(qwen_tokenizer, turns=3)
+    with CassetteWriter(path, header()) as writer:
+        play(writer, traffic)
+        writer.agent_exchange("probe-run", "path", AgentExchange("HEAD", "/s/probe-run/", "", {}, b"", 200, {},
+                                                                 side=True))
+        writer.session_finished(BEARER, "api", 0.5, [final_sample(traffic), final_sample(traffic)])
+    return path
+
+
+def test_info_json_has_the_documented_shape(two_sessions: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cassette", "info", str(two_sessions), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"header", "sessions", "truncated"}
+    assert out["header"] == header().to_dict()
+    assert out["sessions"] == [
+        {"session": session_digest(BEARER), "agent_exchanges": 3, "engine_exchanges": 3, "samples": 2},
+        {"session": "probe-run", "agent_exchanges": 1, "engine_exchanges": 0, "samples": 0},
+    ]
+    assert out["truncated"] is False
+
+
+def test_info_reports_a_truncated_tail(two_sessions: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    cut = tmp_path / "cut.tito"
+    cut.write_bytes(two_sessions.read_bytes()[:-10])  # loses the samples record
+    assert main(["cassette", "info", str(cut), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["truncated"] is True and out["sessions"][0]["samples"] == 0
+    assert main(["cassette", "info", str(cut)]) == 0
+    text = capsys.readouterr().out
+    assert "truncated: yes" in text and "claude-code" in text and session_digest(BEARER) in text
+
+
+def test_info_on_a_broken_file_is_an_error_not_a_traceback(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.tito"
+    bad.write_bytes(b"definitely not a cassette")
+    assert main(["cassette", "info", str(bad)]) == 2
+    assert "not a tito cassette" in capsys.readouterr().err

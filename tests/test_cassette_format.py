@@ -1,0 +1,137 @@
+"""Format v1 building blocks: packed arrays, deltas, frames, the per-session codec, determinism."""
+
+from __future__ import annotations
+
+import io
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from recorder.cassette_format import (
+    FLAG_ZLIB,
+    FRAME_HEADER,
+    MAGIC,
+    CorruptCassetteError,
+    EngineRecord,
+    Header,
+    SessionCodec,
+    bytes_delta,
+    decode_frame_header,
+    decode_payload,
+    encode_frame,
+    mask_rle,
+    mask_unrle,
+    pack_u32,
+    token_delta,
+    unpack_u32,
+)
+from recorder.cassette_writer import CassetteWriter
+from tests.cassette_helpers import BEARER, PINNED, final_sample, header, play, session_traffic
+
+token_lists = st.lists(st.integers(min_value=0, max_value=0xFFFFFFFF), max_size=200)
+
+
+@given(token_lists)
+def test_packed_uint32_is_little_endian_and_round_trips(ids: list[int]) -> None:
+    data = pack_u32(ids)
+    assert len(data) == 4 * len(ids)
+    assert data == b"".join(i.to_bytes(4, "little") for i in ids)
+    assert unpack_u32(data) == ids
+
+
+@given(token_lists, token_lists)
+def test_token_delta_rebuilds_the_prompt(base: list[int], prompt: list[int]) -> None:
+    delta = token_delta(pack_u32(base), pack_u32(prompt))
+    assert unpack_u32(delta.apply(pack_u32(base))) == prompt
+    assert base[: delta.prefix] == prompt[: delta.prefix]
+    assert delta.prefix == len(base) or delta.prefix == len(prompt) or base[delta.prefix] != prompt[delta.prefix]
+
+
+@given(st.binary(max_size=300), st.binary(max_size=300))
+def test_bytes_delta_rebuilds_the_body(base: bytes, body: bytes) -> None:
+    assert bytes_delta(base, body).apply(base) == body
+
+
+@given(st.lists(st.integers(min_value=0, max_value=1), max_size=300))
+def test_mask_run_length_round_trips(mask: list[int]) -> None:
+    assert mask_unrle(mask_rle(mask)) == mask
+
+
+def test_a_growing_body_stores_only_what_changed() -> None:
+    base = b'{"messages":[' + b'"x"' * 1000 + b'],"tools":[' + b'"t"' * 1000 + b"]}"
+    grown = base.replace(b'],"tools"', b',"new message"],"tools"')
+    delta = bytes_delta(base, grown)
+    assert len(delta.middle) < 20 and delta.apply(base) == grown
+
+
+def test_frames_catch_flipped_bytes_and_compress_big_records() -> None:
+    frame = encode_frame({"t": "engine", "blob": "abc" * 1000})
+    length, flags, crc = decode_frame_header(frame[: FRAME_HEADER.size], 0)
+    assert flags & FLAG_ZLIB and length == len(frame) - FRAME_HEADER.size < 3000
+    assert decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0)["blob"] == "abc" * 1000
+    flipped = bytearray(frame)
+    flipped[FRAME_HEADER.size + 5] ^= 0x40
+    with pytest.raises(CorruptCassetteError, match="checksum"):
+        decode_payload(bytes(flipped[FRAME_HEADER.size:]), flags, crc, 0)
+    bad_header = bytearray(frame[: FRAME_HEADER.size])
+    bad_header[0] ^= 0x01
+    with pytest.raises(CorruptCassetteError, match="frame header"):
+        decode_frame_header(bytes(bad_header), 0)
+
+
+def test_engine_records_store_prompts_as_deltas_against_the_previous_context() -> None:
+    codec, reader = SessionCodec(), SessionCodec()
+    rng = random.Random(0)
+    p1 = [rng.randrange(151000) for _ in range(2000)]
+    out1 = [7, 8, 151645]
+    p2 = p1 + out1 + [42, 43]
+    frames = []
+    for seq, (prompt, out) in enumerate([(p1, out1), (p2, [9, 151645])]):
+        rec = EngineRecord("s", seq, "POST", "/generate", {"rid": f"r{seq}", "input_ids": prompt}, 200,
+                           {"output_ids": out, "meta_info": {"output_token_logprobs": [[-0.5, t, None] for t in out]}})
+        frames.append(encode_frame(codec.encode(rec)))
+    # The second prompt costs its 2 new tokens, not 2005.
+    assert len(frames[1]) < 400 < 4000 < len(frames[0])
+    for seq, frame in enumerate(frames):
+        length, flags, crc = decode_frame_header(frame[: FRAME_HEADER.size], 0)
+        rec = reader.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
+        assert rec.request["input_ids"] == (p1 if seq == 0 else p2)
+        assert rec.response["meta_info"]["output_token_logprobs"][0] == [-0.5, rec.response["output_ids"][0], None]
+
+
+def test_irregular_logprobs_are_stored_verbatim() -> None:
+    """Only the exact `[float, id, None]` shape becomes a column: anything else must survive untouched."""
+    codec, reader = SessionCodec(), SessionCodec()
+    triples = [[0, 5, None], [-0.25, 6, "x"]]  # an int logprob, a text entry
+    rec = EngineRecord("s", 0, "POST", "/generate", {"input_ids": [1, 2]}, 200,
+                       {"output_ids": [5, 6], "meta_info": {"output_token_logprobs": triples}})
+    frame = encode_frame(codec.encode(rec))
+    _, flags, crc = decode_frame_header(frame[: FRAME_HEADER.size], 0)
+    back = reader.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
+    assert back.response["meta_info"]["output_token_logprobs"] == triples
+    assert type(back.response["meta_info"]["output_token_logprobs"][0][0]) is int
+
+
+def _write(events: list, created: str = PINNED) -> bytes:
+    buffer = io.BytesIO()
+    writer = CassetteWriter(buffer, Header(**{**header().to_dict(), "created": created}))
+    play(writer, events)
+    writer.session_finished(BEARER, "api", 1.0, [final_sample(events)])
+    return buffer.getvalue()
+
+
+def _after_header(data: bytes) -> bytes:
+    start = len(MAGIC)
+    length, _, _ = decode_frame_header(data[start : start + FRAME_HEADER.size], start)
+    return data[start + FRAME_HEADER.size + length :]
+
+
+def test_writing_the_same_exchanges_twice_gives_identical_bytes(qwen_tokenizer: Any) -> None:
+    events = session_traffic(qwen_tokenizer, turns=3)
+    first, second = _write(events), _write(events)
+    assert first.startswith(MAGIC) and first == second
+    other = _write(events, created="2030-12-31T23:59:59Z")
+    assert other != first and _after_header(other) == _after_header(first)

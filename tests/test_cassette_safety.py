@@ -1,0 +1,209 @@
+"""Crash safety, secrets, and one clear error per kind of broken cassette; plus the field-for-field read-back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recorder.cassette_format import (
+    FRAME_HEADER,
+    MAGIC,
+    AgentRecord,
+    CorruptCassetteError,
+    EngineRecord,
+    Header,
+    TokenizerMismatchError,
+    TruncatedHeaderError,
+    UnsupportedVersionError,
+    encode_frame,
+)
+from recorder.cassette_writer import CassetteWriter
+from recorder.redaction import REDACTED, Redactor, session_digest
+from replayer.reader import CassetteReader, read_cassette
+from tests.cassette_helpers import API_KEY, BEARER, final_sample, header, play, session_traffic
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def traffic(qwen_tokenizer: Any) -> list[tuple[str, Any]]:
+    return session_traffic(qwen_tokenizer, turns=4)
+
+
+@pytest.fixture
+def recorded(tmp_path: Path, traffic: list[tuple[str, Any]]) -> Path:
+    path = tmp_path / "session.tito"
+    with CassetteWriter(path, header()) as writer:
+        play(writer, traffic)
+        writer.session_finished(BEARER, "api", 1.0, [final_sample(traffic)])
+    return path
+
+
+def test_a_recorded_session_reads_back_field_for_field(recorded: Path, traffic: list[tuple[str, Any]]) -> None:
+    cassette = read_cassette(recorded)
+    assert cassette.header == header() and not cassette.truncated
+    name = session_digest(BEARER)
+    assert list(cassette.sessions) == [name]
+    log = cassette.sessions[name]
+    assert log.source == "bearer"
+    assert [r.seq for r in log.records] == list(range(len(traffic) + 2))
+    engine_in = [e for k, e in traffic if k == "engine"]
+    agent_in = [e for k, e in traffic if k == "agent"]
+    assert len(log.engine) == len(engine_in) and len(log.agent) == len(agent_in)
+    for got, sent in zip(log.engine, engine_in, strict=True):
+        assert isinstance(got, EngineRecord)
+        assert (got.method, got.path, got.status, got.error) == (sent.method, sent.path, sent.status, sent.error)
+        assert got.request == sent.request  # input_ids rebuilt from deltas, rid kept
+        assert got.response == sent.response  # output ids, logprob triples, cached_tokens: exact
+        assert (got.started_s, got.duration_s) == (sent.started_s, sent.duration_s)
+        assert got.headers == {"X-SMG-Routing-Key": name}
+    for got, sent in zip(log.agent, agent_in, strict=True):
+        assert isinstance(got, AgentRecord)
+        assert (got.method, got.path, got.query, got.status) == (sent.method, sent.path, sent.query, sent.status)
+        assert got.body == sent.body.replace(API_KEY.encode(), REDACTED.encode())
+        assert got.reply_events == sent.reply_events and got.reply_body is None
+        assert got.headers["User-Agent"] == sent.headers["User-Agent"]
+        assert got.headers["Authorization"] == got.headers["x-api-key"] == got.headers["Cookie"] == REDACTED
+        assert got.reply_headers["Set-Cookie"] == REDACTED
+        assert (got.turn_index, got.side, got.retry_of) == (sent.turn_index, sent.side, sent.retry_of)
+    assert log.samples == [final_sample(traffic)]
+    assert log.finishes[0].reward == 1.0
+
+
+def test_no_secret_reaches_disk(recorded: Path) -> None:
+    data = recorded.read_bytes()
+    for secret in (BEARER, API_KEY, API_KEY[:24]):
+        assert secret.encode() not in data
+    # Not hidden by compression either: the decoded records hold no trace of them.
+    text = repr(read_cassette(recorded).sessions)
+    assert BEARER not in text and API_KEY not in text
+
+
+def test_configurable_patterns_catch_keys_no_header_showed(tmp_path: Path) -> None:
+    from trajectory.adapters.tap import AgentExchange
+
+    path = tmp_path / "p.tito"
+    custom = "corp-token-" + "A1b2C3d4" * 3
+    redactor = Redactor(patterns=(r"corp-token-[A-Za-z0-9]{16,}",))
+    with CassetteWriter(path, header(), redactor=redactor) as writer:
+        writer.agent_exchange("run-1", "path", AgentExchange(
+            "POST", "/s/run-1/v1/messages", "key=AIzaSyA-secret-in-query", {}, f'{{"note":"{custom}"}}'.encode(),
+            200, {}, reply_body=b"{}"))
+    data = path.read_bytes()
+    assert custom.encode() not in data and b"AIzaSyA-secret-in-query" not in data
+    log = read_cassette(path).sessions["run-1"]  # a /s/<sid>/ path name is kept as the session's name
+    assert log.source == "path" and log.agent[0].path == "/s/run-1/v1/messages"
+
+
+def test_hand_truncated_tail_keeps_every_complete_record(recorded: Path, tmp_path: Path) -> None:
+    full = read_cassette(recorded)
+    n_records = len(next(iter(full.sessions.values())).records)
+    data = recorded.read_bytes()
+    for cut in (1, 5, FRAME_HEADER.size + 3):  # inside the last payload, inside its frame header
+        cut_path = tmp_path / f"cut{cut}.tito"
+        cut_path.write_bytes(data[:-cut])
+        cassette = read_cassette(cut_path)
+        assert cassette.truncated
+        assert len(next(iter(cassette.sessions.values())).records) == n_records - 1
+
+
+def test_kill_9_during_a_session_leaves_every_completed_exchange(tmp_path: Path) -> None:
+    path = tmp_path / "killed.tito"
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        from recorder.cassette_writer import CassetteWriter
+        from tests.cassette_helpers import header, generate_body
+        from trajectory.adapters.tap import EngineExchange
+        writer = CassetteWriter({str(path)!r}, header())
+        prompt = list(range(1, 2000))
+        n = 0
+        while True:
+            out = [n % 1000 + 10] * 400 + [151645]
+            request = {{"rid": str(n), "input_ids": prompt}}
+            writer.engine_exchange("run", "path", EngineExchange(
+                "POST", "/generate", request, 200, generate_body(out, str(n), len(prompt))))
+            prompt = prompt + out + [n + 3] * 300
+            n += 1
+            print(n, flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    completed = 0
+    while completed < 25:
+        line = proc.stdout.readline()
+        assert line, "the writer subprocess died early"
+        completed = int(line)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    cassette = read_cassette(path)
+    engine = cassette.sessions["run"].engine
+    assert len(engine) >= completed
+    for i, record in enumerate(engine):  # every record intact, deltas resolved in order
+        assert record.request["rid"] == str(i)
+        assert record.response["output_ids"] == [i % 1000 + 10] * 400 + [151645]
+    assert engine[-1].request["input_ids"][:1999] == list(range(1, 2000))
+
+
+def _header_only(version: int = 1, fingerprint: str = "sha256:test") -> bytes:
+    return MAGIC + encode_frame({"t": "header", **{**header(fingerprint).to_dict(), "format_version": version}})
+
+
+def test_each_broken_cassette_has_its_own_clear_error(recorded: Path, tmp_path: Path) -> None:
+    data = recorded.read_bytes()
+    cases = {
+        "empty": (b"", TruncatedHeaderError, "truncated cassette header"),
+        "magic-cut": (MAGIC[:4], TruncatedHeaderError, "truncated cassette header"),
+        "header-cut": (_header_only()[:-3], TruncatedHeaderError, "ends inside it"),
+        "not-a-cassette": (b'{"interactions": []}', CorruptCassetteError, "not a tito cassette"),
+        "wrong-version": (_header_only(version=7), UnsupportedVersionError, "version 7 is not supported"),
+    }
+    for name, (content, error, message) in cases.items():
+        path = tmp_path / f"{name}.tito"
+        path.write_bytes(content)
+        with pytest.raises(error, match=message):
+            read_cassette(path)
+    # A flipped byte in the middle of the file: corrupt, never silently decoded or called truncated.
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x10
+    path = tmp_path / "flipped.tito"
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(CorruptCassetteError, match="corrupt cassette"):
+        read_cassette(path)
+
+
+def test_a_cassette_recorded_with_another_tokenizer_is_refused(tmp_path: Path) -> None:
+    from trajectory.tokenizer import fingerprint
+
+    path = tmp_path / "other.tito"
+    path.write_bytes(_header_only(fingerprint="sha256:0123456789abcdef"))
+    with pytest.raises(TokenizerMismatchError, match="sha256:0123456789abcdef"):
+        CassetteReader(path, tokenizer_fingerprint=fingerprint())
+    real = tmp_path / "real.tito"
+    CassetteWriter(real, Header(tokenizer_fingerprint=fingerprint())).close()
+    with CassetteReader(real, tokenizer_fingerprint=fingerprint()) as reader:
+        assert list(reader.records()) == [] and not reader.truncated
+
+
+def test_an_existing_cassette_is_never_overwritten(recorded: Path) -> None:
+    before = recorded.read_bytes()
+    with pytest.raises(FileExistsError):
+        CassetteWriter(recorded, header())
+    assert recorded.read_bytes() == before
+
+
+def test_default_patterns_redact_keys_but_leave_ordinary_text_alone() -> None:
+    redactor = Redactor()
+    openai_key = "sk-proj-" + "Ab3dE5gH7jK9" * 4
+    body = f'{{"a":"{API_KEY}","b":"{openai_key}","c":"task-management-system-abcdefghijklmnopqrstuvwxyz0123"}}'
+    scrubbed = redactor.scrub_bytes(body.encode()).decode()
+    assert API_KEY not in scrubbed and openai_key not in scrubbed
+    assert "task-management-system-abcdefghijklmnopqrstuvwxyz0123" in scrubbed
+    assert scrubbed.count(REDACTED) == 2
