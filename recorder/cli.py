@@ -1,0 +1,101 @@
+"""`tito record`: the adapter app as a recording proxy in front of a live engine, writing cassettes.
+
+    tito record --engine http://sglang:30000 --listen 127.0.0.1:8400 --out run.tito
+    tito record --engine http://127.0.0.1:30000 --out runs/ --per-session
+    tito record --engine ... --out run.tito --agent claude-code --task "fix the test" --sessions 4
+
+With `--agent`, tito starts the pinned real CLI once per session in a sandbox pointed at the proxy,
+finishes each session when its agent exits, and stops; otherwise it serves until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from trajectory.adapters import serve
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    serve.add_arguments(parser)
+    parser.add_argument("--out", required=True, help="cassette file to create (a folder with --per-session)")
+    parser.add_argument("--per-session", action="store_true", help="one cassette per session, in the --out folder")
+    parser.add_argument("--quiet", action="store_true", help="no live progress line")
+    agents = parser.add_argument_group("agents launched for you")
+    agents.add_argument("--agent", help="claude-code, codex, qwen-code or opencode (pinned versions)")
+    agents.add_argument("--task", help="the task text given to every agent session")
+    agents.add_argument("--sessions", type=int, default=1, help="agent sessions to run (default 1)")
+    agents.add_argument("--concurrency", type=int, default=1, help="agent sessions at once (default 1)")
+    agents.add_argument("--sandbox", choices=("local", "e2b"), default="local")
+    agents.add_argument("--agent-model", default="tito-policy", help="model name the agent asks for")
+    agents.add_argument("--agent-timeout", type=float, default=600.0, help="seconds per agent session")
+    agents.add_argument("--reward", type=float, default=0.0, help="reward given when an agent session finishes")
+
+
+def check(args: argparse.Namespace) -> str | None:
+    out = Path(args.out)
+    if args.per_session:
+        if out.exists() and not out.is_dir():
+            return f"--out {out} exists and is not a folder"
+    elif out.exists():
+        return f"--out {out} exists: tito never overwrites a cassette"
+    elif not out.parent.exists():
+        return f"--out {out}: folder {out.parent} does not exist"
+    if args.agent and not args.task:
+        return "--agent needs --task"
+    if args.sessions < 1 or args.concurrency < 1:
+        return "--sessions and --concurrency must be >= 1"
+    return None
+
+
+async def serve_until_signal(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from recorder.proxy import build_header, create_recording_app, fetch_engine_info, open_tap
+
+    settings = serve.settings_from(args)
+    host, port = serve.parse_listen(args.listen)
+    engine = await fetch_engine_info(settings.engine_url)
+    if engine is None:
+        print(f"tito record: warning: no /model_info from {settings.engine_url}; recording without engine info",
+              file=sys.stderr)
+    agent_info = None
+    if args.agent:
+        from recorder.agent_runs import agent_header
+
+        agent_info = agent_header(args.agent)
+    tap = open_tap(Path(args.out), build_header(settings, engine, agent_info), args.per_session)
+    app = create_recording_app(settings, tap, progress=None if args.quiet else sys.stderr)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    print(f"tito record: proxy on http://{host}:{port} -> {settings.engine_url}, writing {args.out}",
+          file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    rc = 0
+    try:
+        if args.agent:
+            from recorder.agent_runs import run_agent_sessions
+
+            rc = await run_agent_sessions(args, f"http://{host}:{port}", stop)
+        else:
+            await stop.wait()
+    finally:
+        await runner.cleanup()  # on_shutdown finalizes open sessions and closes the cassette
+        print(f"\ntito record: stopped; cassette at {args.out}", file=sys.stderr, flush=True)
+    return rc
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = check(args)
+    if problem:
+        print(f"tito record: {problem}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve_until_signal(args))

@@ -1,0 +1,73 @@
+"""Live progress of a recording: sessions, turns, tokens and errors, on one terminal line.
+
+A tap that counts what passes and forwards everything to the tap that writes; it never changes traffic.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
+
+
+@dataclass
+class Counts:
+    sessions: set[str] = field(default_factory=set)
+    turns: int = 0
+    side: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    errors: int = 0
+    finished: int = 0
+
+    def line(self) -> str:
+        return (f"sessions {len(self.sessions)} (finished {self.finished}) | turns {self.turns} (+{self.side} side)"
+                f" | tokens {self.prompt_tokens} in, {self.output_tokens} out | errors {self.errors}")
+
+
+class ProgressTap:
+    def __init__(self, inner: TrafficTap, stream: TextIO | None = None, interval_s: float = 0.5) -> None:
+        self.inner = inner
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval_s = interval_s
+        self.counts = Counts()
+        self._last = 0.0
+        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
+        self.counts.sessions.add(session)
+        if exchange.status >= 400:
+            self.counts.errors += 1
+        elif exchange.side:
+            self.counts.side += 1
+        elif exchange.turn_index is not None:
+            self.counts.turns += 1
+        self.inner.agent_exchange(session, source, exchange)
+        self.show()
+
+    def engine_exchange(self, session: str, source: str, exchange: EngineExchange) -> None:
+        response: Any = exchange.response
+        if exchange.path.endswith("/generate") and isinstance(response, dict):
+            meta = response.get("meta_info") or {}
+            self.counts.prompt_tokens += int(meta.get("prompt_tokens") or 0)
+            self.counts.output_tokens += len(response.get("output_ids") or [])
+        if exchange.error or exchange.status >= 400 or exchange.status == 0:
+            self.counts.errors += 1
+        self.inner.engine_exchange(session, source, exchange)
+        self.show()
+
+    def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
+        self.counts.finished += 1
+        self.inner.session_finished(session, source, reward, samples)
+        self.show(force=True)
+
+    def show(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.interval_s:
+            return
+        self._last = now
+        end = "\r" if self._tty else "\n"
+        print(f"tito record: {self.counts.line()}", end=end, file=self.stream, flush=True)

@@ -1,0 +1,67 @@
+"""Run `tito` subcommands as real processes on loopback ports, as a user would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}: {proc_output(proc)}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status < 500:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout_s}s")
+
+
+def proc_output(proc: subprocess.Popen) -> str:
+    try:
+        out, err = proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        return "(still running)"
+    return (out or b"").decode(errors="replace")[-2000:] + (err or b"").decode(errors="replace")[-2000:]
+
+
+@contextmanager
+def tito(*args: str, ready: str | None = None, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """Start `tito ARGS...`; wait for `ready` (a URL) to answer; stop it (SIGTERM, then SIGKILL) on exit."""
+    proc = subprocess.Popen([sys.executable, "-m", "tito_cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    try:
+        if ready:
+            wait_http(ready, proc)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream:
+                stream.close()

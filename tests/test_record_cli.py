@@ -1,0 +1,156 @@
+"""`tito record` as a real process between a client and `tito fake-engine`, and the replay loop back.
+
+Real processes on loopback: the scripted fake engine, the recording proxy, then the cassette served by
+`tito fake-engine --cassette` to `tito serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from recorder.cassette_format import AgentRecord
+from replayer.reader import read_cassette
+from tests.process_helpers import free_port, tito
+
+CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures"
+SCRIPT = "fake_engine/examples/claude_tool_loop.yaml"
+BEARER = "tito-live-session-token-3c9e81f0a2b74d55"
+API_KEY = "sk-ant-api03-recordproxy-Xy7Qw2Er4Ty6Ui8Op0AsDf"
+
+
+def capture(name: str) -> bytes:
+    return (CAPTURES / "claude_baseline" / "bodies" / name).read_bytes()
+
+
+def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def agent_headers() -> dict[str, str]:
+    return {"authorization": f"Bearer {BEARER}", "x-api-key": API_KEY, "anthropic-version": "2023-06-01",
+            "cookie": f"session={BEARER}"}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """Two Claude Code turns recorded through `tito record`, stopped with SIGTERM."""
+    out = tmp_path_factory.mktemp("rec") / "run.tito"
+    engine_port, proxy_port = free_port(), free_port()
+    engine = f"http://127.0.0.1:{engine_port}"
+    with tito("fake-engine", "--script", SCRIPT, "--port", str(engine_port), ready=engine + "/health"), \
+            tito("record", "--engine", engine, "--listen", f"127.0.0.1:{proxy_port}", "--out", str(out),
+                 ready=f"http://127.0.0.1:{proxy_port}/health") as rec:
+        url = f"http://127.0.0.1:{proxy_port}/v1/messages?beta=true"
+        for name in ("baseline_001.json", "baseline_002.json"):
+            status, body = post(url, capture(name), agent_headers())
+            assert status == 200, body[:500]
+            assert b"message_stop" in body
+        rec.send_signal(signal.SIGTERM)
+        assert rec.wait(timeout=30) == 0
+    return out
+
+
+def test_recording_holds_both_legs_and_the_finalized_samples(recorded: Path) -> None:
+    cassette = read_cassette(recorded)
+    assert not cassette.truncated
+    (log,) = cassette.sessions.values()
+    assert log.name.startswith("sid-") and BEARER not in log.name  # named by a digest of the bearer token
+    assert [a.turn_index for a in log.agent] == [0, 1]
+    generate = [e for e in log.engine if e.path.endswith("/generate")]
+    assert len(generate) == 2 and all(e.status == 200 for e in generate)
+    assert cassette.header.engine and cassette.header.engine.get("model_path")  # /model_info in the header
+    (sample, *rest) = log.samples  # SIGTERM finalized the open session
+    assert sample["loss_mask"] and sum(sample["loss_mask"]) > 0
+    out_ids = [i for e in generate for i in e.response["output_ids"]]
+    trained = [t for t, m in zip(sample["tokens"][-sample["response_length"]:], sample["loss_mask"],
+                                 strict=True) if m]
+    assert set(trained) <= set(out_ids)
+
+
+def test_no_secret_reaches_the_cassette(recorded: Path) -> None:
+    data = recorded.read_bytes()
+    for secret in (BEARER, API_KEY, "recordproxy"):
+        assert secret.encode() not in data
+
+
+def test_kill_9_keeps_every_completed_exchange(tmp_path: Path) -> None:
+    out = tmp_path / "killed.tito"
+    engine_port, proxy_port = free_port(), free_port()
+    engine = f"http://127.0.0.1:{engine_port}"
+    with tito("fake-engine", "--script", SCRIPT, "--port", str(engine_port), ready=engine + "/health"), \
+            tito("record", "--engine", engine, "--listen", f"127.0.0.1:{proxy_port}", "--out", str(out),
+                 ready=f"http://127.0.0.1:{proxy_port}/health") as rec:
+        status, _ = post(f"http://127.0.0.1:{proxy_port}/v1/messages", capture("baseline_001.json"),
+                         agent_headers())
+        assert status == 200
+        # The proxy appends the exchange right after the reply's last byte; wait for that append, then
+        # kill -9 while the session is still open (nothing finalized).
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(
+                isinstance(r, AgentRecord) for log in read_cassette(out).sessions.values() for r in log.records):
+            time.sleep(0.05)
+        rec.send_signal(signal.SIGKILL)
+        rec.wait(timeout=10)
+    cassette = read_cassette(out)
+    (log,) = cassette.sessions.values()
+    assert len(log.agent) == 1 and log.agent[0].status == 200
+    assert len([e for e in log.engine if e.path.endswith("/generate")]) == 1
+    assert log.samples == []  # killed: nothing was finalized, and nothing completed was lost
+
+
+def test_cassette_info_reports_the_recording(recorded: Path) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "tito_cli", "cassette", "info", str(recorded), "--json"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    info = json.loads(proc.stdout)
+    assert info["truncated"] is False
+    (session,) = info["sessions"]
+    assert session["agent_exchanges"] == 2 and session["engine_exchanges"] >= 2 and session["samples"] >= 1
+
+
+def test_fake_engine_serves_the_cassette_back_to_tito_serve(recorded: Path) -> None:
+    cassette = read_cassette(recorded)
+    (log,) = cassette.sessions.values()
+    engine_port, adapter_port = free_port(), free_port()
+    engine = f"http://127.0.0.1:{engine_port}"
+    adapter = f"http://127.0.0.1:{adapter_port}"
+    with tito("fake-engine", "--cassette", str(recorded), "--port", str(engine_port), ready=engine + "/health"), \
+            tito("serve", "--engine", engine, "--listen", f"127.0.0.1:{adapter_port}", ready=adapter + "/health"):
+        headers = {"authorization": f"Bearer {log.name}"}  # replay names the session as the cassette does
+        agent: list[AgentRecord] = log.agent
+        for record in agent:
+            status, body = post(adapter + record.path + ("?" + record.query if record.query else ""),
+                                record.body, headers)
+            assert status == 200, body[:500]
+        status, body = post(f"{adapter}/tito/sessions/{log.name}/finish", json.dumps({"reward": 0.0}).encode())
+        assert status == 200
+        replayed = json.loads(body)["samples"]
+        recorded_samples = log.samples
+        assert [s["tokens"] for s in replayed] == [s["tokens"] for s in recorded_samples]
+        assert [s["loss_mask"] for s in replayed] == [s["loss_mask"] for s in recorded_samples]
+        assert [s["rollout_log_probs"] for s in replayed] == [s["rollout_log_probs"] for s in recorded_samples]
+
+        changed = json.loads(agent[0].body)
+        changed["messages"][0]["content"][-1]["text"] += " And also count them."
+        status, body = post(adapter + "/v1/messages", json.dumps(changed).encode(),
+                            {"authorization": "Bearer another-session"})
+        assert status >= 400
+        error = json.loads(body)
+        assert error["type"] == "error"
+        message = error["error"]["message"]
+        assert "closest recorded request" in message and "first differ at token 9478" in message
+        assert "And also count them" in message  # the decoded text around the divergence
