@@ -1,7 +1,7 @@
 """Recorder benchmarks (issue 5, point 7).
 
 (a) proxy latency: added p50/p99 per request at 64 concurrent sessions against the fake engine, as a ratio
-    to calling the engine directly in the same run. Not written yet: `measure_proxy_latency` is its place.
+    to calling the engine directly in the same run (both servers in child processes, one driver here).
 (b) cassette size: a 40-turn coding-agent session growing to ~150k prompt tokens, recorded through the
     cassette writer (both legs, samples included), against the same traffic stored as JSON lines.
     Bytes are divided by the prompt tokens sent to the engine over the session (the sum over turns).
@@ -32,7 +32,8 @@ TURNS = 40
 TARGET_TOKENS = 150_000
 EOS = 151645
 SESSION = "bench-session-token-0123456789"
-CAPTURE = Path("/work/shared/captures/claude_baseline/bodies/baseline_001.json")
+CAPTURE = Path(__file__).resolve().parents[2] / "shared" / "captures"\
+    / "claude_baseline" / "bodies" / "baseline_001.json"
 
 
 def tool_outputs() -> list[str]:
@@ -136,9 +137,122 @@ def json_bytes(events: list[tuple[str, Any]], sample: dict[str, Any]) -> int:
     return total
 
 
-def measure_proxy_latency() -> tuple[float, float] | None:
-    """Part (a), to come with `tito record`: (added p99 ms, direct p99 ms), or None while not measured."""
-    return None
+CLIENTS = 64
+TURNS_PER_SESSION = 6
+
+
+def _serve_engine(port: int) -> None:
+    from aiohttp import web
+
+    from fake_engine.app import EngineOptions, create_app
+    from fake_engine.demo import demo_policy
+
+    tok = load_tokenizer()
+    web.run_app(create_app(demo_policy(tok), EngineOptions(tokenizer=tok)), host="127.0.0.1", port=port,
+                print=None, access_log=None)
+
+
+def _serve_proxy(port: int, engine_port: int, out: str) -> None:
+    from aiohttp import web
+
+    from recorder.proxy import build_header, create_recording_app, open_tap
+    from trajectory.adapters.app import AdapterSettings
+
+    settings = AdapterSettings(engine_url=f"http://127.0.0.1:{engine_port}")
+    tap = open_tap(Path(out), build_header(settings, None, created="2026-01-01T00:00:00Z"), False)
+    web.run_app(create_recording_app(settings, tap), host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _drive(port: int, path: str, bodies: Any) -> list[float]:
+    """CLIENTS concurrent sessions, each sending its turns one after another; per-request latencies."""
+    import asyncio
+
+    import aiohttp
+
+    latencies: list[float] = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CLIENTS)) as http:
+        for _ in range(600):  # wait until the server answers
+            try:
+                async with http.get(f"http://127.0.0.1:{port}/health") as r:
+                    await r.read()
+                    break
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.1)
+
+        async def session(c: int) -> None:
+            for turn in range(TURNS_PER_SESSION):
+                body, headers = bodies(c, turn)
+                t0 = time.perf_counter()
+                async with http.post(f"http://127.0.0.1:{port}{path}", json=body, headers=headers) as r:
+                    await r.read()
+                    assert r.status == 200, (r.status, await r.text())
+                latencies.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(session(c) for c in range(CLIENTS)))
+    return latencies
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    values = sorted(values)
+    return values[len(values) // 2] * 1000, values[int(0.99 * (len(values) - 1))] * 1000
+
+
+def measure_proxy_latency() -> tuple[float, float, float, float]:
+    """Part (a): (added p50, added p99, direct p50, direct p99) in ms, proxy and direct in the same run.
+
+    Direct: the same 64 sessions call the fake engine's /generate with the prompts the proxy sends.
+    Proxied: Anthropic Messages turns through `tito record` (adapter + cassette writer) to that engine.
+    """
+    import asyncio
+    import multiprocessing as mp
+    import tempfile
+
+    tok = load_tokenizer()
+    tools = [{"name": "Bash", "description": "Run a shell command",
+              "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+
+    def messages(c: int, turn: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{"role": "user", "content": f"Session {c}: list the files."}]
+        for t in range(turn):
+            out += [{"role": "assistant", "content": f"Turn {t} done."}, {"role": "user", "content": f"Go on {t}."}]
+        return out
+
+    def anthropic(c: int, turn: int) -> tuple[dict[str, Any], dict[str, str]]:
+        body = {"model": "m", "max_tokens": 256, "system": "You are a coding agent.", "tools": tools,
+                "messages": messages(c, turn), "stream": True}
+        return body, {"authorization": f"Bearer bench-{c}"}
+
+    def generate(c: int, turn: int) -> tuple[dict[str, Any], dict[str, str]]:
+        chat = [{"role": "system", "content": "You are a coding agent."}, *messages(c, turn)]
+        ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return {"input_ids": ids, "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 256, "skip_special_tokens": False}}, {}
+
+    ctx = mp.get_context("fork")
+    engine_port, proxy_port = _free_port(), _free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=_serve_engine, args=(engine_port,), daemon=True),
+                 ctx.Process(target=_serve_proxy, args=(proxy_port, engine_port, f"{tmp}/a.tito"), daemon=True)]
+        for proc in procs:
+            proc.start()
+        try:
+            direct = asyncio.run(_drive(engine_port, "/generate", generate))
+            proxied = asyncio.run(_drive(proxy_port, "/v1/messages", anthropic))
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.join()
+    d50, d99 = _percentiles(direct)
+    p50, p99 = _percentiles(proxied)
+    return p50 - d50, p99 - d99, d50, d99
 
 
 def main() -> int:
@@ -152,9 +266,11 @@ def main() -> int:
     print(f"(b) {TURNS} turns, final prompt {len(prompts[-1])} tokens, {prompt_tokens} prompt tokens sent in all")
     print(f"(b) cassette {cassette} bytes (written in {write_s * 1000:.0f} ms), JSON lines {as_json} bytes")
     print(f"(b) size ratio {j / b:.1f}x (goal: at least 50x)")
-    latency = measure_proxy_latency()
-    added, direct = ("n/a", "n/a") if latency is None else (f"{latency[0]:.2f}", f"{latency[1]:.2f}")
-    print(f"proxy p99: {added} ms added, direct p99: {direct} ms, cassette: {b:.3f} bytes/token, "
+    added50, added99, direct50, direct99 = measure_proxy_latency()
+    print(f"(a) {CLIENTS} concurrent sessions x {TURNS_PER_SESSION} turns: proxy adds p50 {added50:.2f} ms, "
+          f"p99 {added99:.2f} ms over direct p50 {direct50:.2f} ms, p99 {direct99:.2f} ms "
+          f"(p99 ratio {(direct99 + added99) / direct99:.2f}x; goal: under 5 ms added at p99)")
+    print(f"proxy p99: {added99:.2f} ms added, direct p99: {direct99:.2f} ms, cassette: {b:.3f} bytes/token, "
           f"json: {j:.2f} bytes/token, size ratio: {j / b:.1f}")
     return 0
 

@@ -1,0 +1,122 @@
+"""Install a pinned agent CLI with npm into a project-local prefix, once.
+
+Each pin gets its own directory (`.tools/npm/<agent>-<version>`) so two versions never share a
+node_modules, and a finished install is never touched again. npm runs in a staging directory that is
+renamed into place only after the binary is there, so an interrupted or concurrent install can not leave a
+half-installed CLI behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from recorder.agent_pins import AgentPin
+
+# The checkout's .tools/npm; TITO_NPM_PREFIX moves it (e.g. for a non-editable install or a shared cache).
+DEFAULT_PREFIX = Path(
+    os.environ.get("TITO_NPM_PREFIX") or Path(__file__).resolve().parent.parent / ".tools" / "npm"
+)
+INSTALL_TIMEOUT_S = 900.0
+
+
+class AgentInstallError(RuntimeError):
+    pass
+
+
+def npm_path(npm: str = "npm") -> str | None:
+    return shutil.which(npm)
+
+
+def install_dir(pin: AgentPin, prefix: Path = DEFAULT_PREFIX) -> Path:
+    return Path(prefix) / f"{pin.name}-{pin.version}"
+
+
+def binary_path(pin: AgentPin, prefix: Path = DEFAULT_PREFIX) -> Path:
+    return install_dir(pin, prefix) / "node_modules" / ".bin" / pin.binary
+
+
+def install_command(pin: AgentPin, target: str, npm: str = "npm") -> list[str]:
+    """The npm command line; also run inside remote sandboxes, hence a plain argv."""
+    return [
+        npm,
+        "install",
+        "--prefix",
+        target,
+        "--save-exact",
+        "--no-audit",
+        "--no-fund",
+        "--loglevel=error",
+        pin.spec,
+    ]
+
+
+def installed_version(pin: AgentPin, prefix: Path = DEFAULT_PREFIX) -> str | None:
+    manifest = install_dir(pin, prefix) / "node_modules" / pin.npm_package / "package.json"
+    try:
+        return json.loads(manifest.read_text())["version"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def is_installed(pin: AgentPin, prefix: Path = DEFAULT_PREFIX) -> bool:
+    return binary_path(pin, prefix).exists() and installed_version(pin, prefix) == pin.version
+
+
+def ensure_installed(pin: AgentPin, prefix: Path = DEFAULT_PREFIX, npm: str = "npm") -> Path:
+    """Return the CLI's binary, installing the pinned version first if it is not there yet."""
+    prefix = Path(prefix)
+    if is_installed(pin, prefix):
+        return binary_path(pin, prefix)
+    npm_bin = npm_path(npm)
+    if npm_bin is None:
+        raise AgentInstallError(f"npm not found on PATH; it is needed to install {pin.spec}")
+    prefix.mkdir(parents=True, exist_ok=True)
+    _ignore_in_git(prefix)
+    final = install_dir(pin, prefix)
+    staging = Path(tempfile.mkdtemp(prefix=f".staging-{final.name}-", dir=prefix))
+    try:
+        _run_npm(install_command(pin, str(staging), npm_bin), pin)
+        staged_binary = staging / "node_modules" / ".bin" / pin.binary
+        if not staged_binary.exists():
+            raise AgentInstallError(f"npm installed {pin.spec} but {staged_binary} is missing")
+        os.chmod(staging, 0o755)  # mkdtemp makes it private; the CLI may run as another user
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not is_installed(pin, prefix):  # not a concurrent install that won the race
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if not is_installed(pin, prefix):
+        raise AgentInstallError(f"{pin.spec} did not install to {final}")
+    return binary_path(pin, prefix)
+
+
+def _run_npm(argv: list[str], pin: AgentPin) -> None:
+    try:
+        done = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=INSTALL_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AgentInstallError(f"npm install {pin.spec} took longer than {INSTALL_TIMEOUT_S:.0f} s") from exc
+    if done.returncode != 0:
+        raise AgentInstallError(
+            f"npm install {pin.spec} failed with exit code {done.returncode}:\n{done.stderr[-2000:]}"
+        )
+
+
+def _ignore_in_git(prefix: Path) -> None:
+    """Installed CLIs are hundreds of MB: keep the prefix out of git without touching the root .gitignore."""
+    marker = prefix / ".gitignore"
+    if not marker.exists():
+        marker.write_text("*\n")

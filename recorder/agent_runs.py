@@ -1,0 +1,51 @@
+"""`tito record --agent`: run the pinned real CLI per session against the recording proxy, then finish
+each session through the session API so its samples land in the cassette with the given reward."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+import aiohttp
+
+from recorder.agent_pins import pin_for
+from recorder.agent_sessions import SessionPlan, run_sessions, sandbox_factory
+
+
+def agent_header(name: str) -> dict[str, Any]:
+    pin = pin_for(name)
+    return {"client": pin.name, "package": pin.npm_package, "version": pin.version}
+
+
+async def finish_session(base_url: str, session_id: str, reward: float) -> int:
+    async with aiohttp.ClientSession() as http, \
+            http.post(f"{base_url}/tito/sessions/{session_id}/finish", json={"reward": reward}) as resp:
+        data = await resp.json()
+        return len(data.get("samples", []))
+
+
+async def run_agent_sessions(args: argparse.Namespace, base_url: str, stop: asyncio.Event) -> int:
+    """Runs the agents off the event loop (the proxy keeps serving them), then finishes their sessions."""
+    plan = SessionPlan(agent=args.agent, base_url=base_url, task=args.task, model=args.agent_model,
+                       sessions=args.sessions, timeout_s=args.agent_timeout, parallel=args.concurrency)
+    loop = asyncio.get_running_loop()
+    work = loop.run_in_executor(None, run_sessions, plan, sandbox_factory(args.sandbox))
+    stopper = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if work not in done:
+        print("tito record: stop requested; open sessions are finalized with reward 0", file=sys.stderr)
+        return 130
+    stopper.cancel()
+    runs = work.result()
+    failed = 0
+    for run in runs:
+        samples = await finish_session(base_url, run.session_id, args.reward)
+        status = "ok" if run.ok else ("timed out" if run.timed_out else f"exit {run.exit_code}")
+        failed += not run.ok
+        print(f"tito record: {run.agent} {run.version} session {run.session_id}: {status} in "
+              f"{run.duration_s:.1f}s, {samples} sample(s)", file=sys.stderr, flush=True)
+        if not run.ok:
+            print(f"  stderr: {run.stderr_tail[-800:]}", file=sys.stderr)
+    return 1 if failed else 0

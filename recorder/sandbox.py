@@ -1,0 +1,275 @@
+"""Where an agent CLI runs: a fresh HOME and working directory per session, one command at a time.
+
+Agent CLIs keep device ids, caches and installation ids under HOME, so every recorded session gets a new
+sandbox; commands get exactly the environment the launcher built (nothing inherited) and stdin from
+/dev/null, because several CLIs block or wait seconds on an open stdin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recorder.agent_install import DEFAULT_PREFIX, ensure_installed, install_command
+from recorder.agent_pins import AgentPin
+
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class SandboxError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int | None  # None when the command was killed at its timeout
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+
+
+class Sandbox(ABC):
+    """A place where an agent CLI runs. Paths are POSIX paths as seen inside the sandbox."""
+
+    kind: str
+    home: str
+    workdir: str
+    base_path: str  # PATH for commands, before the agent's own binary directory is prepended
+
+    @abstractmethod
+    def write_file(self, path: str, content: str | bytes) -> str:
+        """Write a file (parents created); a relative path is relative to HOME. Returns the full path."""
+
+    @abstractmethod
+    def run(
+        self, argv: Sequence[str], env: Mapping[str, str], timeout_s: float, cwd: str | None = None
+    ) -> CommandResult:
+        """Run argv in `cwd` (default: the working directory) with exactly `env` and stdin from /dev/null."""
+
+    @abstractmethod
+    def install_agent(self, pin: AgentPin) -> str:
+        """Make the pinned CLI available inside the sandbox; returns its binary path there."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the sandbox; safe to call twice."""
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_command(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> list[str]:
+    if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+        raise ValueError("argv must be a non-empty list of strings")
+    for key, value in env.items():
+        if not isinstance(key, str) or not isinstance(value, str) or not key or "=" in key:
+            raise ValueError(f"invalid environment entry {key!r}: names and values must be strings")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+    return list(argv)
+
+
+class LocalSandbox(Sandbox):
+    """A temporary directory on this machine and a subprocess per command; the default."""
+
+    kind = "local"
+
+    def __init__(
+        self,
+        parent: str | os.PathLike[str] | None = None,
+        name: str | None = None,
+        tools_prefix: Path = DEFAULT_PREFIX,
+        keep: bool = False,
+    ) -> None:
+        """`name` (e.g. the session id) gives a stable directory instead of a random one: the CLIs put
+        their working directory into the prompt, so a stable path keeps re-recordings token-identical."""
+        if name is None:
+            self.root = Path(tempfile.mkdtemp(prefix="tito-sandbox-", dir=parent)).resolve()
+        else:
+            if not name or "/" in name or name in (".", ".."):
+                raise ValueError(f"sandbox name {name!r} must be a single path component")
+            self.root = (Path(parent or tempfile.gettempdir()) / name).resolve()
+            self.root.mkdir(parents=True, exist_ok=False)
+        self.home = str(self.root / "home")
+        self.workdir = str(self.root / "work")
+        self._logs = self.root / "logs"
+        for path in (self.home, self.workdir, self._logs):
+            Path(path).mkdir()
+        self.base_path = os.environ.get("PATH") or SYSTEM_PATH
+        self.tools_prefix = Path(tools_prefix)
+        self.keep = keep
+        self._closed = False
+        self._commands = 0
+
+    def write_file(self, path: str, content: str | bytes) -> str:
+        self._check_open()
+        target = self._inside(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, str):
+            content = content.encode()
+        target.write_bytes(content)
+        return str(target)
+
+    def run(
+        self, argv: Sequence[str], env: Mapping[str, str], timeout_s: float, cwd: str | None = None
+    ) -> CommandResult:
+        self._check_open()
+        argv = _check_command(argv, env, timeout_s)
+        self._commands += 1
+        # Output goes to files, not pipes: a tool's leftover background child holding a pipe open would
+        # otherwise keep us waiting after the agent itself exited.
+        out_path = self._logs / f"{self._commands:04d}.stdout"
+        err_path = self._logs / f"{self._commands:04d}.stderr"
+        started = time.monotonic()
+        with out_path.open("wb") as out, err_path.open("wb") as err:
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    env=dict(env),
+                    cwd=str(self._inside(cwd or self.workdir)),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                raise SandboxError(f"cannot run {argv[0]!r}: not found") from exc
+            timed_out = False
+            try:
+                exit_code: int | None = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out, exit_code = True, None
+            _kill_group(proc.pid)  # the whole session: the agent and anything its tools left running
+            proc.wait()
+        duration = time.monotonic() - started
+        return CommandResult(exit_code, _read_text(out_path), _read_text(err_path), timed_out, duration)
+
+    def install_agent(self, pin: AgentPin) -> str:
+        return str(ensure_installed(pin, self.tools_prefix))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+
+    def _inside(self, path: str) -> Path:
+        target = (Path(self.home) / path).resolve()
+        if not target.is_relative_to(self.root):
+            raise ValueError(f"path {path!r} is outside the sandbox {self.root}")
+        return target
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _read_text(path: Path) -> str:
+    return path.read_bytes().decode("utf-8", errors="replace")
+
+
+class E2BSandbox(Sandbox):
+    """A remote E2B micro-VM via the `e2b` SDK.
+
+    The agent inside it must reach the proxy, so the base URL given to the launcher has to be one the VM can
+    reach (a public or tunnelled address), not 127.0.0.1 on this machine.
+    """
+
+    kind = "e2b"
+    USER_HOME = "/home/user"
+
+    def __init__(self, sdk_sandbox: Any, root: str = "/home/user/tito") -> None:
+        self._sdk = sdk_sandbox
+        self.root = root
+        self.home = posixpath.join(root, "home")
+        self.workdir = posixpath.join(root, "work")
+        self.tools_prefix = posixpath.join(self.USER_HOME, ".tools", "npm")
+        self.base_path = SYSTEM_PATH
+        self._closed = False
+        for path in (self.home, self.workdir):
+            self._sdk.files.make_dir(path)
+
+    @classmethod
+    def create(
+        cls,
+        template: str | None = None,
+        lifetime_s: int = 3600,
+        sandbox_class: Any = None,
+        **create_options: Any,
+    ) -> E2BSandbox:
+        """Start a VM (the SDK reads E2B_API_KEY from the environment); `sandbox_class` is for tests."""
+        if sandbox_class is None:
+            from e2b import Sandbox as sandbox_class
+        return cls(sandbox_class.create(template=template, timeout=lifetime_s, **create_options))
+
+    def write_file(self, path: str, content: str | bytes) -> str:
+        self._check_open()
+        target = posixpath.normpath(posixpath.join(self.home, path))
+        self._sdk.files.write(target, content)
+        return target
+
+    def run(
+        self, argv: Sequence[str], env: Mapping[str, str], timeout_s: float, cwd: str | None = None
+    ) -> CommandResult:
+        self._check_open()
+        argv = _check_command(argv, env, timeout_s)
+        from e2b import CommandExitException, TimeoutException
+
+        command = shlex.join(argv) + " < /dev/null"
+        started = time.monotonic()
+        try:
+            result = self._sdk.commands.run(
+                command, envs=dict(env), cwd=cwd or self.workdir, timeout=timeout_s, stdin=False
+            )
+        except CommandExitException as exc:  # the SDK raises on any non-zero exit
+            result = exc
+        except TimeoutException as exc:
+            return CommandResult(None, "", str(exc), True, time.monotonic() - started)
+        return CommandResult(
+            result.exit_code, result.stdout or "", result.stderr or "", False, time.monotonic() - started
+        )
+
+    def install_agent(self, pin: AgentPin) -> str:
+        target = posixpath.join(self.tools_prefix, f"{pin.name}-{pin.version}")
+        binary = posixpath.join(target, "node_modules", ".bin", pin.binary)
+        env = {"HOME": self.USER_HOME, "PATH": self.base_path}
+        if self.run(["test", "-x", binary], env, 30).exit_code == 0:
+            return binary
+        done = self.run(install_command(pin, target), env, 900, cwd=self.USER_HOME)
+        if done.exit_code != 0:
+            raise SandboxError(
+                f"npm install {pin.spec} in the E2B sandbox failed "
+                f"(exit {done.exit_code}): {done.stderr[-2000:]}"
+            )
+        return binary
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._sdk.kill()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")

@@ -1,0 +1,137 @@
+"""LocalSandbox: fresh directories, exact environment, stdin from /dev/null, timeouts that kill everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recorder.sandbox import LocalSandbox, SandboxError
+
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ONLY_THIS": "1"}
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path):
+    with LocalSandbox(parent=tmp_path) as box:
+        yield box
+
+
+def test_fresh_home_and_workdir_under_one_root(sandbox: LocalSandbox, tmp_path: Path) -> None:
+    assert Path(sandbox.home).is_dir() and Path(sandbox.workdir).is_dir()
+    assert Path(sandbox.home).parent == sandbox.root == Path(sandbox.workdir).parent
+    assert sandbox.root.parent == tmp_path.resolve()
+    assert list(Path(sandbox.home).iterdir()) == []
+
+
+def test_two_sandboxes_never_share_a_home(tmp_path: Path) -> None:
+    with LocalSandbox(parent=tmp_path) as a, LocalSandbox(parent=tmp_path) as b:
+        assert a.home != b.home
+
+
+def test_named_sandbox_has_a_stable_path_and_refuses_reuse(tmp_path: Path) -> None:
+    with LocalSandbox(parent=tmp_path, name="sess-1") as box:
+        assert box.root == (tmp_path / "sess-1").resolve()
+        with pytest.raises(FileExistsError):
+            LocalSandbox(parent=tmp_path, name="sess-1")
+    with pytest.raises(ValueError, match="single path component"):
+        LocalSandbox(parent=tmp_path, name="../escape")
+
+
+def test_write_file_relative_to_home_creates_parents(sandbox: LocalSandbox) -> None:
+    written = sandbox.write_file(".config/tool/conf.json", '{"a": "é"}')
+    assert written == str(Path(sandbox.home) / ".config/tool/conf.json")
+    assert Path(written).read_text(encoding="utf-8") == '{"a": "é"}'
+    assert Path(sandbox.write_file(sandbox.workdir + "/data.bin", b"\x00\x01")).read_bytes() == b"\x00\x01"
+
+
+def test_write_outside_the_sandbox_is_refused(sandbox: LocalSandbox) -> None:
+    with pytest.raises(ValueError, match="outside the sandbox"):
+        sandbox.write_file("../../escaped.txt", "x")
+    with pytest.raises(ValueError, match="outside the sandbox"):
+        sandbox.write_file("/etc/tito-escaped", "x")
+
+
+def test_run_gets_exactly_the_given_env_in_the_workdir(sandbox: LocalSandbox) -> None:
+    code = "import json, os, sys; print(json.dumps({'env': dict(os.environ), 'cwd': os.getcwd()}))"
+    result = sandbox.run([sys.executable, "-c", code], ENV, timeout_s=60)
+    assert result.exit_code == 0 and not result.timed_out
+    seen = json.loads(result.stdout)
+    # Python itself may add LC_CTYPE on some platforms; nothing of ours may leak in.
+    assert {k: v for k, v in seen["env"].items() if k != "LC_CTYPE"} == ENV
+    assert seen["cwd"] == sandbox.workdir
+
+
+def test_stdin_is_dev_null(sandbox: LocalSandbox) -> None:
+    code = "import os, sys; print(os.path.realpath('/proc/self/fd/0')); print(repr(sys.stdin.read()))"
+    result = sandbox.run([sys.executable, "-c", code], ENV, timeout_s=60)
+    assert result.stdout.splitlines() == ["/dev/null", "''"]
+
+
+def test_exit_code_and_both_streams_are_collected(sandbox: LocalSandbox) -> None:
+    code = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(7)"
+    result = sandbox.run([sys.executable, "-c", code], ENV, timeout_s=60)
+    assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (7, "out\n", "err\n", False)
+
+
+def test_timeout_kills_the_command_and_its_background_children(sandbox: LocalSandbox) -> None:
+    pid_file = Path(sandbox.workdir) / "child.pid"
+    script = f"sleep 300 & echo $! > {pid_file}; echo started; wait"
+    result = sandbox.run(["sh", "-c", script], ENV, timeout_s=1.5)
+    assert result.timed_out and result.exit_code is None
+    assert result.stdout == "started\n"
+    child = int(pid_file.read_text())
+    assert _dies(child)
+
+
+def test_a_leftover_background_child_does_not_hold_the_run_open(sandbox: LocalSandbox) -> None:
+    pid_file = Path(sandbox.workdir) / "child.pid"
+    result = sandbox.run(["sh", "-c", f"sleep 300 & echo $! > {pid_file}; echo bye"], ENV, timeout_s=120)
+    assert (result.exit_code, result.timed_out, result.stdout) == (0, False, "bye\n")
+    assert _dies(int(pid_file.read_text()))
+
+
+def _dies(pid: int) -> bool:
+    """SIGKILL is delivered asynchronously: wait (bounded) for the process to be gone or a zombie."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            # A killed child of an exited shell lingers as a zombie until something reaps it.
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_bad_commands_are_clear_errors(sandbox: LocalSandbox) -> None:
+    with pytest.raises(SandboxError, match="not found"):
+        sandbox.run(["/nonexistent/agent-cli"], ENV, timeout_s=5)
+    with pytest.raises(ValueError, match="list of strings"):
+        sandbox.run("echo hi", ENV, timeout_s=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="invalid environment entry"):
+        sandbox.run(["true"], {"PATH": None}, timeout_s=5)  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="timeout_s"):
+        sandbox.run(["true"], ENV, timeout_s=0)
+
+
+def test_close_removes_everything_and_is_final(tmp_path: Path) -> None:
+    box = LocalSandbox(parent=tmp_path)
+    box.write_file("a.txt", "x")
+    box.close()
+    box.close()
+    assert not box.root.exists()
+    with pytest.raises(SandboxError, match="closed"):
+        box.run(["true"], ENV, timeout_s=5)
+
+
+def test_keep_leaves_the_tree_for_inspection(tmp_path: Path) -> None:
+    with LocalSandbox(parent=tmp_path, keep=True) as box:
+        box.write_file("a.txt", "x")
+    assert (Path(box.home) / "a.txt").read_text() == "x"
