@@ -67,39 +67,38 @@ class TokenizerMismatchError(CassetteError):
 # --- packed arrays ---------------------------------------------------------------------------------------
 
 
-def pack_u32(values: list[int] | array) -> bytes:
-    arr = values if isinstance(values, array) and values.typecode == "I" else array("I", values)
+def _pack(values: Any, typecode: str) -> bytes:
+    arr = values if isinstance(values, array) and values.typecode == typecode else array(typecode, values)
     if _BIG_ENDIAN:
-        arr = array("I", arr)
+        arr = array(typecode, arr)
         arr.byteswap()
     return arr.tobytes()
+
+
+def _unpack(data: bytes, typecode: str, what: str) -> list[Any]:
+    arr = array(typecode)
+    if len(data) % arr.itemsize:
+        raise CorruptCassetteError(f"packed {what} array of {len(data)} bytes is not a multiple of {arr.itemsize}")
+    arr.frombytes(data)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tolist()
+
+
+def pack_u32(values: list[int] | array) -> bytes:
+    return _pack(values, "I")
 
 
 def unpack_u32(data: bytes) -> list[int]:
-    if len(data) % 4:
-        raise CorruptCassetteError(f"packed uint32 array of {len(data)} bytes is not a multiple of 4")
-    arr = array("I")
-    arr.frombytes(data)
-    if _BIG_ENDIAN:
-        arr.byteswap()
-    return arr.tolist()
+    return _unpack(data, "I", "uint32")
 
 
 def pack_f64(values: list[float]) -> bytes:
-    arr = array("d", values)
-    if _BIG_ENDIAN:
-        arr.byteswap()
-    return arr.tobytes()
+    return _pack(values, "d")
 
 
 def unpack_f64(data: bytes) -> list[float]:
-    if len(data) % 8:
-        raise CorruptCassetteError(f"packed float64 array of {len(data)} bytes is not a multiple of 8")
-    arr = array("d")
-    arr.frombytes(data)
-    if _BIG_ENDIAN:
-        arr.byteswap()
-    return arr.tolist()
+    return _unpack(data, "d", "float64")
 
 
 def packed_token_list(value: Any) -> bytes | None:
