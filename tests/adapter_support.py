@@ -6,16 +6,15 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestServer
 
 from tests.adapter_double import EngineDouble, qwen3_output
+from tests.process_helpers import CAPTURES
 from trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
 from trajectory.manager import TrajectoryManager
 
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures"
 HTTP_SCENARIOS = ["claude_baseline", "claude_brokenstream", "claude_continue", "claude_parallel",
                   "claude_retry529", "claude_sonnet45", "claude_thinking", "claude_tui2", "codex_baseline",
                   "codex_parallel_http", "codex_reasoning_http", "codex_retry_http", "opencode", "qwen"]

@@ -5,15 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from recorder.cassette_format import Header
+from tests.process_helpers import CAPTURES
 from trajectory.adapters.tap import AgentExchange, EngineExchange
 
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures"
 BEARER = "tito-test-bearer-7f3a9c1e5b2d4f60"
 API_KEY = "sk-ant-api03-Zq8XvN2LmK4pR7tY1wE9uI0oP3aS6dF5gH8jK2lL4zX7cV1bN"
 PINNED = "2026-01-02T03:04:05Z"

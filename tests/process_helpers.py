@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CAPTURES = ROOT.parent / "shared" / "captures"  # raw real-CLI requests, beside the checkout
 
 
 def free_port() -> int:

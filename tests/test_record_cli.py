@@ -16,9 +16,8 @@ import pytest
 
 from recorder.cassette_format import AgentRecord
 from replayer.reader import read_cassette
-from tests.process_helpers import free_port, tito
+from tests.process_helpers import CAPTURES, free_port, tito
 
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures"
 SCRIPT = "fake_engine/examples/claude_tool_loop.yaml"
 BEARER = "tito-live-session-token-3c9e81f0a2b74d55"
 API_KEY = "sk-ant-api03-recordproxy-Xy7Qw2Er4Ty6Ui8Op0AsDf"
