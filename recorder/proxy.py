@@ -36,8 +36,10 @@ async def fetch_engine_info(engine_url: str, timeout_s: float = 5.0) -> dict[str
                 async with http.get(engine_url.rstrip("/") + path) as resp:
                     if resp.status == 200:
                         return await resp.json(content_type=None)
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                return None
+            except ValueError:  # not JSON: try the older route
+                continue
+            except (aiohttp.ClientError, TimeoutError):
+                return None  # unreachable: the other route would be too
     return None
 
 

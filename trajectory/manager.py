@@ -80,7 +80,8 @@ class TrajectoryManager:
         events = list(session.events)
         trained_turns: set[int] = set()
         kept: list[tuple[int, Builder]] = []
-        for leaf in session.tree.leaves():
+        leaves = session.tree.leaves()
+        for leaf in leaves:
             for builder in linearize_chain(leaf, trained_turns, self.fork_threshold_tokens, events,
                                            session.tree.prefix_cache):
                 if 1 not in builder.loss:
@@ -99,7 +100,7 @@ class TrajectoryManager:
             samples.append(sample)
         trained = sum(sum(s.loss_mask) for s in samples)
         stats = SessionStats.from_events(
-            events, turns=session.turns, side_turns=len(session.side), leaves=len(session.tree.leaves()),
+            events, turns=session.turns, side_turns=len(session.side), leaves=len(leaves),
             samples=len(samples), trained_tokens=trained,
             masked_tokens=sum(s.response_length for s in samples) - trained,
         )
