@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from fake_engine.demo import demo_policy
     from fake_engine.scripted import ScriptedPolicy, load_scenario
     from recorder.cassette_format import CassetteError
+    from trajectory.server_process import freeze_startup_objects
     from trajectory.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
@@ -87,5 +88,7 @@ def run(args: argparse.Namespace) -> int:
         vocab_size=max(len(tokenizer), 151936), faults=faults, host=args.host, port=args.port)
     print(f"tito fake-engine: {what} on http://{args.host}:{args.port} (SGLang {args.version_profile} "
           f"profile{', router mode' if args.router else ''})", flush=True)
-    web.run_app(create_app(policy, options), host=args.host, port=args.port, print=None)
+    app = create_app(policy, options)
+    freeze_startup_objects()
+    web.run_app(app, host=args.host, port=args.port, print=None)
     return 0

@@ -56,17 +56,21 @@ class CassetteWriter:
 
     # TrafficTap
 
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        self.redactor.learn_headers(headers, scope=self._session(session, source))
+
     def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
         r = self.redactor
         name = self._session(session, source)
-        r.learn_headers(exchange.headers)
+        r.learn_headers(exchange.headers, scope=name)
         self._append(AgentRecord(
-            session=name, seq=self._codec.next_seq(name), method=exchange.method, path=r.scrub_text(exchange.path),
-            query=r.scrub_query(exchange.query), headers=self._headers(exchange.headers, name),
-            body=r.scrub_bytes(bytes(exchange.body)), status=exchange.status,
-            reply_headers=self._headers(exchange.reply_headers, name),
-            reply_body=None if exchange.reply_body is None else r.scrub_bytes(bytes(exchange.reply_body)),
-            reply_events=None if exchange.reply_events is None else [r.scrub_text(e) for e in exchange.reply_events],
+            session=name, seq=self._codec.next_seq(name), method=exchange.method,
+            path=r.scrub_text(exchange.path, name), query=r.scrub_query(exchange.query, name),
+            headers=self._headers(exchange.headers, name), body=r.scrub_bytes(bytes(exchange.body), name),
+            status=exchange.status, reply_headers=self._headers(exchange.reply_headers, name),
+            reply_body=None if exchange.reply_body is None else r.scrub_bytes(bytes(exchange.reply_body), name),
+            reply_events=None if exchange.reply_events is None else [r.scrub_text(e, name)
+                                                                     for e in exchange.reply_events],
             started_s=float(exchange.started_s), duration_s=float(exchange.duration_s), side=exchange.side,
             retry_of=exchange.retry_of, turn_index=exchange.turn_index,
         ))
@@ -75,9 +79,10 @@ class CassetteWriter:
         r = self.redactor
         name = self._session(session, source)
         self.write_engine(EngineRecord(
-            session=name, seq=0, method=exchange.method, path=r.scrub_text(exchange.path),
-            request=r.scrub_json(exchange.request), status=exchange.status, response=r.scrub_json(exchange.response),
-            error=None if exchange.error is None else r.scrub_text(exchange.error),
+            session=name, seq=0, method=exchange.method, path=r.scrub_text(exchange.path, name),
+            request=r.scrub_json(exchange.request, name), status=exchange.status,
+            response=r.scrub_json(exchange.response, name),
+            error=None if exchange.error is None else r.scrub_text(exchange.error, name),
             headers=self._headers(exchange.headers, name), started_s=float(exchange.started_s),
             duration_s=float(exchange.duration_s),
         ), redacted=True)
@@ -86,7 +91,7 @@ class CassetteWriter:
         name = self._session(session, source)
         self._append(SamplesRecord(
             session=name, seq=self._codec.next_seq(name), reward=float(reward),
-            samples=[self.redactor.scrub_json(dict(s)) for s in samples],
+            samples=[self.redactor.scrub_json(dict(s), name) for s in samples],
         ))
 
     # for in-process integrations (vcrpy) that build engine records themselves
@@ -94,10 +99,10 @@ class CassetteWriter:
     def write_engine(self, record: EngineRecord, redacted: bool = False) -> None:
         """Append an engine record under its (already safe) session name; the writer assigns `seq`."""
         if not redacted:
-            r = self.redactor
-            record.request, record.response = r.scrub_json(record.request), r.scrub_json(record.response)
-            record.headers = self._headers(record.headers, record.session)
-            record.extra = r.scrub_json(record.extra)
+            r, name = self.redactor, record.session
+            record.request, record.response = r.scrub_json(record.request, name), r.scrub_json(record.response, name)
+            record.headers = self._headers(record.headers, name)
+            record.extra = r.scrub_json(record.extra, name)
         self._ensure_started(record.session, "named")
         record.seq = self._codec.next_seq(record.session)
         self._append(record)
@@ -129,7 +134,7 @@ class CassetteWriter:
             self._append(SessionStart(session=name, source=source, seq=self._codec.next_seq(name)))
 
     def _headers(self, headers: dict[str, str], session_name: str) -> dict[str, str]:
-        out = self.redactor.headers(headers)
+        out = self.redactor.headers(headers, session_name)
         for k in out:
             if k.lower() in ROUTING_HEADERS:
                 out[k] = session_name

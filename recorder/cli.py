@@ -55,6 +55,7 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from recorder.proxy import build_header, create_recording_app, fetch_engine_info, open_tap
+    from trajectory.server_process import freeze_startup_objects
 
     settings = serve.settings_from(args)
     host, port = serve.parse_listen(args.listen)
@@ -69,6 +70,7 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         agent_info = agent_header(args.agent)
     tap = open_tap(Path(args.out), build_header(settings, engine, agent_info), args.per_session)
     app = create_recording_app(settings, tap, progress=None if args.quiet else sys.stderr)
+    freeze_startup_objects()
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

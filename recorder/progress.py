@@ -37,6 +37,9 @@ class ProgressTap:
         self._last = 0.0
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
 
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        self.inner.agent_request(session, source, headers)
+
     def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
         self.counts.sessions.add(session)
         if exchange.status >= 400:

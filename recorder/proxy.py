@@ -80,6 +80,9 @@ class PerSessionTap:
                                                             self.redactor)
         return writer
 
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        self._writer(session, source).agent_request(session, source, headers)
+
     def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
         self._writer(session, source).agent_exchange(session, source, exchange)
 

@@ -74,12 +74,18 @@ class RecordingTap:
         self.agent: list[tuple[str, str, Any]] = []
         self.engine: list[tuple[str, str, Any]] = []
         self.finished: list[tuple[str, float, list[dict[str, Any]]]] = []
+        self.order: list[tuple[str, str]] = []  # (what, session): requests must come before their engine calls
+
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        self.order.append(("request", session))
 
     def agent_exchange(self, session: str, source: str, exchange: Any) -> None:
         self.agent.append((session, source, exchange))
+        self.order.append(("agent", session))
 
     def engine_exchange(self, session: str, source: str, exchange: Any) -> None:
         self.engine.append((session, source, exchange))
+        self.order.append(("engine", session))
 
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
         self.finished.append((session, reward, samples))

@@ -149,6 +149,9 @@ async def test_retry_after_engine_5xx_records_one_turn(qwen_tokenizer: Any) -> N
         assert [e.retry_of for e in agent] == [None, 0, 1]
         assert agent[1].turn_index == agent[2].turn_index == 0
         assert agent[2].reply_body == agent[1].reply_body
+        # The tap hears of each request (its headers' secrets) before the engine calls it causes.
+        assert [what for what, s in stack.tap.order if s == "sess-5"] == [
+            "request", "engine", "agent", "request", "engine", "agent", "request", "agent"]
 
 
 async def test_retry_after_broken_stream_is_served_from_the_recorded_turn(qwen_tokenizer: Any) -> None:

@@ -153,6 +153,9 @@ class _EngineTap:
     def __init__(self) -> None:
         self.engine: list[Any] = []
 
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        pass
+
     def agent_exchange(self, session: str, source: str, exchange: Any) -> None:
         pass
 

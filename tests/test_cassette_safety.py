@@ -207,3 +207,55 @@ def test_default_patterns_redact_keys_but_leave_ordinary_text_alone() -> None:
     assert API_KEY not in scrubbed and openai_key not in scrubbed
     assert "task-management-system-abcdefghijklmnopqrstuvwxyz0123" in scrubbed
     assert scrubbed.count(REDACTED) == 2
+
+
+def test_secrets_are_found_inside_rows_and_numbers_pass_untouched() -> None:
+    """The fast paths (one detector search, numeric rows skipped) must not skip a row that holds text."""
+    redactor = Redactor()
+    redactor.learn_headers({"Authorization": f"Bearer {BEARER}"})
+    numeric = [[-0.25, 11, None], [None, 12, None], [-1.5, 13, None]]  # logprob triples, a None logprob too
+    response = {"text": f"echo {BEARER}", "meta_info": {
+        "output_token_logprobs": numeric,
+        "input_token_logprobs": [[-0.5, 1, "x"], [-0.1, 2, f"tok {BEARER}"]],  # return_text_in_logprobs
+        "ids": [1, 2, 3], "floats": [0.5, 1.5], "mixed": [1, f"{API_KEY}"]}}
+    scrubbed = redactor.scrub_json(response)
+    assert BEARER not in repr(scrubbed) and API_KEY not in repr(scrubbed)
+    assert scrubbed["meta_info"]["input_token_logprobs"][0] == [-0.5, 1, "x"]
+    assert scrubbed["meta_info"]["output_token_logprobs"] is numeric  # not walked, not copied
+    assert scrubbed["meta_info"]["ids"] == [1, 2, 3]
+
+
+def test_a_pattern_with_global_flags_still_redacts() -> None:
+    # "(?i)" cannot sit inside the detector's alternation: the detector falls back to one search per pattern.
+    redactor = Redactor(patterns=(r"(?i)corp-[a-z0-9]{12,}",))
+    redactor.add_secret("literal-secret-1")
+    text = "keys: CORP-ABCDEF123456 and literal-secret-1, and corp-short"
+    assert redactor.scrub_text(text) == f"keys: {REDACTED} and {REDACTED}, and corp-short"
+    assert redactor.scrub_bytes(text.encode()) == f"keys: {REDACTED} and {REDACTED}, and corp-short".encode()
+    assert redactor.scrub_text("nothing here") == "nothing here"
+
+
+def test_a_shared_key_is_scrubbed_everywhere_and_a_session_credential_in_its_session(tmp_path: Path) -> None:
+    from trajectory.adapters.tap import AgentExchange, EngineExchange
+
+    shared = "shared-cluster-key-0123456789"
+    path = tmp_path / "s.tito"
+    with CassetteWriter(path, header()) as writer:
+        for token in ("token-of-session-a-000", "token-of-session-b-111"):
+            headers = {"Authorization": f"Bearer {token}", "X-Cluster-Key": "x", "x-api-key": shared}
+            writer.agent_request(token, "bearer", headers)  # as the adapter does when the request arrives
+            writer.engine_exchange(token, "bearer", EngineExchange(
+                "POST", "/generate", {"input_ids": [1, 2]}, 200,
+                {"text": f"I saw {shared} and {token}", "output_ids": [3]},
+                headers={"X-SMG-Routing-Key": token}))
+            writer.agent_exchange(token, "bearer", AgentExchange(
+                "POST", "/v1/messages", "", headers, f'{{"env":"TOKEN=Bearer {token} KEY={shared}"}}'.encode(),
+                200, {}, reply_body=b"{}"))
+    data = path.read_bytes()
+    assert b"token-of-session" not in data and shared.encode() not in data
+    sessions = read_cassette(path).sessions
+    a, b = session_digest("token-of-session-a-000"), session_digest("token-of-session-b-111")
+    # The credential reads as the session's name where it was echoed; the shared key as <redacted>.
+    assert sessions[a].engine[0].response["text"] == f"I saw {REDACTED} and {a}"
+    assert sessions[b].engine[0].headers["X-SMG-Routing-Key"] == b
+    assert f"TOKEN={REDACTED} KEY={REDACTED}".encode() in sessions[b].agent[0].body

@@ -43,6 +43,10 @@ SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contro
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
+# Engine calls of a request not yet handed to the tap.
+PENDING_ENGINE_EXCHANGES = web.RequestKey("tito_engine_exchanges", list)
+
+
 @dataclass
 class AdapterSettings:
     engine_url: str = "http://127.0.0.1:30000"
@@ -103,6 +107,19 @@ class Adapter:
         self.sessions: dict[str, SessionState] = {}
         self._eos = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None}
 
+    def warm_up(self) -> None:
+        """One turn's CPU path, run before serving: the chat template's compilation, the tokenizer's and the
+        parsers' first calls cost tens of ms, and the first agents to connect would wait on them."""
+        tool = {"type": "function", "function": {"name": "warm_up", "description": "d", "parameters": {
+            "type": "object", "properties": {"x": {"type": "string"}}}}}
+        output = '<think>\nok\n</think>\n\n<tool_call>\n{"name": "warm_up", "arguments": {"x": "y"}}\n</tool_call>'
+        try:
+            text = self.renderer.render([{"role": "user", "content": "warm up"}], [tool])
+            IncrementalEncoder(self.renderer).encode(text)
+            self.parse_output(self.renderer.encode(output), [tool])
+        except Exception:  # noqa: BLE001 - best effort: a template that rejects this says so on a real request
+            pass
+
     def state(self, sid: str) -> SessionState:
         if sid not in self.sessions:
             self.sessions[sid] = SessionState(time.monotonic(), IncrementalEncoder(self.renderer))
@@ -131,7 +148,10 @@ class Adapter:
 
     def wire_handler(self, route: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
-            return await self.handle_turn(route, request)
+            try:
+                return await self.handle_turn(route, request)
+            finally:  # a turn that ended without an agent exchange (cancelled, crashed) still shows its calls
+                self._flush_engine_exchanges(request)
         return handle
 
     async def handle_turn(self, route: str, request: web.Request) -> web.StreamResponse:
@@ -188,7 +208,7 @@ class Adapter:
                                  self.settings.default_max_tokens)
         if params is None:  # no context left: no call, an empty `length` turn (reference behaviour)
             return Generation(rid, [], [], "length", len(prompt_ids))
-        on_exchange = self._engine_reporter(ref)
+        on_exchange = self._engine_reporter(ref, request)
         task = asyncio.ensure_future(self.engine.generate(ref.sid, rid, prompt_ids, params, on_exchange, state.t0))
 
         async def abort() -> None:
@@ -217,10 +237,24 @@ class Adapter:
                 await self.engine.abort(rid, on_exchange, state.t0)
             raise
 
-    def _engine_reporter(self, ref: SessionRef) -> Callable[[EngineExchange], None]:
+    def _engine_reporter(self, ref: SessionRef, request: web.Request) -> Callable[[EngineExchange], None]:
+        """Engine exchanges reach the tap just before the agent exchange they served, so recording them
+        happens after the reply is sent, off the agent's wait. A crash in between loses only that turn."""
+        pending = request.setdefault(PENDING_ENGINE_EXCHANGES, [])
+
         def report(exchange: EngineExchange) -> None:
-            self.tap.engine_exchange(ref.sid, ref.source, exchange)
+            pending.append((ref, exchange))
         return report
+
+    def _flush_engine_exchanges(self, request: web.Request, ref: SessionRef | None = None) -> None:
+        """Hands the tap the request's headers (their secrets), then its engine exchanges, in order."""
+        pending = request.get(PENDING_ENGINE_EXCHANGES) or []
+        ref = ref or (pending[0][0] if pending else None)
+        if ref is not None:
+            self.tap.agent_request(ref.sid, ref.source, dict(request.headers))
+        while pending:
+            ref, exchange = pending.pop(0)
+            self.tap.engine_exchange(ref.sid, ref.source, exchange)
 
     def _record_aborted(self, ref: SessionRef, messages: list[dict[str, Any]], turn: TurnRequest,
                         prompt_ids: list[int], gen: Generation) -> None:
@@ -255,23 +289,19 @@ class Adapter:
 
     async def _write(self, request: web.Request, status: int, events: list[str] | None,
                      payload: bytes | None) -> tuple[web.StreamResponse, bool]:
-        if events is None:
-            resp = web.Response(status=status, body=payload, headers=JSON_HEADERS)
-            try:
-                await resp.prepare(request)
-                await resp.write_eof()
-            except (ConnectionResetError, RuntimeError):
-                return resp, False
-            return resp, True
-        resp = web.StreamResponse(status=status, headers=SSE_HEADERS)
+        # A stream is sent as one body: its events exist already (the engine call is not streamed), and
+        # a chunk per event costs a send, a chunk header and a wakeup of the agent each.
+        if events is not None:
+            payload, headers = "".join(events).encode(), SSE_HEADERS
+        else:
+            headers = JSON_HEADERS
+        resp = web.Response(status=status, body=payload, headers=headers)
         try:
             await resp.prepare(request)
-            for event in events:
-                await resp.write(event.encode())
             await resp.write_eof()
         except (ConnectionResetError, RuntimeError):
             return resp, False
-        return resp, request.transport is not None
+        return resp, events is None or request.transport is not None
 
     async def _send_cached(self, request: web.Request, ref: SessionRef, state: SessionState, cached: CachedReply,
                            body: bytes, started: float) -> web.StreamResponse:
@@ -292,6 +322,7 @@ class Adapter:
                 headers: dict[str, str], started: float, digest: str | None, side: bool = False,
                 turn_index: int | None = None, reply_body: bytes | None = None,
                 reply_events: list[str] | None = None, retry_of: int | None = None) -> int:
+        self._flush_engine_exchanges(request, ref)
         seq = state.reported
         state.reported += 1
         if digest is not None:
@@ -362,6 +393,7 @@ ADAPTER_KEY = web.AppKey("adapter", Adapter)
 
 def create_app(settings: AdapterSettings, manager: Any = None, tap: TrafficTap | None = None) -> web.Application:
     adapter = Adapter(settings, manager, tap)
+    adapter.warm_up()
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app[ADAPTER_KEY] = adapter
     for prefix in ("", "/s/{sid}"):

@@ -42,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from trajectory.adapters.app import create_app
+    from trajectory.server_process import freeze_startup_objects
 
     host, port = parse_listen(args.listen)
-    web.run_app(create_app(settings_from(args)), host=host, port=port)
+    app = create_app(settings_from(args))
+    freeze_startup_objects()
+    web.run_app(app, host=host, port=port)
     return 0

@@ -1,9 +1,10 @@
 """The adapter app's taps: where a recorder listens to both legs of the traffic.
 
-The adapter app calls a `TrafficTap` after each exchange is complete (the agent's request with the reply
-that was sent, or one engine call), and when a session finishes. The default tap does nothing; the
-recorder's tap writes a cassette. Taps receive raw material (secrets included): redaction is the
-recorder's job, in one place, before anything reaches disk.
+The adapter app calls a `TrafficTap` once an agent request is answered: first with the request's headers,
+then with each engine call it made, then with the agent exchange (the request with the reply that was
+sent); and when a session finishes. All of it comes after the reply's last byte, off the agent's wait.
+The default tap does nothing; the recorder's tap writes a cassette. Taps receive raw material (secrets
+included): redaction is the recorder's job, in one place, before anything reaches disk.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class EngineExchange:
 
 
 class TrafficTap(Protocol):
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        """An agent request's headers, before any exchange of that request: a recorder learns the secrets
+        in them before writing the engine exchanges (whose output may echo them)."""
+
     def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
         """`source` says where the session id came from: bearer, x-api-key, body, path, or anonymous."""
 
@@ -57,6 +62,9 @@ class TrafficTap(Protocol):
 
 
 class NullTap:
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        pass
+
     def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
         pass
 
