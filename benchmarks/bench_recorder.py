@@ -6,6 +6,7 @@
     /generate directly and once through the proxy (Anthropic Messages, streamed, cassette written).
     With two cores or more the proxy gets one to itself, as in deployment, where agents and the engine
     run on other machines; the engine and this driver share the rest.
+    The proxy's CPU time per request is printed too: on a shared VM it varies far less than latency does.
     Two loads:
     - agent: each turn the engine spends GENERATE_MS generating (a short reply at a fast decode rate) and
       the agent TOOL_S running tools; this is the goal's figure (p99 added under 5 ms);
@@ -167,6 +168,7 @@ class Latency:
     direct_p50: float
     direct_p99: float
     requests: int
+    proxy_cpu_ms: float  # the proxy process's CPU time per proxied request, recording included; 0 if unknown
 
     @property
     def p99_ratio(self) -> float:
@@ -243,6 +245,15 @@ async def _drive(port: int, path: str, bodies: Any, tool_s: float, cycle_s: floa
     return latencies
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux), 0.0 where /proc is not there."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _percentiles(values: list[float]) -> tuple[float, float]:
     values = sorted(values)
     return values[len(values) // 2] * 1000, values[int(0.99 * (len(values) - 1))] * 1000
@@ -302,12 +313,14 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
             _wait_healthy(proxy_port, proxy)  # both ready before either run: no startup work overlaps a run
             cycle_s = generate_ms / 1000 + tool_s
             direct = asyncio.run(_drive(engine_port, "/generate", lambda c, t: generate[c, t], tool_s, cycle_s))
+            cpu_before = _cpu_s(proxy.pid)
             proxied = asyncio.run(_drive(proxy_port, "/v1/messages", lambda c, t: anthropic[c, t], tool_s, cycle_s))
+            proxy_cpu_ms = (_cpu_s(proxy.pid) - cpu_before) / len(proxied) * 1000
     finally:
         os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
     d50, d99 = _percentiles(direct)
     p50, p99 = _percentiles(proxied)
-    return Latency(p50 - d50, p99 - d99, d50, d99, len(proxied))
+    return Latency(p50 - d50, p99 - d99, d50, d99, len(proxied), proxy_cpu_ms)
 
 
 def main() -> int:
@@ -325,12 +338,14 @@ def main() -> int:
     stress = measure_proxy_latency(0.0, TOOL_S)
     print(f"(a) stress: {CLIENTS} sessions, engine answers at once, {TOOL_S * 1000:.0f} ms of tools between turns "
           f"({stress.requests} requests; {placement}): proxy adds p50 {stress.added_p50:.2f} ms, "
-          f"p99 {stress.added_p99:.2f} ms over direct p50 {stress.direct_p50:.2f} ms, p99 {stress.direct_p99:.2f} ms")
+          f"p99 {stress.added_p99:.2f} ms over direct p50 {stress.direct_p50:.2f} ms, p99 {stress.direct_p99:.2f} ms; "
+          f"proxy CPU {stress.proxy_cpu_ms:.2f} ms per request")
     agent = measure_proxy_latency(GENERATE_MS, TOOL_S)
     print(f"(a) agent: {CLIENTS} sessions, {GENERATE_MS:.0f} ms generating and {TOOL_S * 1000:.0f} ms of tools "
           f"per turn ({agent.requests} requests; {placement}): proxy adds p50 {agent.added_p50:.2f} ms, "
           f"p99 {agent.added_p99:.2f} ms over direct p50 {agent.direct_p50:.2f} ms, p99 {agent.direct_p99:.2f} ms "
-          f"(p99 ratio {agent.p99_ratio:.3f}x; goal: under 5 ms added)")
+          f"(p99 ratio {agent.p99_ratio:.3f}x; goal: under 5 ms added); "
+          f"proxy CPU {agent.proxy_cpu_ms:.2f} ms per request")
     print(f"proxy p99: {agent.added_p99:.2f} ms added, direct p99: {agent.direct_p99:.2f} ms, "
           f"cassette: {b:.3f} bytes/token, json: {j:.2f} bytes/token, size ratio: {j / b:.1f}")
     return 0

@@ -95,8 +95,8 @@ def _usage(reply: TurnReply, output_tokens: int) -> dict[str, Any]:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": reply.cached_tokens}
 
 
-def build_json(request: TurnRequest, reply: TurnReply) -> dict[str, Any]:
-    blocks = [{k: v for k, v in b.items() if k != "_arguments"} for b in _blocks(reply)]
+def build_json(request: TurnRequest, reply: TurnReply, blocks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    blocks = [{k: v for k, v in b.items() if k != "_arguments"} for b in blocks or _blocks(reply)]
     return {"id": reply.make_id("msg_"), "type": "message", "role": "assistant", "model": request.model,
             "content": blocks, "stop_reason": stop_reason(reply), "stop_sequence": None,
             "usage": _usage(reply, reply.completion_tokens)}
@@ -104,10 +104,11 @@ def build_json(request: TurnRequest, reply: TurnReply) -> dict[str, Any]:
 
 def build_events(request: TurnRequest, reply: TurnReply) -> list[str]:
     """The Messages stream: message_start, per block start/delta/stop, message_delta, message_stop."""
-    start = build_json(request, reply)
+    blocks = _blocks(reply)
+    start = build_json(request, reply, blocks)
     start.update(content=[], stop_reason=None, usage=_usage(reply, 0))
     events = [sse({"type": "message_start", "message": start}, "message_start")]
-    for index, block in enumerate(_blocks(reply)):
+    for index, block in enumerate(blocks):
         kind = block["type"]
         if kind == "thinking":
             opening = {"type": "thinking", "thinking": "", "signature": ""}

@@ -28,6 +28,7 @@ from aiohttp import web
 
 from trajectory.adapters import anthropic, openai_chat, responses
 from trajectory.adapters.canonical import EchoMemory, fold_system_messages, message, tool_call
+from trajectory.adapters.disconnects import DisconnectWatcher
 from trajectory.adapters.engine import EngineClient, EngineError, Generation, new_rid, sampling_params
 from trajectory.adapters.parsing import OutputParser, ParsedOutput
 from trajectory.adapters.render import ChatRenderer, IncrementalEncoder
@@ -60,7 +61,7 @@ class AdapterSettings:
     model_name: str = "tito"
     engine_timeout_s: float = 600.0
     abort_grace_s: float = 5.0  # how long to wait for an aborted generation's partial output
-    disconnect_poll_s: float = 0.05
+    disconnect_poll_s: float = 0.05  # how often the transports of requests waiting on the engine are checked
     client_session_factory: Callable[[], Awaitable[aiohttp.ClientSession]] | None = None
     rid_factory: Callable[[], str] = new_rid
     clock: Callable[[], float] = time.time  # only for `created` fields shown to clients
@@ -105,6 +106,7 @@ class Adapter:
         self.engine = EngineClient(settings.engine_url, settings.client_session_factory,
                                    settings.engine_timeout_s, settings.rid_factory)
         self.sessions: dict[str, SessionState] = {}
+        self.disconnects = DisconnectWatcher(settings.disconnect_poll_s)
         self._eos = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None}
 
     def warm_up(self) -> None:
@@ -220,15 +222,13 @@ class Adapter:
                 partial = Generation(rid, [], [], "abort", len(prompt_ids))
             on_disconnect(partial)
 
+        gone = self.disconnects.watch(request)
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=self.settings.disconnect_poll_s)
-                if done:
-                    return task.result()
-                transport = request.transport
-                if transport is None or transport.is_closing():
-                    await abort()
-                    return None
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            await abort()
+            return None
         except asyncio.CancelledError:  # servers that cancel handlers on disconnect
             await asyncio.shield(abort())
             raise
@@ -236,6 +236,8 @@ class Adapter:
             if exc.status == 504:
                 await self.engine.abort(rid, on_exchange, state.t0)
             raise
+        finally:
+            self.disconnects.unwatch(gone)
 
     def _engine_reporter(self, ref: SessionRef, request: web.Request) -> Callable[[EngineExchange], None]:
         """Engine exchanges reach the tap just before the agent exchange they served, so recording them

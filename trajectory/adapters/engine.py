@@ -21,6 +21,7 @@ from trajectory.adapters.tap import EngineExchange
 # Start of every request's sampling params: ids must round-trip, so nothing is skipped or trimmed.
 BASE_SAMPLING = {"skip_special_tokens": False, "spaces_between_special_tokens": False, "no_stop_trim": True}
 CLIENT_SAMPLING = ("temperature", "top_p", "top_k", "stop")
+_JSON = {"Content-Type": "application/json"}
 
 
 class EngineError(Exception):
@@ -90,14 +91,17 @@ class EngineClient:
         started = time.monotonic()
         try:
             session = await self.session()
-            async with session.request(method, (base or self.base_url) + path, json=body, headers=headers,
+            # Bytes both ways: aiohttp's JSON payload and text() add ~10% to a call's client-side CPU.
+            data = None if body is None else json.dumps(body).encode()
+            async with session.request(method, (base or self.base_url) + path, data=data,
+                                       headers={**headers, **_JSON} if data else headers,
                                        timeout=self.timeout) as resp:
                 exchange.status = resp.status
-                text = await resp.text()
+                raw = await resp.read()
             try:
-                exchange.response = json.loads(text) if text else None
+                exchange.response = json.loads(raw) if raw else None
             except ValueError:
-                exchange.response = text
+                exchange.response = raw.decode("utf-8", errors="replace")
             return exchange.status, exchange.response
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             exchange.error = f"{type(exc).__name__}: {exc}"

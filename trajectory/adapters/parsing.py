@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from trajectory.adapters.value_cache import ValueCache
+
 
 @dataclass
 class ParsedCall:
@@ -48,6 +50,7 @@ class OutputParser:
         self.tool_parser = tool_parser
         if reasoning_parser or tool_parser:
             self._check_names()
+        self._tool_models: ValueCache[list[Any]] = ValueCache()  # validating Claude Code's tools: ~0.1 ms
 
     def _check_names(self) -> None:
         fcp, rp, _, _ = _sglang()
@@ -58,7 +61,7 @@ class OutputParser:
                 f"unknown reasoning parser {self.reasoning_parser!r}; known: {sorted(rp.DetectorMap)}")
 
     def parse(self, text: str, tools: list[dict[str, Any]]) -> ParsedOutput:
-        fcp_cls, rp_cls, tool_cls, function_cls = _sglang()
+        fcp_cls, rp_cls, _, _ = _sglang()
         reasoning, normal = "", text
         if self.reasoning_parser:
             found, rest = rp_cls(self.reasoning_parser, stream_reasoning=False).parse_non_stream(text)
@@ -66,11 +69,7 @@ class OutputParser:
             reasoning, normal = (found or "").strip("\n"), rest or ""
         if not (self.tool_parser and tools):
             return ParsedOutput(reasoning, normal.lstrip("\n"))
-        sg_tools = [tool_cls(type="function", function=function_cls(
-            name=t["function"]["name"], description=t["function"].get("description"),
-            parameters=t["function"].get("parameters") or {"type": "object", "properties": {}}))
-            for t in tools]
-        parser = fcp_cls(sg_tools, self.tool_parser)
+        parser = fcp_cls(self._tool_models.get(tools, _tool_models), self.tool_parser)
         if not parser.has_tool_call(normal):
             return ParsedOutput(reasoning, normal.lstrip("\n"))
         content, items = parser.parse_non_stream(normal)
@@ -80,6 +79,13 @@ class OutputParser:
             # flag the turn so it is visible in samples' metadata.
             return ParsedOutput(reasoning, normal.lstrip("\n"), [], ill_formed=True)
         return ParsedOutput(reasoning, (content or "").lstrip("\n"), calls)
+
+
+def _tool_models(tools: list[dict[str, Any]]) -> list[Any]:
+    _, _, tool_cls, function_cls = _sglang()
+    return [tool_cls(type="function", function=function_cls(
+        name=t["function"]["name"], description=t["function"].get("description"),
+        parameters=t["function"].get("parameters") or {"type": "object", "properties": {}})) for t in tools]
 
 
 def _bad_arguments(calls: list[ParsedCall]) -> bool:

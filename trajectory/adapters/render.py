@@ -14,6 +14,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from trajectory.adapters import qwen3_template
+
 # Qwen3-style templates drop reasoning of assistant turns before the last user query; this is the test.
 _REASONING_WINDOW = "loop.index0 > ns.last_query_index"
 
@@ -35,10 +37,20 @@ class ChatRenderer:
                 _REASONING_WINDOW, f"(tito_keep_reasoning or {_REASONING_WINDOW})")
             self.template_kwargs["tito_keep_reasoning"] = True
             self.preserves_reasoning = True
+        # The exact Python transcription of the template, when it is the Qwen3 one (Jinja otherwise).
+        self.native = qwen3_template.is_qwen3_template(tokenizer.chat_template)
         self._backend = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer: no Python per-call cost
         self.special_ids = {tokenizer.convert_tokens_to_ids(t): t for t in tokenizer.all_special_tokens}
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        if self.native:
+            text = qwen3_template.render(messages, tools or None, keep_reasoning=self.preserves_reasoning,
+                                         enable_thinking=self.template_kwargs.get("enable_thinking"))
+            if text is not None:
+                return text
+        return self.render_jinja(messages, tools)
+
+    def render_jinja(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         return self.tokenizer.apply_chat_template(
             messages, tools=tools or None, chat_template=self.template, tokenize=False,
             add_generation_prompt=True, **self.template_kwargs)

@@ -51,9 +51,12 @@ class TurnReply:
         return bool(self.parsed.tool_calls)
 
 
+_compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # one encoder, not one per event
+
+
 def sse(data: dict[str, Any] | str, event: str | None = None) -> str:
     """One SSE event's raw text, compact JSON, raw UTF-8 (what the real APIs send)."""
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    payload = data if isinstance(data, str) else _compact(data)
     return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
 
 
