@@ -178,6 +178,11 @@ class Latency:
     def p99_ratio(self) -> float:
         return (self.direct_p99 + self.added_p99) / self.direct_p99
 
+    def figures(self) -> str:
+        return (f"proxy adds p50 {self.added_p50:.2f} ms, p99 {self.added_p99:.2f} ms over direct p50 "
+                f"{self.direct_p50:.2f} ms, p99 {self.direct_p99:.2f} ms; proxy CPU {self.proxy_cpu_ms:.2f} ms "
+                f"per request; host steal {self.steal_pct:.1f}%")
+
 
 @contextmanager
 def _tito(args: list[str], cpus: set[int] | None) -> Iterator[subprocess.Popen[bytes]]:
@@ -364,18 +369,14 @@ def main() -> int:
     _, _, placement = _placement()
     stress = measure_proxy_latency(0.0, TOOL_S)
     print(f"(a) stress: {CLIENTS} sessions, engine answers at once, {TOOL_S * 1000:.0f} ms of tools between turns "
-          f"({stress.requests} requests; {placement}): proxy adds p50 {stress.added_p50:.2f} ms, "
-          f"p99 {stress.added_p99:.2f} ms over direct p50 {stress.direct_p50:.2f} ms, p99 {stress.direct_p99:.2f} ms; "
-          f"proxy CPU {stress.proxy_cpu_ms:.2f} ms per request; host steal {stress.steal_pct:.1f}%")
+          f"({stress.requests} requests; {placement}): {stress.figures()}")
     runs = []
     for run in range(1, AGENT_RUNS + 1):
         r = measure_proxy_latency(GENERATE_MS, TOOL_S)
         runs.append(r)
         print(f"(a) agent run {run}/{AGENT_RUNS}: {CLIENTS} sessions, {GENERATE_MS:.0f} ms generating and "
-              f"{TOOL_S * 1000:.0f} ms of tools per turn ({r.requests} requests; {placement}): proxy adds "
-              f"p50 {r.added_p50:.2f} ms, p99 {r.added_p99:.2f} ms over direct p50 {r.direct_p50:.2f} ms, "
-              f"p99 {r.direct_p99:.2f} ms; proxy CPU {r.proxy_cpu_ms:.2f} ms per request; "
-              f"host steal {r.steal_pct:.1f}%", flush=True)
+              f"{TOOL_S * 1000:.0f} ms of tools per turn ({r.requests} requests; {placement}): {r.figures()}",
+              flush=True)
     agent = median_run(runs)
     print(f"(a) agent, median of {AGENT_RUNS} runs: proxy adds p50 {agent.added_p50:.2f} ms, "
           f"p99 {agent.added_p99:.2f} ms (p99 ratio {agent.p99_ratio:.3f}x; goal: under 5 ms added)")
