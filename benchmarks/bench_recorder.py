@@ -171,7 +171,7 @@ class Latency:
     direct_p50: float
     direct_p99: float
     requests: int
-    proxy_cpu_ms: float  # the proxy process's CPU time per proxied request, recording included; 0 if unknown
+    proxy_cpu_ms: float  # the proxy's CPU time per proxied request, its writer process included; 0 if unknown
     steal_pct: float  # share of the proxied run the hypervisor gave the proxy's core to someone else
 
     @property
@@ -254,13 +254,19 @@ async def _drive(port: int, path: str, bodies: Any, tool_s: float, cycle_s: floa
     return latencies
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux), 0.0 where /proc is not there."""
+def _stat_fields(pid: int) -> list[str]:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return []
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and of its children (the recorder's cassette writer process
+    works for the proxy and is counted with it) (Linux); 0.0 where /proc is not there."""
+    pids = [pid] + [int(p.name) for p in Path("/proc").glob("[0-9]*")
+                    if (f := _stat_fields(int(p.name))) and int(f[1]) == pid]
+    return sum(int(f[11]) + int(f[12]) for f in map(_stat_fields, pids) if f) / os.sysconf("SC_CLK_TCK")
 
 
 def _steal_ticks(cpu: int | None) -> int:

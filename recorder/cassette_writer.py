@@ -28,6 +28,7 @@ from recorder.cassette_format import (
 from recorder.redaction import Redactor
 from trajectory.adapters.tap import AgentExchange, EngineExchange
 
+CASSETTE_SUFFIX = ".tito"
 # The adapter's routing header carries the live session id (often the bearer token) to the engine.
 ROUTING_HEADERS = frozenset({"x-smg-routing-key"})
 
@@ -153,3 +154,43 @@ class CassetteWriter:
             view = view[len(view) if written is None else written :]
         if self.fsync:
             os.fsync(self._file.fileno())
+
+
+class PerSessionTap:
+    """One cassette per session, in a folder: `<session name>.tito`, named as the cassette names it."""
+
+    def __init__(self, folder: Path, header: Header, redactor: Redactor | None = None) -> None:
+        self.folder = folder
+        self.header = header
+        self.redactor = redactor or Redactor()
+        self.writers: dict[str, CassetteWriter] = {}
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def _writer(self, session: str, source: str) -> CassetteWriter:
+        writer = self.writers.get(session)
+        if writer is None:
+            name = self.redactor.session_name(session, source)
+            writer = self.writers[session] = CassetteWriter(self.folder / f"{name}{CASSETTE_SUFFIX}", self.header,
+                                                            self.redactor)
+        return writer
+
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        self._writer(session, source).agent_request(session, source, headers)
+
+    def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
+        self._writer(session, source).agent_exchange(session, source, exchange)
+
+    def engine_exchange(self, session: str, source: str, exchange: EngineExchange) -> None:
+        self._writer(session, source).engine_exchange(session, source, exchange)
+
+    def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
+        self._writer(session, source).session_finished(session, source, reward, samples)
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+
+
+def open_writer(out: Path, header: Header, per_session: bool) -> CassetteWriter | PerSessionTap:
+    """The tap that writes `out`: one cassette file, or a folder of one cassette per session."""
+    return PerSessionTap(out, header) if per_session else CassetteWriter(out, header)

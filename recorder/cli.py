@@ -55,7 +55,8 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from recorder.proxy import build_header, create_recording_app, fetch_engine_info, open_tap
-    from trajectory.server_process import freeze_startup_objects
+    from recorder.writer_process import RecorderError
+    from trajectory.server_process import collect_on_loop, freeze_startup_objects
 
     settings = serve.settings_from(args)
     host, port = serve.parse_listen(args.listen)
@@ -68,8 +69,13 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         from recorder.agent_runs import agent_header
 
         agent_info = agent_header(args.agent)
-    tap = open_tap(Path(args.out), build_header(settings, engine, agent_info), args.per_session)
+    try:
+        tap = open_tap(Path(args.out), build_header(settings, engine, agent_info), args.per_session)
+    except RecorderError as exc:
+        print(f"tito record: {exc}", file=sys.stderr)
+        return 2
     app = create_recording_app(settings, tap, progress=None if args.quiet else sys.stderr)
+    collect_on_loop(app)
     freeze_startup_objects()
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
@@ -100,4 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"tito record: {problem}", file=sys.stderr)
         return 2
-    return asyncio.run(serve_until_signal(args))
+    from trajectory.server_process import new_event_loop
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(serve_until_signal(args))

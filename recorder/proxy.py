@@ -16,14 +16,13 @@ import aiohttp
 from aiohttp import web
 
 from recorder.cassette_format import Header
-from recorder.cassette_writer import CassetteWriter
+from recorder.cassette_writer import CassetteWriter, PerSessionTap
 from recorder.progress import ProgressTap
-from recorder.redaction import Redactor
+from recorder.writer_process import WriterProcessTap
 from trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
-from trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
+from trajectory.adapters.tap import TrafficTap
 from trajectory.tokenizer import fingerprint
 
-CASSETTE_SUFFIX = ".tito"
 SECRET_SETTINGS = ("client_session_factory", "rid_factory", "clock")
 
 
@@ -62,46 +61,12 @@ def build_header(settings: AdapterSettings, engine: dict[str, Any] | None, agent
     return header
 
 
-class PerSessionTap:
-    """One cassette per session, in a folder: `<session name>.tito`, named as the cassette names it."""
-
-    def __init__(self, folder: Path, header: Header, redactor: Redactor | None = None) -> None:
-        self.folder = folder
-        self.header = header
-        self.redactor = redactor or Redactor()
-        self.writers: dict[str, CassetteWriter] = {}
-        folder.mkdir(parents=True, exist_ok=True)
-
-    def _writer(self, session: str, source: str) -> CassetteWriter:
-        writer = self.writers.get(session)
-        if writer is None:
-            name = self.redactor.session_name(session, source)
-            writer = self.writers[session] = CassetteWriter(self.folder / f"{name}{CASSETTE_SUFFIX}", self.header,
-                                                            self.redactor)
-        return writer
-
-    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
-        self._writer(session, source).agent_request(session, source, headers)
-
-    def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
-        self._writer(session, source).agent_exchange(session, source, exchange)
-
-    def engine_exchange(self, session: str, source: str, exchange: EngineExchange) -> None:
-        self._writer(session, source).engine_exchange(session, source, exchange)
-
-    def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
-        self._writer(session, source).session_finished(session, source, reward, samples)
-
-    def close(self) -> None:
-        for writer in self.writers.values():
-            writer.close()
+def open_tap(out: Path, header: Header, per_session: bool) -> WriterProcessTap:
+    """The recording proxy's tap: a writer process, so recording is off the event loop (`writer_process`)."""
+    return WriterProcessTap(out, header, per_session)
 
 
-def open_tap(out: Path, header: Header, per_session: bool) -> CassetteWriter | PerSessionTap:
-    return PerSessionTap(out, header) if per_session else CassetteWriter(out, header)
-
-
-def create_recording_app(settings: AdapterSettings, tap: CassetteWriter | PerSessionTap,
+def create_recording_app(settings: AdapterSettings, tap: CassetteWriter | PerSessionTap | WriterProcessTap,
                          progress: TextIO | None = None, manager: Any = None) -> web.Application:
     """The adapter app with `tap` on both legs; closing the app finalizes open sessions and the cassette."""
     counted: TrafficTap = ProgressTap(tap, progress) if progress is not None else tap

@@ -7,7 +7,6 @@ sent and received.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -16,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from trajectory.adapters import fast_json
 from trajectory.adapters.tap import EngineExchange
 
 # Start of every request's sampling params: ids must round-trip, so nothing is skipped or trimmed.
@@ -92,14 +92,14 @@ class EngineClient:
         try:
             session = await self.session()
             # Bytes both ways: aiohttp's JSON payload and text() add ~10% to a call's client-side CPU.
-            data = None if body is None else json.dumps(body).encode()
+            data = None if body is None else fast_json.dumps(body)
             async with session.request(method, (base or self.base_url) + path, data=data,
                                        headers={**headers, **_JSON} if data else headers,
                                        timeout=self.timeout) as resp:
                 exchange.status = resp.status
                 raw = await resp.read()
             try:
-                exchange.response = json.loads(raw) if raw else None
+                exchange.response = fast_json.loads(raw) if raw else None
             except ValueError:
                 exchange.response = raw.decode("utf-8", errors="replace")
             return exchange.status, exchange.response

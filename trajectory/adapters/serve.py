@@ -42,10 +42,11 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from trajectory.adapters.app import create_app
-    from trajectory.server_process import freeze_startup_objects
+    from trajectory.server_process import collect_on_loop, freeze_startup_objects, new_event_loop
 
     host, port = parse_listen(args.listen)
     app = create_app(settings_from(args))
+    collect_on_loop(app)
     freeze_startup_objects()
-    web.run_app(app, host=host, port=port)
+    web.run_app(app, host=host, port=port, loop=new_event_loop())
     return 0
