@@ -66,3 +66,17 @@ def tito(*args: str, ready: str | None = None, env: dict[str, str] | None = None
         for stream in (proc.stdout, proc.stderr):
             if stream:
                 stream.close()
+
+
+def kill_9_after(proc: subprocess.Popen, completed: int) -> int:
+    """`proc` prints a running count after each call it completed; SIGKILL it once `completed` are done.
+    Returns the last count it printed: every call up to there had returned before the kill."""
+    assert proc.stdout is not None
+    done = 0
+    while done < completed:
+        line = proc.stdout.readline()
+        assert line, "the writer subprocess died early"
+        done = int(line)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return done

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -28,6 +26,7 @@ from recorder.cassette_writer import CassetteWriter
 from recorder.redaction import REDACTED, Redactor, session_digest
 from replayer.reader import CassetteReader, read_cassette
 from tests.cassette_helpers import API_KEY, BEARER, final_sample, header, play, session_traffic
+from tests.process_helpers import kill_9_after
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -135,14 +134,7 @@ def test_kill_9_during_a_session_leaves_every_completed_exchange(tmp_path: Path)
             print(n, flush=True)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    completed = 0
-    while completed < 25:
-        line = proc.stdout.readline()
-        assert line, "the writer subprocess died early"
-        completed = int(line)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    completed = kill_9_after(proc, 25)
     cassette = read_cassette(path)
     engine = cassette.sessions["run"].engine
     assert len(engine) >= completed

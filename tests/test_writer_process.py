@@ -18,6 +18,7 @@ from recorder.cassette_writer import CassetteWriter, PerSessionTap
 from recorder.writer_process import RecorderError, WriterProcessTap
 from replayer.reader import read_cassette
 from tests.cassette_helpers import API_KEY, BEARER, final_sample, header, play, session_traffic
+from tests.process_helpers import kill_9_after
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -96,13 +97,7 @@ def test_kill_9_of_the_proxy_loses_no_call_that_returned(tmp_path: Path) -> None
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     writer_pid = int(proc.stdout.readline())
-    completed = 0
-    while completed < 40:
-        line = proc.stdout.readline()
-        assert line, "the proxy stand-in died early"
-        completed = int(line)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    completed = kill_9_after(proc, 40)
     _wait_gone(writer_pid)
     engine = read_cassette(path).sessions["run"].engine
     assert len(engine) >= completed
