@@ -72,6 +72,17 @@ def create_recording_app(settings: AdapterSettings, tap: CassetteWriter | PerSes
     counted: TrafficTap = ProgressTap(tap, progress) if progress is not None else tap
     app = create_app(settings, manager=manager, tap=counted)
 
+    @web.middleware
+    async def refuse_once_recording_failed(request: web.Request, handler: Any) -> web.StreamResponse:
+        # Traffic that is not recorded is worse than none: agents and /health get the reason instead.
+        failure = getattr(tap, "failure", None)
+        if failure:
+            return web.json_response({"type": "error", "error": {"type": "recording_failed", "message": failure}},
+                                     status=503)
+        return await handler(request)
+
+    app.middlewares.append(refuse_once_recording_failed)
+
     async def finalize(app: web.Application) -> None:
         adapter = app[ADAPTER_KEY]
         for sid in list(adapter.manager.sessions()):

@@ -63,6 +63,7 @@ class WriterProcessTap:
             fcntl.fcntl(self._fd, F_SETPIPE_SZ, PIPE_BYTES)
         self._packer = msgpack.Packer(use_bin_type=True)
         self._closed = False
+        self.failure: str | None = None  # why recording stopped, once it has
         self._send(("header", header.to_dict()))
         # The child creates the file before it says ready: an unwritable --out fails here, not on a request.
         answer = self._proc.stdout.readline()
@@ -111,8 +112,9 @@ class WriterProcessTap:
                 view = view[os.write(self._fd, view):]
         except BrokenPipeError:
             self._closed = True
-            raise RecorderError(f"the cassette writer stopped (exit code {self._proc.wait()}): nothing more is "
-                                f"recorded to {self.out}; its error is printed above") from None
+            self.failure = (f"the cassette writer stopped (exit code {self._proc.wait()}): nothing more is "
+                            f"recorded to {self.out}; its error is in tito record's output")
+            raise RecorderError(self.failure) from None
 
 
 def _lower_priority() -> None:

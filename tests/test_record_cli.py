@@ -153,3 +153,41 @@ def test_fake_engine_serves_the_cassette_back_to_tito_serve(recorded: Path) -> N
         message = error["error"]["message"]
         assert "closest recorded request" in message and "first differ at token 9478" in message
         assert "And also count them" in message  # the decoded text around the divergence
+
+
+def _writer_pid(proxy_pid: int) -> int:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == proxy_pid and b"recorder.writer_process" in cmdline:
+            return int(stat.parent.name)
+    raise AssertionError(f"no cassette writer process under tito record ({proxy_pid})")
+
+
+def test_a_dead_cassette_writer_stops_the_proxy_answering_with_the_reason(tmp_path: Path) -> None:
+    """Traffic that is not recorded must not look recorded: agents and /health get a 503 naming why."""
+    import os
+
+    out = tmp_path / "lost.tito"
+    engine_port, proxy_port = free_port(), free_port()
+    engine = f"http://127.0.0.1:{engine_port}"
+    proxy = f"http://127.0.0.1:{proxy_port}"
+    with tito("fake-engine", "--script", SCRIPT, "--port", str(engine_port), ready=engine + "/health"), \
+            tito("record", "--engine", engine, "--listen", f"127.0.0.1:{proxy_port}", "--out", str(out),
+                 ready=proxy + "/health") as rec:
+        os.kill(_writer_pid(rec.pid), signal.SIGKILL)
+        statuses = []
+        for _ in range(5):  # the turn during which the writer is found dead is answered, then refused
+            status, body = post(f"{proxy}/v1/messages", capture("baseline_001.json"), agent_headers())
+            statuses.append(status)
+            if status == 503:
+                break
+        assert statuses[-1] == 503, statuses
+        error = json.loads(body)["error"]
+        assert error["type"] == "recording_failed" and str(out) in error["message"]
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(proxy + "/health", timeout=10)
+        assert health.value.code == 503
