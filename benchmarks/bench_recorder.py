@@ -390,6 +390,60 @@ def _own_times(latencies: dict[tuple[int, int], float], cassette: Path) -> list[
     return [latency - calls[c][turn].duration_s for (c, turn), latency in latencies.items()]
 
 
+BARE_SERVER = """
+import asyncio, sys
+class Reply(asyncio.Protocol):
+    def connection_made(self, transport): self.transport = transport
+    def data_received(self, data):
+        if b"\\r\\n\\r\\n" in data:
+            self.transport.write(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok")
+async def main():
+    await asyncio.get_running_loop().create_server(Reply, "127.0.0.1", int(sys.argv[1]))
+    print("ready", flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+def wakeup_floor(requests: int = 400) -> tuple[float, float, float]:
+    """(p50 back to back, p50 and p99 after 5 ms idle), ms: a bare asyncio server on the proxy's core.
+
+    No proxy can answer faster than this host wakes an idle core. Under the agent load the proxy's core is
+    idle most of the time and each turn wakes it twice (the request, the engine's reply); on a VM whose
+    idle vCPUs halt into the hypervisor that costs far more than on bare metal."""
+    import asyncio
+
+    import aiohttp
+
+    proxy_cpus, other_cpus, _ = _placement()
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-c", BARE_SERVER, str(port)], stdout=subprocess.PIPE)
+
+    async def run(gap_s: float) -> list[float]:
+        out = []
+        async with aiohttp.ClientSession() as http:
+            for _ in range(requests):
+                t0 = time.perf_counter()
+                async with http.get(f"http://127.0.0.1:{port}/") as r:
+                    await r.read()
+                out.append(time.perf_counter() - t0)
+                await asyncio.sleep(gap_s)
+        return out
+
+    try:
+        if proxy_cpus:
+            os.sched_setaffinity(server.pid, proxy_cpus)
+            os.sched_setaffinity(0, other_cpus or proxy_cpus)
+        assert server.stdout is not None and server.stdout.readline() == b"ready\n"
+        busy, _ = _percentiles(asyncio.run(run(0.0)))
+        idle50, idle99 = _percentiles(asyncio.run(run(0.005)))
+    finally:
+        server.kill()
+        server.wait()
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+    return busy, idle50, idle99
+
+
 def median_run(runs: list[Latency]) -> Latency:
     """The run whose p99 added is the median: one p99 from 1024 requests moves by a millisecond or more
     when the host steals the proxy's core for a moment, so one run alone says little; every run is printed."""
@@ -408,6 +462,9 @@ def main() -> int:
     print(f"(b) cassette {cassette} bytes (written in {write_s * 1000:.0f} ms), JSON lines {as_json} bytes")
     print(f"(b) size ratio {j / b:.1f}x (goal: at least 50x)")
     _, _, placement = _placement()
+    busy, idle50, idle99 = wakeup_floor()
+    print(f"(a) this host's floor: a bare asyncio server on the proxy's core answers in {busy:.2f} ms back to back "
+          f"(p50); after 5 ms idle, p50 {idle50:.2f} ms, p99 {idle99:.2f} ms (the cost of waking an idle core)")
     stress = measure_proxy_latency(0.0, TOOL_S)
     print(f"(a) stress: {CLIENTS} sessions, engine answers at once, {TOOL_S * 1000:.0f} ms of tools between turns "
           f"({stress.requests} requests; {placement}): {stress.figures()}")
