@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from fake_engine.demo import demo_policy
     from fake_engine.scripted import ScriptedPolicy, load_scenario
     from recorder.cassette_format import CassetteError
-    from trajectory.server_process import collect_on_loop, freeze_startup_objects, new_event_loop
+    from trajectory.server_process import new_event_loop, prepare_to_serve
     from trajectory.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer)
@@ -89,7 +89,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"tito fake-engine: {what} on http://{args.host}:{args.port} (SGLang {args.version_profile} "
           f"profile{', router mode' if args.router else ''})", flush=True)
     app = create_app(policy, options)
-    collect_on_loop(app)
-    freeze_startup_objects()
+    prepare_to_serve(app)
     web.run_app(app, host=args.host, port=args.port, print=None, loop=new_event_loop())
     return 0

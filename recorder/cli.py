@@ -56,7 +56,7 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
 
     from recorder.proxy import build_header, create_recording_app, fetch_engine_info, open_tap
     from recorder.writer_process import RecorderError
-    from trajectory.server_process import collect_on_loop, freeze_startup_objects
+    from trajectory.server_process import prepare_to_serve
 
     settings = serve.settings_from(args)
     host, port = serve.parse_listen(args.listen)
@@ -75,8 +75,7 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         print(f"tito record: {exc}", file=sys.stderr)
         return 2
     app = create_recording_app(settings, tap, progress=None if args.quiet else sys.stderr)
-    collect_on_loop(app)
-    freeze_startup_objects()
+    prepare_to_serve(app)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -5,9 +5,9 @@ import: about 460k Python objects) lives as long as the process, yet each full g
 all of it: a pause of about 300 ms that lands on whichever agent request is in flight. Freezing the
 startup objects leaves the collector only what the traffic creates.
 
-The servers run on uvloop where it is installed (it is a dependency): the adapter's own work per turn is
-small, and the stdlib event loop's Python-level transport and scheduling code was the largest single part
-of what the recording proxy adds to each request (see README, "What the proxy costs").
+The servers run on uvloop where it is installed (it is a dependency), the usual event loop for aiohttp
+servers. On the 2-core CI VM it did not change the recording proxy's CPU per request (see README, "What the
+proxy costs"); `TITO_EVENT_LOOP=asyncio` selects the stdlib loop for comparison.
 """
 
 from __future__ import annotations
@@ -104,9 +104,10 @@ class LoopCollector:
                 self._handle = self._loop.call_later(self.interval_s, self._tick)
 
 
-def collect_on_loop(app: Any) -> LoopCollector:
-    """Runs an aiohttp app's process garbage collection from its loop while the app serves (server
-    processes only: it switches the interpreter's automatic collection off until the app stops)."""
+def prepare_to_serve(app: Any) -> LoopCollector:
+    """Call once everything long-lived is loaded, just before serving `app` (an aiohttp app) in a server
+    process: freezes the startup objects and runs garbage collection from the app's loop while it serves
+    (automatic collection is off until the app stops)."""
     collector = LoopCollector()
 
     async def start(_app: Any) -> None:
@@ -117,4 +118,5 @@ def collect_on_loop(app: Any) -> LoopCollector:
 
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
+    freeze_startup_objects()
     return collector

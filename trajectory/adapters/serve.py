@@ -42,11 +42,10 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from trajectory.adapters.app import create_app
-    from trajectory.server_process import collect_on_loop, freeze_startup_objects, new_event_loop
+    from trajectory.server_process import new_event_loop, prepare_to_serve
 
     host, port = parse_listen(args.listen)
     app = create_app(settings_from(args))
-    collect_on_loop(app)
-    freeze_startup_objects()
+    prepare_to_serve(app)
     web.run_app(app, host=host, port=port, loop=new_event_loop())
     return 0
