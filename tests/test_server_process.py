@@ -122,3 +122,20 @@ def test_bad_engine_json_is_still_a_value_error() -> None:
 ])
 def test_engine_requests_encode_to_the_same_json_value(value: dict) -> None:
     assert json.loads(fast_json.dumps(value)) == value
+
+
+async def test_a_servers_young_threshold_makes_gen0_passes_rarer(small_thresholds: None) -> None:
+    from trajectory.server_process import SERVER_YOUNG_THRESHOLD
+
+    collector = LoopCollector(interval_s=3600, young_threshold=SERVER_YOUNG_THRESHOLD)
+    collector.start()
+    try:
+        assert collector.thresholds == (SERVER_YOUNG_THRESHOLD, 2, 2)  # gen1 and gen2 stay CPython's
+        gc.collect()
+        keep = [Node() for _ in range(500)]  # ten times CPython's gen0 threshold here (50)
+        assert collector.collect_due() is None
+        keep += [Node() for _ in range(SERVER_YOUNG_THRESHOLD)]
+        assert collector.collect_due() == 0
+        del keep
+    finally:
+        collector.stop()

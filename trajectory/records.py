@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trajectory.untracked import untrack
+
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -36,6 +38,9 @@ class TurnRecord:
             )
         if self.finish_reason == "abort":
             self.aborted = True
+        # Kept for the whole session: never walked by the garbage collector (see trajectory.untracked).
+        for values in (self.prompt_ids, self.output_ids, self.output_log_probs):
+            untrack(values)
 
 
 @dataclass
@@ -56,6 +61,8 @@ class Sample:
                 f"inconsistent sample: response_length={n}, loss_mask={len(self.loss_mask)}, "
                 f"rollout_log_probs={len(self.rollout_log_probs)}, tokens={len(self.tokens)}"
             )
+        for values in (self.tokens, self.loss_mask, self.rollout_log_probs):
+            untrack(values)
 
     @property
     def prompt_length(self) -> int:

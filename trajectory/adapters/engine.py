@@ -17,6 +17,7 @@ import aiohttp
 
 from trajectory.adapters import fast_json
 from trajectory.adapters.tap import EngineExchange
+from trajectory.untracked import untrack
 
 # Start of every request's sampling params: ids must round-trip, so nothing is skipped or trimmed.
 BASE_SAMPLING = {"skip_special_tokens": False, "spaces_between_special_tokens": False, "no_stop_trim": True}
@@ -168,8 +169,8 @@ def parse_generation(rid: str, data: Any) -> Generation:
         raise EngineError(502, "engine /generate returned no meta_info.output_token_logprobs "
                                "(was return_logprob honoured?)")
     try:
-        output_ids = [int(t[1]) for t in triples]
-        logprobs = [float(t[0]) if t[0] is not None else 0.0 for t in triples]
+        output_ids = untrack([int(t[1]) for t in triples])
+        logprobs = untrack([float(t[0]) if t[0] is not None else 0.0 for t in triples])
     except (TypeError, IndexError, ValueError) as exc:
         raise EngineError(502, f"engine /generate returned malformed logprobs: {exc}") from exc
     if isinstance(data.get("output_ids"), list) and data["output_ids"] != output_ids:

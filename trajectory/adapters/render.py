@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trajectory.adapters import qwen3_template
+from trajectory.untracked import untrack
 
 # Qwen3-style templates drop reasoning of assistant turns before the last user query; this is the test.
 _REASONING_WINDOW = "loop.index0 > ns.last_query_index"
@@ -57,8 +58,8 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         if self._backend is not None:
-            return self._backend.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
+            return untrack(self._backend.encode(text, add_special_tokens=False).ids)
+        return untrack(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -102,7 +103,7 @@ class IncrementalEncoder:
         suffix = self.renderer.encode(text[cut:])
         if not suffix or suffix[0] != token_id:
             return None
-        return EncodeResult(prev.ids[:index] + suffix, index)
+        return EncodeResult(untrack(prev.ids[:index] + suffix), index)
 
 
 def _last_special(text: str, specials: Any) -> tuple[int, str | None]:
