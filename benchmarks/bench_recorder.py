@@ -2,16 +2,20 @@
 
 (a) proxy latency: added p50/p99 per request at 64 concurrent sessions against the fake engine, as a ratio
     to calling the engine directly in the same run. Both servers are the real `tito fake-engine` and
-    `tito record` processes; the same 64 sessions of 16 turns run twice, once calling the engine's
-    /generate directly and once through the proxy (Anthropic Messages, streamed, cassette written).
+    `tito record` processes; the same 64 sessions of 16 turns run twice at once, interleaved: one copy
+    calls the engine's /generate directly, the other goes through the proxy (Anthropic Messages, streamed,
+    cassette written). Run side by side, both meet the same host: a stall of the engine's core or of the
+    driver, or a busy moment on the host, lands on both, not on whichever ran first (run one after the
+    other, the two p99s differed by host noise alone, and the added figure was sometimes negative).
     With two cores or more the proxy gets one to itself, as in deployment, where agents and the engine
     run on other machines; the engine and this driver share the rest.
     The proxy's cassette writer process inherits that core and runs there at idle priority.
     The proxy's CPU time per request (its writer included) is printed too: on a shared VM it varies far less
-    than latency does. So is the most the hypervisor stole any core (from /proc/stat) during the direct run
-    and during the proxied run: steal in either moves that run's p99 by milliseconds, either way.
+    than latency does. So is the most the hypervisor stole any core (from /proc/stat) during the run: steal
+    on the proxy's core moves its p99 by milliseconds.
     Own time, per proxied request its latency minus the engine call it made (timed in the cassette), is the
-    proxy's share measured request by request: stalls of the engine's core do not move it.
+    proxy's share measured request by request: stalls of the engine's core do not move it. It also holds the
+    driver's own work on the request, which a direct call has too: an upper bound on what the proxy adds.
     Two loads:
     - agent: each turn the engine spends GENERATE_MS generating (a short reply at a fast decode rate) and
       the agent TOOL_S running tools; this is the goal's figure (p99 added under 5 ms). It runs AGENT_RUNS
@@ -36,7 +40,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,8 +182,7 @@ class Latency:
     direct_p99: float
     requests: int
     proxy_cpu_ms: float  # the proxy's CPU time per proxied request, its writer process included; 0 if unknown
-    steal_pct: float  # share of the proxied run the hypervisor gave one of our cores to someone else (the most)
-    direct_steal_pct: float  # the same during the direct run, whose p99 the added figure is measured against
+    steal_pct: float  # share of the run the hypervisor gave one of our cores to someone else (the most)
 
     @property
     def p99_ratio(self) -> float:
@@ -189,7 +192,7 @@ class Latency:
         return (f"proxy adds p50 {self.added_p50:.2f} ms, p99 {self.added_p99:.2f} ms (own time p50 "
                 f"{self.own_p50:.2f}, p99 {self.own_p99:.2f} ms) over direct p50 "
                 f"{self.direct_p50:.2f} ms, p99 {self.direct_p99:.2f} ms; proxy CPU {self.proxy_cpu_ms:.2f} ms "
-                f"per request; host steal {self.direct_steal_pct:.1f}% direct, {self.steal_pct:.1f}% proxied")
+                f"per request; host steal {self.steal_pct:.1f}%")
 
 
 @contextmanager
@@ -233,34 +236,56 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _drive(port: int, path: str, bodies: Any, tool_s: float,
-                 cycle_s: float) -> dict[tuple[int, int], float]:
-    """CLIENTS concurrent sessions, each sending its turns one after another; latency per (session, turn).
+Target = tuple[int, str, Callable[[int, int], tuple[bytes, dict[str, str]]]]  # port, path, (session, turn) -> body
+
+
+async def _drive(targets: dict[str, Target], tool_s: float, cycle_s: float) -> dict[str, dict[tuple[int, int], float]]:
+    """CLIENTS concurrent sessions per target, all targets at once; latency per target and (session, turn).
 
     Between turns an agent runs tools for `tool_s`. Sessions start spread over one turn's cycle
-    (`cycle_s`: generation plus tools), as independent agents are, rather than all at once.
+    (`cycle_s`: generation plus tools), as independent agents are, rather than all at once; the targets'
+    sessions interleave, so that whatever the host does during the run it does to all of them.
     """
     import asyncio
 
     import aiohttp
 
-    latencies: dict[tuple[int, int], float] = {}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CLIENTS)) as http:
+    latencies: dict[str, dict[tuple[int, int], float]] = {name: {} for name in targets}
+    with _driver_gc_off():
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CLIENTS * len(targets))) as http:
 
-        async def session(c: int) -> None:
-            await asyncio.sleep(cycle_s * c / CLIENTS)
-            for turn in range(TURNS_PER_SESSION):
-                if turn:
-                    await asyncio.sleep(tool_s)
-                body, headers = bodies(c, turn)
-                t0 = time.perf_counter()
-                async with http.post(f"http://127.0.0.1:{port}{path}", data=body, headers=headers) as r:
-                    await r.read()
-                    assert r.status == 200, (r.status, await r.text())
-                latencies[c, turn] = time.perf_counter() - t0
+            async def session(name: str, offset: float, c: int) -> None:
+                port, path, bodies = targets[name]
+                await asyncio.sleep(cycle_s * (c + offset) / CLIENTS)
+                for turn in range(TURNS_PER_SESSION):
+                    if turn:
+                        await asyncio.sleep(tool_s)
+                    body, headers = bodies(c, turn)
+                    t0 = time.perf_counter()
+                    async with http.post(f"http://127.0.0.1:{port}{path}", data=body, headers=headers) as r:
+                        await r.read()
+                        assert r.status == 200, (r.status, await r.text())
+                    latencies[name][c, turn] = time.perf_counter() - t0
 
-        await asyncio.gather(*(session(c) for c in range(CLIENTS)))
+            await asyncio.gather(*(session(name, k / len(targets), c) for k, name in enumerate(targets)
+                                   for c in range(CLIENTS)))
     return latencies
+
+
+@contextmanager
+def _driver_gc_off() -> Iterator[None]:
+    """The driver's own garbage collection off while it times requests, as `timeit` does: its passes (a few
+    per run, up to 2 ms each) made the requests it timed meanwhile look slow, in either run."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 def _stat_fields(pid: int) -> list[str]:
@@ -327,7 +352,7 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
             out += [{"role": "assistant", "content": f"Turn {t} done."}, {"role": "user", "content": f"Go on {t}."}]
         return out
 
-    # Bodies are built before the clock starts, so the driver's own work is the same in both runs.
+    # Bodies are built before the clock starts, so the driver's own work is the same for both copies.
     json_type = {"Content-Type": "application/json"}
     anthropic, generate = {}, {}
     for c in range(CLIENTS):
@@ -359,12 +384,12 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
             _wait_healthy(proxy_port, proxy)  # both ready before either run: no startup work overlaps a run
             cycle_s = generate_ms / 1000 + tool_s
             steal: list[float] = []
-            with _steal_watch(steal):
-                direct = asyncio.run(_drive(engine_port, "/generate", lambda c, t: generate[c, t], tool_s, cycle_s))
             cpu_before = _cpu_s(proxy.pid)
             with _steal_watch(steal):
-                proxied = asyncio.run(_drive(proxy_port, "/v1/messages", lambda c, t: anthropic[c, t], tool_s,
-                                             cycle_s))
+                runs = asyncio.run(_drive({"direct": (engine_port, "/generate", lambda c, t: generate[c, t]),
+                                           "proxied": (proxy_port, "/v1/messages", lambda c, t: anthropic[c, t])},
+                                          tool_s, cycle_s))
+            direct, proxied = runs["direct"], runs["proxied"]
             proxy_cpu_ms = (_cpu_s(proxy.pid) - cpu_before) / len(proxied) * 1000
         own50, own99 = _percentiles(_own_times(proxied, cassette))  # the proxy stopped: its cassette is complete
     finally:
@@ -372,7 +397,7 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
         tmp.cleanup()
     d50, d99 = _percentiles(list(direct.values()))
     p50, p99 = _percentiles(list(proxied.values()))
-    return Latency(p50 - d50, p99 - d99, own50, own99, d50, d99, len(proxied), proxy_cpu_ms, steal[1], steal[0])
+    return Latency(p50 - d50, p99 - d99, own50, own99, d50, d99, len(proxied), proxy_cpu_ms, steal[0])
 
 
 def _own_times(latencies: dict[tuple[int, int], float], cassette: Path) -> list[float]:
