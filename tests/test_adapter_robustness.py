@@ -262,3 +262,19 @@ async def test_sampling_params_follow_the_client_and_the_context_budget(qwen_tok
         assert (params["temperature"], params["top_p"], params["top_k"], params["stop"]) == (0.3, 0.9, 20, ["STOP"])
         assert params["skip_special_tokens"] is False and params["no_stop_trim"] is True
         assert sent["return_logprob"] is True and "max_tokens" not in params
+
+
+@pytest.mark.parametrize("route,raw", [
+    ("/v1/messages", b'{"model": "m", "max_tokens": 64, "temperature": NaN, "messages": [{"role": "user", '
+                     b'"content": "x"}]}'),
+    ("/v1/messages", b'{"model": "m", "max_tokens": Infinity, "messages": [{"role": "user", "content": "x"}]}'),
+    ("/v1/chat/completions", b'{"model": "m", "top_p": -Infinity, "messages": [{"role": "user", "content": "x"}]}'),
+    ("/v1/responses", b'{"model": "m", "max_output_tokens": NaN, "input": "x"}'),
+])
+async def test_non_finite_sampling_numbers_are_a_clear_400_and_reach_no_engine(qwen_tokenizer: Any, route: str,
+                                                                               raw: bytes) -> None:
+    async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
+        async with http.post(stack.url + route, data=raw, headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 400
+            assert "must be a finite number" in json.dumps(await r.json())
+        assert stack.double.requests == []

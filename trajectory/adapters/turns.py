@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,8 @@ def number(body: dict[str, Any], key: str, kind: type = float) -> float | int | 
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise BadRequest(f"{key} must be a number, got {value!r}")
+    if not math.isfinite(value):  # Python's JSON reads NaN and Infinity; JSON out to the engine cannot carry them
+        raise BadRequest(f"{key} must be a finite number, got {value!r}")
     return kind(value)
 
 
