@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.adapter_support import running_stack
 from trajectory.adapters import anthropic, openai_chat
@@ -79,3 +81,54 @@ async def test_path_prefix_session_models_health_count_and_drop(qwen_tokenizer: 
             async with http.delete(stack.url + "/tito/sessions/pfx-1") as r:
                 assert (await r.json()) == {"dropped": "pfx-1", "known": True}
             assert stack.manager.sessions() == []
+
+
+def _session(turns: int) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """Replies sent, and each turn's history as a client re-sends it: fresh dicts, reasoning dropped,
+    arguments re-serialised."""
+    replies, histories, history = [], [], [message("user", "fix the bug")]
+    for t in range(turns):
+        replies.append(message("assistant", f"step {t}", f"think {t}", [tool_call("Read", f'{{"n": {t}}}')]))
+        echoed = message("assistant", f"step {t} ", None, [tool_call("Read", f'{{"n":{t}}}')])
+        history = [*history, echoed, message("user", f"result {t}")]
+        histories.append([json.loads(json.dumps(m)) for m in history])
+    return replies, histories
+
+
+def test_echo_memory_keys_each_echo_once_and_answers_as_keying_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trajectory.adapters import canonical
+
+    replies, histories = _session(30)
+    memo, keyed = EchoMemory(), EchoMemory(histories=0)
+    for reply in replies:
+        memo.remember(reply)
+        keyed.remember(reply)
+    calls = []
+    real_key = canonical.echo_key
+    monkeypatch.setattr(canonical, "echo_key", lambda m: calls.append(1) or real_key(m))
+    for history in histories:
+        restored = memo.restore(history)
+        assert all(a is b for a, b in zip(restored, keyed.restore(history), strict=True))
+        assert [m for m in restored if m["role"] == "assistant"] == replies[:len(restored) // 2]
+    calls.clear()
+    memo.restore([json.loads(json.dumps(m)) for m in histories[-1]])
+    assert calls == []  # every assistant message was answered before, at its position
+    rewritten = [json.loads(json.dumps(m)) for m in histories[-1]]
+    rewritten[1] = message("assistant", "step 0, edited by the client", None, [tool_call("Read", '{"n":0}')])
+    out = memo.restore(rewritten)
+    assert out[1] is rewritten[1] and out[3] is replies[1] and len(calls) == 1  # only the changed one re-keyed
+
+
+def test_echo_memory_follows_alternating_chains_of_one_session() -> None:
+    main_replies, main = _session(6)
+    sub_replies = [message("assistant", f"sub {t}", None, [tool_call("Grep", f'{{"q": {t}}}')]) for t in range(6)]
+    memory = EchoMemory()
+    for a, b in zip(main_replies, sub_replies, strict=True):
+        memory.remember(a)
+        memory.remember(b)
+    sub_history = [message("user", "search")]
+    for t in range(6):
+        sub_history = [*sub_history, message("assistant", f"sub {t}", None, [tool_call("Grep", f'{{"q":{t}}}')]),
+                       message("user", f"hits {t}")]
+        assert memory.restore(main[t])[1::2] == main_replies[:t + 1]
+        assert all(a is b for a, b in zip(memory.restore(sub_history)[1::2], sub_replies, strict=False))
