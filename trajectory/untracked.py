@@ -3,10 +3,10 @@
 A list of numbers cannot be part of a reference cycle, yet CPython's collector visits every item of every
 tracked list in the generation it collects. Each prompt in flight is walked by the next gen0 and gen1 pass,
 and each prompt a session keeps by every full pass: with 64 agents at 100k-token contexts a pass costs about
-55 ms on a small VM (`benchmarks/bench_gc_pauses.py`), and the pause lands on whichever request becomes
-ready during it. CPython itself untracks tuples and dicts that hold only atoms; lists it never does, so this
-calls the same C API (`PyObject_GC_UnTrack`) for them. The list stays an ordinary, mutable list, freed by
-reference counting as before; the collector just skips it.
+45 ms on the CI VM (`benchmarks/bench_gc_pauses.py`), and the pause lands on whichever request becomes
+ready during it. CPython itself untracks tuples and dicts that hold only atoms, but never lists; this does
+it for them through the public C API (`PyObject_GC_UnTrack`). The list stays an ordinary, mutable list,
+freed by reference counting as before; the collector just skips it.
 
 Only for lists of ints, floats and None. A container put into an untracked list later could be part of a
 cycle the collector no longer sees (a leak, never a crash); token ids and logprobs never hold one.
