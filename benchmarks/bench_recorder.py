@@ -275,7 +275,7 @@ async def _drive(targets: dict[str, Target], tool_s: float, cycle_s: float) -> d
 @contextmanager
 def _driver_gc_off() -> Iterator[None]:
     """The driver's own garbage collection off while it times requests, as `timeit` does: its passes (a few
-    per run, up to 2 ms each) made the requests it timed meanwhile look slow, in either run."""
+    per run, up to 2 ms each) made the requests it timed meanwhile look slow, direct or proxied."""
     import gc
 
     gc.collect()
@@ -381,7 +381,7 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
                 _tito(["record", "--engine", engine_url, "--listen", f"127.0.0.1:{proxy_port}",
                        "--out", str(cassette), "--quiet"], proxy_cpus) as proxy:
             _wait_healthy(engine_port, engine)
-            _wait_healthy(proxy_port, proxy)  # both ready before either run: no startup work overlaps a run
+            _wait_healthy(proxy_port, proxy)  # both ready before the run: no startup work overlaps it
             cycle_s = generate_ms / 1000 + tool_s
             steal: list[float] = []
             cpu_before = _cpu_s(proxy.pid)
@@ -404,8 +404,8 @@ def _own_times(latencies: dict[tuple[int, int], float], cassette: Path) -> list[
     """Per proxied request, its latency minus the engine call it made, as the cassette timed that call.
 
     Paired request by request, this does not move when the host stalls the engine's core (which the added
-    figure, a difference of two runs' p99, feels in either run): it is the proxy's own time per request,
-    the extra HTTP hop included."""
+    figure, a difference of two p99s, feels on whichever copy's requests the stall caught): it is the proxy's
+    own time per request, the extra HTTP hop and the driver's own work on the request included."""
     from recorder.redaction import session_digest
     from replayer.reader import read_cassette
 
