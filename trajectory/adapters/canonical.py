@@ -127,8 +127,9 @@ class EchoMemory:
         self._histories: deque[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = deque(maxlen=histories)
 
     def remember(self, reply: dict[str, Any]) -> None:
-        self._sent[echo_key(reply)] = reply
-        self._sent.move_to_end(echo_key(reply))
+        key = echo_key(reply)
+        self._sent[key] = reply
+        self._sent.move_to_end(key)
         while len(self._sent) > self.capacity:
             self._sent.popitem(last=False)
 
