@@ -54,7 +54,7 @@ class LoopCollector:
 
     An automatic collection runs in the middle of the allocation that crossed a threshold: on a server,
     always some request's parse or reply. With 64 requests waiting on the engine, a gen1 pass walks their
-    coroutines, closures and token lists (about 8k objects, 1.5-5 ms on a small VM), and the whole pause
+    coroutines, closures and buffers (about 6-8k objects, 1.5-5 ms on a small VM), and the whole pause
     was added to that one request: the p99 of `bench_recorder`. From a timer, a pass runs between callbacks,
     and delays only a request that happens to become ready during it. Generations and thresholds stay
     CPython's, except gen0's when `young_threshold` is given; a full collection (all long-lived session state)
@@ -65,8 +65,8 @@ class LoopCollector:
                  young_threshold: int | None = None) -> None:
         self.interval_s = interval_s
         self.full_every_s = full_every_s
-        self.young_threshold = young_threshold  # gen0's threshold, when not CPython's
-        self.thresholds = gc.get_threshold()
+        t0, t1, t2 = gc.get_threshold()
+        self.thresholds = (t0 if young_threshold is None else young_threshold, t1, t2)
         self.collections = [0, 0, 0]
         self._handle: asyncio.TimerHandle | None = None
         self._last_full = 0.0
@@ -75,9 +75,6 @@ class LoopCollector:
     def start(self) -> None:
         """In the running loop: automatic collection off, the timer on."""
         self._loop = asyncio.get_running_loop()
-        self.thresholds = gc.get_threshold()
-        if self.young_threshold is not None:
-            self.thresholds = (self.young_threshold, *self.thresholds[1:])
         self._last_full = self._loop.time()
         gc.disable()
         self._handle = self._loop.call_later(self.interval_s, self._tick)
