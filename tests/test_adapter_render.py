@@ -47,6 +47,30 @@ def test_incremental_encoding_falls_back_when_history_is_rewritten(qwen_tokenize
     assert third.reused == 0 and third.ids == qwen_tokenizer.encode(rewritten, add_special_tokens=False)
     assert first.reused == 0
 
+def test_decode_gives_transformers_text_for_outputs_specials_and_split_characters(qwen_tokenizer: Any) -> None:
+    renderer = ChatRenderer(qwen_tokenizer)
+    assert renderer._decoder is not None  # Qwen3 asks for no clean-up: the direct Rust call is the one taken
+    output = qwen_tokenizer.encode(qwen3_output("Run it:  `ls  -la` , then déjà vu 文件 ✓.", "Plan , step"),
+                                   add_special_tokens=False) + [qwen_tokenizer.eos_token_id]
+    split = qwen_tokenizer.encode("a🜲𓀀b", add_special_tokens=False)  # byte tokens: halves decode to U+FFFD
+    assert len(split) > 4
+    cases = [output, output[:-1], split, split[:2], split[1:-2], [], [151644, 151645, 151643, 151665, 151666]]
+    for ids in cases:
+        assert renderer.decode(ids) == qwen_tokenizer.decode(ids, skip_special_tokens=False), ids
+
+    class CleaningTokenizer:  # a tokenizer that asks for clean-up keeps transformers' decode
+        def __getattr__(self, name: str) -> Any:
+            return getattr(qwen_tokenizer, name)
+
+        clean_up_tokenization_spaces = True
+
+        def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+            return "cleaned"
+
+    cleaning = ChatRenderer(CleaningTokenizer())
+    assert cleaning._decoder is None and cleaning.decode(output) == "cleaned"
+
+
 
 async def _two_user_turns(tokenizer: Any, preserve: bool) -> Any:
     tools = [{"name": "Bash", "description": "run", "input_schema": {"type": "object", "properties": {}}}]
