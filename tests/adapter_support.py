@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp.test_utils import TestServer
 
 from tests.adapter_double import EngineDouble, qwen3_output
-from tests.process_helpers import CAPTURES
+from tests.process_helpers import CAPTURES, capture_dir
 from trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
 from trajectory.manager import TrajectoryManager
 
@@ -33,7 +33,7 @@ class Captured:
 
 def load_capture(scenario: str) -> list[Captured]:
     out = []
-    for line in (CAPTURES / scenario / "requests.jsonl").read_text().splitlines():
+    for line in (capture_dir(scenario) / "requests.jsonl").read_text().splitlines():
         r = json.loads(line)
         raw = (CAPTURES / r["raw_body_file"]).read_bytes() if r.get("raw_body_file") else b""
         out.append(Captured(r["seq"], r["method"], r["path"], r.get("query", ""), r["headers"], raw, r.get("reply")))

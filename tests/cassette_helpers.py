@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from recorder.cassette_format import Header
-from tests.process_helpers import CAPTURES
+from tests.process_helpers import capture_dir
 from trajectory.adapters.tap import AgentExchange, EngineExchange
 
 BEARER = "tito-test-bearer-7f3a9c1e5b2d4f60"
@@ -20,8 +20,7 @@ EOS = 151645
 
 
 def capture_bodies(scenario: str = "claude_baseline") -> list[bytes]:
-    folder = CAPTURES / scenario / "bodies"
-    return [p.read_bytes() for p in sorted(folder.glob("*.json"))]
+    return [p.read_bytes() for p in sorted((capture_dir(scenario) / "bodies").glob("*.json"))]
 
 
 def header(fingerprint: str = "sha256:test", **kw: Any) -> Header:

@@ -18,6 +18,15 @@ ROOT = Path(__file__).resolve().parent.parent
 CAPTURES = ROOT.parent / "shared" / "captures"  # raw real-CLI requests, beside the checkout
 
 
+def capture_dir(scenario: str) -> Path:
+    """A capture's folder; missing, a clear error instead of an empty list that breaks a test further on."""
+    folder = CAPTURES / scenario
+    if not folder.is_dir():
+        raise FileNotFoundError(f"the real-CLI capture {scenario!r} is missing: tests read {folder} "
+                                "(the shared/captures folder beside the checkout)")
+    return folder
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

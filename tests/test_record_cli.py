@@ -16,7 +16,7 @@ import pytest
 
 from recorder.cassette_format import AgentRecord
 from replayer.reader import read_cassette
-from tests.process_helpers import CAPTURES, free_port, tito
+from tests.process_helpers import capture_dir, free_port, tito
 
 SCRIPT = "fake_engine/examples/claude_tool_loop.yaml"
 BEARER = "tito-live-session-token-3c9e81f0a2b74d55"
@@ -24,7 +24,7 @@ API_KEY = "sk-ant-api03-recordproxy-Xy7Qw2Er4Ty6Ui8Op0AsDf"
 
 
 def capture(name: str) -> bytes:
-    return (CAPTURES / "claude_baseline" / "bodies" / name).read_bytes()
+    return (capture_dir("claude_baseline") / "bodies" / name).read_bytes()
 
 
 def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
