@@ -47,6 +47,7 @@ def test_incremental_encoding_falls_back_when_history_is_rewritten(qwen_tokenize
     assert third.reused == 0 and third.ids == qwen_tokenizer.encode(rewritten, add_special_tokens=False)
     assert first.reused == 0
 
+
 def test_decode_gives_transformers_text_for_outputs_specials_and_split_characters(qwen_tokenizer: Any) -> None:
     renderer = ChatRenderer(qwen_tokenizer)
     assert renderer._decoder is not None  # Qwen3 asks for no clean-up: the direct Rust call is the one taken
@@ -69,7 +70,6 @@ def test_decode_gives_transformers_text_for_outputs_specials_and_split_character
 
     cleaning = ChatRenderer(CleaningTokenizer())
     assert cleaning._decoder is None and cleaning.decode(output) == "cleaned"
-
 
 
 async def _two_user_turns(tokenizer: Any, preserve: bool) -> Any:
