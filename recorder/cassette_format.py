@@ -391,9 +391,18 @@ class SamplesRecord:
     samples: list[dict[str, Any]]
 
 
-Record = SessionStart | AgentRecord | EngineRecord | SamplesRecord
+@dataclass
+class DropRecord:
+    """The session was dropped through the session API: forgotten, no samples."""
+
+    session: str
+    seq: int
+
+
+Record = SessionStart | AgentRecord | EngineRecord | SamplesRecord | DropRecord
 RECORD_TYPES: dict[str, type] = {
     "session": SessionStart, "agent": AgentRecord, "engine": EngineRecord, "samples": SamplesRecord,
+    "drop": DropRecord,
 }
 _TYPE_NAMES = {cls: name for name, cls in RECORD_TYPES.items()}
 

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 from recorder.cassette_format import (
     MAGIC,
     AgentRecord,
+    DropRecord,
     EngineRecord,
     Header,
     Record,
@@ -94,6 +95,10 @@ class CassetteWriter:
             session=name, seq=self._codec.next_seq(name), reward=float(reward),
             samples=[self.redactor.scrub_json(dict(s), name) for s in samples],
         ))
+
+    def session_dropped(self, session: str, source: str) -> None:
+        name = self._session(session, source)
+        self._append(DropRecord(session=name, seq=self._codec.next_seq(name)))
 
     # for in-process integrations (vcrpy) that build engine records themselves
 
@@ -185,6 +190,9 @@ class PerSessionTap:
 
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
         self._writer(session, source).session_finished(session, source, reward, samples)
+
+    def session_dropped(self, session: str, source: str) -> None:
+        self._writer(session, source).session_dropped(session, source)
 
     def close(self) -> None:
         for writer in self.writers.values():

@@ -59,6 +59,7 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
     from trajectory.server_process import prepare_to_serve
 
     settings = serve.settings_from(args)
+    manager = serve.manager_from(args)
     host, port = serve.parse_listen(args.listen)
     engine = await fetch_engine_info(settings.engine_url)
     if engine is None:
@@ -70,11 +71,12 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
 
         agent_info = agent_header(args.agent)
     try:
-        tap = open_tap(Path(args.out), build_header(settings, engine, agent_info), args.per_session)
+        tap = open_tap(Path(args.out), build_header(settings, engine, agent_info, manager=manager),
+                       args.per_session)
     except RecorderError as exc:
         print(f"tito record: {exc}", file=sys.stderr)
         return 2
-    app = create_recording_app(settings, tap, progress=None if args.quiet else sys.stderr)
+    app = create_recording_app(settings, tap, progress=None if args.quiet else sys.stderr, manager=manager)
     prepare_to_serve(app)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()

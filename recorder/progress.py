@@ -67,6 +67,9 @@ class ProgressTap:
         self.inner.session_finished(session, source, reward, samples)
         self.show(force=True)
 
+    def session_dropped(self, session: str, source: str) -> None:
+        self.inner.session_dropped(session, source)
+
     def show(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last < self.interval_s:

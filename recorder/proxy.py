@@ -48,11 +48,16 @@ def adapter_settings_dict(settings: AdapterSettings) -> dict[str, Any]:
 
 
 def build_header(settings: AdapterSettings, engine: dict[str, Any] | None, agent: dict[str, Any] | None = None,
-                 created: str | None = None) -> Header:
+                 created: str | None = None, manager: Any = None) -> Header:
+    """`manager`: the TrajectoryManager the proxy feeds (its settings go in `adapter.manager`); None: defaults."""
+    if manager is None:
+        from trajectory.manager import TrajectoryManager
+
+        manager = TrajectoryManager()
     header = Header(
         tokenizer_fingerprint=fingerprint(settings.tokenizer_dir),
         parsers={"reasoning": settings.reasoning_parser, "tool_call": settings.tool_parser},
-        adapter=adapter_settings_dict(settings),
+        adapter={**adapter_settings_dict(settings), "manager": manager.settings()},
         agent=agent,
         engine=engine,
     )

@@ -11,13 +11,14 @@ can be shared and replay still tells sessions apart; a `/s/<sid>/` path name is 
 
 from __future__ import annotations
 
-import hashlib
 import re
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
+
+from trajectory.adapters.session import SECRET_SOURCES, session_digest
 
 SECRET_HEADERS = frozenset({
     "authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie", "set-cookie",
@@ -36,10 +37,6 @@ DEFAULT_PATTERNS = (
 # everywhere); they are still never stored in their header, and session ids are always digested.
 MIN_LITERAL_LEN = 6
 REDACTED = "<redacted>"
-SESSION_SOURCES_FROM_SECRETS = frozenset({"bearer", "x-api-key"})
-
-
-_DIGEST_NAME = re.compile(r"sid-[0-9a-f]{16}")
 
 
 def _all_ints(values: list[Any]) -> bool:
@@ -48,17 +45,6 @@ def _all_ints(values: list[Any]) -> bool:
     except (TypeError, OverflowError):
         return False
     return True
-
-
-def session_digest(secret: str) -> str:
-    """Stable across runs and machines, so replays and re-recordings agree on the name.
-
-    A name that already is a digest is kept: a replay authenticates with the name, and re-recording that
-    replay (or re-saving a vcrpy cassette) must not digest it a second time.
-    """
-    if _DIGEST_NAME.fullmatch(secret):
-        return secret
-    return "sid-" + hashlib.sha256(b"tito-session\0" + secret.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -131,7 +117,7 @@ class Redactor:
 
     def session_name(self, session: str, source: str) -> str:
         """The name a session gets on disk; registers a secret-derived id for scrubbing in its scope."""
-        if source in SESSION_SOURCES_FROM_SECRETS:
+        if source in SECRET_SOURCES:
             name = session_digest(session)
             secret = session.strip()
             if name != session and len(secret) >= MIN_LITERAL_LEN:

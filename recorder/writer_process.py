@@ -91,6 +91,9 @@ class WriterProcessTap:
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
         self._send(("session_finished", session, source, reward, samples))
 
+    def session_dropped(self, session: str, source: str) -> None:
+        self._send(("session_dropped", session, source))
+
     def close(self) -> None:
         """Ends the pipe and waits until the child has written everything sent before."""
         if self._closed:
@@ -137,6 +140,8 @@ def _apply(tap: CassetteWriter | PerSessionTap, call: list[Any]) -> None:
         tap.engine_exchange(session, source, EngineExchange(*rest[0]))
     elif op == "session_finished":
         tap.session_finished(session, source, rest[0], rest[1])
+    elif op == "session_dropped":
+        tap.session_dropped(session, source)
     else:
         raise ValueError(f"unknown tap call {op!r}")
 

@@ -74,6 +74,7 @@ class RecordingTap:
         self.agent: list[tuple[str, str, Any]] = []
         self.engine: list[tuple[str, str, Any]] = []
         self.finished: list[tuple[str, float, list[dict[str, Any]]]] = []
+        self.dropped: list[str] = []
         self.order: list[tuple[str, str]] = []  # (what, session): requests must come before their engine calls
 
     def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
@@ -89,6 +90,9 @@ class RecordingTap:
 
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
         self.finished.append((session, reward, samples))
+
+    def session_dropped(self, session: str, source: str) -> None:
+        self.dropped.append(session)
 
 
 @asynccontextmanager

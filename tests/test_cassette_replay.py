@@ -166,6 +166,9 @@ class _EngineTap:
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
         pass
 
+    def session_dropped(self, session: str, source: str) -> None:
+        pass
+
 
 def _content(sse: str) -> list[Any]:
     """What the agent sees, minus ids the adapter makes up per reply."""

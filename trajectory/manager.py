@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajectory.events import Event, SessionStats
-from trajectory.linearize import Builder, linearize_chain
+from trajectory.linearize import Builder, Span, linearize_chain
 from trajectory.records import Sample, TurnRecord
 from trajectory.tree import MessageTree
 
@@ -31,6 +31,7 @@ class Linearization:
     events: list[Event]
     leaf_samples: dict[int, list[int]]
     stats: SessionStats
+    spans: list[list[Span]] = field(default_factory=list)  # per sample: where each turn's output lies
 
 
 class TrajectoryManager:
@@ -52,6 +53,11 @@ class TrajectoryManager:
                                keep_reasoning=self.keep_reasoning_in_identity)
             session = self._sessions[session_id] = _Session(tree)
         return session
+
+    def settings(self) -> dict[str, Any]:
+        """What shapes samples; a cassette's header keeps it so a replay builds the same manager."""
+        return {"fork_threshold_tokens": self.fork_threshold_tokens, "reward_policy": self.reward_policy,
+                "keep_reasoning_in_identity": self.keep_reasoning_in_identity}
 
     def sessions(self) -> list[str]:
         return list(self._sessions)
@@ -92,19 +98,21 @@ class TrajectoryManager:
                 kept.append((leaf.id, builder))
         share = reward / len(kept) if kept and self.reward_policy == "split" else reward
         samples: list[Sample] = []
+        spans: list[list[Span]] = []
         leaf_samples: dict[int, list[int]] = {}
         for leaf_id, builder in kept:
             sample = builder.to_sample(share, self._metadata(session_id, leaf_id, builder))
             assert sample is not None
             leaf_samples.setdefault(leaf_id, []).append(len(samples))
             samples.append(sample)
+            spans.append(list(builder.spans))
         trained = sum(sum(s.loss_mask) for s in samples)
         stats = SessionStats.from_events(
             events, turns=session.turns, side_turns=len(session.side), leaves=len(leaves),
             samples=len(samples), trained_tokens=trained,
             masked_tokens=sum(s.response_length for s in samples) - trained,
         )
-        return Linearization(samples, events, leaf_samples, stats)
+        return Linearization(samples, events, leaf_samples, stats, spans)
 
     @staticmethod
     def _metadata(session_id: str, leaf_id: int, builder: Builder) -> dict[str, Any]:
@@ -130,11 +138,12 @@ class TrajectoryManager:
     def events(self, session_id: str) -> list[Event]:
         return self.linearize(session_id).events
 
-    def export_tree(self, session_id: str) -> dict[str, Any]:
+    def export_tree(self, session_id: str, linearization: Linearization | None = None) -> dict[str, Any]:
+        """Nodes of the session's tree; leaves name their samples in `linearization` (default: a fresh one)."""
         session = self._sessions.get(session_id)
         if session is None:
             raise KeyError(f"unknown session {session_id!r}")
-        result = self.linearize(session_id)
+        result = linearization or self.linearize(session_id)
         return {"session": session_id, **session.tree.export(result.leaf_samples)}
 
     def finish(self, session_id: str, reward: float) -> list[Sample]:

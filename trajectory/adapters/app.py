@@ -29,7 +29,14 @@ from aiohttp import web
 from trajectory.adapters import anthropic, openai_chat, responses
 from trajectory.adapters.canonical import EchoMemory, fold_system_messages, message, tool_call
 from trajectory.adapters.disconnects import DisconnectWatcher
-from trajectory.adapters.engine import EngineClient, EngineError, Generation, new_rid, sampling_params
+from trajectory.adapters.engine import (
+    EngineClient,
+    EngineError,
+    EngineTransport,
+    Generation,
+    new_rid,
+    sampling_params,
+)
 from trajectory.adapters.parsing import OutputParser, ParsedOutput
 from trajectory.adapters.render import ChatRenderer, IncrementalEncoder
 from trajectory.adapters.session import SessionRef, resolve_session
@@ -57,6 +64,7 @@ class AdapterSettings:
     context_length: int = 40960
     default_max_tokens: int = 8192
     preserve_reasoning: bool = True  # render history with <think> kept: no reasoning-drop forks
+    chat_template: str | None = None  # template text in place of the tokenizer's (None: the tokenizer's)
     fold_system: bool = True  # mid-list system messages -> <system-reminder> in a user message
     model_name: str = "tito"
     engine_timeout_s: float = 600.0
@@ -64,7 +72,7 @@ class AdapterSettings:
     disconnect_poll_s: float = 0.05  # how often the transports of requests waiting on the engine are checked
     client_session_factory: Callable[[], Awaitable[aiohttp.ClientSession]] | None = None
     rid_factory: Callable[[], str] = new_rid
-    clock: Callable[[], float] = time.time  # only for `created` fields shown to clients
+    clock: Callable[[], float] = time.time  # only for `created` fields shown to clients (the engine's answer time)
 
 
 @dataclass
@@ -92,7 +100,9 @@ class SessionState:
 
 
 class Adapter:
-    def __init__(self, settings: AdapterSettings, manager: Any = None, tap: TrafficTap | None = None) -> None:
+    def __init__(self, settings: AdapterSettings, manager: Any = None, tap: TrafficTap | None = None,
+                 engine_transport: EngineTransport | None = None) -> None:
+        """`engine_transport`: how engine calls travel (default: HTTP to `settings.engine_url`)."""
         self.settings = settings
         if manager is None:
             from trajectory.manager import TrajectoryManager
@@ -101,10 +111,10 @@ class Adapter:
         self.manager = manager
         self.tap: TrafficTap = tap or NullTap()
         self.tokenizer = load_tokenizer(settings.tokenizer_dir)
-        self.renderer = ChatRenderer(self.tokenizer, settings.preserve_reasoning)
+        self.renderer = ChatRenderer(self.tokenizer, settings.preserve_reasoning, template=settings.chat_template)
         self.parser = OutputParser(settings.reasoning_parser, settings.tool_parser)
         self.engine = EngineClient(settings.engine_url, settings.client_session_factory,
-                                   settings.engine_timeout_s, settings.rid_factory)
+                                   settings.engine_timeout_s, settings.rid_factory, engine_transport, settings.clock)
         self.sessions: dict[str, SessionState] = {}
         self.disconnects = DisconnectWatcher(settings.disconnect_poll_s)
         self._eos = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None}
@@ -196,8 +206,10 @@ class Adapter:
         if gen is None:
             return web.Response(status=499)
         parsed = self.parse_output(gen.output_ids, turn.tools)
-        reply = TurnReply(f"{ref.sid}:{digest[:16]}", self.reply_message(parsed), parsed, gen.finish_reason,
-                          len(prompt_ids), len(gen.output_ids), gen.cached_tokens, int(self.settings.clock()))
+        # Ids derive from the session's stable name and the request: a replay, which authenticates with the
+        # name, sends the same bytes.
+        reply = TurnReply(f"{ref.name}:{digest[:16]}", self.reply_message(parsed), parsed, gen.finish_reason,
+                          len(prompt_ids), len(gen.output_ids), gen.cached_tokens, gen.created)
         record = TurnRecord(prompt_ids, gen.output_ids, gen.finish_reason, gen.output_log_probs, parsed.ill_formed,
                             label=f"{route} exchange {state.reported}")
         return await self._send_turn(request, ref, state, wire, turn, reply, record, messages, body, started, digest)
@@ -209,7 +221,7 @@ class Adapter:
         params = sampling_params(turn.sampling, len(prompt_ids), self.settings.context_length,
                                  self.settings.default_max_tokens)
         if params is None:  # no context left: no call, an empty `length` turn (reference behaviour)
-            return Generation(rid, [], [], "length", len(prompt_ids))
+            return Generation(rid, [], [], "length", len(prompt_ids), created=int(self.engine.clock()))
         on_exchange = self._engine_reporter(ref, request)
         task = asyncio.ensure_future(self.engine.generate(ref.sid, rid, prompt_ids, params, on_exchange, state.t0))
 
@@ -380,6 +392,8 @@ class Adapter:
         known = sid in self.sessions or sid in self.manager.sessions()
         self.manager.drop(sid)
         self.sessions.pop(sid, None)
+        if known:
+            self.tap.session_dropped(sid, "api")
         return web.json_response({"dropped": sid, "known": known})
 
     async def on_cleanup(self, app: web.Application) -> None:
@@ -393,8 +407,9 @@ def _json_bytes(data: dict[str, Any]) -> bytes:
 ADAPTER_KEY = web.AppKey("adapter", Adapter)
 
 
-def create_app(settings: AdapterSettings, manager: Any = None, tap: TrafficTap | None = None) -> web.Application:
-    adapter = Adapter(settings, manager, tap)
+def create_app(settings: AdapterSettings, manager: Any = None, tap: TrafficTap | None = None,
+               engine_transport: EngineTransport | None = None) -> web.Application:
+    adapter = Adapter(settings, manager, tap, engine_transport)
     adapter.warm_up()
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app[ADAPTER_KEY] = adapter

@@ -1,7 +1,9 @@
 """The SGLang `/generate` client: sampling parameters, rids, aborts (router-aware) and error mapping.
 
 Every call is reported to a callback as an `EngineExchange`, so a recorder sees the engine leg exactly as
-sent and received.
+sent and received. The bytes travel through an `EngineTransport`: HTTP to a live engine by default; a
+replay plugs in one that answers from a cassette, so everything above the wire (rids, aborts, the router
+fallback, error mapping, output parsing) runs as it did live.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -43,6 +45,7 @@ class Generation:
     prompt_tokens: int
     cached_tokens: int = 0
     raw: dict[str, Any] = field(default_factory=dict)
+    created: int = 0  # when the engine answered (Unix seconds): the `created` that OpenAI wires show
 
 
 def sampling_params(client: dict[str, Any], prompt_len: int, context_length: int,
@@ -68,14 +71,37 @@ def new_rid() -> str:
 ExchangeCallback = Callable[[EngineExchange], None]
 
 
-class EngineClient:
-    def __init__(self, base_url: str, session_factory: Callable[[], Awaitable[aiohttp.ClientSession]] | None = None,
-                 timeout_s: float = 600.0, rid_factory: Callable[[], str] = new_rid) -> None:
-        self.base_url = base_url.rstrip("/")
+class EngineUnreachable(Exception):
+    """No HTTP answer: `text` says why (as recorded in the exchange), `timed_out` picks 504 over 502."""
+
+    def __init__(self, text: str, timed_out: bool = False) -> None:
+        super().__init__(text)
+        self.text = text
+        self.timed_out = timed_out
+
+
+@dataclass
+class EngineAnswer:
+    status: int
+    body: Any  # parsed JSON, or text
+
+
+class EngineTransport(Protocol):
+    async def send(self, method: str, url: str, body: dict[str, Any] | None,
+                   headers: dict[str, str]) -> EngineAnswer:
+        """One engine call; raises `EngineUnreachable` when no HTTP answer comes."""
+
+    async def close(self) -> None: ...
+
+
+class HttpTransport:
+    """The live engine leg: one aiohttp session, JSON bytes both ways."""
+
+    def __init__(self, session_factory: Callable[[], Awaitable[aiohttp.ClientSession]] | None = None,
+                 timeout_s: float = 600.0) -> None:
         self._factory = session_factory
         self._session: aiohttp.ClientSession | None = None
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.rid_factory = rid_factory
 
     async def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -86,28 +112,48 @@ class EngineClient:
         if self._session is not None:
             await self._session.close()
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str],
-                    on_exchange: ExchangeCallback, t0: float, base: str | None = None) -> tuple[int, Any]:
-        exchange = EngineExchange(method, path, body, 0, headers=dict(headers), started_s=time.monotonic() - t0)
-        started = time.monotonic()
+    async def send(self, method: str, url: str, body: dict[str, Any] | None,
+                   headers: dict[str, str]) -> EngineAnswer:
         try:
             session = await self.session()
             # Bytes both ways: aiohttp's JSON payload and text() add ~10% to a call's client-side CPU.
             data = None if body is None else fast_json.dumps(body)
-            async with session.request(method, (base or self.base_url) + path, data=data,
-                                       headers={**headers, **_JSON} if data else headers,
+            async with session.request(method, url, data=data, headers={**headers, **_JSON} if data else headers,
                                        timeout=self.timeout) as resp:
-                exchange.status = resp.status
+                status = resp.status
                 raw = await resp.read()
-            try:
-                exchange.response = fast_json.loads(raw) if raw else None
-            except ValueError:
-                exchange.response = raw.decode("utf-8", errors="replace")
-            return exchange.status, exchange.response
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            exchange.error = f"{type(exc).__name__}: {exc}"
-            raise EngineError(502 if not isinstance(exc, asyncio.TimeoutError) else 504,
-                              f"engine unreachable at {self.base_url}{path}: {exchange.error}") from exc
+            raise EngineUnreachable(f"{type(exc).__name__}: {exc}", isinstance(exc, asyncio.TimeoutError)) from exc
+        try:
+            return EngineAnswer(status, fast_json.loads(raw) if raw else None)
+        except ValueError:
+            return EngineAnswer(status, raw.decode("utf-8", errors="replace"))
+
+
+class EngineClient:
+    def __init__(self, base_url: str, session_factory: Callable[[], Awaitable[aiohttp.ClientSession]] | None = None,
+                 timeout_s: float = 600.0, rid_factory: Callable[[], str] = new_rid,
+                 transport: EngineTransport | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.transport: EngineTransport = transport or HttpTransport(session_factory, timeout_s)
+        self.rid_factory = rid_factory
+        self.clock = clock
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str],
+                    on_exchange: ExchangeCallback, t0: float, base: str | None = None) -> EngineAnswer:
+        exchange = EngineExchange(method, path, body, 0, headers=dict(headers), started_s=time.monotonic() - t0)
+        started = time.monotonic()
+        try:
+            answer = await self.transport.send(method, (base or self.base_url) + path, body, headers)
+            exchange.status, exchange.response = answer.status, answer.body
+            return answer
+        except EngineUnreachable as exc:
+            exchange.error = exc.text
+            raise EngineError(504 if exc.timed_out else 502,
+                              f"engine unreachable at {self.base_url}{path}: {exc.text}") from exc
         finally:
             exchange.duration_s = time.monotonic() - started
             if base:
@@ -117,20 +163,22 @@ class EngineClient:
     async def generate(self, sid: str, rid: str, input_ids: list[int], params: dict[str, Any],
                        on_exchange: ExchangeCallback, t0: float) -> Generation:
         body = {"rid": rid, "input_ids": input_ids, "sampling_params": params, "return_logprob": True}
-        status, data = await self._call("POST", "/generate", body, {"X-SMG-Routing-Key": sid}, on_exchange, t0)
-        if status != 200:
-            raise EngineError(400 if 400 <= status < 500 else 502, f"engine /generate failed ({status}): "
-                              f"{_error_text(data)}")
-        return parse_generation(rid, data)
+        answer = await self._call("POST", "/generate", body, {"X-SMG-Routing-Key": sid}, on_exchange, t0)
+        if answer.status != 200:
+            raise EngineError(400 if 400 <= answer.status < 500 else 502, f"engine /generate failed "
+                              f"({answer.status}): {_error_text(answer.body)}")
+        generation = parse_generation(rid, answer.body)
+        generation.created = int(self.clock())
+        return generation
 
     async def abort(self, rid: str, on_exchange: ExchangeCallback, t0: float) -> None:
         """Best effort: the engine's /abort_request, or, behind a router (404), every listed worker's."""
         try:
-            status, _ = await self._call("POST", "/abort_request", {"rid": rid}, {}, on_exchange, t0)
-            if status != 404:
+            answer = await self._call("POST", "/abort_request", {"rid": rid}, {}, on_exchange, t0)
+            if answer.status != 404:
                 return
-            status, listing = await self._call("GET", "/workers", None, {}, on_exchange, t0)
-            for url in worker_urls(listing) if status == 200 else []:
+            listing = await self._call("GET", "/workers", None, {}, on_exchange, t0)
+            for url in worker_urls(listing.body) if listing.status == 200 else []:
                 try:
                     await self._call("POST", "/abort_request", {"rid": rid}, {}, on_exchange, t0, base=url)
                 except EngineError:

@@ -25,9 +25,11 @@ class ChatRenderer:
     """Renders canonical messages with a Hugging Face tokenizer's chat template (generation prompt added)."""
 
     def __init__(self, tokenizer: Any, preserve_reasoning: bool = False,
-                 template_kwargs: dict[str, Any] | None = None) -> None:
+                 template_kwargs: dict[str, Any] | None = None, template: str | None = None) -> None:
+        """`template`: a chat template to use instead of the tokenizer's (a candidate under test)."""
         self.tokenizer = tokenizer
-        self.template: str = tokenizer.chat_template
+        self.template: str = template or tokenizer.chat_template
+        original = self.template
         if not self.template:
             raise ValueError("the tokenizer has no chat template")
         self.template_kwargs = dict(template_kwargs or {})
@@ -39,7 +41,7 @@ class ChatRenderer:
             self.template_kwargs["tito_keep_reasoning"] = True
             self.preserves_reasoning = True
         # The exact Python transcription of the template, when it is the Qwen3 one (Jinja otherwise).
-        self.native = qwen3_template.is_qwen3_template(tokenizer.chat_template)
+        self.native = qwen3_template.is_qwen3_template(original)
         self._backend = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer: no Python per-call cost
         # transformers' decode is the Rust one plus input conversion and, where a tokenizer asks for it, a
         # clean-up of spaces; without the clean-up, the Rust call alone gives the same text at half the cost.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from trajectory.adapters.app import AdapterSettings
 
@@ -21,6 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-preserve-reasoning", action="store_true",
                         help="render history as the template does (drops earlier <think> blocks)")
     parser.add_argument("--no-fold-system", action="store_true", help="keep mid-list system messages as they are")
+    parser.add_argument("--fork-threshold", type=int, default=1024, metavar="TOKENS",
+                        help="manager: realign (not fork) when a diverging reply is shorter than this; 0 disables "
+                             "realign and rewrite merge (default %(default)s)")
+    parser.add_argument("--reward-policy", choices=("full", "split"), default="full",
+                        help="manager: every sample gets the session's reward, or an even share (default %(default)s)")
 
 
 def settings_from(args: argparse.Namespace) -> AdapterSettings:
@@ -29,6 +35,12 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         reasoning_parser=args.reasoning_parser or None, context_length=args.context_length,
         default_max_tokens=args.default_max_tokens, model_name=args.model_name,
         preserve_reasoning=not args.no_preserve_reasoning, fold_system=not args.no_fold_system)
+
+
+def manager_from(args: argparse.Namespace) -> Any:
+    from trajectory.manager import TrajectoryManager
+
+    return TrajectoryManager(fork_threshold_tokens=args.fork_threshold, reward_policy=args.reward_policy)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -45,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from trajectory.server_process import new_event_loop, prepare_to_serve
 
     host, port = parse_listen(args.listen)
-    app = create_app(settings_from(args))
+    app = create_app(settings_from(args), manager_from(args))
     prepare_to_serve(app)
     web.run_app(app, host=host, port=port, loop=new_event_loop())
     return 0

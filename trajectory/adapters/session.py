@@ -3,10 +3,15 @@
 Order: `Authorization: Bearer <sid>`, else `x-api-key`, else a body field (`metadata.session_id`,
 `user`), else a path prefix `/s/<sid>/...`. Clients set the first two from their API-key settings, so a
 rollout driver gives each agent run its own key; the path prefix serves clients whose key is fixed.
+
+A session also has a *name*, stable and safe to share: a digest of the id when the id is a credential
+(bearer token, API key), else the id itself. Cassettes store the name; a replay authenticates with it, and
+naming a name gives the name back, so everything derived from it (reply ids) is the same live and replayed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,12 +19,29 @@ from typing import Any
 
 ANONYMOUS = "anonymous"
 _SID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,200}$")
+SECRET_SOURCES = frozenset({"bearer", "x-api-key"})
+_DIGEST_NAME = re.compile(r"sid-[0-9a-f]{16}")
+
+
+def session_digest(secret: str) -> str:
+    """Stable across runs and machines, so replays and re-recordings agree on the name.
+
+    A name that already is a digest is kept: a replay authenticates with the name, and re-recording that
+    replay (or re-saving a vcrpy cassette) must not digest it a second time.
+    """
+    if _DIGEST_NAME.fullmatch(secret):
+        return secret
+    return "sid-" + hashlib.sha256(b"tito-session\0" + secret.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
 class SessionRef:
     sid: str
     source: str  # bearer, x-api-key, body, path, anonymous
+
+    @property
+    def name(self) -> str:
+        return session_digest(self.sid) if self.source in SECRET_SOURCES else self.sid
 
 
 def _valid(value: Any) -> str | None:

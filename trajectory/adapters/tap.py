@@ -2,9 +2,10 @@
 
 The adapter app calls a `TrafficTap` once an agent request is answered: first with the request's headers,
 then with each engine call it made, then with the agent exchange (the request with the reply that was
-sent); and when a session finishes. All of it comes after the reply's last byte, off the agent's wait.
-The default tap does nothing; the recorder's tap writes a cassette. Taps receive raw material (secrets
-included): redaction is the recorder's job, in one place, before anything reaches disk.
+sent); and when a session finishes or is dropped through the session API. All of it comes after the
+reply's last byte, off the agent's wait. The default tap does nothing; the recorder's tap writes a cassette.
+Taps receive raw material (secrets included): redaction is the recorder's job, in one place, before
+anything reaches disk.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class TrafficTap(Protocol):
 
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None: ...
 
+    def session_dropped(self, session: str, source: str) -> None:
+        """The session was forgotten without samples (`DELETE /tito/sessions/<sid>`)."""
+
 
 class NullTap:
     def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
@@ -72,4 +76,7 @@ class NullTap:
         pass
 
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
+        pass
+
+    def session_dropped(self, session: str, source: str) -> None:
         pass
