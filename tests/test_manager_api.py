@@ -104,3 +104,59 @@ def test_manager_rejects_bad_options() -> None:
         TrajectoryManager(fork_threshold_tokens=-1)
     with pytest.raises(ValueError, match="inconsistent sample"):
         Sample(tokens=[1, 2], response_length=1, loss_mask=[1, 1], rollout_log_probs=[0.0])
+
+
+def _realigned(**options) -> tuple[TrajectoryManager, list[int], list[int]]:
+    """Turn 1 reads turn 0's reply back with one token drifted: a realign. Returns the manager and both prompts."""
+    m = TrajectoryManager(**options)
+    s = SyntheticSession(m)
+    call = assistant("", ("calc", {"x": 1}))
+    first = s.turn([system("S"), user("go")], call, logprobs=[-0.5] * 3)
+    msgs = [system("S"), user("go"), call, tool("2")]
+    drifted = s.vocab.decode(s.template.render(msgs)).replace("arg:x=1", "arg:x=1 <DRIFT>")
+    second = s.turn(msgs, assistant("ok"), prompt=drifted, logprobs=[-0.25] * 2)
+    return m, first.prompt_ids, second.prompt_ids
+
+
+def test_response_region_starts_after_the_first_prompt_as_slime_lays_it_out() -> None:
+    m, p1, p2 = _realigned()
+    (sample,) = m.samples("s", 1.0)
+    assert [e.kind for e in m.events("s")] == ["realign"]
+    # The realigned reply and the new prompt tail are masked context inside the response region.
+    assert sample.response_length == len(p2) - len(p1) + 2
+    assert sample.loss_mask == [0] * (len(p2) - len(p1)) + [1, 1]
+    assert sample.rollout_log_probs == [0.0] * (len(p2) - len(p1)) + [-0.25, -0.25]
+    assert sample.tokens[:len(p1)] == p1 and sample.prompt_length == len(p1)
+
+
+def test_a_sample_whose_first_turn_an_earlier_sample_trains_keeps_that_turn_masked_in_its_response() -> None:
+    m = TrajectoryManager()
+    s = SyntheticSession(m)
+    call = assistant("", ("calc", {"x": 1}))
+    first = s.turn([system("S"), user("go")], call, logprobs=[-0.5] * 3)
+    s.turn([system("S"), user("go"), call, tool("a")], assistant("A"), logprobs=[-0.1] * 2)
+    s.turn([system("S"), user("go"), call, tool("b")], assistant("B"), logprobs=[-0.2] * 2)
+    a, b = m.samples("s", 1.0)
+    assert a.rollout_log_probs[:3] == [-0.5] * 3  # trained by the first leaf
+    assert b.prompt_length == len(first.prompt_ids)  # the second leaf starts after the same prompt
+    assert b.loss_mask[:3] == [0, 0, 0] and b.rollout_log_probs[:3] == [0.0] * 3
+    assert b.loss_mask[-2:] == [1, 1] and b.rollout_log_probs[-2:] == [-0.2, -0.2]
+
+
+def test_first_trained_layout_starts_the_response_at_the_first_trained_token() -> None:
+    m, _, _ = _realigned(response_start="first-trained")
+    (sample,) = m.samples("s", 1.0)
+    assert sample.response_length == 2 and sample.loss_mask == [1, 1] and sample.rollout_log_probs == [-0.25] * 2
+    assert m.settings()["response_start"] == "first-trained"
+    with pytest.raises(ValueError, match="response_start"):
+        TrajectoryManager(response_start="middle")
+
+
+def test_a_turn_without_prompt_messages_is_refused_not_trained_under_the_root() -> None:
+    m = TrajectoryManager()
+    record = TurnRecord([1, 2], [5, 6], "stop", [-1.0, -1.0])
+    with pytest.raises(ValueError, match="needs its prompt messages"):
+        m.record_turn("s", [], assistant("orphan"), record)
+    with pytest.raises(ValueError, match="needs its prompt messages"):
+        m.record_side_turn("s", [], assistant("orphan"), record)
+    assert m.sessions() == [] and m.samples("s") == []

@@ -1,4 +1,5 @@
-"""Golden strings for every manager rule: trained tokens in [brackets], `|` where the response starts.
+"""Golden strings for every manager rule: trained tokens in [brackets], `|` where the response region starts
+(right after the prompt of the sample's first turn, as slime lays samples out).
 
 Each golden was read and checked by hand against the rule it pins (see README, "How the manager decides").
 """
@@ -25,8 +26,8 @@ GOLDENS = {
     "user_fork": (
         "#0 reward=1 response=9 trained=4 turns=0,1\n"
         "<sys> system:S </sys> <usr> user:compute </usr> <gen> | [r:ok] [</ast>] <nl> <usr> user:again </usr> <gen> [r:twice] [</ast>]\n"
-        "#1 reward=1 response=2 trained=2 turns=2\n"
-        "<sys> system:S </sys> <usr> user:compute </usr> <gen> r:ok </ast> <nl> <usr> user:other </usr> <gen> | [r:else] [</ast>]"
+        "#1 reward=1 response=9 trained=2 turns=2\n"
+        "<sys> system:S </sys> <usr> user:compute </usr> <gen> | r:ok </ast> <nl> <usr> user:other </usr> <gen> [r:else] [</ast>]"
     ),
     "sibling_assistants": (
         "#0 reward=1 response=2 trained=2 turns=0\n"
@@ -37,8 +38,8 @@ GOLDENS = {
     "fork_under_shared_generated_turn": (
         "#0 reward=1 response=10 trained=5 turns=0,1\n"
         "<sys> system:S </sys> <usr> user:compute </usr> <gen> | [call:calc] [arg:x=1] [</ast>] <nl> <tool> tool:2 </tool> <gen> [r:ok] [</ast>]\n"
-        "#1 reward=1 response=2 trained=2 turns=2\n"
-        "<sys> system:S </sys> <usr> user:compute </usr> <gen> call:calc arg:x=1 </ast> <nl> <tool> tool:3 </tool> <gen> | [r:three] [</ast>]"
+        "#1 reward=1 response=10 trained=2 turns=2\n"
+        "<sys> system:S </sys> <usr> user:compute </usr> <gen> | call:calc arg:x=1 </ast> <nl> <tool> tool:3 </tool> <gen> [r:three] [</ast>]"
     ),
     "identical_messages_drifted_prompt_ids": (
         "#0 reward=1 response=3 trained=3 turns=0\n"
@@ -73,8 +74,8 @@ GOLDENS = {
         "forks: {'prompt': 1}"
     ),
     "short_drift_in_last_response_realigns": (
-        "#0 reward=1 response=2 trained=2 turns=1\n"
-        "<sys> system:S </sys> <usr> user:compute </usr> <gen> call:calc arg:x=1 <DRIFT> </ast> <nl> <tool> tool:2 </tool> <gen> | [r:ok] [</ast>]\n"
+        "#0 reward=1 response=11 trained=2 turns=1\n"
+        "<sys> system:S </sys> <usr> user:compute </usr> <gen> | call:calc arg:x=1 <DRIFT> </ast> <nl> <tool> tool:2 </tool> <gen> [r:ok] [</ast>]\n"
         "realigns=1 realigned_tokens=3"
     ),
     "threshold_one_forks_what_would_realign": (
@@ -104,8 +105,8 @@ GOLDENS = {
     "dedup_across_leaves": (
         "#0 reward=1 response=10 trained=5 turns=0,1\n"
         "<sys> system:S </sys> <usr> user:compute </usr> <gen> | [call:calc] [arg:x=1] [</ast>] <nl> <tool> tool:2 </tool> <gen> [r:ok] [</ast>]\n"
-        "#1 reward=1 response=2 trained=2 turns=2\n"
-        "<sys> system:S </sys> <usr> user:compute </usr> <gen> call:calc arg:x=1 </ast> <nl> <tool> tool:9 </tool> <gen> | [r:nine] [</ast>]\n"
+        "#1 reward=1 response=10 trained=2 turns=2\n"
+        "<sys> system:S </sys> <usr> user:compute </usr> <gen> | call:calc arg:x=1 </ast> <nl> <tool> tool:9 </tool> <gen> [r:nine] [</ast>]\n"
         "dedup_tokens=3"
     ),
     "foreign_assistant_messages": (
@@ -155,14 +156,14 @@ GOLDENS = {
     "three_leaves_sharing_two_generated_turns": (
         "#0 reward=1 response=18 trained=8 turns=0,1,2\n"
         "<sys> system:S </sys> <usr> user:compute </usr> <gen> | [call:calc] [arg:x=1] [</ast>] <nl> <tool> tool:2 </tool> <gen> [call:calc] [arg:x=1] [</ast>] <nl> <tool> tool:a </tool> <gen> [r:a] [</ast>]\n"
-        "#1 reward=1 response=2 trained=2 turns=3\n"
-        "<sys> system:S </sys> <usr> user:compute </usr> <gen> call:calc arg:x=1 </ast> <nl> <tool> tool:2 </tool> <gen> call:calc arg:x=1 </ast> <nl> <tool> tool:b </tool> <gen> | [r:b] [</ast>]\n"
-        "#2 reward=1 response=2 trained=2 turns=4\n"
-        "<sys> system:S </sys> <usr> user:compute </usr> <gen> call:calc arg:x=1 </ast> <nl> <tool> tool:2 </tool> <gen> call:calc arg:x=1 </ast> <nl> <tool> tool:c </tool> <gen> | [r:c] [</ast>]"
+        "#1 reward=1 response=18 trained=2 turns=3\n"
+        "<sys> system:S </sys> <usr> user:compute </usr> <gen> | call:calc arg:x=1 </ast> <nl> <tool> tool:2 </tool> <gen> call:calc arg:x=1 </ast> <nl> <tool> tool:b </tool> <gen> [r:b] [</ast>]\n"
+        "#2 reward=1 response=18 trained=2 turns=4\n"
+        "<sys> system:S </sys> <usr> user:compute </usr> <gen> | call:calc arg:x=1 </ast> <nl> <tool> tool:2 </tool> <gen> call:calc arg:x=1 </ast> <nl> <tool> tool:c </tool> <gen> [r:c] [</ast>]"
     ),
     "long_mixed_session_realign_then_fork": (
-        "#0 reward=1 response=3 trained=3 turns=1\n"
-        "<sys> system:S </sys> <usr> user:compute </usr> <gen> call:ls arg:d=. </ast> <nl> <tool> tool:files </tool> <gen> | [call:calc] [arg:x=1] [</ast>]\n"
+        "#0 reward=1 response=11 trained=3 turns=1\n"
+        "<sys> system:S </sys> <usr> user:compute </usr> <gen> | call:ls arg:d=. </ast> <nl> <tool> tool:files </tool> <gen> [call:calc] [arg:x=1] [</ast>]\n"
         "#1 reward=1 response=2 trained=2 turns=2\n"
         "<sys> system:S </sys> <usr> user:compute </usr> <gen> <think> think:look </think> call:ls arg:d=. </ast> <nl> <tool> tool:files </tool> <gen> call:calc arg:x=1 </ast> <nl> <tool> tool:2 </tool> <gen> | [r:ok] [</ast>]\n"
         "#2 reward=1 response=2 trained=2 turns=3\n"

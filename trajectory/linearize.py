@@ -4,6 +4,10 @@ Routing decides which turns belong to one conversation; tokens decide whether th
 For each generated turn the held tokens are compared with the turn's prompt_ids (longest common prefix):
 CLEAN when the held tokens are a prefix, REALIGN when the divergence lies in the most recent response
 and the incoming output is short, FORK otherwise. Only the engine's own output ids are ever trained.
+
+A sample's response region starts, as slime lays it out, right after the prompt of the sample's first turn
+(`AFTER_PROMPT`): context inside it (later prompts' new tokens, outputs an earlier sample trains, realigned
+spans) is masked with 0.0 logprobs. `FIRST_TRAINED` starts it at the first trained token instead.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from trajectory.records import Sample
 from trajectory.tree import Node
 
 _CHUNK = 512
+AFTER_PROMPT = "after-prompt"  # slime's layout: the response region follows the first turn's prompt
+FIRST_TRAINED = "first-trained"  # the response region starts at the first trained token
+RESPONSE_STARTS = (AFTER_PROMPT, FIRST_TRAINED)
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -47,11 +54,12 @@ class Builder:
     logprobs: list[float]
     spans: list[Span] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
+    prompt_length: int = 0  # the first turn's prompt: where slime's response region starts
 
     @classmethod
     def start(cls, prompt_ids: list[int]) -> Builder:
         n = len(prompt_ids)
-        return cls(list(prompt_ids), [0] * n, [0.0] * n)
+        return cls(list(prompt_ids), [0] * n, [0.0] * n, prompt_length=n)
 
     def add_context(self, ids: list[int]) -> None:
         self.tokens += ids
@@ -85,11 +93,15 @@ class Builder:
                 break
         return "context", None
 
-    def to_sample(self, reward: float, metadata: dict) -> Sample | None:
+    def to_sample(self, reward: float, metadata: dict, response_start: str = AFTER_PROMPT) -> Sample | None:
+        """None when no token is trained. A realign only rewrites tokens after the last response's start,
+        never the first prompt, so `prompt_length` always marks the end of the sample's prompt."""
         try:
             first = self.loss.index(1)
         except ValueError:
             return None
+        if response_start == AFTER_PROMPT:
+            first = self.prompt_length
         return Sample(tokens=list(self.tokens), response_length=len(self.tokens) - first,
                       loss_mask=self.loss[first:], rollout_log_probs=self.logprobs[first:],
                       reward=reward, metadata=metadata)

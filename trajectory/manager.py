@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajectory.events import Event, SessionStats
-from trajectory.linearize import Builder, Span, linearize_chain
+from trajectory.linearize import AFTER_PROMPT, RESPONSE_STARTS, Builder, Span, linearize_chain
 from trajectory.records import Sample, TurnRecord
 from trajectory.tree import MessageTree
 
@@ -36,14 +36,19 @@ class Linearization:
 
 class TrajectoryManager:
     def __init__(self, fork_threshold_tokens: int = 1024, reward_policy: str = "full",
-                 keep_reasoning_in_identity: bool = False) -> None:
+                 keep_reasoning_in_identity: bool = False, response_start: str = AFTER_PROMPT) -> None:
+        """`response_start`: where a sample's response region begins, right after its first prompt (slime's
+        layout, the default) or at its first trained token (`"first-trained"`)."""
         if reward_policy not in REWARD_POLICIES:
             raise ValueError(f"reward_policy must be one of {REWARD_POLICIES}, got {reward_policy!r}")
+        if response_start not in RESPONSE_STARTS:
+            raise ValueError(f"response_start must be one of {RESPONSE_STARTS}, got {response_start!r}")
         if fork_threshold_tokens < 0:
             raise ValueError("fork_threshold_tokens must be >= 0")
         self.fork_threshold_tokens = fork_threshold_tokens
         self.reward_policy = reward_policy
         self.keep_reasoning_in_identity = keep_reasoning_in_identity
+        self.response_start = response_start
         self._sessions: dict[str, _Session] = {}
 
     def _session(self, session_id: str) -> _Session:
@@ -57,14 +62,18 @@ class TrajectoryManager:
     def settings(self) -> dict[str, Any]:
         """What shapes samples; a cassette's header keeps it so a replay builds the same manager."""
         return {"fork_threshold_tokens": self.fork_threshold_tokens, "reward_policy": self.reward_policy,
-                "keep_reasoning_in_identity": self.keep_reasoning_in_identity}
+                "keep_reasoning_in_identity": self.keep_reasoning_in_identity, "response_start": self.response_start}
 
     def sessions(self) -> list[str]:
         return list(self._sessions)
 
     def record_turn(self, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any],
                     turn: TurnRecord) -> int:
-        """Record one agent turn (its prompt messages and the reply sent); returns its turn index."""
+        """Record one agent turn (its prompt messages and the reply sent); returns its turn index.
+
+        A turn needs its prompt messages: without them the reply would hang under the root and be trained
+        on no context (slime skips such a turn; here it is refused, so a caller's bug is not silent)."""
+        _require_prompt(session_id, messages)
         session = self._session(session_id)
         index = session.turns
         session.turns += 1
@@ -74,6 +83,7 @@ class TrajectoryManager:
     def record_side_turn(self, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any],
                          turn: TurnRecord) -> int:
         """Side requests (titles, probes) are answered but never enter the agent's tree."""
+        _require_prompt(session_id, messages)
         session = self._session(session_id)
         session.side.append((messages, reply, turn))
         session.events.append(Event("side", "kept out of the tree", None, tokens=len(turn.output_ids)))
@@ -101,7 +111,7 @@ class TrajectoryManager:
         spans: list[list[Span]] = []
         leaf_samples: dict[int, list[int]] = {}
         for leaf_id, builder in kept:
-            sample = builder.to_sample(share, self._metadata(session_id, leaf_id, builder))
+            sample = builder.to_sample(share, self._metadata(session_id, leaf_id, builder), self.response_start)
             assert sample is not None
             leaf_samples.setdefault(leaf_id, []).append(len(samples))
             samples.append(sample)
@@ -154,3 +164,9 @@ class TrajectoryManager:
 
     def drop(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
+
+
+def _require_prompt(session_id: str, messages: list[dict[str, Any]]) -> None:
+    if not messages:
+        raise ValueError(f"session {session_id!r}: a turn needs its prompt messages (got none); "
+                         "its reply cannot be placed in the session's tree")
