@@ -11,10 +11,13 @@ Scenario format (YAML or JSON; see docs/fake-engine.md):
             tool_calls: [{name: shell, arguments: {command: ls}}]
           - text: There are two files.
             finish: stop                             # stop | length | abort
-            faults: {latency_ms: 50}
+            faults: {status: 529}
+            fault_attempts: 1                        # faults hit only the first attempt: a retry succeeds
 
 A top-level `turns:` list is shorthand for one session that matches every prompt. A turn may give raw
 `ids` instead. Sessions are matched in order; the first whose `match` holds wins (no `match`: any).
+A top-level `client:` key is ignored here: a corpus scenario (`cassettes/scenarios/`) keeps the scripted
+agent client's side in the same file (`recorder/scripted_script.py`).
 """
 
 from __future__ import annotations
@@ -30,12 +33,12 @@ from fake_engine.logprobs import logprobs_for
 from fake_engine.policy import GenerateRequest, Generation, PolicyError
 from fake_engine.prompt_tools import offered_tools, resolve_call
 from fake_engine.qwen3_output import EOS_ID, ToolCall, render_ids
-from fake_engine.sessions import opening_end
+from fake_engine.sessions import opening_end, prompt_digest
 
-TURN_KEYS = {"reasoning", "text", "tool_calls", "ids", "finish", "length", "faults"}
+TURN_KEYS = {"reasoning", "text", "tool_calls", "ids", "finish", "length", "faults", "fault_attempts"}
 SESSION_KEYS = {"match", "turns"}
 MATCH_KEYS = {"routing_key", "prompt_contains"}
-SCENARIO_KEYS = {"name", "seed", "after_last", "sessions", "turns", "description"}
+SCENARIO_KEYS = {"name", "seed", "after_last", "sessions", "turns", "description", "client"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class ScriptedTurn:
     finish: str = "stop"
     length: int | None = None  # finish length / abort: how many tokens are kept
     faults: FaultSpec | None = None
+    fault_attempts: int | None = None  # faults only on the first N requests for this turn (None: every one)
 
 
 @dataclass(frozen=True)
@@ -94,10 +98,14 @@ def _parse_turn(where: str, data: Any) -> ScriptedTurn:
     if finish not in ("stop", "length", "abort"):
         raise ValueError(f"{where}.finish: must be stop, length or abort, got {finish!r}")
     reasoning = d.get("reasoning")
+    attempts = d.get("fault_attempts")
+    if attempts is not None and (not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1):
+        raise ValueError(f"{where}.fault_attempts: must be a positive integer, got {attempts!r}")
     return ScriptedTurn(
         reasoning=None if reasoning is None else str(reasoning), text=str(d.get("text") or ""),
         tool_calls=tuple(calls), ids=None if ids is None else tuple(ids), finish=finish,
         length=d.get("length"), faults=FaultSpec.from_dict(d.get("faults")) if d.get("faults") else None,
+        fault_attempts=attempts,
     )
 
 
@@ -143,12 +151,15 @@ class ScriptedPolicy:
     def __init__(self, scenario: Scenario, tokenizer: Any) -> None:
         self.scenario = scenario
         self.tokenizer = tokenizer
-        self._openings: OrderedDict[str, str] = OrderedDict()  # session key -> decoded prompt opening
+        self._openings: OrderedDict[str, str] = OrderedDict()  # opening digest -> decoded opening
         self._rendered: OrderedDict[tuple[Any, ...], list[int]] = OrderedDict()
         self._logprobs: OrderedDict[tuple[Any, ...], list[float]] = OrderedDict()
+        self._attempts: dict[tuple[Any, ...], int] = {}  # (opening, session, turn) -> requests seen
 
     def _opening_text(self, req: GenerateRequest) -> str:
-        key = req.session_key or "-"
+        # Keyed by the opening itself, not the session key: one routing key (the adapter's session id)
+        # carries a sub-agent's or a compacted history's prompts too, and their openings differ.
+        key = prompt_digest(req.input_ids)
         text = self._openings.get(key)
         if text is None:
             text = self.tokenizer.decode(req.input_ids[: opening_end(req.input_ids)])
@@ -190,6 +201,11 @@ class ScriptedPolicy:
                                   f"(it scripts {len(session.turns)})", status=400)
             t_index = len(session.turns) - 1
         turn = session.turns[t_index]
+        faults = turn.faults
+        if turn.fault_attempts is not None:
+            key = (prompt_digest(req.input_ids), s_index, req.turn_index)
+            self._attempts[key] = seen = self._attempts.get(key, 0) + 1
+            faults = faults if seen <= turn.fault_attempts else None
         ids = self._ids((s_index, t_index), turn, opening)
         if turn.finish != "stop":
             if ids and ids[-1] == EOS_ID:
@@ -206,4 +222,4 @@ class ScriptedPolicy:
                 self._logprobs.popitem(last=False)
         lps = list(lps)
         return Generation(output_ids=ids, logprobs=lps, finish=turn.finish,  # type: ignore[arg-type]
-                          faults=turn.faults)
+                          faults=faults)

@@ -135,3 +135,34 @@ async def test_drift_fault_over_http():
     assert tok.decode(out[:-1]) == "Let me list the files."
     assert tok.encode(tok.decode(out[:-1]), add_special_tokens=False) != out[:-1]
     assert len(body["meta_info"]["output_token_logprobs"]) == len(out)
+
+
+def test_one_routing_key_with_two_openings_plays_two_scripted_sessions():
+    """The adapter sends its session id as the routing key for a sub-agent's prompts too: the scripted
+    session is chosen by each prompt's own opening, not by the first opening seen under that key."""
+    scenario = parse_scenario({"sessions": [{"match": {"prompt_contains": "sub-agent"}, "turns": ["from sub"]},
+                                            {"turns": ["from main"]}]})
+    policy = ScriptedPolicy(scenario, tokenizer())
+
+    def say(ids):
+        return tokenizer().decode(policy.generate(request(ids, "sid-1")).output_ids, skip_special_tokens=True)
+    assert say(first_prompt()) == "from main"
+    sub = prompt_ids([{"role": "system", "content": "You are a sub-agent."}, {"role": "user", "content": "look"}])
+    assert say(sub) == "from sub"
+    assert say(first_prompt()) == "from main"
+
+
+async def test_fault_attempts_fail_only_the_first_requests_of_a_turn():
+    """`fault_attempts: 1`: the first request for the turn gets the 529, the identical re-send is answered."""
+    scenario = {"client": {"sessions": []},  # a corpus scenario's client side is ignored by the engine
+                "turns": [{"text": "Answered on retry.", "faults": {"status": 529}, "fault_attempts": 1}]}
+    async with serve(scenario) as (url, s, _):
+        statuses, texts = [], []
+        for _ in range(3):
+            r = await s.post(url + "/generate", json={"input_ids": first_prompt()})
+            statuses.append(r.status)
+            texts.append((await r.json()).get("text"))
+    assert statuses == [529, 200, 200]
+    assert texts[1] == texts[2] == "Answered on retry."
+    with pytest.raises(ValueError, match="fault_attempts"):
+        parse_scenario({"turns": [{"text": "x", "fault_attempts": 0}]})
