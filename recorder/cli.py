@@ -3,9 +3,12 @@
     tito record --engine http://sglang:30000 --listen 127.0.0.1:8400 --out run.tito
     tito record --engine http://127.0.0.1:30000 --out runs/ --per-session
     tito record --engine ... --out run.tito --agent claude-code --task "fix the test" --sessions 4
+    tito record --engine ... --out tool_loop.tito --agent scripted --scenario cassettes/scenarios/tool_loop.yaml
 
 With `--agent`, tito starts the pinned real CLI once per session in a sandbox pointed at the proxy,
-finishes each session when its agent exits, and stops; otherwise it serves until SIGINT/SIGTERM.
+finishes each session when its agent exits, and stops; `--agent scripted` plays a scenario's `client:`
+script in-process instead (recorder/scripted_client.py), which finishes or drops its sessions itself.
+Otherwise it serves until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -25,14 +28,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-session", action="store_true", help="one cassette per session, in the --out folder")
     parser.add_argument("--quiet", action="store_true", help="no live progress line")
     agents = parser.add_argument_group("agents launched for you")
-    agents.add_argument("--agent", help="claude-code, codex, qwen-code or opencode (pinned versions)")
+    agents.add_argument("--agent", help="claude-code, codex, qwen-code or opencode (pinned versions), or "
+                        "scripted: the scripted client plays --scenario's client: section")
     agents.add_argument("--task", help="the task text given to every agent session")
+    agents.add_argument("--scenario", metavar="FILE",
+                        help="with --agent scripted: a scenario file with a client: section (cassettes/scenarios/); "
+                             "its client.record_args are not applied here: pass them too (make cassettes does; a "
+                             "warning names any left out)")
     agents.add_argument("--sessions", type=int, default=1, help="agent sessions to run (default 1)")
     agents.add_argument("--concurrency", type=int, default=1, help="agent sessions at once (default 1)")
     agents.add_argument("--sandbox", choices=("local", "e2b"), default="local")
     agents.add_argument("--agent-model", default="tito-policy", help="model name the agent asks for")
     agents.add_argument("--agent-timeout", type=float, default=600.0, help="seconds per agent session")
-    agents.add_argument("--reward", type=float, default=0.0, help="reward given when an agent session finishes")
+    agents.add_argument("--reward", type=float, default=0.0,
+                        help="reward given when an agent session finishes (scripted: the script's own finish)")
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -44,8 +53,19 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--out {out} exists: tito never overwrites a cassette"
     elif not out.parent.exists():
         return f"--out {out}: folder {out.parent} does not exist"
-    if args.agent and not args.task:
+    if args.agent == "scripted":
+        if not args.scenario:
+            return "--agent scripted needs --scenario FILE"
+        from recorder.scripted_script import load_client_script
+
+        try:
+            load_client_script(args.scenario)
+        except (OSError, ValueError) as exc:
+            return f"--scenario {args.scenario}: {exc}"
+    elif args.agent and not args.task:
         return "--agent needs --task"
+    elif args.scenario:
+        return "--scenario goes with --agent scripted"
     if args.sessions < 1 or args.concurrency < 1:
         return "--sessions and --concurrency must be >= 1"
     return None
@@ -66,7 +86,11 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         print(f"tito record: warning: no /model_info from {settings.engine_url}; recording without engine info",
               file=sys.stderr)
     agent_info = None
-    if args.agent:
+    if args.agent == "scripted":
+        from recorder.scripted_runs import scripted_header
+
+        agent_info = scripted_header(args.scenario)
+    elif args.agent:
         from recorder.agent_runs import agent_header
 
         agent_info = agent_header(args.agent)
@@ -90,7 +114,11 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     rc = 0
     try:
-        if args.agent:
+        if args.agent == "scripted":
+            from recorder.scripted_runs import run_scripted_sessions
+
+            rc = await run_scripted_sessions(args, f"http://{host}:{port}", stop)
+        elif args.agent:
             from recorder.agent_runs import run_agent_sessions
 
             rc = await run_agent_sessions(args, f"http://{host}:{port}", stop)

@@ -1,0 +1,188 @@
+"""A scripted agent client: plays a client script (`recorder/scripted_script.py`) against an adapter over HTTP.
+
+It stands in for a real agent CLI where a deterministic one is needed (the committed cassette corpus):
+same wire shapes, same echo habits (`recorder/scripted_wires.py`), the session id as the bearer token,
+canned tool results instead of executing anything. Per session it runs the steps in order: a user prompt
+and its tool loop, a compaction, a sub-agent (a second conversation with its own system prompt on the
+same token, run when the main thread calls the tool whose result names it), finish or drop through the
+session API. Retryable statuses are answered by re-sending the byte-identical body (as Claude Code does
+after a 529); a scripted disconnect closes the connection mid-generation, then re-sends. All sessions
+run concurrently.
+
+    results = await run_script(load_client_script("cassettes/scenarios/tool_loop.yaml"), "http://127.0.0.1:8400")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from recorder.scripted_script import RETRY_STATUSES, AgentSpec, ClientScript, ClientSession, Disconnect, Step
+from recorder.scripted_wires import WIRE_CODECS, AssistantReply, ToolCallOut, Wire
+
+COMPACTION_PREFIX = ("This session is being continued from a previous conversation that ran out of context. "
+                     "The conversation is summarized below:\n")
+USER_AGENT = "tito-scripted-client/1"
+
+
+class ScriptError(Exception):
+    """The adapter answered something the script cannot go on from."""
+
+
+@dataclass
+class SessionResult:
+    session_id: str
+    requests: int = 0  # model requests with distinct bodies
+    sent: int = 0  # HTTP requests to the agent routes, re-sends and abandoned ones included
+    retries: int = 0  # re-sends after a retryable status
+    disconnects: int = 0  # requests the client walked away from
+    finishes: dict[str, int] = field(default_factory=dict)  # replies by finish: stop, tool_calls, length
+    samples: int | None = None  # from the finish reply
+    dropped: bool = False
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def line(self) -> str:
+        end = (f"{self.samples} sample(s)" if self.samples is not None else "dropped" if self.dropped
+               else "left open")
+        what = ", ".join(f"{n} {k}" for k, n in sorted(self.finishes.items()))
+        status = "ok" if self.ok else f"FAILED: {self.error}"
+        return (f"session {self.session_id}: {status}; {self.requests} request(s) ({what}), "
+                f"{self.retries} retried, {self.disconnects} disconnected; {end}")
+
+
+@dataclass
+class Conversation:
+    agent: AgentSpec
+    history: list[dict[str, Any]] = field(default_factory=list)
+    used: dict[str, int] = field(default_factory=dict)  # tool name -> canned results handed out
+
+
+def _compact(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class SessionRunner:
+    def __init__(self, http: aiohttp.ClientSession, base_url: str, session: ClientSession) -> None:
+        self.http = http
+        self.base_url = base_url.rstrip("/")
+        self.session = session
+        self.wire: Wire = WIRE_CODECS[session.wire]
+        self.result = SessionResult(session.id)
+        self.headers = {"Authorization": f"Bearer {session.id}", "Content-Type": "application/json",
+                        "Accept": self.wire.accept, "User-Agent": USER_AGENT}
+        if session.wire == "anthropic":
+            self.headers.update({"anthropic-version": "2023-06-01", "X-Stainless-Retry-Count": "0"})
+        self.disconnects: dict[int, Disconnect] = {d.request: d for d in session.disconnects}
+
+    async def run(self) -> SessionResult:
+        if self.session.start_after_ms:
+            await asyncio.sleep(self.session.start_after_ms / 1000)
+        main = Conversation(self.session.agent)
+        try:
+            for step in self.session.steps:
+                await self.step(main, step)
+        except (ScriptError, aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+            self.result.error = f"{type(exc).__name__}: {exc}"
+        return self.result
+
+    async def step(self, conv: Conversation, step: Step) -> None:
+        if step.kind == "prompt":
+            await self.prompt(conv, step.text, step.max_turns)
+        elif step.kind == "compact":
+            summary = await self.prompt(conv, step.text, 1)
+            conv.history = [self.wire.user(COMPACTION_PREFIX + summary)]
+        elif step.kind == "finish":
+            async with self.http.post(f"{self.base_url}/tito/sessions/{self.session.id}/finish",
+                                      json={"reward": step.reward}) as resp:
+                data = await resp.json(content_type=None)
+                if resp.status != 200:
+                    raise ScriptError(f"finish answered {resp.status}: {data}")
+            self.result.samples = len(data.get("samples", []))
+        elif step.kind == "drop":
+            async with self.http.delete(f"{self.base_url}/tito/sessions/{self.session.id}") as resp:
+                if resp.status != 200:
+                    raise ScriptError(f"drop answered {resp.status}: {await resp.text()}")
+            self.result.dropped = True
+
+    async def prompt(self, conv: Conversation, text: str, max_turns: int) -> str:
+        """A user message, then model turns while the model calls tools; returns the last reply's text."""
+        conv.history.append(self.wire.user(text))
+        reply = AssistantReply([])
+        for _ in range(max_turns):
+            reply = await self.model_turn(conv)
+            conv.history += reply.echo
+            if not reply.calls:
+                break
+            outputs = [await self.tool_result(conv, call) for call in reply.calls]
+            conv.history += self.wire.tool_results(reply.calls, outputs)
+        return reply.text
+
+    async def tool_result(self, conv: Conversation, call: ToolCallOut) -> str:
+        canned = conv.agent.results.get(call.name)
+        if isinstance(canned, dict):
+            sub = self.session.subagents[canned["subagent"]]
+            task = call.arguments.get("prompt") or sub.prompt or "Do the task."
+            return await self.prompt(Conversation(sub), str(task), 12)
+        if isinstance(canned, list):
+            n = conv.used.get(call.name, 0)
+            conv.used[call.name] = n + 1
+            return str(canned[min(n, len(canned) - 1)]) if canned else ""
+        return "(no output)" if canned is None else str(canned)
+
+    async def model_turn(self, conv: Conversation) -> AssistantReply:
+        s = self.session
+        body = _compact(self.wire.body(s.model, conv.agent.system, conv.agent.tools, conv.history, s.max_tokens,
+                                       s.stream, s.id))
+        index = self.result.requests
+        self.result.requests += 1
+        if index in self.disconnects:
+            await self.walk_away(body, self.disconnects[index])
+        reply = self.wire.parse(await self.send(body), s.stream)
+        self.result.finishes[reply.finish] = self.result.finishes.get(reply.finish, 0) + 1
+        return reply
+
+    async def send(self, body: bytes) -> bytes:
+        """POST the body; after a retryable status, the identical bytes again (Claude Code's retry)."""
+        url = self.base_url + self.wire.path
+        for attempt in range(self.session.retries + 1):
+            self.result.sent += 1
+            async with self.http.post(url, data=body, headers=self.headers) as resp:
+                raw, status = await resp.read(), resp.status
+            if status == 200:
+                return raw
+            if status not in RETRY_STATUSES or attempt == self.session.retries:
+                raise ScriptError(f"{self.wire.path} answered {status}: {raw[:300]!r}")
+            self.result.retries += 1
+            await asyncio.sleep(self.session.retry_delay_ms / 1000)
+        raise AssertionError("unreachable")
+
+    async def walk_away(self, body: bytes, plan: Disconnect) -> None:
+        """Send the request on a connection of its own and close it after `after_ms`, mid-generation."""
+        self.result.sent += 1
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as own:
+            try:
+                async with asyncio.timeout(plan.after_ms / 1000), \
+                        own.post(self.base_url + self.wire.path, data=body, headers=self.headers) as resp:
+                    await resp.read()
+            except TimeoutError:
+                self.result.disconnects += 1
+            else:
+                raise ScriptError(f"request {plan.request} was answered ({resp.status}) before the scripted "
+                                  f"disconnect at {plan.after_ms} ms: slow the engine (token_delay_ms)")
+        await asyncio.sleep(plan.resend_after_ms / 1000)
+
+
+async def run_script(script: ClientScript, base_url: str, timeout_s: float = 300.0) -> list[SessionResult]:
+    """Every session of the script at once; results in script order (a failed session does not stop others)."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        return list(await asyncio.gather(*(SessionRunner(http, base_url, s).run() for s in script.sessions)))

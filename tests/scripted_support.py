@@ -1,0 +1,75 @@
+"""Recording a scenario in-process: the fake engine and the recording proxy app on loopback, the scripted
+client against the proxy, the cassette written by an in-process writer, then read back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fake_engine.app import EngineOptions
+from fake_engine.app import create_app as create_engine
+from fake_engine.scripted import ScriptedPolicy, load_scenario, parse_scenario
+from recorder.cassette_format import AgentRecord, EngineRecord, Header
+from recorder.cassette_writer import CassetteWriter
+from recorder.proxy import create_recording_app
+from recorder.scripted_client import SessionResult, run_script
+from recorder.scripted_script import load_client_script, parse_client_script
+from replayer.reader import Cassette, SessionLog, read_cassette
+from tests.cassette_helpers import serve
+from trajectory.adapters.app import AdapterSettings
+from trajectory.adapters.session import session_digest
+from trajectory.tokenizer import fingerprint, load_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "cassettes" / "scenarios"
+
+
+async def record_scenario(scenario: Path | dict[str, Any], out: Path) -> tuple[Cassette, list[SessionResult]]:
+    """A corpus scenario file or an inline one (both sides); `client.record_args` only knows
+    --no-preserve-reasoning here."""
+    if isinstance(scenario, Path):
+        engine_script, client = load_scenario(scenario), load_client_script(scenario)
+    else:
+        engine_script, client = parse_scenario(scenario), parse_client_script(scenario["client"])
+    tokenizer = load_tokenizer()
+    writer = CassetteWriter(out, Header(tokenizer_fingerprint=fingerprint()))
+    settings = AdapterSettings(preserve_reasoning="--no-preserve-reasoning" not in client.record_args)
+    async with serve(create_engine(ScriptedPolicy(engine_script, tokenizer),
+                                   EngineOptions(tokenizer=tokenizer))) as engine_url:
+        settings.engine_url = engine_url
+        async with serve(create_recording_app(settings, writer)) as url:
+            results = await run_script(client, url)
+    return read_cassette(out), results
+
+
+def session_log(cassette: Cassette, session_id: str) -> SessionLog:
+    return cassette.sessions[session_digest(session_id)]
+
+
+def generations(log: SessionLog) -> list[EngineRecord]:
+    return [e for e in log.engine if e.path.endswith("/generate")]
+
+
+def bodies(log: SessionLog) -> list[dict[str, Any]]:
+    return [json.loads(a.body) for a in log.agent]
+
+
+def statuses(log: SessionLog) -> list[int]:
+    return [a.status for a in log.agent]
+
+
+def trained_tokens(log: SessionLog) -> int:
+    return sum(sum(s["loss_mask"]) for s in log.samples)
+
+
+def output_tokens(records: list[EngineRecord]) -> int:
+    return sum(len(e.response["output_ids"]) for e in records)
+
+
+def side_flags(log: SessionLog) -> list[bool]:
+    return [a.side for a in log.agent]
+
+
+def agent(log: SessionLog, status: int) -> list[AgentRecord]:
+    return [a for a in log.agent if a.status == status]
