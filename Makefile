@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tito-installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench cassettes clean
 
 $(STAMP): pyproject.toml requirements-parsers.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,11 @@ lint: install
 
 bench: install
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+# Re-record the committed scenario corpus (cassettes/scenarios/*.yaml -> cassettes/<name>.tito), then its
+# goldens once `tito replay --update-goldens` exists. One scenario: make cassettes SCENARIOS=tool_loop
+cassettes: install
+	$(BIN)/python -m recorder.corpus $(SCENARIOS)
 
 clean:
 	rm -rf $(VENV)

@@ -1,0 +1,170 @@
+"""`make cassettes`: re-record the committed scenario corpus from scratch.
+
+For each `cassettes/scenarios/<name>.yaml`: start `tito fake-engine --script <it>` on a free loopback
+port, run `tito record --agent scripted --scenario <it>` (plus the scenario's `client.record_args`) into
+a temporary file, stop the engine, then replace `cassettes/<name>.tito` with the new recording. A failed
+recording leaves the committed cassette as it was.
+
+    python -m recorder.corpus                  # every scenario
+    python -m recorder.corpus tool_loop retry_529
+    python -m recorder.corpus --jobs 1         # one at a time (default: two, one per core here)
+
+Most of a scenario's time is the two processes starting (the tokenizer import); the traffic takes seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from recorder.scripted_script import load_client_script
+
+ROOT = Path(__file__).resolve().parent.parent
+CASSETTES = ROOT / "cassettes"
+SCENARIOS = CASSETTES / "scenarios"
+
+
+class CorpusError(Exception):
+    """A scenario could not be recorded; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Recorded:
+    name: str
+    cassette: Path
+    seconds: float
+    log: str  # tito record's stderr: one line per scripted session
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tito(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tito_cli", *args]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise CorpusError(f"the fake engine exited with {proc.returncode} before answering {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.1)
+    raise CorpusError(f"the fake engine did not answer {url} within {timeout_s:.0f}s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) -> Recorded:
+    """One scenario, recorded against its own fresh fake engine (fresh: `fault_attempts` counts requests)."""
+    name = scenario.stem
+    record_args = list(load_client_script(scenario).record_args)
+    out = out_dir / f"{name}.tito"
+    partial = out_dir / f"{name}.tito.tmp"
+    partial.unlink(missing_ok=True)
+    port = free_port()
+    started = time.monotonic()
+    engine = subprocess.Popen(tito("fake-engine", "--script", str(scenario), "--port", str(port)), cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", engine)
+        proc = subprocess.run(
+            tito("record", "--engine", f"http://127.0.0.1:{port}", "--listen", f"127.0.0.1:{free_port()}",
+                 "--out", str(partial), "--agent", "scripted", "--scenario", str(scenario), "--quiet", *record_args),
+            cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    finally:
+        stop(engine)
+        engine_err = engine.stderr.read().decode(errors="replace") if engine.stderr else ""
+        if engine.stderr:
+            engine.stderr.close()
+    if proc.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise CorpusError(f"{name}: tito record exited with {proc.returncode}\n{proc.stderr[-3000:]}"
+                          f"\nfake engine: {engine_err[-1500:]}")
+    os.replace(partial, out)
+    log = "\n".join(line for line in proc.stderr.splitlines() if "scripted session" in line)
+    return Recorded(name, out, time.monotonic() - started, log)
+
+
+def replay_can_update_goldens() -> bool:
+    """`tito replay --update-goldens` is being built alongside this corpus; until it exists, skip goldens."""
+    try:
+        proc = subprocess.run(tito("replay", "--help"), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0 and "--update-goldens" in proc.stdout
+
+
+def update_golden(cassette: Path) -> None:
+    # GOLDENS HOOK: each re-recorded cassette gets its golden written from a replay of it.
+    proc = subprocess.run(tito("replay", str(cassette), "--update-goldens"), cwd=ROOT, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise CorpusError(f"{cassette.name}: tito replay --update-goldens exited with {proc.returncode}\n"
+                          f"{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def scenario_paths(names: list[str]) -> list[Path]:
+    if not names:
+        return sorted(SCENARIOS.glob("*.yaml"))
+    paths = [SCENARIOS / f"{n.removesuffix('.yaml')}.yaml" for n in names]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise CorpusError(f"no such scenario: {', '.join(missing)}")
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m recorder.corpus", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="scenario names (default: every cassettes/scenarios/*.yaml)")
+    parser.add_argument("--no-goldens", action="store_true", help="record only; leave the goldens alone")
+    parser.add_argument("--jobs", type=int, default=2, help="scenarios recorded at once (default 2)")
+    args = parser.parse_args(argv)
+    try:
+        paths = scenario_paths(args.names)
+        goldens = not args.no_goldens and replay_can_update_goldens()
+        if not args.no_goldens and not goldens:
+            print("goldens: skipped (this tito has no `tito replay --update-goldens` yet)", flush=True)
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            for done in pool.map(record, paths):  # in scenario order; the first failure stops the report
+                size = done.cassette.stat().st_size
+                print(f"{done.name}: {done.cassette.relative_to(ROOT)} ({size} bytes, {done.seconds:.1f}s)",
+                      flush=True)
+                if done.log:
+                    print("  " + done.log.replace("\n", "\n  "), flush=True)
+        if goldens:
+            for path in paths:
+                update_golden(CASSETTES / f"{path.stem}.tito")
+    except CorpusError as exc:
+        print(f"make cassettes: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
