@@ -31,8 +31,8 @@ lint: install
 bench: install
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
-# Re-record the committed scenario corpus (cassettes/scenarios/*.yaml -> cassettes/<name>.tito), then its
-# goldens once `tito replay --update-goldens` exists. One scenario: make cassettes SCENARIOS=tool_loop
+# Re-record the committed scenario corpus (cassettes/scenarios/*.yaml -> cassettes/<name>.tito), then write
+# its goldens (tito replay --update-goldens). One scenario: make cassettes SCENARIOS=tool_loop
 cassettes: install
 	$(BIN)/python -m recorder.corpus $(SCENARIOS)
 

@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("trajectory.adapters.serve", "run the adapter app in front of an SGLang engine"),
     "fake-engine": ("fake_engine.cli", "run the SGLang-compatible fake engine"),
     "record": ("recorder.cli", "record agent and engine traffic into a cassette"),
+    "replay": ("replayer.replay_cli", "replay cassettes through the adapter and manager, verify, check goldens"),
     "cassette": ("replayer.cassette_cli", "inspect cassettes"),
 }
 

@@ -3,7 +3,8 @@
 For each `cassettes/scenarios/<name>.yaml`: start `tito fake-engine --script <it>` on a free loopback
 port, run `tito record --agent scripted --scenario <it>` (plus the scenario's `client.record_args`) into
 a temporary file, stop the engine, then replace `cassettes/<name>.tito` with the new recording. A failed
-recording leaves the committed cassette as it was.
+recording leaves the committed cassette as it was. Then every new cassette's golden is written by
+`tito replay --update-goldens`: read the golden diffs before committing them.
 
     python -m recorder.corpus                  # every scenario
     python -m recorder.corpus tool_loop retry_529
@@ -111,22 +112,14 @@ def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) 
     return Recorded(name, out, time.monotonic() - started, log)
 
 
-def replay_can_update_goldens() -> bool:
-    """`tito replay --update-goldens` is being built alongside this corpus; until it exists, skip goldens."""
-    try:
-        proc = subprocess.run(tito("replay", "--help"), cwd=ROOT, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return proc.returncode == 0 and "--update-goldens" in proc.stdout
-
-
-def update_golden(cassette: Path) -> None:
-    # GOLDENS HOOK: each re-recorded cassette gets its golden written from a replay of it.
-    proc = subprocess.run(tito("replay", str(cassette), "--update-goldens"), cwd=ROOT, capture_output=True,
+def update_goldens(cassettes: list[Path]) -> None:
+    """Each re-recorded cassette's golden, written from a replay of it (one process: one start-up)."""
+    proc = subprocess.run(tito("replay", *map(str, cassettes), "--update-goldens"), cwd=ROOT, capture_output=True,
                           text=True)
     if proc.returncode != 0:
-        raise CorpusError(f"{cassette.name}: tito replay --update-goldens exited with {proc.returncode}\n"
+        raise CorpusError(f"tito replay --update-goldens exited with {proc.returncode}\n"
                           f"{(proc.stdout + proc.stderr)[-3000:]}")
+    print(proc.stdout.rstrip(), flush=True)
 
 
 def scenario_paths(names: list[str]) -> list[Path]:
@@ -147,9 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         paths = scenario_paths(args.names)
-        goldens = not args.no_goldens and replay_can_update_goldens()
-        if not args.no_goldens and not goldens:
-            print("goldens: skipped (this tito has no `tito replay --update-goldens` yet)", flush=True)
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             for done in pool.map(record, paths):  # in scenario order; the first failure stops the report
                 size = done.cassette.stat().st_size
@@ -157,9 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
                 if done.log:
                     print("  " + done.log.replace("\n", "\n  "), flush=True)
-        if goldens:
-            for path in paths:
-                update_golden(CASSETTES / f"{path.stem}.tito")
+        if not args.no_goldens:
+            update_goldens([CASSETTES / f"{path.stem}.tito" for path in paths])
     except CorpusError as exc:
         print(f"make cassettes: {exc}", file=sys.stderr)
         return 1

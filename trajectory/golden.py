@@ -10,13 +10,23 @@ boundaries and length remain visible while the golden stays small.
 from __future__ import annotations
 
 import hashlib
+import json
+import sys
+from array import array
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from trajectory.events import SessionStats
+from trajectory.linearize import Span
 from trajectory.records import Sample
+
+if TYPE_CHECKING:
+    from trajectory.manager import Linearization
 
 TokenNames = Callable[[int], str]
 VISIBLE_WS = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "␍"})
+VISIBLE_BREAKS = str.maketrans({"\n": "↵", "\t": "→", "\r": "␍"})  # message snippets: spaces stay spaces
 
 
 class TokenizerNames:
@@ -90,3 +100,166 @@ def render_samples(samples: Sequence[Sample], names: TokenNames, **options: Any)
             header += f" turns={','.join(map(str, turns))}"
         lines += [header, render_sample(s, names, **options)]
     return "\n".join(lines)
+
+
+# --- session goldens: what a cassette's `.golden` file holds per session ----------------------------------
+
+FOLD_RUN = 16  # a run of more tokens than this shows its first and last FOLD_ENDS, a count and a digest
+FOLD_ENDS = 6
+SNIPPET_CHARS = 72
+
+
+@dataclass
+class GoldenFinish:
+    """One linearization of a session, as the golden shows it."""
+
+    reward: float
+    live_samples: int | None  # samples the live run stored at this finish; None: it stored none
+    linearization: Linearization
+    tree: dict[str, Any]
+
+
+def render_session(name: str, finishes: Sequence[GoldenFinish], names: TokenNames, drops: int = 0) -> str:
+    """A session's section: per finish its stats, tree, decisions and samples, one fact per line."""
+    lines = [f"== session {name} =="]
+    if drops:
+        lines.append(f"dropped through the session API: {drops} time(s)")
+    for n, finish in enumerate(finishes, 1):
+        live = "none (never finished live)" if finish.live_samples is None else str(finish.live_samples)
+        lines.append(f"finish {n} of {len(finishes)}: reward {finish.reward:g}, live samples {live}")
+        lines.append("stats: " + _stats(finish.linearization.stats))
+        lines.append("tree:")
+        lines += ["  " + line for line in render_tree(finish.tree.get("nodes", []))] or ["  (empty)"]
+        lines.append("decisions:")
+        lines += ["  " + e.describe() for e in finish.linearization.events] or ["  none"]
+        lines.append("samples:")
+        result = finish.linearization
+        for i, sample in enumerate(result.samples):
+            spans = result.spans[i] if i < len(result.spans) else []
+            lines += ["  " + line for line in render_sample_runs(i, sample, spans, names)]
+        if not result.samples:
+            lines.append("  none")
+    return "\n".join(lines) + "\n"
+
+
+def _stats(stats: SessionStats) -> str:
+    forks = ", ".join(f"{k} {v}" for k, v in stats.forks.items()) or "none"
+    return (f"turns {stats.turns}, side turns {stats.side_turns}, leaves {stats.leaves}, samples {stats.samples}, "
+            f"forks {forks}, branches {stats.branches}, merges {stats.merges}, realigns {stats.realigns} "
+            f"({stats.realigned_tokens} tokens), dedup tokens {stats.dedup_tokens}, dropped {stats.dropped_builders}, "
+            f"masked {stats.masked_tokens}, trained {stats.trained_tokens}")
+
+
+def render_tree(nodes: list[dict[str, Any]]) -> list[str]:
+    """One line per message node. A chain stays flat; a node with several children opens branches."""
+    children: dict[int | None, list[dict[str, Any]]] = {}
+    for node in nodes:
+        parent = node["parent"] if node["parent"] not in (0, None) else None
+        children.setdefault(parent, []).append(node)
+    lines: list[str] = []
+
+    def walk(node: dict[str, Any], prefix: str, first: str) -> None:
+        while True:
+            lines.append(first + _node_line(node))
+            kids = children.get(node["id"], [])
+            if len(kids) != 1:
+                break
+            node, first = kids[0], prefix
+        for i, kid in enumerate(kids):
+            last = i == len(kids) - 1
+            walk(kid, prefix + ("   " if last else "│  "), prefix + ("└─ " if last else "├─ "))
+
+    roots = children.get(None, [])
+    for i, root in enumerate(roots):
+        if len(roots) == 1:
+            walk(root, "", "")
+        else:
+            last = i == len(roots) - 1
+            walk(root, "   " if last else "│  ", "└─ " if last else "├─ ")
+    return lines
+
+
+def _node_line(node: dict[str, Any]) -> str:
+    message = node.get("message") or {}
+    text = _snippet(message.get("content"))
+    parts = [f"n{node['id']} {node['role']}"]
+    if node.get("turn") is not None:
+        parts.append(f"[turn {node['turn']}{'' if node.get('generated') else ', not trained (merged)'}]")
+    if text:
+        parts.append(text)
+    calls = message.get("tool_calls") or []
+    if calls:
+        parts.append("calls " + ", ".join(_snippet(f"{c.get('name')}({_compact(c.get('arguments'))})", 48)
+                                          for c in calls))
+    if node.get("leaf") and node.get("samples"):
+        parts.append("→ sample " + ", ".join(map(str, node["samples"])))
+    return " ".join(parts)
+
+
+def _compact(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _snippet(value: Any, limit: int = SNIPPET_CHARS) -> str:
+    if value is None or value == "":
+        return ""
+    text = value if isinstance(value, str) else _compact(value)
+    text = text.translate(VISIBLE_BREAKS)
+    return '"' + (text if len(text) <= limit else text[: limit - 1] + "…") + '"'
+
+
+def render_sample_runs(index: int, sample: Sample, spans: Sequence[Span], names: TokenNames) -> list[str]:
+    """A sample's header line, then one line per run: the prompt, then the response region's context, and
+    each turn's output, trained or masked (trained by an earlier sample, or before the first trained token),
+    with its length, its turn and its tokens (long runs folded)."""
+    first = sample.prompt_length
+    trained = sum(sample.loss_mask)
+    turns = sample.metadata.get("turns")
+    header = (f"sample {index}: reward {sample.reward:g}, {len(sample.tokens)} tokens, "
+              f"response {sample.response_length} from token {first} "
+              f"(trained {trained}, masked {sample.response_length - trained})")
+    if turns is not None:
+        header += f", turns {','.join(map(str, turns)) or '-'}"
+    lines = [header]
+    for kind, start, end, turn in _span_runs(sample, spans):
+        ids = sample.tokens[start:end]
+        label = f"turn {turn}" if turn is not None else ""
+        shown = _tokens(ids, names, bracket=kind == "trained")
+        lines.append(f"  {kind:<8}{end - start:>7}  {label:<8} {shown}".rstrip())
+    return lines
+
+
+def _span_runs(sample: Sample, spans: Sequence[Span]) -> list[tuple[str, int, int, int | None]]:
+    """(kind, start, end, turn) from the builder's spans: no walk over every token of a 150k-token sample."""
+    first, total = sample.prompt_length, len(sample.tokens)
+    runs: list[tuple[str, int, int, int | None]] = [("prompt", 0, first, None)] if first else []
+    at = first
+    for span in sorted((s for s in spans if s.length), key=lambda s: s.start):
+        start, end = max(span.start, first), span.start + span.length
+        if end <= start:
+            continue  # an output inside the prompt region (the first-trained layout)
+        if start > at:
+            runs.append(("context", at, start, None))
+        runs.append(("trained" if span.trained else "masked", start, end, span.turn_index))
+        at = end
+    if at < total:
+        runs.append(("context", at, total, None))
+    return runs
+
+
+def _tokens(ids: Sequence[int], names: TokenNames, bracket: bool) -> str:
+    def show(part: Sequence[int]) -> str:
+        return " ".join(f"[{names(t)}]" if bracket else names(t) for t in part)
+
+    if len(ids) <= FOLD_RUN:
+        return show(ids)
+    middle = ids[FOLD_ENDS:-FOLD_ENDS]
+    return f"{show(ids[:FOLD_ENDS])} «{len(middle)} #{packed_digest(middle)}» {show(ids[-FOLD_ENDS:])}"
+
+
+def packed_digest(ids: Sequence[int]) -> str:
+    """`digest` over the ids as little-endian uint32 bytes: the same role at C speed, for long runs."""
+    packed = array("I", ids)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return hashlib.sha1(packed.tobytes()).hexdigest()[:8]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field
 from typing import Any
 
 from trajectory.untracked import untrack
@@ -69,7 +70,11 @@ class Sample:
         return len(self.tokens) - self.response_length
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain data. Token lists are copied whole (at C speed): `asdict` deep-copies them int by int, about
+        2 s for one 150k-token sample."""
+        return {"tokens": untrack(list(self.tokens)), "response_length": self.response_length,
+                "loss_mask": untrack(list(self.loss_mask)), "rollout_log_probs": untrack(list(self.rollout_log_probs)),
+                "reward": self.reward, "metadata": copy.deepcopy(self.metadata)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Sample:

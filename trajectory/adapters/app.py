@@ -92,6 +92,7 @@ class SessionState:
     encoder: IncrementalEncoder
     echoes: EchoMemory = field(default_factory=EchoMemory)
     reported: int = 0  # agent exchanges reported to the tap so far: the next one's seq
+    started: int = 0  # agent requests begun so far: the next one's number, which seeds its reply ids
     attempts: dict[str, int] = field(default_factory=dict)  # body hash -> seq of its latest attempt
     completed: OrderedDict[str, CachedReply] = field(default_factory=OrderedDict)
 
@@ -176,6 +177,8 @@ class Adapter:
         ref = resolve_session(request.headers, data, request.match_info.get("sid"))
         state = self.state(ref.sid)
         started = state.elapsed()
+        number = state.started
+        state.started += 1
         digest = hashlib.sha256(route.encode() + b"\0" + body).hexdigest()
         cached = state.completed.get(digest)
         if cached is not None:
@@ -206,9 +209,10 @@ class Adapter:
         if gen is None:
             return web.Response(status=499)
         parsed = self.parse_output(gen.output_ids, turn.tools)
-        # Ids derive from the session's stable name and the request: a replay, which authenticates with the
-        # name, sends the same bytes.
-        reply = TurnReply(f"{ref.name}:{digest[:16]}", self.reply_message(parsed), parsed, gen.finish_reason,
+        # Ids derive from the session's stable name and the request's number in the session (not its bytes: the
+        # cassette stores the body with the live credential replaced by the name). A replay authenticates with
+        # the name and starts requests in their live order, so it sends the same bytes.
+        reply = TurnReply(f"{ref.name}:{number}", self.reply_message(parsed), parsed, gen.finish_reason,
                           len(prompt_ids), len(gen.output_ids), gen.cached_tokens, gen.created)
         record = TurnRecord(prompt_ids, gen.output_ids, gen.finish_reason, gen.output_log_probs, parsed.ill_formed,
                             label=f"{route} exchange {state.reported}")

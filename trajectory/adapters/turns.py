@@ -34,7 +34,7 @@ class TurnRequest:
 
 @dataclass
 class TurnReply:
-    id_seed: str  # session + exchange number: reply ids are deterministic, so replays re-send equal bytes
+    id_seed: str  # session name + request number: reply ids are deterministic, so replays re-send equal bytes
     message: dict[str, Any]  # canonical assistant message, as recorded in the manager
     parsed: ParsedOutput
     finish_reason: str  # stop, length, abort

@@ -1,0 +1,103 @@
+"""The agent leg of a replay: recorded requests re-sent to the adapter app, and what it answered.
+
+A request goes back as it was recorded (method, path with any `/s/<sid>` prefix, query, headers, body
+bytes), with the session's name where the credential was: the cassette redacted the live token, and the
+name is what the adapter derives everything from. One header, `X-Tito-Replay: <session> <exchange>`, tells
+the replay's middleware which exchange a request is, so engine calls and the reply are attributed exactly.
+The adapter's answer is read off its tap (`ReplayTap`): the reply bytes or SSE events it sent, its status,
+turn index and flags, exactly as a recorder would have seen them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from recorder.cassette_format import AgentRecord
+from recorder.redaction import REDACTED
+from replayer.engine_leg import CURRENT_EXCHANGE
+from trajectory.adapters.tap import AgentExchange, EngineExchange
+
+REPLAY_HEADER = "X-Tito-Replay"
+# Set by the HTTP client for the bytes it sends, or meaningless on a fresh connection.
+TRANSPORT_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "expect"})
+
+
+def request_headers(record: AgentRecord, source: str, name: str, index: int) -> dict[str, str]:
+    """Recorded headers with the session's name as its credential; other redacted values are left out."""
+    headers: dict[str, str] = {}
+    for key, value in record.headers.items():
+        lower = key.lower()
+        if lower in TRANSPORT_HEADERS:
+            continue
+        if value == REDACTED or REDACTED in value:
+            if lower == "authorization" and source == "bearer":
+                headers[key] = f"Bearer {name}"
+            elif lower == "x-api-key" and source == "x-api-key":
+                headers[key] = name
+            continue
+        headers[key] = value
+    headers[REPLAY_HEADER] = f"{name} {index}"
+    return headers
+
+
+def request_target(record: AgentRecord) -> str:
+    return record.path + (f"?{record.query}" if record.query else "")
+
+
+def exchange_of(headers: dict[str, str]) -> tuple[str, int] | None:
+    for key, value in headers.items():
+        if key.lower() == REPLAY_HEADER.lower():
+            name, _, index = value.rpartition(" ")
+            if name and index.isdigit():
+                return name, int(index)
+    return None
+
+
+@web.middleware
+async def exchange_context(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Marks the handler's context with the exchange it serves; the tasks it starts inherit it."""
+    token = CURRENT_EXCHANGE.set(exchange_of(dict(request.headers)))
+    try:
+        return await handler(request)
+    finally:
+        CURRENT_EXCHANGE.reset(token)
+
+
+class ReplayTap:
+    """A `TrafficTap` that keeps what the adapter reported, keyed by the replayed exchange."""
+
+    def __init__(self) -> None:
+        self.exchanges: dict[tuple[str, int], AgentExchange] = {}
+        self.finished: dict[str, list[tuple[float, list[dict[str, Any]]]]] = {}
+        self.dropped: dict[str, int] = {}
+        self._waiters: dict[tuple[str, int], asyncio.Event] = {}
+        self.on_exchange: Callable[[str, int], None] | None = None
+
+    def event(self, key: tuple[str, int]) -> asyncio.Event:
+        return self._waiters.setdefault(key, asyncio.Event())
+
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        pass
+
+    def engine_exchange(self, session: str, source: str, exchange: EngineExchange) -> None:
+        pass  # engine calls are checked where they are answered (`engine_leg`)
+
+    def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
+        key = exchange_of(exchange.headers)
+        if key is None:
+            return
+        self.exchanges[key] = exchange
+        self.event(key).set()
+        if self.on_exchange is not None:
+            self.on_exchange(*key)
+
+    def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
+        self.finished.setdefault(session, []).append((reward, samples))
+
+    def session_dropped(self, session: str, source: str) -> None:
+        self.dropped[session] = self.dropped.get(session, 0) + 1

@@ -1,0 +1,141 @@
+"""Golden files: `cassettes/<name>.golden` beside `cassettes/<name>.tito`, one section per session.
+
+A golden pins what the replay of a cassette produced (stats, tree, decisions, samples: see
+`trajectory.golden.render_session`), as plain text meant to be reviewed in a diff. A check compares each
+replayed session's section with the file; an update rewrites those sections in place, keeps the others,
+and removes sections of sessions the cassette no longer has. Updates take a lock, so parallel test workers
+replaying sessions of one cassette each write their own section safely.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import fcntl
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from replayer.results import CassetteResult, SessionResult
+from trajectory.golden import GoldenFinish, TokenNames, render_session
+
+GOLDEN_SUFFIX = ".golden"
+CASSETTE_SUFFIX = ".tito"
+SECTION = "== session "
+MAX_DIFF_LINES = 80
+
+
+def golden_path(cassette: str | os.PathLike[str]) -> Path:
+    return Path(cassette).with_suffix(GOLDEN_SUFFIX)
+
+
+def update_command(cassette: str | os.PathLike[str]) -> str:
+    return f"tito replay {cassette} --update-goldens"
+
+
+def preamble(cassette: str | os.PathLike[str]) -> str:
+    name = Path(cassette).name
+    return (f"# tito golden for {name}: how each session replays (stats, tree, decisions, samples).\n"
+            f"# Trained tokens are [bracketed]; long runs show their ends, a count and a digest.\n"
+            f"# Regenerate after an intended change: {update_command(name)}\n")
+
+
+def section(result: SessionResult, names: TokenNames) -> str:
+    finishes = [GoldenFinish(f.reward, None if f.live is None else len(f.live), f.linearization, f.tree)
+                for f in result.finishes]
+    return render_session(result.session, finishes, names, result.drops)
+
+
+def parse(text: str) -> tuple[str, dict[str, str]]:
+    """(preamble, sections by session name, in file order)."""
+    head: list[str] = []
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines(keepends=True):
+        if line.startswith(SECTION):
+            name = line[len(SECTION):].strip().removesuffix("==").strip()
+            current = sections[name] = [line]
+        elif current is None:
+            head.append(line)
+        else:
+            current.append(line)
+    return "".join(head), {k: "".join(v).rstrip("\n") + "\n" for k, v in sections.items()}
+
+
+def compose(cassette: str | os.PathLike[str], sections: dict[str, str], order: Sequence[str]) -> str:
+    ordered = [sections[n] for n in order if n in sections]
+    return preamble(cassette) + "".join("\n" + s for s in ordered)
+
+
+def bounded_diff(old: str, new: str, label: str, limit: int = MAX_DIFF_LINES) -> list[str]:
+    lines = list(difflib.unified_diff(old.splitlines(), new.splitlines(), f"{label} (golden)", f"{label} (replay)",
+                                      lineterm="", n=2))
+    if len(lines) > limit:
+        cut = len(lines) - limit
+        lines = lines[:limit] + [f"… {cut} more diff line(s) cut"]
+    return lines
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock per golden file, outside the cassette folder (no lock files beside goldens)."""
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"tito-golden-{key}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def check(result: CassetteResult, all_sessions: Sequence[str], names: TokenNames, update: bool = False) -> None:
+    """Sets each checked session's `golden` (ok, missing, changed, updated, written) and `golden_diff`.
+
+    Sessions that stopped at a difference are not checked (their replay is incomplete), unless updating.
+    `all_sessions`: every session of the cassette, in order (the file keeps that order).
+    """
+    path = golden_path(result.path)
+    result.golden_path = str(path)
+    checked = [s for s in result.sessions if not s.skipped and (update or not s.differences)]
+    if not checked:
+        return
+    rendered = {s.session: section(s, names) for s in checked}
+    with _locked(path) if update else contextlib.nullcontext():
+        existed = path.is_file()
+        _, sections = parse(path.read_text(encoding="utf-8")) if existed else ("", {})
+        for s in checked:
+            old, new = sections.get(s.session), rendered[s.session]
+            if old == new:
+                s.golden = "ok"
+                continue
+            if update:
+                s.golden = "written" if old is None else "updated"
+                if old is not None:
+                    s.golden_diff = bounded_diff(old, new, s.session)
+                continue
+            s.golden = "missing" if old is None else "changed"
+            if old is not None:
+                s.golden_diff = bounded_diff(old, new, s.session)
+        if update:
+            kept = {n: t for n, t in sections.items() if n in all_sessions}
+            text = compose(result.path, {**kept, **rendered}, all_sessions)
+            if not existed or path.read_text(encoding="utf-8") != text:
+                _write(path, text)
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def orphans(folders: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Golden files whose cassette is gone."""
+    found = []
+    for folder in dict.fromkeys(Path(f) for f in folders):
+        for golden in sorted(folder.glob(f"*{GOLDEN_SUFFIX}")):
+            if not golden.with_suffix(CASSETTE_SUFFIX).exists():
+                found.append(golden)
+    return found

@@ -1,0 +1,127 @@
+"""`tito replay CASSETTE... [--session NAME]... [--update-goldens]`: replay, verify, check goldens.
+
+Prints one line per session (turns, side turns, samples, forks by reason, realigns, masked and trained
+tokens, result), the first difference of a failing session under it, and a summary. Exit 0 when every
+session matches its recording and its golden; 1 on any difference; 2 when the input cannot be replayed
+(no such file, corrupt cassette, another tokenizer, unknown session). A folder stands for the cassettes
+in it. Nothing printed depends on timing or concurrency: two replays print the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from replayer.goldens import CASSETTE_SUFFIX, orphans
+from replayer.report import session_details
+
+EXIT_OK, EXIT_DIFFERENCE, EXIT_UNUSABLE = 0, 1, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("cassettes", nargs="+", metavar="CASSETTE", help="cassette files, or folders of them")
+    parser.add_argument("--session", action="append", default=[], metavar="NAME",
+                        help="replay only this session (repeatable)")
+    parser.add_argument("--update-goldens", action="store_true",
+                        help="write the goldens from this replay; differences from the recording are noted, "
+                             "not failed")
+    parser.add_argument("--export-samples", metavar="FILE", help="write the replay's samples as JSON Lines")
+    parser.add_argument("--export-live-samples", metavar="FILE",
+                        help="write the samples the live run stored, in the same shape")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="sessions replayed at once (default 1)")
+    parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the recording's)")
+
+
+def expand(paths: list[str]) -> list[str]:
+    out: list[str] = []
+    for p in paths:
+        path = Path(p)
+        out += [str(c) for c in sorted(path.glob(f"*{CASSETTE_SUFFIX}"))] if path.is_dir() else [p]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        return _unusable("--jobs must be >= 1")
+    cassettes = expand(args.cassettes)
+    if not cassettes:
+        return _unusable(f"no cassettes in {' '.join(args.cassettes)}")
+    from replayer import exports, goldens
+    from replayer.replay import ReplayInputError, ReplayOptions, replay_cassette_async, run_sync
+    from trajectory.golden import TokenizerNames
+    from trajectory.tokenizer import load_tokenizer
+
+    progress = Progress()
+    options = ReplayOptions(strict=not args.update_goldens, tokenizer=args.tokenizer, jobs=args.jobs,
+                            on_total=progress.add_total, on_exchange=progress.step)
+    sessions = args.session or None
+    results = []
+    try:
+        for cassette in cassettes:
+            result = run_sync(replay_cassette_async(cassette, sessions, options, missing_ok=len(cassettes) > 1))
+            if result.sessions:
+                goldens.check(result, result.all_sessions, TokenizerNames(load_tokenizer(result.tokenizer_dir)),
+                              update=args.update_goldens)
+                results.append(result)
+    except ReplayInputError as exc:
+        return _unusable(str(exc))
+    finally:
+        progress.close()
+    found = {s.session for r in results for s in r.sessions}
+    missing = [n for n in args.session if n not in found]
+    if missing:
+        return _unusable(f"no session {', '.join(map(repr, missing))} in {', '.join(cassettes)}")
+
+    failed = 0
+    for result in results:
+        print(result.path)
+        for session in result.sessions:
+            print("  " + session.line())
+            for line in session_details(session):
+                print("    " + line)
+            failed += not session.ok
+        if result.truncated:
+            print("  note: the cassette ends in a cut record (the recorder stopped mid-write); all before it "
+                  "was replayed")
+    for golden in orphans([Path(c).parent for c in cassettes]):
+        print(f"note: {golden} has no cassette beside it ({golden.with_suffix(CASSETTE_SUFFIX).name} is gone)")
+    total = sum(len(r.sessions) for r in results)
+    print(f"{total} session(s): {total - failed} ok, {failed} failed")
+    for flag, rows in ((args.export_samples, exports.replayed_rows), (args.export_live_samples, exports.live_rows)):
+        if flag:
+            with open(flag, "w", encoding="utf-8") as out:
+                exports.write_rows(rows(results), out)
+    return EXIT_DIFFERENCE if failed else EXIT_OK
+
+
+def _unusable(message: str) -> int:
+    print(f"tito replay: {message}", file=sys.stderr)
+    return EXIT_UNUSABLE
+
+
+class Progress:
+    """A progress bar over agent exchanges, on a terminal only (tqdm; nothing at all when piped). It shows
+    once a replay has run for `delay_s`: a short replay prints nothing but its result."""
+
+    def __init__(self, stream: Any = None, delay_s: float = 0.5) -> None:
+        stream = sys.stderr if stream is None else stream
+        self.bar: Any = None
+        if stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=0, unit="exchange", desc="replay", delay=delay_s, leave=False, file=stream)
+
+    def add_total(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.total += n
+            self.bar.refresh()
+
+    def step(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
