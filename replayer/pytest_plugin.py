@@ -4,8 +4,9 @@ Cassettes under `--cassette-dir` (ini `tito_cassette_dir`, default `cassettes/`)
 per session, `cassettes/<file>.tito::<session>`, so `-k` picks sessions and `pytest -n 2` (xdist) replays
 a corpus in parallel. An item replays its session as `tito replay` does, always verifying, and checks the
 session's section of the golden file; a failure shows the first-difference report, not a traceback.
-`--update-goldens` writes the goldens instead. When pytest runs with no path arguments (its testpaths or
-the current folder), the cassette folder is added to what it collects.
+`--update-goldens` writes the goldens instead; the what-if options (`--chat-template`, `--fork-threshold`,
+`--engine-match order`, ...) replay under a candidate change, judged by the goldens. When pytest runs with
+no path arguments (its testpaths or the current folder), the cassette folder is added to what it collects.
 
 Fixtures: `tito_fake_engine(scenario) -> url`, `tito_adapter(engine_url, **settings) -> handle` (`.url`,
 `.manager`, `.finish(session, reward)`), `tito_replay(path, sessions=None) -> CassetteResult`, and
@@ -22,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from replayer import whatif
+
 RECORD_MODES = ("none", "once", "new_episodes", "all")
 INI_CASSETTE_DIR = "tito_cassette_dir"
 INI_RECORD_MODE = "tito_record_mode"
@@ -35,6 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write golden files from the replay instead of failing on a difference")
     group.addoption("--record-mode", choices=RECORD_MODES, default=None,
                     help=f"the tito_vcr fixture's vcrpy record mode (ini {INI_RECORD_MODE}; default none)")
+    whatif.register(group.addoption)
     parser.addini(INI_CASSETTE_DIR, "folder of cassettes collected as tests", default="cassettes")
     parser.addini(INI_RECORD_MODE, "record mode of the tito_vcr fixture", default="none")
 
@@ -103,17 +107,26 @@ class SessionItem(pytest.Item):
 
     def runtest(self) -> None:
         from replayer import goldens
-        from replayer.replay import ReplayOptions, replay_loaded, run_sync
+        from replayer.replay import ReplayInputError, ReplayOptions, replay_loaded, run_sync
         from replayer.report import session_report
         from trajectory.golden import TokenizerNames
         from trajectory.tokenizer import load_tokenizer
 
         if self.error:
             raise ReplayFailure(f"tito: {self.error}")
-        update = bool(self.config.getoption("update_goldens"))
+        option = self.config.getoption
+        update = bool(option("update_goldens"))
+        try:
+            adapter, manager = whatif.overrides(option)
+        except ValueError as exc:
+            raise ReplayFailure(f"tito: {exc}") from None
+        strict = not (update or whatif.engine_match_order(option))
         cassette, tokenizer = loaded(self.path)
-        result = run_sync(replay_loaded(cassette, str(self.path), tokenizer, [self.session_name],
-                                        ReplayOptions(strict=not update)))
+        try:
+            result = run_sync(replay_loaded(cassette, str(self.path), tokenizer, [self.session_name],
+                                            ReplayOptions(strict=strict, adapter=adapter, manager=manager)))
+        except ReplayInputError as exc:
+            raise ReplayFailure(f"tito: {exc}") from None
         session = result.sessions[0]
         if session.skipped:
             pytest.skip(session.skipped)

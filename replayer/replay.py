@@ -154,7 +154,10 @@ class Harness:
         return 0.0
 
     async def __aenter__(self) -> Harness:
-        app = create_app(self.settings, self.manager, self.tap, self.transport)
+        try:
+            app = create_app(self.settings, self.manager, self.tap, self.transport)
+        except ValueError as exc:  # an unknown parser name, a template the tokenizer rejects
+            raise ReplayInputError(f"{self.path}: {exc}") from None
         app.middlewares.append(exchange_context)
         self._dir = tempfile.mkdtemp(prefix="tito-replay-")
         socket_path = os.path.join(self._dir, "adapter.sock")

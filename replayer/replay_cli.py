@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from replayer import whatif
 from replayer.goldens import CASSETTE_SUFFIX, orphans
 from replayer.report import session_details
 
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the samples the live run stored, in the same shape")
     parser.add_argument("--jobs", type=int, default=1, metavar="N", help="sessions replayed at once (default 1)")
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the recording's)")
+    whatif.register(parser.add_argument)
 
 
 def expand(paths: list[str]) -> list[str]:
@@ -53,9 +55,14 @@ def run(args: argparse.Namespace) -> int:
     from trajectory.golden import TokenizerNames
     from trajectory.tokenizer import load_tokenizer
 
+    try:
+        adapter, manager = whatif.overrides(lambda name: getattr(args, name))
+    except ValueError as exc:
+        return _unusable(str(exc))
     progress = Progress()
-    options = ReplayOptions(strict=not args.update_goldens, tokenizer=args.tokenizer, jobs=args.jobs,
-                            on_total=progress.add_total, on_exchange=progress.step)
+    strict = not (args.update_goldens or whatif.engine_match_order(lambda name: getattr(args, name)))
+    options = ReplayOptions(strict=strict, tokenizer=args.tokenizer, adapter=adapter, manager=manager,
+                            jobs=args.jobs, on_total=progress.add_total, on_exchange=progress.step)
     sessions = args.session or None
     results = []
     try:
