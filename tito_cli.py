@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fake-engine": ("fake_engine.cli", "run the SGLang-compatible fake engine"),
     "record": ("recorder.cli", "record agent and engine traffic into a cassette"),
     "replay": ("replayer.replay_cli", "replay cassettes through the adapter and manager, verify, check goldens"),
+    "diff": ("replayer.diff", "compare the training data of two cassettes, or of one under a candidate change"),
     "cassette": ("replayer.cassette_cli", "inspect cassettes"),
 }
 

@@ -61,11 +61,15 @@ def token_divergence(recorded: Sequence[int], replayed: Sequence[int]) -> int | 
     return packed_prefix_len(pack_u32(list(recorded)), pack_u32(list(replayed)))
 
 
-def token_context(recorded: Sequence[int], replayed: Sequence[int], index: int, decode: Decode) -> list[str]:
+LABELS = ("recorded", "replayed")
+
+
+def token_context(recorded: Sequence[int], replayed: Sequence[int], index: int, decode: Decode,
+                  labels: tuple[str, str] = LABELS) -> list[str]:
     """Decoded text around `index` on both sides: `...before | after`."""
     start = max(0, index - CONTEXT_TOKENS)
     lines = []
-    for label, ids in (("recorded", recorded), ("replayed", replayed)):
+    for label, ids in zip(labels, (recorded, replayed), strict=True):
         before, after = list(ids[start:index]), list(ids[index:index + CONTEXT_TOKENS])
         after_text = repr(decode(after)) if after else "<end>"
         lines.append(f"{label}: …{decode(before)!r} | {after_text}  (ids from {index}: {after[:6]})")
@@ -194,12 +198,13 @@ SAMPLE_FIELDS = ("tokens", "response_length", "loss_mask", "rollout_log_probs", 
 
 
 def samples_difference(recorded: list[dict[str, Any]], replayed: list[dict[str, Any]], decode: Decode,
-                       turn_of: Callable[[int, int], int | None] | None = None
+                       turn_of: Callable[[int, int], int | None] | None = None, labels: tuple[str, str] = LABELS
                        ) -> tuple[str, list[str], int | None] | None:
     """(summary, detail, turn) for the first field that differs, sample by sample; None when all are equal.
 
     `turn_of(sample, token index)` names the turn whose response holds a token of a replayed sample.
     """
+    label_a, label_b = labels
     for i, (a, b) in enumerate(zip(recorded, replayed, strict=False)):
         for name in SAMPLE_FIELDS:
             va, vb = a.get(name), b.get(name)
@@ -207,25 +212,35 @@ def samples_difference(recorded: list[dict[str, Any]], replayed: list[dict[str, 
                 continue
             if name in ("tokens", "loss_mask", "rollout_log_probs") and isinstance(va, list) and isinstance(vb, list):
                 index = _list_divergence(va, vb)
-                lines = [f"recorded {len(va)} values, replayed {len(vb)}; first difference at index {index}"]
+                lines = [f"{label_a} {len(va)} values, {label_b} {len(vb)}; first difference at index {index}"]
                 position = index if name == "tokens" else len(b.get("tokens", [])) - len(vb) + index
                 turn = turn_of(i, position) if turn_of else None
                 if turn is not None:
                     lines[0] += f" (token {position}, in turn {turn}'s response)"
                 if name == "tokens":
-                    lines += token_context(va, vb, index, decode)
+                    lines += token_context(va, vb, index, decode, labels)
                 else:
-                    lines += [f"recorded: {short(va[index:index + 8])}", f"replayed: {short(vb[index:index + 8])}"]
+                    lines += [f"{label_a}: {short(va[index:index + 8])}", f"{label_b}: {short(vb[index:index + 8])}"]
                 return f"sample {i}: {name} differ", lines, turn
             if name == "metadata" and isinstance(va, dict) and isinstance(vb, dict):
                 found = json_difference(va, vb)
                 if found is not None:
                     return f"sample {i}: metadata differ", _json_lines("metadata", found), None
-            return f"sample {i}: {name} differ", [f"recorded: {short(va)}", f"replayed: {short(vb)}"], None
+            return f"sample {i}: {name} differ", [f"{label_a}: {short(va)}", f"{label_b}: {short(vb)}"], None
     if len(recorded) != len(replayed):
-        return (f"the live run produced {len(recorded)} sample(s), the replay {len(replayed)}",
+        return (f"{label_a}: {len(recorded)} sample(s), {label_b}: {len(replayed)}",
                 [f"first {len(min(recorded, replayed, key=len))} sample(s) are equal"], None)
     return None
+
+
+def turn_locator(spans: Sequence[Sequence[Any]]) -> Callable[[int, int], int | None]:
+    """`turn_of(sample, token)` over per-sample spans (`Linearization.spans`): the turn whose output holds it."""
+    def turn_of(sample: int, token: int) -> int | None:
+        for span in spans[sample] if sample < len(spans) else []:
+            if span.start <= token < span.start + span.length:
+                return span.turn_index
+        return None
+    return turn_of
 
 
 def _list_divergence(a: list[Any], b: list[Any]) -> int:

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from recorder.cassette_format import CassetteError, Header, TokenizerMismatchError
 from replayer.agent_leg import ReplayTap, exchange_context, request_headers, request_target
-from replayer.differences import Difference, reply_difference, samples_difference, short
+from replayer.differences import Difference, reply_difference, samples_difference, short, turn_locator
 from replayer.engine_leg import CURRENT_EXCHANGE, CassetteTransport
 from replayer.plan import Drop, End, Finish, PlannedExchange, SessionPlan, Start, plan_session
 from replayer.reader import Cassette, check_tokenizer, read_cassette
@@ -290,15 +290,8 @@ class _SessionRun:
         self.result.finishes.append(FinishResult(reward, live, samples, captured.linearization, captured.tree))
         if live is None:
             return
-        spans = captured.linearization.spans
-
-        def turn_of(sample: int, token: int) -> int | None:
-            for span in spans[sample] if sample < len(spans) else []:
-                if span.start <= token < span.start + span.length:
-                    return span.turn_index
-            return None
-
-        found = samples_difference(live, samples, self.h.decode, turn_of)
+        found = samples_difference(live, samples, self.h.decode, turn_locator(captured.linearization.spans),
+                                   ("live", "replayed"))
         if found is not None:
             summary, detail, turn = found
             decisions = [e for e in captured.linearization.events if e.kind in ("fork", "realign", "merge")]

@@ -17,7 +17,7 @@ from typing import Any
 ENGINE_MATCH = ("strict", "order")
 
 
-def register(add: Callable[..., Any]) -> None:
+def register(add: Callable[..., Any], engine_match: bool = True) -> None:
     """Add the options with `add` (argparse's `add_argument` or pytest's `addoption`)."""
     add("--chat-template", metavar="FILE", default=None,
         help="what-if: render prompts with this chat template (Jinja) instead of the tokenizer's")
@@ -27,6 +27,8 @@ def register(add: Callable[..., Any]) -> None:
         help="what-if: the manager's fork threshold (0: no realign, no rewrite merge)")
     add("--no-preserve-reasoning", action="store_true", default=False,
         help="what-if: render history as the template does, dropping earlier <think> blocks")
+    if not engine_match:
+        return
     add("--engine-match", choices=ENGINE_MATCH, default="strict",
         help="strict (default): a changed engine request is a difference; order: serve each exchange its "
              "recorded generation anyway, warn, and judge by the goldens")

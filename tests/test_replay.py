@@ -115,7 +115,7 @@ def test_a_changed_fork_threshold_fails_in_the_samples_and_update_goldens_shows_
     # Live, turn 1's prompt realigned turn 0's drifted reply; now that reply is kept as generated, and forks.
     assert first.kind == "samples" and first.turn == 0, report
     assert f"session {session.session}, turn 0: samples differ at finish 1: sample 0: tokens differ" in report
-    assert "in turn 0's response" in report and "recorded: …" in report and "replayed: …" in report
+    assert "in turn 0's response" in report and "live: …" in report and "replayed: …" in report
     assert "the replay decided: fork(threshold) turn=1" in report
 
     result = replay(path, update_goldens=True, manager={"fork_threshold_tokens": 0})

@@ -110,7 +110,7 @@ def test_sample_differences_name_sample_field_token_and_turn() -> None:
     logprob = json.loads(json.dumps(live))
     logprob[0]["rollout_log_probs"][1] = -0.2500001
     assert samples_difference(live, logprob, str)[0] == "sample 0: rollout_log_probs differ"  # exactly, not ~
-    assert samples_difference(live, live + live, str)[0] == "the live run produced 1 sample(s), the replay 2"
+    assert samples_difference(live, live + live, str)[0] == "recorded: 1 sample(s), replayed: 2"
     assert token_divergence([1, 2, 3], [1, 2]) == 2 and token_divergence([5], [5]) is None
 
 

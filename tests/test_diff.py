@@ -1,0 +1,65 @@
+"""`tito diff`: two recordings of one scenario under different manager settings, and a cassette against a
+candidate change, compared session by session down to the first divergent token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.replay_support import Live, record, tool_loop, tool_loop_scenario
+from tito_cli import main
+from trajectory.adapters.session import session_digest
+from trajectory.manager import TrajectoryManager
+
+SID = "diff-live-token-000001"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The same drifting session recorded by a manager that realigns (A) and one that never does (B)."""
+    folder = tmp_path_factory.mktemp("diff")
+
+    async def drive(live: Live) -> None:
+        await tool_loop(live.conversation(SID))
+        await live.finish(SID, 1.0)
+
+    scenario = tool_loop_scenario(3, t0={"drift": True})
+    record(folder / "a.tito", scenario, drive)
+    record(folder / "b.tito", scenario, drive, manager=TrajectoryManager(fork_threshold_tokens=0))
+    return folder / "a.tito", folder / "b.tito"
+
+
+def test_diff_names_the_first_divergence_between_two_cassettes(pair, capsys) -> None:
+    a, b = pair
+    assert main(["diff", str(a), str(b)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [f"A: {a}", f"B: {b}"]
+    assert lines[2].startswith(f"{session_digest(SID)}  samples 1 -> 2  forks none -> threshold:1")
+    assert lines[2].endswith("differs")
+    assert lines[3].startswith("    first divergence: sample 0: tokens differ (turn 0)")
+    assert "in turn 0's response" in lines[4]
+    assert lines[5].startswith("      A: …") and lines[6].startswith("      B: …")
+    assert lines[-1] == "1 session(s): 1 differ"
+
+    assert main(["diff", str(a), str(a)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "1 session(s): 0 differ"
+
+
+def test_diff_compares_a_cassette_with_a_what_if_replay_of_it(pair, capsys) -> None:
+    a, _ = pair
+    assert main(["diff", str(a), "--fork-threshold", "0"]) == 1
+    out = capsys.readouterr().out
+    assert f"B: {a} under --fork-threshold 0" in out and "forks none -> threshold:1" in out
+    assert main(["diff", str(a), "--fork-threshold", "1024"]) == 0  # the recording's own setting
+    capsys.readouterr()
+
+
+def test_diff_refuses_what_cannot_be_compared(pair, tmp_path: Path, capsys) -> None:
+    a, b = pair
+    assert main(["diff", str(a)]) == 2
+    assert "give a second cassette, or a what-if option" in capsys.readouterr().err
+    assert main(["diff", str(a), str(b), "--fork-threshold", "0"]) == 2
+    capsys.readouterr()
+    assert main(["diff", str(a), str(tmp_path / "missing.tito")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
