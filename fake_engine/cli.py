@@ -18,8 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--demo", action="store_true", help="answer every /generate with a short scripted reply")
     src.add_argument("--script", metavar="FILE", help="scenario file (YAML or JSON) for the scripted policy")
     src.add_argument("--cassette", metavar="FILE", help="serve the engine leg recorded in a cassette")
-    parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--listen", metavar="HOST:PORT", default=None,
+                        help="address to serve on, as for every tito server (default 127.0.0.1:30000)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (alias; default: loopback only)")
+    parser.add_argument("--port", type=int, default=30000, help="port (alias)")
     parser.add_argument("--model-name", default="Qwen/Qwen3-8B", help="served model name")
     parser.add_argument("--context-length", type=int, default=40960)
     parser.add_argument("--version-profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE,
@@ -61,8 +63,12 @@ def run(args: argparse.Namespace) -> int:
     from fake_engine.demo import demo_policy
     from fake_engine.scripted import ScriptedPolicy, load_scenario
     from recorder.cassette_format import CassetteError
+    from trajectory.adapters.serve import parse_listen
     from trajectory.server_process import new_event_loop, prepare_to_serve
     from trajectory.tokenizer import load_tokenizer
+
+    if args.listen:
+        args.host, args.port = parse_listen(args.listen)
 
     tokenizer = load_tokenizer(args.tokenizer)
     try:

@@ -167,3 +167,11 @@ async def test_router_mode_lists_workers_and_refuses_abort():
             assert (await r.json())["meta_info"]["finish_reason"]["type"] == "stop"
         async with s.post(worker_url + "/generate", json=gen_body(first_prompt())) as r:
             assert r.status == 200
+
+
+def test_the_fake_engine_takes_listen_like_every_tito_server() -> None:
+    from tests.process_helpers import free_port, tito
+
+    port = free_port()
+    with tito("fake-engine", "--demo", "--listen", f"127.0.0.1:{port}", ready=f"http://127.0.0.1:{port}/health"):
+        pass
