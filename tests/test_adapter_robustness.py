@@ -190,6 +190,57 @@ async def test_side_requests_are_answered_and_kept_out_of_the_tree(qwen_tokenize
         assert agent[1].turn_index == 0 and agent[2].turn_index == 0  # side index, tree index
 
 
+async def test_a_plain_chat_session_without_tools_is_trained(qwen_tokenizer: Any) -> None:
+    async with running_stack(qwen_tokenizer) as stack:
+        stack.double.script += ["Paris.", "About two million people."]
+        headers = {"Authorization": "Bearer sess-chat"}
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        async with aiohttp.ClientSession() as http:
+            async with http.post(stack.url + "/v1/messages", json=body(False, tools=[], messages=messages),
+                                 headers=headers) as resp:
+                first = await resp.json()
+            messages += [{"role": "assistant", "content": first["content"]},
+                         {"role": "user", "content": "How many people live there?"}]
+            async with http.post(stack.url + "/v1/messages", json=body(False, tools=[], messages=messages),
+                                 headers=headers) as resp:
+                assert resp.status == 200
+        stats = stack.manager.stats("sess-chat")
+        assert (stats.turns, stats.side_turns, stats.samples) == (2, 0, 1) and stats.trained_tokens > 0
+
+
+async def test_title_requests_are_side_requests_by_what_they_ask(qwen_tokenizer: Any) -> None:
+    """opencode's real title request (no tools, a title-generator system prompt) and one a user's own pattern
+    names are answered but never trained; the main turn is."""
+    from tests.process_helpers import capture_dir
+    from trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS
+
+    title, main_turn = (json.loads(p.read_bytes()) for p in sorted((capture_dir("opencode") / "bodies").glob("*"))[:2])
+    assert not title.get("tools") and main_turn.get("tools")
+    custom = body(False, tools=[], system="Label the ticket below for the triage board.")
+    patterns = (*DEFAULT_SIDE_PATTERNS, r"\blabel the ticket\b")
+    async with running_stack(qwen_tokenizer, side_patterns=patterns) as stack, \
+            aiohttp.ClientSession() as http:
+        stack.double.script += ["Listing files", "ok"]
+        headers = {"Authorization": "Bearer sess-t"}
+        for payload in ({**title, "stream": False}, {**main_turn, "stream": False}):
+            async with http.post(stack.url + "/v1/chat/completions", json=payload, headers=headers) as resp:
+                assert resp.status == 200
+        stack.double.script += ["Triage"]
+        async with http.post(stack.url + "/v1/messages", json=custom, headers=headers) as resp:
+            assert resp.status == 200
+    stats = stack.manager.stats("sess-t")
+    assert (stats.turns, stats.side_turns) == (1, 2)
+    agent = [e for s, _, e in stack.tap.agent if s == "sess-t"]
+    assert [e.side for e in agent] == [True, False, True]
+
+
+def test_a_bad_side_pattern_fails_at_start_up_naming_it(qwen_tokenizer: Any) -> None:
+    from trajectory.adapters.app import Adapter, AdapterSettings
+
+    with pytest.raises(ValueError, match=r"side-request pattern '\(unclosed' is not a regular expression"):
+        Adapter(AdapterSettings(side_patterns=("(unclosed",)))
+
+
 @pytest.mark.parametrize("router", [False, True])
 async def test_client_disconnect_aborts_the_generation(qwen_tokenizer: Any, router: bool) -> None:
     async with running_stack(qwen_tokenizer, router=router) as stack:

@@ -36,8 +36,8 @@ def parse_request(body: dict[str, Any]) -> TurnRequest:
     if (stops := stop_list(body.get("stop_sequences"), "stop_sequences")) is not None:
         sampling["stop"] = stops
     output_format = (body.get("output_config") or {}).get("format") or {}
-    side = not tools or output_format.get("type") == "json_schema"
-    return TurnRequest(messages, tools, sampling, bool(body.get("stream")), str(body.get("model", "")), side)
+    return TurnRequest(messages, tools, sampling, bool(body.get("stream")), str(body.get("model", "")),
+                       structured_output=output_format.get("type") == "json_schema")
 
 
 def _translate(raw: dict[str, Any]) -> list[dict[str, Any]]:

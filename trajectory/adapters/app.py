@@ -40,6 +40,7 @@ from trajectory.adapters.engine import (
 from trajectory.adapters.parsing import OutputParser, ParsedOutput
 from trajectory.adapters.render import ChatRenderer, IncrementalEncoder
 from trajectory.adapters.session import SessionRef, resolve_session
+from trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS, check_patterns, is_side_request
 from trajectory.adapters.tap import AgentExchange, EngineExchange, NullTap, TrafficTap
 from trajectory.adapters.turns import BadRequest, TurnReply, TurnRequest
 from trajectory.records import TurnRecord
@@ -67,6 +68,7 @@ class AdapterSettings:
     chat_template: str | None = None  # template text in place of the tokenizer's (None: the tokenizer's)
     fold_system: bool = True  # mid-list system messages -> <system-reminder> in a user message
     model_name: str = "tito"
+    side_patterns: tuple[str, ...] = DEFAULT_SIDE_PATTERNS  # title/summary prompts answered but never trained
     engine_timeout_s: float = 600.0
     abort_grace_s: float = 5.0  # how long to wait for an aborted generation's partial output
     disconnect_poll_s: float = 0.05  # how often the transports of requests waiting on the engine are checked
@@ -105,6 +107,7 @@ class Adapter:
                  engine_transport: EngineTransport | None = None) -> None:
         """`engine_transport`: how engine calls travel (default: HTTP to `settings.engine_url`)."""
         self.settings = settings
+        check_patterns(settings.side_patterns)
         if manager is None:
             from trajectory.manager import TrajectoryManager
 
@@ -188,6 +191,7 @@ class Adapter:
                                     digest)
         try:
             turn = wire.parse_request(data)
+            turn.side = is_side_request(turn, self.settings.side_patterns)
             if not turn.model:
                 turn.model = self.settings.model_name
             messages, prompt_ids = self.prepare(state, turn)

@@ -43,10 +43,9 @@ def parse_request(body: dict[str, Any]) -> TurnRequest:
     if (stops := stop_list(body.get("stop"), "stop")) is not None:
         sampling["stop"] = stops
     response_format = body.get("response_format") or {}
-    side = not tools or response_format.get("type") == "json_schema"
     options = {"include_usage": bool((body.get("stream_options") or {}).get("include_usage"))}
-    return TurnRequest(messages, tools, sampling, bool(body.get("stream")), str(body.get("model", "")), side,
-                       options)
+    return TurnRequest(messages, tools, sampling, bool(body.get("stream")), str(body.get("model", "")),
+                       response_format.get("type") == "json_schema", options)
 
 
 def finish_reason(reply: TurnReply) -> str:

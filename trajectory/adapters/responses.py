@@ -122,7 +122,7 @@ def parse_request(body: dict[str, Any]) -> TurnRequest:
                "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
                "tool_choice": body.get("tool_choice") if isinstance(body.get("tool_choice"), str) else "auto"}
     return TurnRequest(messages, tools, sampling, bool(body.get("stream")), str(body.get("model", "")),
-                       not tools or text_format == "json_schema", options)
+                       text_format == "json_schema", options)
 
 
 def output_items(request: TurnRequest, reply: TurnReply) -> list[dict[str, Any]]:

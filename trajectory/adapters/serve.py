@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from trajectory.adapters.app import AdapterSettings
+from trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-preserve-reasoning", action="store_true",
                         help="render history as the template does (drops earlier <think> blocks)")
     parser.add_argument("--no-fold-system", action="store_true", help="keep mid-list system messages as they are")
+    parser.add_argument("--side-pattern", action="append", default=[], metavar="REGEX",
+                        help="also treat requests whose system prompt or first user message matches as side "
+                             "requests (answered, not trained; repeatable)")
+    parser.add_argument("--no-default-side-patterns", action="store_true",
+                        help="drop the built-in title/summary patterns (structured-output requests stay side)")
     parser.add_argument("--fork-threshold", type=int, default=1024, metavar="TOKENS",
                         help="manager: realign (not fork) when a diverging reply is shorter than this; 0 disables "
                              "realign and rewrite merge (default %(default)s)")
@@ -34,7 +40,8 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         engine_url=args.engine, tokenizer_dir=args.tokenizer, tool_parser=args.tool_parser or None,
         reasoning_parser=args.reasoning_parser or None, context_length=args.context_length,
         default_max_tokens=args.default_max_tokens, model_name=args.model_name,
-        preserve_reasoning=not args.no_preserve_reasoning, fold_system=not args.no_fold_system)
+        preserve_reasoning=not args.no_preserve_reasoning, fold_system=not args.no_fold_system,
+        side_patterns=(() if args.no_default_side_patterns else DEFAULT_SIDE_PATTERNS) + tuple(args.side_pattern))
 
 
 def manager_from(args: argparse.Namespace) -> Any:

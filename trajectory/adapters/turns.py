@@ -28,8 +28,9 @@ class TurnRequest:
     sampling: dict[str, Any] = field(default_factory=dict)  # subset of SAMPLING_KEYS the client set
     stream: bool = False
     model: str = ""
-    side: bool = False  # title generation and other non-agent requests
+    structured_output: bool = False  # the client asked for JSON of a schema (for itself, not the agent's work)
     options: dict[str, Any] = field(default_factory=dict)  # wire specifics the reply builder needs
+    side: bool = False  # set by the app (`side_requests`): answered, kept out of the training tree
 
 
 @dataclass
