@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from recorder.processes import free_port, stop, wait_http
 from recorder.scripted_script import load_client_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,38 +44,8 @@ class Recorded:
     log: str  # tito record's stderr: one line per scripted session
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def tito(*args: str) -> list[str]:
     return [sys.executable, "-m", "tito_cli", *args]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise CorpusError(f"the fake engine exited with {proc.returncode} before answering {url}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.1)
-    raise CorpusError(f"the fake engine did not answer {url} within {timeout_s:.0f}s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) -> Recorded:
@@ -93,7 +60,10 @@ def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) 
     engine = subprocess.Popen(tito("fake-engine", "--script", str(scenario), "--port", str(port)), cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", engine)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health", engine, timeout_s=120)
+        except (RuntimeError, TimeoutError) as exc:
+            raise CorpusError(f"{name}: the fake engine did not start: {exc}") from None
         proc = subprocess.run(
             tito("record", "--engine", f"http://127.0.0.1:{port}", "--listen", f"127.0.0.1:{free_port()}",
                  "--out", str(partial), "--agent", "scripted", "--scenario", str(scenario), "--quiet", *record_args),

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from recorder import processes
+from recorder.processes import free_port  # noqa: F401 - the tests' one import for it
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURES = ROOT.parent / "shared" / "captures"  # raw real-CLI requests, beside the checkout
@@ -27,24 +26,11 @@ def capture_dir(scenario: str) -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}: {proc_output(proc)}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status < 500:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer within {timeout_s}s")
+    try:
+        processes.wait_http(url, proc, timeout_s)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}: {proc_output(proc)}") from None
 
 
 def proc_output(proc: subprocess.Popen) -> str:
@@ -65,13 +51,7 @@ def tito(*args: str, ready: str | None = None, env: dict[str, str] | None = None
             wait_http(ready, proc)
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        processes.stop(proc)
         for stream in (proc.stdout, proc.stderr):
             if stream:
                 stream.close()
