@@ -38,14 +38,15 @@ class CassetteWriter:
     """Implements `trajectory.adapters.tap.TrafficTap`; give it to the adapter app to record."""
 
     def __init__(self, target: str | os.PathLike[str] | BinaryIO, header: Header,
-                 redactor: Redactor | None = None, fsync: bool = False) -> None:
-        """`target`: a new file's path, or an open binary stream (in-memory serialization, vcrpy)."""
+                 redactor: Redactor | None = None, fsync: bool = False, header_redacted: bool = False) -> None:
+        """`target`: a new file's path, or an open binary stream (in-memory serialization, vcrpy).
+        `header_redacted`: the header was read from a cassette (cut, merge) and is written as it is."""
         self.redactor = redactor or Redactor()
         self._codec = SessionCodec()
         self._names: dict[str, str] = {}
         self._started: set[str] = set()
         self._lock = threading.Lock()
-        self.header = Header(**self.redactor.scrub_json(header.to_dict()))
+        self.header = header if header_redacted else Header(**self.redactor.scrub_json(header.to_dict()))
         if isinstance(target, str | os.PathLike):
             self.path: Path | None = Path(target)
             # "xb": never append to, or clobber, someone else's cassette; buffering=0: one write() per frame.
@@ -111,6 +112,17 @@ class CassetteWriter:
             record.extra = r.scrub_json(record.extra, name)
         self._ensure_started(record.session, "named")
         record.seq = self._codec.next_seq(record.session)
+        self._append(record)
+
+    # for tools that copy records between cassettes (cut, merge)
+
+    def append_redacted(self, record: Record) -> None:
+        """Append a record read from a cassette as it is, its session name and `seq` kept: it was redacted
+        when first written, and a second pass could alter bodies that replay re-sends byte for byte. Deltas
+        are re-encoded against the records this writer has written for the session, so a session's records
+        must all come, in their order, through here."""
+        if isinstance(record, SessionStart):
+            self._started.add(record.session)
         self._append(record)
 
     def close(self) -> None:
