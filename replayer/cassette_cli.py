@@ -1,13 +1,26 @@
-"""`tito cassette info PATH [--json]`: what a cassette holds, without replaying it."""
+"""`tito cassette ACTION`: look at and reshape cassettes without replaying them.
+
+`info PATH [--json]`: the header and per-session counts. `export PATH [--session NAME]... [--out FILE]`: the
+records as JSON (`replayer.cassette_export`). `cut PATH --session NAME... --out FILE`: those sessions in a
+cassette of their own; `merge A B... --out FILE`: several recordings in one (`replayer.cassette_tools`).
+Unusable input exits 2 with one line, `tito cassette <action>: ...`; no action overwrites an existing file.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Callable
 
 from recorder.cassette_format import CassetteError
+from replayer.cassette_export import export
+from replayer.cassette_tools import CassetteToolError, Written, cut, merge, read_summary, require_sessions
+from replayer.goldens import update_command
 from replayer.reader import CassetteSummary, summarize
+
+EXIT_OK, EXIT_UNUSABLE = 0, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -15,6 +28,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     info = sub.add_parser("info", help="print the header and per-session counts")
     info.add_argument("path", help="cassette file")
     info.add_argument("--json", action="store_true", help="machine-readable output")
+    exporting = sub.add_parser("export", help="print the records as JSON (token ids resolved, bodies parsed)")
+    exporting.add_argument("path", help="cassette file")
+    exporting.add_argument("--session", action="append", metavar="NAME", help="only this session (repeatable)")
+    exporting.add_argument("--out", metavar="FILE", help="write here instead of stdout (a new file)")
+    cutting = sub.add_parser("cut", help="write some sessions into a cassette of their own")
+    cutting.add_argument("path", help="cassette file")
+    cutting.add_argument("--session", action="append", required=True, metavar="NAME",
+                         help="a session to keep (repeatable)")
+    cutting.add_argument("--out", required=True, metavar="FILE", help="the new cassette (never overwritten)")
+    merging = sub.add_parser("merge", help="join cassettes recorded with the same tokenizer and settings")
+    merging.add_argument("paths", nargs="+", metavar="CASSETTE", help="cassette files, merged in this order")
+    merging.add_argument("--out", required=True, metavar="FILE", help="the new cassette (never overwritten)")
 
 
 def format_text(summary: CassetteSummary) -> str:
@@ -45,13 +70,59 @@ def format_text(summary: CassetteSummary) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    actions: dict[str, Callable[[argparse.Namespace], int]] = {
+        "info": run_info, "export": run_export, "cut": run_cut, "merge": run_merge}
     try:
-        summary = summarize(args.path)
-    except (CassetteError, OSError) as exc:
-        print(f"tito cassette info: {exc}", file=sys.stderr)
-        return 2
+        return actions[args.cassette_command](args)
+    except (CassetteToolError, CassetteError, OSError) as exc:
+        return _unusable(args.cassette_command, str(exc))
+
+
+def run_info(args: argparse.Namespace) -> int:
+    summary = summarize(args.path)
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2))
     else:
         print(format_text(summary))
-    return 0
+    return EXIT_OK
+
+
+def run_export(args: argparse.Namespace) -> int:
+    if args.session:  # checked before anything is printed
+        require_sessions(args.path, [s.session for s in read_summary(args.path).sessions], args.session)
+    sessions = set(args.session) if args.session else None
+    if args.out is None:
+        export(args.path, sys.stdout, sessions)
+        return EXIT_OK
+    try:
+        out = open(args.out, "x", encoding="ascii")  # noqa: SIM115 - closed below, removed on failure
+    except FileExistsError:
+        return _unusable("export", f"{args.out} exists; not overwritten")
+    try:
+        with out:
+            export(args.path, out, sessions)
+    except BaseException:
+        os.unlink(args.out)
+        raise
+    return EXIT_OK
+
+
+def run_cut(args: argparse.Namespace) -> int:
+    return _report("cut", cut(args.path, args.out, args.session))
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    return _report("merge", merge(args.paths, args.out))
+
+
+def _report(action: str, written: Written) -> int:
+    for warning in written.warnings:
+        print(f"tito cassette {action}: warning: {warning}", file=sys.stderr)
+    print(f"wrote {written.path}: {len(written.sessions)} session(s): {', '.join(written.sessions)}")
+    print(f"no golden was written; write it with: {update_command(written.path)}")
+    return EXIT_OK
+
+
+def _unusable(action: str, message: str) -> int:
+    print(f"tito cassette {action}: {message}", file=sys.stderr)
+    return EXIT_UNUSABLE
