@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("replayer.replay_cli", "replay cassettes through the adapter and manager, verify, check goldens"),
     "diff": ("replayer.diff", "compare the training data of two cassettes, or of one under a candidate change"),
     "cassette": ("replayer.cassette_cli", "inspect cassettes"),
+    "inspect": ("replayer.inspect_cli", "show a cassette's sessions: exchanges, tree, decisions; --html for a page"),
 }
 
 
