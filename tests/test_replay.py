@@ -185,7 +185,7 @@ def test_aborts_engine_failures_retries_probes_and_side_requests_replay_as_they_
         c = live.conversation(MAIN)
         async with live.http.head(live.url + "/api/hello", headers={"Authorization": f"Bearer {MAIN}"}) as probe:
             assert probe.status == 200
-        title = live.conversation(MAIN, tools=())  # a title request: no tools, answered, kept out of the tree
+        title = live.conversation(MAIN, tools=(), system="You are a title generator. Output only a title.")
         await title.turn("Summarise this conversation in five words.")
         c.messages.append(WIRE.user("look around"))
         status, _ = await c.post()  # the engine answers 529: the adapter fails the turn
