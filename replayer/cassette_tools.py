@@ -96,11 +96,27 @@ def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
 
 def replay_settings(header: Header) -> dict[str, Any]:
     """What a merge requires its inputs to agree on, flattened to dotted keys (`adapter.manager.reward_policy`)
-    so a refusal names the exact setting: the tokenizer, the parsers, the adapter settings that replay uses."""
+    so a refusal names the exact setting: the tokenizer, the parsers, the adapter settings that replay uses.
+
+    A setting the header lacks (recorded before it existed, or by vcrpy) counts as its default, as replay
+    builds the adapter and manager from the header with defaults for what is missing."""
+    defaults = default_adapter_settings()
+    manager = {**defaults["manager"], **(header.adapter.get("manager") or {})}
+    adapter = {**defaults, **header.adapter, "manager": manager}
     flat: dict[str, Any] = {"tokenizer_fingerprint": header.tokenizer_fingerprint}
     _flatten("parsers", header.parsers, flat)
-    _flatten("adapter", {k: v for k, v in header.adapter.items() if k not in MERGE_IGNORED_ADAPTER_KEYS}, flat)
+    _flatten("adapter", {k: v for k, v in adapter.items() if k not in MERGE_IGNORED_ADAPTER_KEYS}, flat)
     return flat
+
+
+def default_adapter_settings() -> dict[str, Any]:
+    """This tito's defaults as a recording's header writes them (`adapter`, with `manager` inside)."""
+    # Imported here: the adapter app pulls in the parsers, which `tito cassette info` has no need for.
+    from recorder.proxy import adapter_settings_dict
+    from trajectory.adapters.app import AdapterSettings
+    from trajectory.manager import TrajectoryManager
+
+    return {**adapter_settings_dict(AdapterSettings()), "manager": TrajectoryManager().settings()}
 
 
 def settings_difference(first: Header, other: Header, first_name: str, other_name: str) -> str | None:

@@ -230,19 +230,37 @@ def test_merge_refuses_clashing_session_names(tmp_path: Path, capsys: pytest.Cap
     ({"tokenizer_fingerprint": "sha256:0000"}, "tokenizer_fingerprint", '"sha256:0000"'),
     ({"parsers": {"reasoning": "qwen3", "tool_call": "llama3"}}, "parsers.tool_call", '"llama3"'),
     ({"adapter": {"manager": {"reward_policy": "split"}}}, "adapter.manager.reward_policy", '"split"'),
+    ({"adapter": {"preserve_reasoning": False}}, "adapter.preserve_reasoning", "false"),
+    ({"adapter": {"side_patterns": ["naming"]}}, "adapter.side_patterns", '["naming"]'),  # missing in the corpus
 ])
 def test_merge_refuses_inputs_that_replay_differently(change: dict[str, Any], key: str, shown: str, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     loop = CORPUS / "tool_loop.tito"
-    if "adapter" in change:  # one manager setting changed, everything else as recorded
+    if "adapter" in change:  # one adapter or manager setting changed, everything else as recorded
         adapter = read_cassette(loop).header.adapter
-        change = {"adapter": {**adapter, "manager": {**adapter["manager"], **change["adapter"]["manager"]}}}
+        changed = dict(change["adapter"])
+        manager = {**adapter["manager"], **changed.pop("manager", {})}
+        change = {"adapter": {**adapter, **changed, "manager": manager}}
     other = rewritten(CORPUS / "subagent.tito", tmp_path / "other.tito", **change)
     out = tmp_path / "out.tito"
     code, _, err = run_cli(capsys, "merge", loop, other, "--out", out)
     assert code == 2 and not out.exists() and err.count("\n") == 1
     assert err.startswith(f"tito cassette merge: cannot merge: {key} is {shown} in {other} but ")
     assert f"in {loop}; replay depends on it" in err
+
+
+def test_a_setting_a_header_lacks_counts_as_its_default(recordings, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The corpus was recorded before `side_patterns` existed; replay uses the default for it, which today's
+    recordings write out: the two merge, and replay clean."""
+    loop = CORPUS / "tool_loop.tito"
+    recorded = recordings[0]
+    assert "side_patterns" not in read_cassette(loop).header.adapter
+    assert "side_patterns" in read_cassette(recorded).header.adapter
+    merged = tmp_path / "merged.tito"
+    assert run_cli(capsys, "merge", loop, recorded, "--out", merged)[0] == 0
+    result = replay_cassette(merged)
+    assert result.ok and len(result.sessions) == 2, [s.differences for s in result.sessions]
 
 
 def test_a_truncated_input_is_merged_up_to_its_cut_with_a_warning(tmp_path: Path,
