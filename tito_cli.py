@@ -18,7 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "record": ("recorder.cli", "record agent and engine traffic into a cassette"),
     "replay": ("replayer.replay_cli", "replay cassettes through the adapter and manager, verify, check goldens"),
     "diff": ("replayer.diff", "compare the training data of two cassettes, or of one under a candidate change"),
-    "cassette": ("replayer.cassette_cli", "inspect cassettes"),
+    "cassette": ("replayer.cassette_cli", "a cassette's summary (info), records as JSON (export), cut and merge"),
     "inspect": ("replayer.inspect_cli", "show a cassette's sessions: exchanges, tree, decisions; --html for a page"),
 }
 
