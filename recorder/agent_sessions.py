@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from recorder.agents import AgentLauncher, AgentRun, AgentTask, launcher_for
 from recorder.sandbox import E2BSandbox, LocalSandbox, Sandbox
+from trajectory.adapters.session import session_digest
 
 SandboxFactory = Callable[[str], Sandbox]  # session id -> a fresh sandbox
 
@@ -37,7 +38,10 @@ class SessionPlan:
 def sandbox_factory(kind: str, **options: object) -> SandboxFactory:
     """`local` (default; options go to LocalSandbox) or `e2b` (options go to E2BSandbox.create)."""
     if kind == "local":
-        return lambda session_id: LocalSandbox(name=session_id, **options)  # type: ignore[arg-type]
+        # Named after the session's cassette name, not its id: the id is the agent's API key, which the
+        # recorder scrubs from bodies (to the name), and the CLIs put this path into the prompt, so a path
+        # holding the id would be replayed as other tokens than the engine saw. The name is as stable.
+        return lambda session_id: LocalSandbox(name=session_digest(session_id), **options)  # type: ignore[arg-type]
     if kind == "e2b":
         return lambda session_id: E2BSandbox.create(**options)  # type: ignore[arg-type]
     raise ValueError(f"unknown sandbox kind {kind!r}; use 'local' or 'e2b'")

@@ -12,6 +12,7 @@ from recorder.agent_pins import CODEX
 from recorder.agent_sessions import SessionPlan, run_sessions, sandbox_factory
 from recorder.agents import AgentLauncher, AgentTask, LaunchPlan
 from recorder.sandbox import LocalSandbox
+from trajectory.adapters.session import session_digest
 
 
 class EnvEchoLauncher(AgentLauncher):
@@ -64,6 +65,8 @@ def test_bad_plans_are_rejected() -> None:
         run_sessions(SessionPlan("aider", "http://x", "t", "m"), lambda sid: LocalSandbox())
 
 
-def test_local_factory_names_the_sandbox_after_the_session(tmp_path: Path) -> None:
+def test_local_factory_names_the_sandbox_after_the_sessions_cassette_name(tmp_path: Path) -> None:
+    # Not after the id: it is the API key, scrubbed from recorded bodies, and the path is in the prompt.
     with sandbox_factory("local", parent=tmp_path)("rec-codex-0007") as box:
-        assert box.root == (tmp_path / "rec-codex-0007").resolve()
+        assert box.root == (tmp_path / session_digest("rec-codex-0007")).resolve()
+        assert "rec-codex-0007" not in str(box.root)
