@@ -17,7 +17,7 @@ from typing import Any
 from recorder.cassette_format import EngineRecord, Header
 from replayer.plan import PlannedExchange, plan_session
 from replayer.results import FinishResult
-from trajectory.golden import TokenizerNames, TokenNames, _span_runs
+from trajectory.golden import TokenizerNames, TokenNames, span_runs
 from trajectory.linearize import Span
 from trajectory.manager import Linearization
 from trajectory.records import Sample
@@ -186,7 +186,7 @@ def token_runs(sample: Sample, spans: Sequence[Span], outputs: dict[int, Exchang
     first_turn = min(spans, key=lambda s: s.start).turn_index if spans else None
     realigned = _realigned(sample, spans, ordered, outputs)
     runs: list[TokenRun] = []
-    for kind, start, end, turn in _span_runs(sample, spans):
+    for kind, start, end, turn in span_runs(sample, spans):
         if kind in ("trained", "masked"):
             label = f"turn {turn} output" + ("" if kind == "trained" else ", not trained")
             runs.append(TokenRun(kind, start, end, turn, label))

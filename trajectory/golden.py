@@ -221,7 +221,7 @@ def render_sample_runs(index: int, sample: Sample, spans: Sequence[Span], names:
     if turns is not None:
         header += f", turns {','.join(map(str, turns)) or '-'}"
     lines = [header]
-    for kind, start, end, turn in _span_runs(sample, spans):
+    for kind, start, end, turn in span_runs(sample, spans):
         ids = sample.tokens[start:end]
         label = f"turn {turn}" if turn is not None else ""
         shown = _tokens(ids, names, bracket=kind == "trained")
@@ -229,7 +229,7 @@ def render_sample_runs(index: int, sample: Sample, spans: Sequence[Span], names:
     return lines
 
 
-def _span_runs(sample: Sample, spans: Sequence[Span]) -> list[tuple[str, int, int, int | None]]:
+def span_runs(sample: Sample, spans: Sequence[Span]) -> list[tuple[str, int, int, int | None]]:
     """(kind, start, end, turn) from the builder's spans: no walk over every token of a 150k-token sample."""
     first, total = sample.prompt_length, len(sample.tokens)
     runs: list[tuple[str, int, int, int | None]] = [("prompt", 0, first, None)] if first else []
