@@ -25,8 +25,9 @@ CLAUDE_CODE = AgentPin("claude-code", "@anthropic-ai/claude-code", "2.1.330", "c
 CODEX = AgentPin("codex", "@openai/codex", "0.169.0", "codex")
 QWEN_CODE = AgentPin("qwen-code", "@qwen-code/qwen-code", "0.24.4", "qwen")
 OPENCODE = AgentPin("opencode", "opencode-ai", "1.18.33", "opencode")
+GEMINI_CLI = AgentPin("gemini-cli", "@google/gemini-cli", "0.61.0", "gemini")
 
-PINS: dict[str, AgentPin] = {pin.name: pin for pin in (CLAUDE_CODE, CODEX, QWEN_CODE, OPENCODE)}
+PINS: dict[str, AgentPin] = {pin.name: pin for pin in (CLAUDE_CODE, CODEX, QWEN_CODE, OPENCODE, GEMINI_CLI)}
 
 
 def pin_for(name: str) -> AgentPin:

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from recorder.agent_pins import CLAUDE_CODE, CODEX, OPENCODE, QWEN_CODE, AgentPin
+from recorder.agent_pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE, AgentPin
 from recorder.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -227,6 +227,26 @@ class OpencodeLauncher(AgentLauncher):
         return LaunchPlan(argv, env, {".config/opencode/opencode.json": json.dumps(config, indent=2) + "\n"})
 
 
+class GeminiCliLauncher(AgentLauncher):
+    """Gemini API; GEMINI_API_KEY arrives as `x-goog-api-key`. Settings pick API-key auth (no login) and turn
+    off usage statistics and telemetry, which would otherwise call Google."""
+
+    pin = GEMINI_CLI
+
+    def plan(self, task: AgentTask, home: str, binary: str, base_path: str) -> LaunchPlan:
+        settings = {
+            "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "telemetry": {"enabled": False},
+        }
+        env = self._base_env(home, binary, base_path) | {
+            "GOOGLE_GEMINI_BASE_URL": task.root_url,  # the client appends /v1beta/models/<model>:<action>
+            "GEMINI_API_KEY": task.session_id,
+        }
+        argv = [binary, "-p", task.task, "--yolo", "-m", task.model, "-o", "stream-json"]
+        return LaunchPlan(argv, env, {".gemini/settings.json": json.dumps(settings, indent=2) + "\n"})
+
+
 def _toml_str(value: str) -> str:
     # JSON string escapes are valid TOML basic-string escapes.
     return json.dumps(value)
@@ -234,7 +254,8 @@ def _toml_str(value: str) -> str:
 
 LAUNCHERS: dict[str, AgentLauncher] = {
     launcher.pin.name: launcher
-    for launcher in (ClaudeCodeLauncher(), CodexLauncher(), QwenCodeLauncher(), OpencodeLauncher())
+    for launcher in (ClaudeCodeLauncher(), CodexLauncher(), QwenCodeLauncher(), OpencodeLauncher(),
+                     GeminiCliLauncher())
 }
 
 

@@ -327,3 +327,36 @@ async def start_stub(app: web.Application) -> TestServer:
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     return server
+
+
+# ---- Gemini API -----------------------------------------------------------------------------------------
+
+
+def gemini_events(number: int, model: str, parts: list[dict[str, Any]]) -> list[bytes]:
+    """`data:` events as `:streamGenerateContent?alt=sse` sends them: one part each, finishReason last."""
+    events = []
+    for index, part in enumerate(parts):
+        candidate: dict[str, Any] = {"content": {"role": "model", "parts": [part]}, "index": 0}
+        chunk: dict[str, Any] = {"candidates": [candidate], "modelVersion": model, "responseId": f"stub{number:04d}"}
+        if index == len(parts) - 1:
+            candidate["finishReason"] = "STOP"
+            chunk["usageMetadata"] = {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15}
+        events.append(f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode())
+    return events
+
+
+def gemini_app(state: StubState, command: str = "echo hi") -> web.Application:
+    async def generate(request: web.Request) -> web.StreamResponse:
+        seen = await _record(request, state)
+        model = request.match_info["model_action"].rpartition(":")[0]
+        parts = [p for c in seen.body.get("contents", []) for p in c.get("parts", [])]
+        if any("functionResponse" in p for p in parts):
+            reply = [{"text": "done"}]
+        else:
+            reply = [{"text": "I'll run a command."},
+                     {"functionCall": {"name": "run_shell_command", "args": {"command": command}}}]
+        return await _stream(request, gemini_events(len(state.requests), model, reply))
+
+    app = web.Application()
+    app.router.add_post("/v1beta/models/{model_action}", generate)
+    return app

@@ -16,6 +16,7 @@ from recorder.agents import (
     AgentTask,
     ClaudeCodeLauncher,
     CodexLauncher,
+    GeminiCliLauncher,
     OpencodeLauncher,
     QwenCodeLauncher,
     launcher_for,
@@ -42,12 +43,13 @@ BASE_ENV = {"PATH": f"/opt/tools/bin:{BASE_PATH}", "HOME": HOME, "TERM": "dumb",
 
 
 def test_registry_covers_the_pinned_clis_with_their_versions() -> None:
-    assert sorted(LAUNCHERS) == ["claude-code", "codex", "opencode", "qwen-code"]
+    assert sorted(LAUNCHERS) == ["claude-code", "codex", "gemini-cli", "opencode", "qwen-code"]
     assert {name: pin.spec for name, pin in PINS.items()} == {
         "claude-code": "@anthropic-ai/claude-code@2.1.330",
         "codex": "@openai/codex@0.169.0",
         "qwen-code": "@qwen-code/qwen-code@0.24.4",
         "opencode": "opencode-ai@1.18.33",
+        "gemini-cli": "@google/gemini-cli@0.61.0",
     }
     for name, launcher in LAUNCHERS.items():
         assert launcher.pin is pin_for(name)
@@ -55,7 +57,7 @@ def test_registry_covers_the_pinned_clis_with_their_versions() -> None:
 
 
 def test_unknown_agent_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown agent 'gemini'.*claude-code, codex, opencode, qwen-code"):
+    with pytest.raises(ValueError, match="unknown agent 'gemini'.*claude-code, codex, gemini-cli, opencode, qwen-code"):
         launcher_for("gemini")
     with pytest.raises(ValueError, match="unknown agent"):
         pin_for("aider")
@@ -165,6 +167,20 @@ def test_opencode_plan() -> None:
     assert config["provider"]["tito"]["npm"] == "@ai-sdk/openai-compatible"
     assert config["provider"]["tito"]["options"] == {"baseURL": "http://127.0.0.1:8123/v1", "apiKey": SID}
     assert config["provider"]["tito"]["models"] == {"qwen3-8b": {}}
+
+
+def test_gemini_cli_plan_authenticates_with_the_api_key_and_keeps_telemetry_off() -> None:
+    plan = GeminiCliLauncher().plan(task(base_url="http://127.0.0.1:8123/s/abc/"), HOME, BINARY, BASE_PATH)
+    assert plan.env == BASE_ENV | {
+        "GOOGLE_GEMINI_BASE_URL": "http://127.0.0.1:8123/s/abc",  # a path prefix is kept
+        "GEMINI_API_KEY": SID,  # arrives as x-goog-api-key
+    }
+    assert plan.argv == [BINARY, "-p", "fix the failing test", "--yolo", "-m", "qwen3-8b", "-o", "stream-json"]
+    assert json.loads(plan.files[".gemini/settings.json"]) == {
+        "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+    }
 
 
 @pytest.mark.parametrize("name", sorted(LAUNCHERS))

@@ -14,10 +14,17 @@ from pathlib import Path
 import pytest
 
 from recorder.agent_install import ensure_installed
-from recorder.agent_pins import CLAUDE_CODE, CODEX, OPENCODE, QWEN_CODE
-from recorder.agents import AgentTask, ClaudeCodeLauncher, CodexLauncher, OpencodeLauncher, QwenCodeLauncher
+from recorder.agent_pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE
+from recorder.agents import (
+    AgentTask,
+    ClaudeCodeLauncher,
+    CodexLauncher,
+    GeminiCliLauncher,
+    OpencodeLauncher,
+    QwenCodeLauncher,
+)
 from recorder.sandbox import LocalSandbox
-from tests.agent_stubs import StubState, anthropic_app, chat_app, responses_app, start_stub
+from tests.agent_stubs import StubState, anthropic_app, chat_app, gemini_app, responses_app, start_stub
 
 needs_npm = pytest.mark.skipif(
     shutil.which("npm") is None,
@@ -138,3 +145,30 @@ async def test_real_opencode_runs_a_tool_loop_after_its_title_request(tmp_path: 
     assert [m["tool_call_id"] for m in results] == [calls[0]["id"]]
     assert tool_text(results[0]).strip() == "hi"
     assert all(r.body["model"] == "stub-model" for r in turns)
+
+
+@needs_npm
+async def test_real_gemini_cli_runs_a_tool_loop_over_the_gemini_api(tmp_path: Path) -> None:
+    state = StubState()
+    run, sandbox = await run_agent(GeminiCliLauncher(), gemini_app(state, "echo hi"), state, tmp_path)
+    assert run.ok, f"gemini exited {run.exit_code}: {run.stderr_tail}"
+    assert run.version == GEMINI_CLI.version
+    assert [(r.method, r.path, r.query) for r in state.requests] == [
+        ("POST", "/v1beta/models/stub-model:streamGenerateContent", "alt=sse")
+    ] * 2
+    assert all(r.headers["x-goog-api-key"] == SESSION and "Authorization" not in r.headers for r in state.requests)
+    first, second = (r.body for r in state.requests)
+    assert first["systemInstruction"]["parts"][0]["text"] and first["tools"][0]["functionDeclarations"]
+    assert [c["role"] for c in second["contents"]] == ["user", "model", "user"]
+    echoed = second["contents"][1]["parts"]
+    assert echoed[0] == {"text": "I'll run a command."}
+    # The echo gains an id and a thought signature the stub never sent.
+    call = echoed[1]["functionCall"]
+    assert (call["name"], call["args"]) == ("run_shell_command", {"command": "echo hi"}) and call["id"]
+    assert echoed[1]["thoughtSignature"]
+    (result,) = second["contents"][2]["parts"]
+    assert result["functionResponse"]["id"] == call["id"]
+    output = result["functionResponse"]["response"]["output"]
+    assert output.startswith("<untrusted_context>") and "Output: hi" in output
+    assert '"content":"done"' in run.stdout_tail.replace(" ", "")
+    assert (Path(sandbox.home) / ".gemini" / "settings.json").exists()
