@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 from aiohttp import web
 
@@ -36,7 +37,7 @@ def request_headers(record: AgentRecord, source: str, name: str, index: int) -> 
         if value == REDACTED or REDACTED in value:
             if lower == "authorization" and source == "bearer":
                 headers[key] = f"Bearer {name}"
-            elif lower == "x-api-key" and source == "x-api-key":
+            elif lower in ("x-api-key", "x-goog-api-key") and source == lower:
                 headers[key] = name
             continue
         headers[key] = value
@@ -44,8 +45,14 @@ def request_headers(record: AgentRecord, source: str, name: str, index: int) -> 
     return headers
 
 
-def request_target(record: AgentRecord) -> str:
-    return record.path + (f"?{record.query}" if record.query else "")
+def request_target(record: AgentRecord, source: str = "", name: str = "") -> str:
+    """Path and query as recorded; a redacted `key` parameter (the Gemini API's credential) carries the
+    session's name when that is where the live id came from."""
+    query = record.query
+    if source == "query-key" and query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, name if k == "key" and REDACTED in v else v) for k, v in pairs])
+    return record.path + (f"?{query}" if query else "")
 
 
 def exchange_of(headers: dict[str, str]) -> tuple[str, int] | None:

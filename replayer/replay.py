@@ -235,8 +235,9 @@ class _SessionRun:
         """Send the request; wait until it reaches the engine or is answered without it."""
         record = exchange.record
         headers = request_headers(record, self.plan.source, self.plan.name, exchange.index)
+        target = request_target(record, self.plan.source, self.plan.name)
         self.clients[exchange.index] = task = asyncio.ensure_future(self.h.request(
-            record.method, request_target(record), data=record.body or None, headers=headers))
+            record.method, target, data=record.body or None, headers=headers))
         leg = self.legs[exchange.index]
         waits = {asyncio.ensure_future(leg.arrived.wait()),
                  asyncio.ensure_future(self.h.tap.event((self.plan.name, exchange.index)).wait())}

@@ -20,13 +20,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from types import ModuleType
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from trajectory.adapters import anthropic, openai_chat, responses
+from trajectory.adapters import anthropic, gemini, openai_chat, responses
 from trajectory.adapters.canonical import EchoMemory, fold_system_messages, message, tool_call
 from trajectory.adapters.disconnects import DisconnectWatcher
 from trajectory.adapters.engine import (
@@ -46,8 +47,9 @@ from trajectory.adapters.turns import BadRequest, TurnReply, TurnRequest
 from trajectory.records import TurnRecord
 from trajectory.tokenizer import load_tokenizer
 
+GEMINI_ROUTE = "/v1beta/models/{model_action}"  # `<model>:<action>`, the action after the last colon
 WIRES: dict[str, ModuleType] = {"/v1/messages": anthropic, "/v1/chat/completions": openai_chat,
-                                "/v1/responses": responses}
+                                "/v1/responses": responses, GEMINI_ROUTE: gemini}
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -122,6 +124,7 @@ class Adapter:
         self.sessions: dict[str, SessionState] = {}
         self.disconnects = DisconnectWatcher(settings.disconnect_poll_s)
         self._eos = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None}
+        self._think_end = _token_id(self.tokenizer, "</think>")
 
     def warm_up(self) -> None:
         """One turn's CPU path, run before serving: the chat template's compilation, the tokenizer's and the
@@ -156,6 +159,15 @@ class Adapter:
         calls = [tool_call(c.name, c.arguments) for c in parsed.tool_calls]
         return message("assistant", parsed.content, parsed.reasoning, calls)
 
+    def reasoning_tokens(self, output_ids: list[int], parsed: ParsedOutput) -> int:
+        """Output tokens up to and including the reasoning's end marker (0 without reasoning or marker)."""
+        if not parsed.reasoning or self._think_end is None:
+            return 0
+        try:
+            return output_ids.index(self._think_end) + 1
+        except ValueError:
+            return 0
+
     def parse_output(self, output_ids: list[int], tools: list[dict[str, Any]]) -> ParsedOutput:
         ids = output_ids[:-1] if output_ids and output_ids[-1] in self._eos else output_ids
         return self.parser.parse(self.renderer.decode(ids), tools)
@@ -165,24 +177,43 @@ class Adapter:
     def wire_handler(self, route: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             try:
+                if route == GEMINI_ROUTE:
+                    return await self.handle_gemini(request)
                 return await self.handle_turn(route, request)
             finally:  # a turn that ended without an agent exchange (cancelled, crashed) still shows its calls
                 self._flush_engine_exchanges(request)
         return handle
 
-    async def handle_turn(self, route: str, request: web.Request) -> web.StreamResponse:
+    async def handle_gemini(self, request: web.Request) -> web.StreamResponse:
+        """The model and the action are in the path: the action picks JSON, SSE or a token count."""
+        model, action = gemini.split_action(request.match_info["model_action"])
+        if action == gemini.COUNT_ACTION:
+            return await self.count_tokens(request, gemini, model)
+        if action not in gemini.TURN_ACTIONS:
+            return web.json_response(gemini.error_body(404, f"unknown action {action!r} on models/{model}"),
+                                     status=404)
+        sse_stream = request.query.get("alt") == "sse"
+        parse = partial(gemini.parse_request, model=model, action=action, sse_stream=sse_stream)
+        return await self.handle_turn(GEMINI_ROUTE, request, parse, f"{GEMINI_ROUTE}:{action}:{sse_stream}")
+
+    async def handle_turn(self, route: str, request: web.Request,
+                          parse: Callable[[dict[str, Any]], TurnRequest] | None = None,
+                          key: str | None = None) -> web.StreamResponse:
+        """`parse`: the wire's request parser with what the path says bound (default: the body alone);
+        `key`: what tells two equal bodies apart as requests (default: the route)."""
         wire = WIRES[route]
+        parse = parse or wire.parse_request
         body = await request.read()
         try:
             data = json.loads(body) if body else None
         except ValueError:
             data = None
-        ref = resolve_session(request.headers, data, request.match_info.get("sid"))
+        ref = resolve_session(request.headers, data, request.match_info.get("sid"), request.query)
         state = self.state(ref.sid)
         started = state.elapsed()
         number = state.started
         state.started += 1
-        digest = hashlib.sha256(route.encode() + b"\0" + body).hexdigest()
+        digest = hashlib.sha256((key or route).encode() + b"\0" + body).hexdigest()
         cached = state.completed.get(digest)
         if cached is not None:
             return await self._send_cached(request, ref, state, cached, body, started)
@@ -190,7 +221,7 @@ class Adapter:
             return await self._fail(request, ref, state, wire, body, started, 400, "request body must be a JSON object",
                                     digest)
         try:
-            turn = wire.parse_request(data)
+            turn = parse(data)
             turn.side = is_side_request(turn, self.settings.side_patterns)
             if not turn.model:
                 turn.model = self.settings.model_name
@@ -217,7 +248,8 @@ class Adapter:
         # cassette stores the body with the live credential replaced by the name). A replay authenticates with
         # the name and starts requests in their live order, so it sends the same bytes.
         reply = TurnReply(f"{ref.name}:{number}", self.reply_message(parsed), parsed, gen.finish_reason,
-                          len(prompt_ids), len(gen.output_ids), gen.cached_tokens, gen.created)
+                          len(prompt_ids), len(gen.output_ids), gen.cached_tokens, gen.created,
+                          self.reasoning_tokens(gen.output_ids, parsed))
         record = TurnRecord(prompt_ids, gen.output_ids, gen.finish_reason, gen.output_log_probs, parsed.ill_formed,
                             label=f"{route} exchange {state.reported}")
         return await self._send_turn(request, ref, state, wire, turn, reply, record, messages, body, started, digest)
@@ -356,19 +388,23 @@ class Adapter:
         self.tap.agent_exchange(ref.sid, ref.source, exchange)
         return seq
 
-    async def count_tokens(self, request: web.Request) -> web.Response:
+    async def count_tokens(self, request: web.Request, wire: ModuleType = anthropic, model: str = "") -> web.Response:
+        """The prompt's length as it would be rendered (no echo restore: nothing is generated)."""
         body = await request.read()
         try:
             data = json.loads(body)
-            turn = anthropic.parse_request({**data, "stream": False})
+            if not isinstance(data, dict):
+                raise BadRequest("request body must be a JSON object")
+            turn = gemini.count_request(data, model) if wire is gemini else anthropic.parse_request(
+                {**data, "stream": False})
             messages = fold_system_messages(turn.messages) if self.settings.fold_system else turn.messages
             n = len(self.renderer.encode(self.renderer.render(messages, turn.tools)))
-        except (ValueError, BadRequest) as exc:
-            return web.json_response(anthropic.error_body(400, f"cannot count tokens: {exc}"), status=400)
-        return web.json_response(anthropic.count_tokens_body(n))
+        except Exception as exc:  # bad JSON, a BadRequest, or the chat template raising on odd input
+            return web.json_response(wire.error_body(400, f"cannot count tokens: {exc}"), status=400)
+        return web.json_response(wire.count_tokens_body(n))
 
     async def head_probe(self, request: web.Request) -> web.Response:
-        ref = resolve_session(request.headers, None, request.match_info.get("sid"))
+        ref = resolve_session(request.headers, None, request.match_info.get("sid"), request.query)
         state = self.state(ref.sid)
         self._report(ref, state, request, b"", 200, {}, state.elapsed(), None, side=True)
         return web.Response(status=200)
@@ -408,8 +444,18 @@ class Adapter:
         await self.engine.close()
 
 
-def _json_bytes(data: dict[str, Any]) -> bytes:
+def _json_bytes(data: dict[str, Any] | list[Any]) -> bytes:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of a token the vocabulary holds as one piece, else None."""
+    try:
+        ids = tokenizer.convert_tokens_to_ids([token])
+    except Exception:  # noqa: BLE001 - a tokenizer without the method or the token
+        return None
+    found = ids[0] if ids else None
+    return found if isinstance(found, int) and found != getattr(tokenizer, "unk_token_id", None) else None
 
 
 ADAPTER_KEY = web.AppKey("adapter", Adapter)

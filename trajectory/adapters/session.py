@@ -1,8 +1,9 @@
 """Which agent session a request belongs to.
 
-Order: `Authorization: Bearer <sid>`, else `x-api-key`, else a body field (`metadata.session_id`,
-`user`), else a path prefix `/s/<sid>/...`. Clients set the first two from their API-key settings, so a
-rollout driver gives each agent run its own key; the path prefix serves clients whose key is fixed.
+Order: `Authorization: Bearer <sid>`, else `x-api-key`, else `x-goog-api-key`, else a `key` query
+parameter (the Gemini API's two ways), else a body field (`metadata.session_id`, `user`), else a path
+prefix `/s/<sid>/...`. Clients set the first four from their API-key settings, so a rollout driver gives
+each agent run its own key; the path prefix serves clients whose key is fixed.
 
 A session also has a *name*, stable and safe to share: a digest of the id when the id is a credential
 (bearer token, API key), else the id itself. Cassettes store the name; a replay authenticates with it, and
@@ -19,7 +20,7 @@ from typing import Any
 
 ANONYMOUS = "anonymous"
 _SID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,200}$")
-SECRET_SOURCES = frozenset({"bearer", "x-api-key"})
+SECRET_SOURCES = frozenset({"bearer", "x-api-key", "x-goog-api-key", "query-key"})
 _DIGEST_NAME = re.compile(r"sid-[0-9a-f]{16}")
 
 
@@ -37,7 +38,7 @@ def session_digest(secret: str) -> str:
 @dataclass(frozen=True)
 class SessionRef:
     sid: str
-    source: str  # bearer, x-api-key, body, path, anonymous
+    source: str  # bearer, x-api-key, x-goog-api-key, query-key, body, path, anonymous
 
     @property
     def name(self) -> str:
@@ -50,12 +51,17 @@ def _valid(value: Any) -> str | None:
     return None
 
 
-def resolve_session(headers: Mapping[str, str], body: Any, path_sid: str | None) -> SessionRef:
+def resolve_session(headers: Mapping[str, str], body: Any, path_sid: str | None,
+                    query: Mapping[str, str] | None = None) -> SessionRef:
     auth = headers.get("Authorization", "")
     if auth[:7].lower() == "bearer " and (sid := _valid(auth[7:])):
         return SessionRef(sid, "bearer")
     if sid := _valid(headers.get("x-api-key", "")):
         return SessionRef(sid, "x-api-key")
+    if sid := _valid(headers.get("x-goog-api-key", "")):
+        return SessionRef(sid, "x-goog-api-key")
+    if query is not None and (sid := _valid(query.get("key", ""))):
+        return SessionRef(sid, "query-key")
     if isinstance(body, dict):
         metadata = body.get("metadata")
         if isinstance(metadata, dict) and (sid := _valid(metadata.get("session_id"))):

@@ -1,6 +1,6 @@
 """The wire-neutral middle of a turn: what a request asks for, and what the engine answered.
 
-Each wire module (anthropic, openai_chat, responses) parses its request into a `TurnRequest` and builds
+Each wire module (anthropic, openai_chat, responses, gemini) parses its request into a `TurnRequest` and builds
 its reply from a `TurnReply`; everything between (rendering, /generate, parsing, recording) is shared.
 """
 
@@ -43,6 +43,7 @@ class TurnReply:
     completion_tokens: int
     cached_tokens: int = 0
     created: int = 0
+    reasoning_tokens: int = 0  # the output's leading tokens up to the reasoning's end marker (Gemini reports them)
 
     def make_id(self, prefix: str, index: int = 0, length: int = 24) -> str:
         digest = hashlib.sha256(f"{self.id_seed}/{prefix}/{index}".encode()).hexdigest()
