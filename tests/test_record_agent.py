@@ -52,3 +52,57 @@ def test_record_claude_code_against_the_scripted_fake_engine(tmp_path: Path) -> 
     generated = [e for e in log.engine if e.path.endswith("/generate")]
     assert len(generated) == 2
     assert sample["metadata"]["use_tool"] is True
+
+
+GEMINI_LOOP = {"name": "gemini_tool_loop", "turns": [
+    {"reasoning": "I should leave a proof that the tool ran.", "text": "I will write a proof file.",
+     "tool_calls": [{"name": "shell", "arguments": {"command": "echo tito-was-here > proof.txt",
+                                                     "description": "Write a proof file"}}]},
+    {"reasoning": "Now read it back.", "text": "Reading it back.",
+     "tool_calls": [{"name": "shell", "arguments": {"command": "cat proof.txt", "description": "Read it"}}]},
+    {"reasoning": "The file holds the text.", "text": "proof.txt says tito-was-here."}]}
+
+
+def test_record_gemini_cli_through_the_adapter_and_replay_it_clean(tmp_path: Path) -> None:
+    """Gemini CLI's own tool loop (two shell calls it really runs, then an answer) on the Gemini API wire:
+    its echoes (call ids, thought signatures, <untrusted_context> output) stay on one chain, and the cassette
+    replays clean."""
+    from recorder.agent_pins import GEMINI_CLI
+    from replayer.replay import replay_cassette
+
+    ensure_installed(GEMINI_CLI)
+    scenario = tmp_path / "gemini_loop.json"
+    scenario.write_text(json.dumps(GEMINI_LOOP))
+    out = tmp_path / "gemini.tito"
+    port = free_port()
+    engine = f"http://127.0.0.1:{port}"
+    with tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}", ready=engine + "/health"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "tito_cli", "record", "--engine", engine, "--listen", f"127.0.0.1:{free_port()}",
+             "--out", str(out), "--agent", "gemini-cli", "--task", "Leave a proof file, then read it back.",
+             "--sessions", "1", "--reward", "1.0", "--quiet"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "session rec-gemini-cli-0000: ok" in proc.stderr
+    cassette = read_cassette(out)
+    assert cassette.header.agent == {"client": "gemini-cli", "package": "@google/gemini-cli", "version": "0.61.0"}
+    (log,) = cassette.sessions.values()
+    assert log.source == "x-goog-api-key"
+    assert [(a.path, a.query, a.status, a.side) for a in log.agent] == [
+        ("/v1beta/models/tito-policy:streamGenerateContent", "alt=sse", 200, False)] * 3
+    assert all(a.headers["x-goog-api-key"] == "<redacted>" for a in log.agent)
+    first_reply = "".join(log.agent[0].reply_events or [])
+    assert '"thought":true' in first_reply and '"functionCall":{"name":"run_shell_command"' in first_reply
+    second, third = (json.loads(a.body)["contents"] for a in log.agent[1:])
+    echoed = [p for p in second[-2]["parts"] if "functionCall" in p]
+    assert echoed[0]["functionCall"]["id"] and echoed[0]["thoughtSignature"]  # added by the CLI on echo
+    outputs = [p["functionResponse"]["response"]["output"] for c in third for p in c["parts"]
+               if "functionResponse" in p]
+    assert len(outputs) == 2 and all(o.startswith("<untrusted_context>") for o in outputs)
+    assert "tito-was-here" in outputs[1]  # the CLI really ran both commands: cat read what echo wrote
+    (sample,) = log.samples
+    assert sample["reward"] == 1.0 and sample["metadata"]["use_tool"] is True
+    (session,) = replay_cassette(out).sessions
+    assert session.ok and not session.differences, session.differences
+    assert session.counts()["turns"] == 3 and session.counts()["forks"] == {} and session.counts()["realigns"] == 0
+    assert session.finishes[0].samples == session.finishes[0].live
