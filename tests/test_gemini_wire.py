@@ -10,6 +10,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from recorder.redaction import REDACTED
 from replayer.reader import read_cassette
@@ -23,6 +25,7 @@ from trajectory.adapters import gemini, qwen3_template
 from trajectory.adapters.canonical import fold_system_messages, message, tool_call
 from trajectory.adapters.render import ChatRenderer, IncrementalEncoder
 from trajectory.adapters.session import resolve_session, session_digest
+from trajectory.adapters.turns import BadRequest
 
 CAPTURED = ["gemini_001", "gemini_002"]
 STREAM = "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
@@ -248,6 +251,28 @@ async def test_bad_input_is_a_400_in_geminis_envelope_and_reaches_no_engine(qwen
             assert set(error) == {"code", "message", "status"}
             assert (error["code"], error["status"]) == (400, "INVALID_ARGUMENT") and says in error["message"]
         assert stack.double.requests == []
+
+
+FIELDS = st.sampled_from(["contents", "role", "parts", "text", "thought", "functionCall", "functionResponse", "name",
+                          "args", "response", "inlineData", "mimeType", "systemInstruction", "tools",
+                          "functionDeclarations", "parameters", "parametersJsonSchema", "generationConfig",
+                          "temperature", "topK", "maxOutputTokens", "stopSequences", "thinkingConfig",
+                          "responseMimeType", "responseSchema", "x"])
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.sampled_from(["", "user", "model"]),
+                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(FIELDS, inner, max_size=4),
+                       max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=st.dictionaries(FIELDS, JSONISH, max_size=5))
+def test_any_json_object_parses_or_is_a_bad_request(body: dict[str, Any]) -> None:
+    """Never another exception (the app would answer 500); what parses is finite JSON the template can render."""
+    try:
+        turn = gemini.parse_request(body)
+    except BadRequest:
+        return
+    json.dumps(turn.messages, allow_nan=False)
+    assert all(isinstance(m["content"], str) for m in turn.messages)
 
 
 async def test_unknown_actions_and_engine_errors_answer_in_geminis_envelope(qwen_tokenizer: Any) -> None:
