@@ -31,7 +31,7 @@ from replayer.engine_leg import CURRENT_EXCHANGE, CassetteTransport
 from replayer.plan import Drop, End, Finish, PlannedExchange, SessionPlan, Start, plan_session
 from replayer.reader import Cassette, check_tokenizer, read_cassette
 from replayer.results import CassetteResult, FinishResult, SessionResult
-from trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
+from trajectory.adapters.app import AdapterSettings, create_app
 from trajectory.manager import Linearization, TrajectoryManager
 from trajectory.tokenizer import fingerprint, load_tokenizer
 
@@ -148,10 +148,9 @@ class Harness:
         if plan is None or key is None or key[1] >= len(plan.exchanges):
             return 0.0
         record = plan.exchanges[key[1]].record
-        for chunk in [record.reply_body or b"", *(e.encode() for e in record.reply_events or [])][:2]:
-            if found := _CREATED.search(chunk):
-                return float(found.group(1))
-        return 0.0
+        first = record.reply_events[0].encode() if record.reply_events else record.reply_body or b""
+        found = _CREATED.search(first)  # a JSON reply, or the first SSE event (the response shell)
+        return float(found.group(1)) if found else 0.0
 
     async def __aenter__(self) -> Harness:
         try:
@@ -164,7 +163,6 @@ class Harness:
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         await web.UnixSite(self._runner, socket_path).start()
-        self.adapter = app[ADAPTER_KEY]
         self.client = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_path, force_close=True),
                                             timeout=aiohttp.ClientTimeout(total=None))
         return self
