@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("trajectory.adapters.serve", "run the adapter app in front of an SGLang engine"),
     "fake-engine": ("fake_engine.cli", "run the SGLang-compatible fake engine"),
     "record": ("recorder.cli", "record agent and engine traffic into a cassette"),
+    "simulate": ("recorder.simulate", "a scenario: fake engine, recording proxy, the real CLI; cassette and golden"),
     "replay": ("replayer.replay_cli", "replay cassettes through the adapter and manager, verify, check goldens"),
     "diff": ("replayer.diff", "compare the training data of two cassettes, or of one under a candidate change"),
     "cassette": ("replayer.cassette_cli", "a cassette's summary (info), records as JSON (export), cut and merge"),

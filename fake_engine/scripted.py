@@ -4,7 +4,7 @@ Scenario format (YAML or JSON; see docs/fake-engine.md):
 
     name: claude_tool_loop
     sessions:
-      - match: {prompt_contains: "list the files"}   # optional; also routing_key
+      - match: {prompt_contains: "list the files"}   # optional; also routing_key, last_user_contains
         turns:
           - reasoning: The user wants a listing.
             text: Let me list the files.
@@ -16,6 +16,9 @@ Scenario format (YAML or JSON; see docs/fake-engine.md):
 
 A top-level `turns:` list is shorthand for one session that matches every prompt. A turn may give raw
 `ids` instead. Sessions are matched in order; the first whose `match` holds wins (no `match`: any).
+`prompt_contains` looks at the prompt's opening (system prompt and first user message); `last_user_contains`
+at the last user message, for a request that is told apart by what it asks last (Claude Code's compaction
+request is the whole history plus "summarise"): such a session counts its turns from that message on.
 A top-level `client:` key is ignored here: a corpus scenario (`cassettes/scenarios/`) keeps the scripted
 agent client's side in the same file (`recorder/scripted_script.py`).
 """
@@ -33,11 +36,11 @@ from fake_engine.logprobs import logprobs_for
 from fake_engine.policy import GenerateRequest, Generation, PolicyError
 from fake_engine.prompt_tools import offered_tools, resolve_call
 from fake_engine.qwen3_output import EOS_ID, ToolCall, render_ids
-from fake_engine.sessions import opening_end, prompt_digest
+from fake_engine.sessions import IM_END, assistant_turns_after, last_user_start, opening_end, prompt_digest
 
 TURN_KEYS = {"reasoning", "text", "tool_calls", "ids", "finish", "length", "faults", "fault_attempts"}
 SESSION_KEYS = {"match", "turns"}
-MATCH_KEYS = {"routing_key", "prompt_contains"}
+MATCH_KEYS = {"routing_key", "prompt_contains", "last_user_contains"}
 SCENARIO_KEYS = {"name", "seed", "after_last", "sessions", "turns", "description", "client"}
 
 
@@ -58,6 +61,7 @@ class ScriptedSession:
     turns: tuple[ScriptedTurn, ...]
     routing_key: str | None = None
     prompt_contains: str | None = None
+    last_user_contains: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,8 @@ def parse_scenario(data: Any, default_name: str = "scenario") -> Scenario:
             raise ValueError(f"sessions[{i}].turns: needs at least one turn")
         sessions.append(ScriptedSession(
             turns=tuple(_parse_turn(f"sessions[{i}].turns[{j}]", t) for j, t in enumerate(turns)),
-            routing_key=match.get("routing_key"), prompt_contains=match.get("prompt_contains")))
+            routing_key=match.get("routing_key"), prompt_contains=match.get("prompt_contains"),
+            last_user_contains=match.get("last_user_contains")))
     after_last = d.get("after_last", "repeat")
     if after_last not in ("repeat", "error"):
         raise ValueError(f"scenario.after_last: must be repeat or error, got {after_last!r}")
@@ -168,14 +173,27 @@ class ScriptedPolicy:
                 self._openings.popitem(last=False)
         return text
 
-    def _session(self, req: GenerateRequest, opening: str) -> tuple[int, ScriptedSession]:
+    def _session(self, req: GenerateRequest, opening: str) -> tuple[int, ScriptedSession, int]:
+        """The session, its index and the request's turn in it."""
         for i, s in enumerate(self.scenario.sessions):
             if s.routing_key is not None and s.routing_key != req.routing_key:
                 continue
             if s.prompt_contains is not None and s.prompt_contains not in opening:
                 continue
-            return i, s
+            if s.last_user_contains is not None:
+                start = last_user_start(req.input_ids)
+                if start is None or s.last_user_contains not in self._last_user_text(req.input_ids, start):
+                    continue
+                return i, s, assistant_turns_after(req.input_ids, start)
+            return i, s, req.turn_index
         raise PolicyError(f"scenario {self.scenario.name!r}: no session matches this prompt", status=400)
+
+    def _last_user_text(self, input_ids: list[int], start: int) -> str:
+        try:
+            end = input_ids.index(IM_END, start)
+        except ValueError:
+            end = len(input_ids)
+        return self.tokenizer.decode(input_ids[start:end])
 
     def _ids(self, index: tuple[int, int], turn: ScriptedTurn, opening: str) -> list[int]:
         if turn.ids is not None:
@@ -193,8 +211,7 @@ class ScriptedPolicy:
 
     def generate(self, req: GenerateRequest) -> Generation:
         opening = self._opening_text(req)
-        s_index, session = self._session(req, opening)
-        t_index = req.turn_index
+        s_index, session, t_index = self._session(req, opening)
         if t_index >= len(session.turns):
             if self.scenario.after_last == "error":
                 raise PolicyError(f"scenario {self.scenario.name!r}: session {s_index} has no turn {t_index} "

@@ -40,6 +40,17 @@ def opening_end(input_ids: list[int]) -> int:
         return len(input_ids)
 
 
+def last_user_start(input_ids: list[int]) -> int | None:
+    """Index of the last user message's `<|im_start|>` (tool results are user messages too), or None."""
+    users = _positions(input_ids, IM_START, ROLE_USER)
+    return users[-1] if users else None
+
+
+def assistant_turns_after(input_ids: list[int], start: int) -> int:
+    """`turn_index` of the prompt from `start` on: the assistant turns that follow a given message."""
+    return turn_index(input_ids[start:])
+
+
 def prompt_digest(input_ids: list[int]) -> str:
     head = input_ids[: opening_end(input_ids)]
     return "p:" + hashlib.sha256(array("q", head).tobytes()).hexdigest()[:16]

@@ -1,5 +1,6 @@
 """`tito record --agent`: run the pinned real CLI per session against the recording proxy, then finish
-each session through the session API so its samples land in the cassette with the given reward."""
+each session through the session API so its samples land in the cassette with the given reward.
+With `--scenario`, the scenario's CLI script (`recorder/cli_script.py`) says what each session runs."""
 
 from __future__ import annotations
 
@@ -12,11 +13,18 @@ import aiohttp
 
 from recorder.agent_pins import pin_for
 from recorder.agent_sessions import SessionPlan, run_sessions, sandbox_factory
+from recorder.cli_script import CliScript
 
 
-def agent_header(name: str) -> dict[str, Any]:
-    pin = pin_for(name)
-    return {"client": pin.name, "package": pin.npm_package, "version": pin.version}
+def agent_header(name: str, script: CliScript | None = None) -> dict[str, Any]:
+    """The CLI's pin; a scenario's name too, and for a script of several CLIs, each one's version."""
+    agents = script.agents if script is not None else [name]
+    if len(agents) > 1:
+        header: dict[str, Any] = {"client": "mixed", "agents": {a: pin_for(a).version for a in agents}}
+    else:
+        pin = pin_for(agents[0])
+        header = {"client": pin.name, "package": pin.npm_package, "version": pin.version}
+    return header | ({"scenario": script.name} if script is not None else {})
 
 
 async def finish_session(base_url: str, session_id: str, reward: float) -> int:
@@ -28,6 +36,9 @@ async def finish_session(base_url: str, session_id: str, reward: float) -> int:
 
 async def run_agent_sessions(args: argparse.Namespace, base_url: str, stop: asyncio.Event) -> int:
     """Runs the agents off the event loop (the proxy keeps serving them), then finishes their sessions."""
+    script = getattr(args, "cli_script", None)
+    if script is not None:
+        return await run_script_sessions(args, script, base_url, stop)
     plan = SessionPlan(agent=args.agent, base_url=base_url, task=args.task, model=args.agent_model,
                        sessions=args.sessions, timeout_s=args.agent_timeout, parallel=args.concurrency)
     loop = asyncio.get_running_loop()
@@ -48,4 +59,31 @@ async def run_agent_sessions(args: argparse.Namespace, base_url: str, stop: asyn
               f"{run.duration_s:.1f}s, {samples} sample(s)", file=sys.stderr, flush=True)
         if not run.ok:
             print(f"  stderr: {run.stderr_tail[-800:]}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+async def run_script_sessions(args: argparse.Namespace, script: CliScript, base_url: str, stop: asyncio.Event) -> int:
+    """A scenario's CLI script: its sessions at once, each one's runs in order, then each session finished."""
+    from recorder.cli_runs import run_ok, run_script
+
+    loop = asyncio.get_running_loop()
+    work = loop.run_in_executor(None, run_script, script, base_url, args.agent_model, sandbox_factory(args.sandbox))
+    stopper = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if work not in done:
+        print("tito record: stop requested; open sessions are finalized with reward 0", file=sys.stderr)
+        return 130
+    stopper.cancel()
+    failed = 0
+    for outcome in work.result():
+        samples = await finish_session(base_url, outcome.session.id, args.reward)
+        failed += not outcome.ok
+        for n, (spec, run) in enumerate(zip(outcome.session.runs, outcome.runs, strict=False)):
+            status = ("killed as scripted" if spec.kill_after_s is not None and run.timed_out else
+                      "ok" if run.ok else "timed out" if run.timed_out else f"exit {run.exit_code}")
+            print(f"tito record: {run.agent} {run.version} session {run.session_id} run {n}: {status} in "
+                  f"{run.duration_s:.1f}s", file=sys.stderr, flush=True)
+            if not run_ok(spec, run):
+                print(f"  stderr: {run.stderr_tail[-800:]}\n  stdout: {run.stdout_tail[-800:]}", file=sys.stderr)
+        print(f"tito record: session {outcome.session.id}: {samples} sample(s)", file=sys.stderr, flush=True)
     return 1 if failed else 0

@@ -4,10 +4,13 @@
     tito record --engine http://127.0.0.1:30000 --out runs/ --per-session
     tito record --engine ... --out run.tito --agent claude-code --task "fix the test" --sessions 4
     tito record --engine ... --out tool_loop.tito --agent scripted --scenario cassettes/scenarios/tool_loop.yaml
+    tito record --engine ... --out cc.tito --scenario cassettes/scenarios/claude_tool_loop.yaml   # its CLI script
 
 With `--agent`, tito starts the pinned real CLI once per session in a sandbox pointed at the proxy,
-finishes each session when its agent exits, and stops; `--agent scripted` plays a scenario's `client:`
-script in-process instead (recorder/scripted_client.py), which finishes or drops its sessions itself.
+finishes each session when its agent exits, and stops; `--scenario FILE` takes the CLI, tasks, flags and
+environment from the scenario's `client:` section (recorder/cli_script.py). `--agent scripted` plays a
+scenario's scripted `client:` in-process instead (recorder/scripted_client.py), which finishes or drops its
+sessions itself. `tito simulate` also starts the fake engine on the scenario and writes the golden.
 Otherwise it serves until SIGINT/SIGTERM.
 """
 
@@ -28,13 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-session", action="store_true", help="one cassette per session, in the --out folder")
     parser.add_argument("--quiet", action="store_true", help="no live progress line")
     agents = parser.add_argument_group("agents launched for you")
-    agents.add_argument("--agent", help="claude-code, codex, qwen-code or opencode (pinned versions), or "
-                        "scripted: the scripted client plays --scenario's client: section")
-    agents.add_argument("--task", help="the task text given to every agent session")
+    agents.add_argument("--agent", help="claude-code, codex, qwen-code, opencode or gemini-cli (pinned versions), "
+                        "or scripted: the scripted client plays --scenario's client: section; default: the one "
+                        "--scenario's client: names")
+    agents.add_argument("--task", help="the task text given to every agent session (replaces a scenario's runs)")
     agents.add_argument("--scenario", metavar="FILE",
-                        help="with --agent scripted: a scenario file with a client: section (cassettes/scenarios/); "
-                             "its client.record_args are not applied here: pass them too (make cassettes does; a "
-                             "warning names any left out)")
+                        help="a scenario file (cassettes/scenarios/) whose client: section is a CLI script or the "
+                             "scripted client's; its client.record_args are not applied here: pass them too "
+                             "(tito simulate and make corpus do; a warning names any left out)")
     agents.add_argument("--sessions", type=int, default=1, help="agent sessions to run (default 1)")
     agents.add_argument("--concurrency", type=int, default=1, help="agent sessions at once (default 1)")
     agents.add_argument("--sandbox", choices=("local", "e2b"), default="local")
@@ -53,6 +57,16 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--out {out} exists: tito never overwrites a cassette"
     elif not out.parent.exists():
         return f"--out {out}: folder {out.parent} does not exist"
+    named = args.agent  # a CLI named here runs every session, even of a mixed scenario
+    if args.scenario and not args.agent:
+        from recorder.cli_script import client_agent
+
+        try:
+            args.agent = client_agent(args.scenario)
+        except (OSError, ValueError) as exc:
+            return f"--scenario {args.scenario}: {exc}"
+        if args.agent is None:
+            return f"--scenario {args.scenario} has no client: section: name the CLI with --agent"
     if args.agent == "scripted":
         if not args.scenario:
             return "--agent scripted needs --scenario FILE"
@@ -62,10 +76,15 @@ def check(args: argparse.Namespace) -> str | None:
             load_client_script(args.scenario)
         except (OSError, ValueError) as exc:
             return f"--scenario {args.scenario}: {exc}"
+    elif args.agent and args.scenario:
+        from recorder.cli_script import load_cli_script
+
+        try:
+            args.cli_script = load_cli_script(args.scenario, named, args.task)
+        except (OSError, ValueError) as exc:
+            return f"--scenario {args.scenario}: {exc}"
     elif args.agent and not args.task:
-        return "--agent needs --task"
-    elif args.scenario:
-        return "--scenario goes with --agent scripted"
+        return "--agent needs --task (or --scenario)"
     if args.sessions < 1 or args.concurrency < 1:
         return "--sessions and --concurrency must be >= 1"
     return None
@@ -93,7 +112,7 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
     elif args.agent:
         from recorder.agent_runs import agent_header
 
-        agent_info = agent_header(args.agent)
+        agent_info = agent_header(args.agent, getattr(args, "cli_script", None))
     try:
         tap = open_tap(Path(args.out), build_header(settings, engine, agent_info, manager=manager),
                        args.per_session)

@@ -1,0 +1,146 @@
+"""`tito simulate`: one scenario, recorded end to end with no GPU, into a cassette and its golden.
+
+    tito simulate --scenario cassettes/scenarios/claude_tool_loop.yaml --out /tmp/claude_tool_loop.tito
+    tito simulate --scenario fake_engine/examples/claude_tool_loop.yaml --agent opencode --task "list the files" \\
+        --out /tmp/opencode.tito
+
+It installs the pinned CLI(s) the scenario's `client:` names (npm, cached in .tools/npm), starts
+`tito fake-engine --script SCENARIO` on a free port, runs `tito record --scenario SCENARIO` against it with
+the scenario's `client.record_args` (the real CLI per session in a local sandbox, or the scripted client),
+stops the engine, and writes the golden with `tito replay --update-goldens`. The cassette only appears once
+the recording succeeded; `--replace` swaps it for an existing one. `make corpus` runs this per scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from recorder.processes import free_port, stop, wait_http
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class SimulateError(Exception):
+    """The scenario could not be recorded; the message says why."""
+
+
+@dataclass(frozen=True)
+class Simulated:
+    cassette: Path
+    seconds: float
+    log: str  # tito record's lines about its sessions
+
+
+def tito(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tito_cli", *args]
+
+
+def record_args_of(scenario: Path) -> tuple[str, ...]:
+    from recorder.scripted_script import load_scenario_file
+
+    data = load_scenario_file(scenario)
+    client = data.get("client") if isinstance(data, dict) else None
+    args = client.get("record_args") if isinstance(client, dict) else None
+    return tuple(args or ())
+
+
+def install_clis(scenario: Path, agent: str | None, task: str | None) -> list[str]:
+    """The pinned CLIs the recording will run, installed first (a cached install is a stat)."""
+    from recorder.agent_install import ensure_installed, is_installed
+    from recorder.agent_pins import pin_for
+    from recorder.cli_script import SCRIPTED, client_agent, load_cli_script
+
+    if (agent or client_agent(scenario)) in (SCRIPTED, None):
+        return []
+    script = load_cli_script(scenario, agent, task)
+    for name in script.agents:
+        pin = pin_for(name)
+        if not is_installed(pin):
+            print(f"tito simulate: installing {pin.spec} with npm (cached in .tools/npm)", file=sys.stderr, flush=True)
+        ensure_installed(pin)
+    return script.agents
+
+
+def simulate(scenario: Path, out: Path, agent: str | None = None, task: str | None = None, replace: bool = False,
+             golden: bool = True, timeout_s: float = 900.0) -> Simulated:
+    if out.exists() and not replace:
+        raise SimulateError(f"{out} exists: pass --replace to re-record it")
+    if not out.parent.is_dir():
+        raise SimulateError(f"folder {out.parent} does not exist")
+    try:
+        install_clis(scenario, agent, task)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise SimulateError(f"{scenario}: {exc}") from None
+    partial = out.with_name(out.name + ".partial")
+    partial.unlink(missing_ok=True)
+    started = time.monotonic()
+    port = free_port()
+    engine = subprocess.Popen(tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}"),
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health", engine, timeout_s=120)
+        except (RuntimeError, TimeoutError) as exc:
+            raise SimulateError(f"{scenario.name}: the fake engine did not start: {exc}") from None
+        command = ["record", "--engine", f"http://127.0.0.1:{port}", "--listen", f"127.0.0.1:{free_port()}",
+                   "--out", str(partial), "--scenario", str(scenario), "--quiet"]
+        command += ["--agent", agent] if agent else []
+        command += ["--task", task] if task else []
+        proc = subprocess.run(tito(*command, *record_args_of(scenario)), cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout_s)
+    finally:
+        stop(engine)
+        engine_err = engine.stderr.read().decode(errors="replace") if engine.stderr else ""
+        if engine.stderr:
+            engine.stderr.close()
+    if proc.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise SimulateError(f"{scenario.name}: tito record exited with {proc.returncode}\n{proc.stderr[-4000:]}"
+                            f"\nfake engine: {engine_err[-1500:]}")
+    os.replace(partial, out)
+    if golden:
+        write_goldens([out])
+    log = "\n".join(line for line in proc.stderr.splitlines() if " session " in line)
+    return Simulated(out, time.monotonic() - started, log)
+
+
+def write_goldens(cassettes: list[Path]) -> str:
+    """The cassettes' goldens, from one replay process (one start-up); its report."""
+    proc = subprocess.run(tito("replay", *map(str, cassettes), "--update-goldens"), cwd=ROOT, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise SimulateError(f"tito replay --update-goldens exited with {proc.returncode}\n"
+                            f"{(proc.stdout + proc.stderr)[-3000:]}")
+    return proc.stdout.rstrip()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenario", required=True, metavar="FILE",
+                        help="engine script plus an optional client: section (cassettes/scenarios/*.yaml)")
+    parser.add_argument("--out", required=True, metavar="CASSETTE", help="the cassette to write (its golden beside)")
+    parser.add_argument("--agent", help="the pinned CLI to run (default: the one the scenario's client: names); "
+                        "named here, it runs every session")
+    parser.add_argument("--task", help="the task text (needed when the scenario has no CLI client: section)")
+    parser.add_argument("--replace", action="store_true", help="replace an existing cassette once the new one is done")
+    parser.add_argument("--no-golden", action="store_true", help="record only; write no golden")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole recording")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        done = simulate(Path(args.scenario), Path(args.out), args.agent, args.task, args.replace,
+                        golden=not args.no_golden, timeout_s=args.timeout)
+    except SimulateError as exc:
+        print(f"tito simulate: {exc}", file=sys.stderr)
+        return 1
+    print(done.log, file=sys.stderr)
+    golden = "" if args.no_golden else f" and {done.cassette.with_suffix('.golden')}"
+    print(f"tito simulate: wrote {done.cassette} ({done.cassette.stat().st_size} bytes){golden} in "
+          f"{done.seconds:.1f}s", file=sys.stderr)
+    return 0
