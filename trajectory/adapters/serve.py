@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from trajectory.adapters.app import AdapterSettings
 
@@ -45,7 +46,13 @@ def run(args: argparse.Namespace) -> int:
     from trajectory.server_process import new_event_loop, prepare_to_serve
 
     host, port = parse_listen(args.listen)
-    app = create_app(settings_from(args))
+    settings = settings_from(args)
+    app = create_app(settings)
     prepare_to_serve(app)
-    web.run_app(app, host=host, port=port, loop=new_event_loop())
+
+    def listening(_aiohttp_banner: str) -> None:
+        # Called by run_app once the socket listens: tito's own line in place of aiohttp's banner.
+        print(f"tito serve: adapter on http://{host}:{port} -> {settings.engine_url}", file=sys.stderr, flush=True)
+
+    web.run_app(app, host=host, port=port, loop=new_event_loop(), print=listening)
     return 0
