@@ -96,7 +96,8 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
             await stop.wait()
     finally:
         await runner.cleanup()  # on_shutdown finalizes open sessions and closes the cassette
-        print(f"\ntito record: stopped; cassette at {args.out}", file=sys.stderr, flush=True)
+        lead = "\n" if not args.quiet and sys.stderr.isatty() else ""  # ends the live line ("\r") on a terminal
+        print(f"{lead}tito record: stopped; cassette at {args.out}", file=sys.stderr, flush=True)
     return rc
 
 
