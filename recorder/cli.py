@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"tito record: {problem}", file=sys.stderr)
         return 2
-    from trajectory.server_process import new_event_loop
+    from trajectory.server_process import new_event_loop, start_up_without_gc
 
+    start_up_without_gc()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(serve_until_signal(args))

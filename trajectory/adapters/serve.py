@@ -43,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from trajectory.adapters.app import create_app
-    from trajectory.server_process import new_event_loop, prepare_to_serve
+    from trajectory.server_process import new_event_loop, prepare_to_serve, start_up_without_gc
 
+    start_up_without_gc()
     host, port = parse_listen(args.listen)
     settings = settings_from(args)
     app = create_app(settings)
