@@ -5,7 +5,7 @@ Both installs are built in this run, in a temp dir, from the same pip cache:
   only what their parsers import);
 - full: the install before `trajectory/sglang_loader.py`: CPU torch 2.13.0, sglang and xgrammar with
   --no-deps, the old list of sglang's import-time needs (triton among them), then tito. Its tito processes
-  load sglang's runtime first (`import sglang`), as tito's first parser import did then.
+  load sglang's runtime (`import sglang`) where the parsers are first loaded, as tito did then.
 
 Time to the first parsed reply: from starting `tito serve` (tokenizer, parsers, warm-up) to the first answer
 to a Claude Code-style request whose reply is a parsed tool call, served by a `tito fake-engine` started
@@ -45,7 +45,16 @@ FULL_IMPORT_NEEDS = ["triton", "numpy", "orjson", "psutil", "pybase64", "request
                      "starlette", "msgspec", "pydantic", "pyzmq", "tqdm", "ipython", "aiohttp", "openai",
                      "partial-json-parser", "regex", "apache-tvm-ffi", "transformers==5.19.0", "tokenizers"]
 START_TITO = "import sys; from tito_cli import main; sys.exit(main())"
-START_TITO_WITH_RUNTIME = "import sglang; " + START_TITO  # sglang/__init__.py: the serving runtime
+# The full install's tito: sglang/__init__.py (the serving runtime) runs where its parsers are first loaded,
+# as `from sglang.srt... import` did before sglang_loader: after the tokenizer, inside the server's start-up.
+START_TITO_WITH_RUNTIME = """
+import trajectory.sglang_loader as loader
+bare_package = loader._bare_package
+def with_runtime(name):
+    import sglang  # noqa: F401
+    return bare_package(name)
+loader._bare_package = with_runtime
+""" + START_TITO
 
 
 def _run(cmd: list[str], log: Path) -> None:
