@@ -8,12 +8,10 @@ STAMP := $(VENV)/.tito-installed
 
 $(STAMP): pyproject.toml requirements-parsers.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	# CPU-only torch first, so nothing below can pull a CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
-	# sglang only for its parsers: no dependencies (they are CUDA), then its import-time needs.
-	$(BIN)/pip install -q --no-deps sglang==0.5.23 xgrammar==0.2.7
-	$(BIN)/pip install -q -r requirements-parsers.txt
 	$(BIN)/pip install -q -e '.[dev]'
+	# sglang and xgrammar for their parsers only: without their dependencies (sglang's serving runtime).
+	# Installed last, so that pip has no later install to report their missing dependencies on.
+	$(BIN)/pip install -q --no-deps -r requirements-parsers.txt
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -41,7 +41,15 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
-    return int(args._module.run(args) or 0)
+    try:
+        return int(args._module.run(args) or 0)
+    except ImportError as exc:
+        from trajectory.sglang_loader import SglangInstallError  # here: `tito --help` stays free of importlib.metadata
+
+        if not isinstance(exc, SglangInstallError):
+            raise
+        print(f"tito {args.command}: {exc}", file=sys.stderr)  # the fix is an install command: no traceback
+        return 2
 
 
 if __name__ == "__main__":

@@ -56,6 +56,9 @@ def fault_schedule(args: argparse.Namespace) -> FaultSchedule:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trajectory.server_process import start_up_without_gc
+
+    start_up_without_gc()
     from aiohttp import web
 
     from fake_engine.app import EngineOptions, create_app

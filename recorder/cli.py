@@ -145,7 +145,8 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
             await stop.wait()
     finally:
         await runner.cleanup()  # on_shutdown finalizes open sessions and closes the cassette
-        print(f"\ntito record: stopped; cassette at {args.out}", file=sys.stderr, flush=True)
+        lead = "\n" if not args.quiet and sys.stderr.isatty() else ""  # ends the live line ("\r") on a terminal
+        print(f"{lead}tito record: stopped; cassette at {args.out}", file=sys.stderr, flush=True)
     return rc
 
 
@@ -154,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"tito record: {problem}", file=sys.stderr)
         return 2
-    from trajectory.server_process import new_event_loop
+    from trajectory.server_process import new_event_loop, start_up_without_gc
 
+    start_up_without_gc()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(serve_until_signal(args))

@@ -14,14 +14,14 @@ from typing import Any
 
 from aiohttp import web
 
+from trajectory.sglang_loader import sglang_module
+
 EOS = 151645
 
 
 @cache
 def _contract() -> Any:
-    from sglang.api.v1.api_types import GenerateRequest
-
-    return GenerateRequest
+    return sglang_module("api.v1.api_types").GenerateRequest
 
 
 def qwen3_output(text: str = "", reasoning: str = "", calls: list[tuple[str, dict[str, Any]]] | None = None) -> str:

@@ -57,6 +57,14 @@ def tito(*args: str, ready: str | None = None, env: dict[str, str] | None = None
                 stream.close()
 
 
+def stop(proc: subprocess.Popen, timeout_s: float = 30.0) -> tuple[int, str]:
+    """SIGTERM `proc` (a clean stop) and wait for it; its exit code and everything it printed, stdout then
+    stderr."""
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=timeout_s)
+    return proc.returncode, (out or b"").decode(errors="replace") + (err or b"").decode(errors="replace")
+
+
 def kill_9_after(proc: subprocess.Popen, completed: int) -> int:
     """`proc` prints a running count after each call it completed; SIGKILL it once `completed` are done.
     Returns the last count it printed: every call up to there had returned before the kill."""

@@ -12,19 +12,17 @@ from fake_engine.policy import GenerateRequest
 from fake_engine.scripted import ScriptedPolicy, load_scenario, parse_scenario
 from fake_engine.sessions import session_key, turn_index
 from tests.fake_engine_helpers import BASH, EXEC, TOOL_LOOP, first_prompt, prompt_ids, serve, tokenizer
+from trajectory.sglang_loader import parsers as sglang_parsers
 
 
 @lru_cache(maxsize=1)
 def parsers():
-    pytest.importorskip("sglang.srt.function_call.function_call_parser")
-    from sglang.srt.entrypoints.openai.protocol import Function, Tool
-    from sglang.srt.function_call.function_call_parser import FunctionCallParser
-    from sglang.srt.parser.reasoning_parser import ReasoningParser
+    sglang = sglang_parsers()
 
     def parse(text: str, tools: list[dict]):
-        reasoning, normal = ReasoningParser("qwen3").parse_non_stream(text)
-        sg_tools = [Tool(type="function", function=Function(**t["function"])) for t in tools]
-        normal, calls = FunctionCallParser(sg_tools, "qwen25").parse_non_stream(normal)
+        reasoning, normal = sglang.ReasoningParser("qwen3").parse_non_stream(text)
+        sg_tools = [sglang.Tool(type="function", function=sglang.Function(**t["function"])) for t in tools]
+        normal, calls = sglang.FunctionCallParser(sg_tools, "qwen25").parse_non_stream(normal)
         return reasoning, normal, [(tools[c.tool_index]["function"]["name"], json.loads(c.parameters))
                                    for c in calls]
     return parse

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.fake_engine_helpers import first_prompt, gen_body, serve, sse_events
+from trajectory.sglang_loader import sglang_module
 
-api_types = pytest.importorskip("sglang.api.v1.api_types")
+api_types = sglang_module("api.v1.api_types")
 
 # meta_info keys the TokenizerManager adds that the schema does not model.
 EXTRA_META = {"num_retractions", "response_sent_to_client_ts"}

@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from types import ModuleType
+from typing import NoReturn
+
 import pytest
 
 from fake_engine.contract import ContractError, check_generate_body
 from tests.fake_engine_helpers import first_prompt, gen_body, serve
+from trajectory.sglang_loader import sglang_module
 
-api_types = pytest.importorskip("sglang.api.v1.api_types")
+api_types = sglang_module("api.v1.api_types")
+
+
+class _TorchStandIn(ModuleType):
+    """Lets `sglang.srt.sampling.sampling_params` import without torch: it imports torch only for watermarking,
+    which verify() never reaches. Any use of torch fails the test instead of passing on a stand-in."""
+
+    def __getattr__(self, name: str) -> NoReturn:
+        raise AssertionError(f"SamplingParams used torch.{name}: this oracle now needs torch installed")
+
+
+def sampling_params_module() -> ModuleType:
+    """sglang's SamplingParams module, in an install with no torch (tito's) as well as with it."""
+    if importlib.util.find_spec("torch") is not None:
+        return sglang_module("srt.sampling.sampling_params")
+    sys.modules["torch"] = _TorchStandIn("torch")
+    try:
+        return sglang_module("srt.sampling.sampling_params")
+    finally:
+        del sys.modules["torch"]
 
 CONTRACT_CASES = [
     {"input_ids": [1, 2], "sampling_params": {"max_tokens": 5}},
@@ -99,8 +124,8 @@ async def test_value_errors_use_the_nested_message_envelope():
 
 
 async def test_sampling_value_errors_match_sglang_sampling_params():
-    """The texts above come from SamplingParams.verify; pin them against the real class when importable."""
-    sp_mod = pytest.importorskip("sglang.srt.sampling.sampling_params")
+    """The texts above come from SamplingParams.verify; pin them against the real class."""
+    sp_mod = sampling_params_module()
     for body, message in VALUE_CASES[4:]:
         params = body["sampling_params"]
         with pytest.raises(ValueError) as e:

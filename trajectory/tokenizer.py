@@ -13,6 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from trajectory.quiet_imports import quiet_transformers
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
 
 
@@ -35,6 +37,7 @@ def resolve_dir(path: str | os.PathLike[str] | None) -> Path:
 def _load(folder: str) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    quiet_transformers()
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)

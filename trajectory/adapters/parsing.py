@@ -1,18 +1,19 @@
 """Engine text -> reasoning, content and tool calls, with sglang's own parsers.
 
-sglang is imported lazily and once: its import costs seconds, and only `serve` and the adapter tests need it.
-Using the production parsers (not a re-implementation) keeps the adapter's view of model output identical to
-what an SGLang OpenAI server would report.
+sglang is loaded lazily and once, through `trajectory.sglang_loader` (without sglang's serving runtime): its
+import costs seconds, and only the servers and the adapter tests need it. Using the production parsers (not a
+re-implementation) keeps the adapter's view of model output identical to what an SGLang OpenAI server would
+report.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from trajectory.adapters.value_cache import ValueCache
+from trajectory.sglang_loader import parsers
 
 
 @dataclass
@@ -33,15 +34,6 @@ class ParsedOutput:
     ill_formed: bool = False  # tool-call markup the parser could not read (kept as text, never dropped)
 
 
-@cache
-def _sglang() -> tuple[Any, Any, Any, Any]:
-    from sglang.srt.entrypoints.openai.protocol import Function, Tool
-    from sglang.srt.function_call.function_call_parser import FunctionCallParser
-    from sglang.srt.parser.reasoning_parser import ReasoningParser
-
-    return FunctionCallParser, ReasoningParser, Tool, Function
-
-
 class OutputParser:
     """Splits decoded model output the way the configured sglang parsers do."""
 
@@ -53,23 +45,23 @@ class OutputParser:
         self._tool_models: ValueCache[list[Any]] = ValueCache()  # validating Claude Code's tools: ~0.1 ms
 
     def _check_names(self) -> None:
-        fcp, rp, _, _ = _sglang()
-        if self.tool_parser and self.tool_parser not in fcp.ToolCallParserEnum:
-            raise ValueError(f"unknown tool parser {self.tool_parser!r}; known: {sorted(fcp.ToolCallParserEnum)}")
-        if self.reasoning_parser and self.reasoning_parser not in rp.DetectorMap:
-            raise ValueError(
-                f"unknown reasoning parser {self.reasoning_parser!r}; known: {sorted(rp.DetectorMap)}")
+        sglang = parsers()
+        known_tools, known_reasoning = sglang.FunctionCallParser.ToolCallParserEnum, sglang.ReasoningParser.DetectorMap
+        if self.tool_parser and self.tool_parser not in known_tools:
+            raise ValueError(f"unknown tool parser {self.tool_parser!r}; known: {sorted(known_tools)}")
+        if self.reasoning_parser and self.reasoning_parser not in known_reasoning:
+            raise ValueError(f"unknown reasoning parser {self.reasoning_parser!r}; known: {sorted(known_reasoning)}")
 
     def parse(self, text: str, tools: list[dict[str, Any]]) -> ParsedOutput:
-        fcp_cls, rp_cls, _, _ = _sglang()
+        sglang = parsers()
         reasoning, normal = "", text
         if self.reasoning_parser:
-            found, rest = rp_cls(self.reasoning_parser, stream_reasoning=False).parse_non_stream(text)
+            found, rest = sglang.ReasoningParser(self.reasoning_parser, stream_reasoning=False).parse_non_stream(text)
             # The template renders reasoning.strip("\n"): stripping here loses nothing the render keeps.
             reasoning, normal = (found or "").strip("\n"), rest or ""
         if not (self.tool_parser and tools):
             return ParsedOutput(reasoning, normal.lstrip("\n"))
-        parser = fcp_cls(self._tool_models.get(tools, _tool_models), self.tool_parser)
+        parser = sglang.FunctionCallParser(self._tool_models.get(tools, _tool_models), self.tool_parser)
         if not parser.has_tool_call(normal):
             return ParsedOutput(reasoning, normal.lstrip("\n"))
         content, items = parser.parse_non_stream(normal)
@@ -82,8 +74,8 @@ class OutputParser:
 
 
 def _tool_models(tools: list[dict[str, Any]]) -> list[Any]:
-    _, _, tool_cls, function_cls = _sglang()
-    return [tool_cls(type="function", function=function_cls(
+    sglang = parsers()
+    return [sglang.Tool(type="function", function=sglang.Function(
         name=t["function"]["name"], description=t["function"].get("description"),
         parameters=t["function"].get("parameters") or {"type": "object", "properties": {}})) for t in tools]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from trajectory.adapters.app import AdapterSettings
@@ -61,10 +62,17 @@ def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from trajectory.adapters.app import create_app
-    from trajectory.server_process import new_event_loop, prepare_to_serve
+    from trajectory.server_process import new_event_loop, prepare_to_serve, start_up_without_gc
 
+    start_up_without_gc()
     host, port = parse_listen(args.listen)
-    app = create_app(settings_from(args), manager_from(args))
+    settings = settings_from(args)
+    app = create_app(settings, manager_from(args))
     prepare_to_serve(app)
-    web.run_app(app, host=host, port=port, loop=new_event_loop())
+
+    def listening(_aiohttp_banner: str) -> None:
+        # Called by run_app once the socket listens: tito's own line in place of aiohttp's banner.
+        print(f"tito serve: adapter on http://{host}:{port} -> {settings.engine_url}", file=sys.stderr, flush=True)
+
+    web.run_app(app, host=host, port=port, loop=new_event_loop(), print=listening)
     return 0

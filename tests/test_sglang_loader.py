@@ -1,0 +1,71 @@
+"""The sglang loader: parsers without sglang's runtime, and a clear error for a missing or other version."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trajectory import sglang_loader
+from trajectory.sglang_loader import SGLANG_VERSION, XGRAMMAR_VERSION, SglangInstallError, check_version
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter: what a tito process has loaded depends on what ran before in it."""
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_parsers_load_without_sglangs_runtime_or_torch() -> None:
+    done = run_python(
+        "import sys\n"
+        "from trajectory.sglang_loader import parsers\n"
+        "p = parsers()\n"
+        "import sglang, xgrammar\n"
+        "print(sorted(m for m in ('torch', 'triton', 'tvm_ffi', 'sglang.lang', 'sglang.srt.managers')"
+        " if m in sys.modules))\n"
+        "print(hasattr(sglang, 'Runtime'), xgrammar.StructuralTag is xgrammar.structural_tag.StructuralTag)\n"
+        "print(p.ReasoningParser('qwen3').parse_non_stream('<think>a</think>b'))\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "False True", "('a', 'b')"]
+    assert done.stderr == ""  # no advice, warnings or leak reports from the libraries loaded
+
+
+def test_a_different_version_is_an_error_naming_the_pinned_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.22")
+    with pytest.raises(SglangInstallError) as e:
+        check_version("sglang", SGLANG_VERSION)
+    assert str(e.value).startswith(f"sglang 0.5.22 is installed, but tito's parsers need sglang=={SGLANG_VERSION}")
+    assert sglang_loader.INSTALL_COMMAND in str(e.value)
+
+
+def test_a_missing_package_is_an_error_with_the_install_command() -> None:
+    with pytest.raises(SglangInstallError) as e:
+        check_version("no-such-distribution-tito", "1.0")
+    assert str(e.value) == ("no-such-distribution-tito is not installed; tito's parsers need "
+                            f"no-such-distribution-tito==1.0: {sglang_loader.INSTALL_COMMAND}")
+
+
+def test_tito_serve_with_another_sglang_says_which_version_it_needs() -> None:
+    done = run_python(
+        "import importlib.metadata, sys\n"
+        "real = importlib.metadata.version\n"
+        "importlib.metadata.version = lambda name: '0.5.22' if name == 'sglang' else real(name)\n"
+        "from tito_cli import main\n"
+        "sys.exit(main(['serve', '--engine', 'http://127.0.0.1:9']))\n")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr == (f"tito serve: sglang 0.5.22 is installed, but tito's parsers need sglang=={SGLANG_VERSION} "
+                           f"(they are loaded from that version's modules): {sglang_loader.INSTALL_COMMAND}\n")
+
+
+def test_the_pins_installed_are_the_pins_checked() -> None:
+    pins = [line for line in (ROOT / "requirements-parsers.txt").read_text().splitlines()
+            if line and not line.startswith("#")]
+    assert pins == [f"sglang=={SGLANG_VERSION}", f"xgrammar=={XGRAMMAR_VERSION}"]
+    assert importlib.metadata.version("sglang") == SGLANG_VERSION
+    assert importlib.metadata.version("xgrammar") == XGRAMMAR_VERSION

@@ -1,0 +1,104 @@
+"""sglang's parsers without sglang's serving runtime: the one way tito imports sglang.
+
+`import sglang` runs `sglang/__init__.py`, which loads the serving runtime (torch, triton, transformers'
+model code): seconds per process, gigabytes installed, and triton's leak report at every exit, though the
+reasoning and tool-call parsers use none of it. Here `sglang` is registered as its bare package (its folder,
+`__init__` not run), so `sglang.srt...` modules import with only what they import themselves.
+
+xgrammar gets the same treatment: its `__init__` loads its compiled grammar engine, which imports torch,
+while the parsers only need its structural-tag models (`xgrammar.structural_tag` and
+`xgrammar.builtin_structural_tag`, plain pydantic). The bare `xgrammar` exports just those names; the
+grammar engine (constrained decoding) is not available through it.
+
+Both steps rely on the pinned versions' layout, so the installed versions are checked first.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+from dataclasses import dataclass
+from functools import cache
+from types import ModuleType
+
+from trajectory.quiet_imports import quiet_transformers
+
+SGLANG_VERSION = "0.5.23"
+XGRAMMAR_VERSION = "0.2.7"
+INSTALL_COMMAND = f"pip install --no-deps sglang=={SGLANG_VERSION} xgrammar=={XGRAMMAR_VERSION}"
+
+# What `xgrammar/__init__.py` exports from its pure-Python structural-tag modules.
+_XGRAMMAR_EXPORTS = {
+    "xgrammar.structural_tag": ("StructuralTag",),
+    "xgrammar.builtin_structural_tag": ("get_builtin_structural_tag", "get_model_structural_tag",
+                                        "normalize_tool_choice", "register_model_structural_tag"),
+}
+
+
+class SglangInstallError(ImportError):
+    """sglang or xgrammar is missing, or not the version tito's parsers are pinned to."""
+
+
+@dataclass(frozen=True)
+class Parsers:
+    """The classes the adapter calls (see ../shared/notes/sglang-http.md, "Parsers")."""
+
+    FunctionCallParser: type
+    ReasoningParser: type
+    Tool: type
+    Function: type
+
+
+def sglang_module(name: str) -> ModuleType:
+    """`sglang.<name>` (e.g. "api.v1.api_types"), imported without sglang's runtime."""
+    _prepare()
+    return importlib.import_module(f"sglang.{name}")
+
+
+@cache
+def parsers() -> Parsers:
+    """sglang's reasoning and tool-call parsers and the tool models they take; loaded once per process."""
+    protocol = sglang_module("srt.entrypoints.openai.protocol")
+    return Parsers(sglang_module("srt.function_call.function_call_parser").FunctionCallParser,
+                   sglang_module("srt.parser.reasoning_parser").ReasoningParser, protocol.Tool, protocol.Function)
+
+
+def check_version(distribution: str, expected: str) -> None:
+    """Raise SglangInstallError naming `expected` unless exactly that version of `distribution` is installed."""
+    try:
+        installed = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise SglangInstallError(f"{distribution} is not installed; tito's parsers need "
+                                 f"{distribution}=={expected}: {INSTALL_COMMAND}") from None
+    if installed != expected:
+        raise SglangInstallError(f"{distribution} {installed} is installed, but tito's parsers need "
+                                 f"{distribution}=={expected} (they are loaded from that version's modules): "
+                                 f"{INSTALL_COMMAND}")
+
+
+@cache
+def _prepare() -> None:
+    check_version("sglang", SGLANG_VERSION)
+    check_version("xgrammar", XGRAMMAR_VERSION)
+    quiet_transformers()  # sglang's reasoning parser imports transformers
+    _bare_package("sglang")
+    xgrammar = _bare_package("xgrammar")
+    if xgrammar is not None:
+        for module_name, names in _XGRAMMAR_EXPORTS.items():
+            module = importlib.import_module(module_name)
+            for name in names:
+                setattr(xgrammar, name, getattr(module, name))
+
+
+def _bare_package(name: str) -> ModuleType | None:
+    """Register package `name` without running its `__init__`; None when it is already imported."""
+    if name in sys.modules:
+        return None
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.submodule_search_locations is None:
+        raise SglangInstallError(f"{name} is not an installed package: {INSTALL_COMMAND}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    return module
