@@ -137,8 +137,9 @@ def parse_cli_script(data: Any, name: str, agent: str | None = None) -> CliScrip
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise ValueError("client.timeout_s: a positive number of seconds")
     if "sessions" in d:
-        if set(d) & SESSION_KEYS:
-            raise ValueError(f"client: either sessions or {sorted(set(d) & SESSION_KEYS)}, not both")
+        clash = set(d) & (SESSION_KEYS - {"agent"})  # client.agent is the sessions' default
+        if clash:
+            raise ValueError(f"client: either sessions or {sorted(clash)}, not both")
         raw = d["sessions"]
         if not isinstance(raw, list) or not raw:
             raise ValueError("client.sessions: needs at least one session")
