@@ -21,7 +21,8 @@ demo: install
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	# -rs: every skipped test with its reason (a CLI or browser not installed) in the summary
+	$(BIN)/python -m pytest -q -rs
 
 lint: install
 	$(BIN)/ruff check .
