@@ -1,8 +1,11 @@
 """The tools a prompt offers, read back from the `<tools>` block the Qwen3 chat template renders.
 
-Scenarios name tools by role ("shell"); each agent CLI calls its shell tool something else (`Bash` for
-Claude Code, `exec_command` with `cmd` for Codex), so the engine picks the name and argument the prompt
-actually offers, like a real model would.
+Scenarios name tools by role (`shell`, `read`, `write`, `edit`, `glob`, `grep`, `list`, `fetch`, `todo`,
+`agent`) with Claude Code's argument names (`command`, `file_path`, `content`, `old_string`, `new_string`,
+`pattern`, `path`); each agent CLI calls its tools something else (`Bash` for Claude Code, `exec_command`
+with `cmd` for Codex, `run_shell_command` for Qwen Code and Gemini CLI, `bash` for opencode, whose file
+tools take `filePath`/`oldString`), so the engine picks the name and arguments the prompt actually offers,
+like a real model would. A scenario may also name one client's tool (`Bash`) and play on another client.
 """
 
 from __future__ import annotations
@@ -11,16 +14,34 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-# Aliases a scenario may use, mapped to known per-CLI tool names (first offered wins).
+# Roles a scenario may use, mapped to the pinned CLIs' tool names (first offered wins). Seen in
+# ../shared/captures: Claude Code 2.1.330, Codex 0.169.0, Qwen Code 0.24.4, opencode 1.18.33, Gemini CLI 0.61.0.
 TOOL_ALIASES: dict[str, tuple[str, ...]] = {
     "shell": ("Bash", "exec_command", "shell", "run_shell_command", "bash", "local_shell"),
     "read": ("Read", "read_file", "read"),
     "write": ("Write", "write_file", "write"),
     "edit": ("Edit", "apply_patch", "replace", "edit"),
+    "glob": ("Glob", "glob"),
+    "grep": ("Grep", "grep_search", "grep", "search_file_content"),
+    "list": ("LS", "list_directory", "list", "ls"),
+    "fetch": ("WebFetch", "web_fetch", "webfetch"),
+    "todo": ("TodoWrite", "write_todos", "todowrite", "todo_write"),
+    "agent": ("Agent", "Task", "agent", "task", "invoke_agent"),
 }
-# Argument renames per tool, from the scenario's generic names.
+# Argument renames per tool, from the scenario's generic names (before the generic synonyms below).
 ARGUMENT_ALIASES: dict[str, dict[str, str]] = {
     "exec_command": {"command": "cmd"},
+}
+# A generic argument name and the spellings tools use for it, tried in order when the tool lacks the name.
+ARGUMENT_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "command": ("cmd",),
+    "file_path": ("filePath", "path", "absolute_path"),
+    "path": ("dir_path", "directory", "filePath", "file_path"),
+    "old_string": ("oldString",),
+    "new_string": ("newString",),
+    "replace_all": ("replaceAll", "allow_multiple"),
+    "include": ("include_pattern", "glob"),
+    "subagent_type": ("agent_name",),
 }
 
 
@@ -48,18 +69,35 @@ def offered_tools(prompt_text: str) -> list[OfferedTool]:
     return tools
 
 
+def role_of(name: str) -> str | None:
+    """The role a scenario's tool name stands for: a role itself, or any client's name for one."""
+    if name in TOOL_ALIASES:
+        return name
+    lowered = name.lower()
+    for role, names in TOOL_ALIASES.items():
+        if lowered in (n.lower() for n in names):
+            return role
+    return None
+
+
+def _argument_name(key: str, tool: OfferedTool) -> str:
+    props = tool.properties
+    renamed = ARGUMENT_ALIASES.get(tool.name, {}).get(key, key)
+    if not props or renamed in props:
+        return renamed
+    for synonym in ARGUMENT_SYNONYMS.get(key, ()):
+        if synonym in props:
+            return synonym
+    return key
+
+
 def resolve_call(name: str, arguments: dict[str, Any], offered: list[OfferedTool]) -> tuple[str, dict[str, Any]]:
     """Map a scenario's tool name and arguments onto what the prompt offers (unchanged if nothing fits)."""
     by_name = {t.name: t for t in offered}
-    if name in by_name or not offered:
-        return name, arguments
-    for candidate in TOOL_ALIASES.get(name, ()):
+    role = role_of(name)
+    # The name itself first (a role may be a client's own name: opencode's `edit`, `glob`), then the role's.
+    for candidate in (name, *(TOOL_ALIASES.get(role, ()) if role else ())):
         if candidate in by_name:
-            renames = ARGUMENT_ALIASES.get(candidate, {})
-            props = set(by_name[candidate].properties)
-            mapped = {}
-            for key, value in arguments.items():
-                new_key = renames.get(key, key)
-                mapped[new_key if (not props or new_key in props) else key] = value
-            return candidate, mapped
+            tool = by_name[candidate]
+            return candidate, {_argument_name(key, tool): value for key, value in arguments.items()}
     return name, arguments
