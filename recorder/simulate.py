@@ -56,9 +56,9 @@ def install_clis(scenario: Path, agent: str | None, task: str | None) -> list[st
     from recorder.agent_pins import pin_for
     from recorder.cli_script import SCRIPTED, client_agent, load_cli_script
 
-    if (agent or client_agent(scenario)) in (SCRIPTED, None):
-        return []
-    script = load_cli_script(scenario, agent, task)
+    if agent in (None, SCRIPTED) and client_agent(scenario) == SCRIPTED:
+        return []  # the scripted client: nothing to install
+    script = load_cli_script(scenario, agent, task)  # no client: section and no --agent/--task: refused here
     for name in script.agents:
         pin = pin_for(name)
         if not is_installed(pin):
