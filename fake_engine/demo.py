@@ -1,4 +1,4 @@
-"""The built-in demo scenario: any /generate gets a short Qwen3-format reply (for smoke tests, README)."""
+"""The built-in demo scenario: any /generate gets a short Qwen3-format reply (for smoke tests; docs/fake-engine.md)."""
 
 from __future__ import annotations
 

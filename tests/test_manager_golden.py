@@ -1,7 +1,7 @@
 """Golden strings for every manager rule: trained tokens in [brackets], `|` where the response region starts
 (right after the prompt of the sample's first turn, as slime lays samples out).
 
-Each golden was read and checked by hand against the rule it pins (see README, "How the manager decides").
+Each golden was read and checked by hand against the rule it pins (see docs/manager.md, "How the manager decides").
 """
 
 import pytest

@@ -6,8 +6,8 @@ all of it: a pause of about 300 ms that lands on whichever agent request is in f
 startup objects leaves the collector only what the traffic creates.
 
 The servers run on uvloop where it is installed (it is a dependency), the usual event loop for aiohttp
-servers. On the 2-core CI VM it did not change the recording proxy's CPU per request (see README, "What the
-proxy costs"); `TITO_EVENT_LOOP=asyncio` selects the stdlib loop for comparison.
+servers. On the 2-core CI VM it did not change the recording proxy's CPU per request (see benchmarks/README.md,
+"What the proxy costs"); `TITO_EVENT_LOOP=asyncio` selects the stdlib loop for comparison.
 """
 
 from __future__ import annotations
