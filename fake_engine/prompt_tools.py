@@ -6,11 +6,14 @@ Scenarios name tools by role (`shell`, `read`, `write`, `edit`, `glob`, `grep`, 
 with `cmd` for Codex, `run_shell_command` for Qwen Code and Gemini CLI, `bash` for opencode, whose file
 tools take `filePath`/`oldString`), so the engine picks the name and arguments the prompt actually offers,
 like a real model would. A scenario may also name one client's tool (`Bash`) and play on another client.
+`{workdir}` in an argument becomes the working directory the prompt names (Qwen Code's and Claude Code's file
+tools want absolute paths, and the sandbox's path is only known once the CLI runs).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +46,17 @@ ARGUMENT_SYNONYMS: dict[str, tuple[str, ...]] = {
     "include": ("include_pattern", "glob"),
     "subagent_type": ("agent_name",),
 }
+
+
+# How each pinned CLI states its working directory in the prompt (system prompt or first user message).
+WORKDIR_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
+    r"Primary working directory: (/[^\s<>\"]*)",      # Claude Code
+    r"<cwd>(/[^<]+)</cwd>",                          # Codex
+    r"I'm currently working in the directory: (/[^\s<>\"]*)",  # Qwen Code
+    r"\bWorking directory: (/[^\s<>\"]*)",           # opencode
+    r"Workspace Directories:\*\*\n\s*- (/[^\s<>\"]*)",  # Gemini CLI
+))
+WORKDIR = "{workdir}"
 
 
 @dataclass(frozen=True)
@@ -101,3 +115,27 @@ def resolve_call(name: str, arguments: dict[str, Any], offered: list[OfferedTool
             tool = by_name[candidate]
             return candidate, {_argument_name(key, tool): value for key, value in arguments.items()}
     return name, arguments
+
+
+def workdir_of(prompt_text: str) -> str | None:
+    """The working directory the prompt names, by the first pattern that finds one."""
+    for pattern in WORKDIR_PATTERNS:
+        found = pattern.search(prompt_text)
+        if found:
+            return found.group(1).rstrip("/") or "/"
+    return None
+
+
+def with_workdir(arguments: Any, workdir: str | None) -> Any:
+    """Arguments with `{workdir}` replaced in every string; ValueError if one needs it and the prompt has none."""
+    if isinstance(arguments, str):
+        if WORKDIR not in arguments:
+            return arguments
+        if workdir is None:
+            raise ValueError(f"{WORKDIR} in {arguments!r}, but the prompt names no working directory")
+        return arguments.replace(WORKDIR, workdir)
+    if isinstance(arguments, dict):
+        return {k: with_workdir(v, workdir) for k, v in arguments.items()}
+    if isinstance(arguments, list):
+        return [with_workdir(v, workdir) for v in arguments]
+    return arguments

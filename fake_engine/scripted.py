@@ -34,7 +34,7 @@ from typing import Any
 from fake_engine.faults import FaultSpec
 from fake_engine.logprobs import logprobs_for
 from fake_engine.policy import GenerateRequest, Generation, PolicyError
-from fake_engine.prompt_tools import offered_tools, resolve_call
+from fake_engine.prompt_tools import WORKDIR, offered_tools, resolve_call, with_workdir, workdir_of
 from fake_engine.qwen3_output import EOS_ID, ToolCall, render_ids
 from fake_engine.sessions import IM_END, assistant_turns_after, last_user_start, opening_end, prompt_digest
 
@@ -199,7 +199,13 @@ class ScriptedPolicy:
         if turn.ids is not None:
             return list(turn.ids)
         offered = offered_tools(opening) if turn.tool_calls else []
-        calls = [ToolCall(*resolve_call(c.name, c.arguments, offered)) for c in turn.tool_calls]
+        workdir = workdir_of(opening) if turn.tool_calls and WORKDIR in json.dumps(
+            [c.arguments for c in turn.tool_calls]) else None
+        try:
+            calls = [ToolCall(*resolve_call(c.name, with_workdir(c.arguments, workdir), offered))
+                     for c in turn.tool_calls]
+        except ValueError as exc:
+            raise PolicyError(f"scenario {self.scenario.name!r}: {exc}", status=400) from None
         key = (*index, tuple((c.name, json.dumps(c.arguments, sort_keys=True)) for c in calls))
         ids = self._rendered.get(key)
         if ids is None:

@@ -11,7 +11,16 @@ import json
 
 import pytest
 
-from fake_engine.prompt_tools import TOOL_ALIASES, OfferedTool, offered_tools, resolve_call, role_of
+from fake_engine.policy import PolicyError
+from fake_engine.prompt_tools import (
+    TOOL_ALIASES,
+    OfferedTool,
+    offered_tools,
+    resolve_call,
+    role_of,
+    with_workdir,
+    workdir_of,
+)
 from fake_engine.scripted import ScriptedPolicy, parse_scenario
 from tests.fake_engine_helpers import prompt_ids, tokenizer
 from tests.test_fake_engine_scripted import parsers, request
@@ -144,3 +153,44 @@ def test_scripted_engine_calls_opencodes_tools_through_the_real_template(role, n
     _, _, calls = parsers()(text, specs)
     assert calls == [(name, args)]
     assert json.dumps(args) in text  # the engine's spacing: the client echoes it compactly
+
+
+# How the pinned CLIs name their working directory, copied from the captured requests.
+WORKDIR_SNIPPETS = {
+    "claude-code": "environment: \n - Primary working directory: /sandbox/work_baseline\n - Is a git repo",
+    "codex": "<environment_context>\n  <cwd>/sandbox/cwork_baseline</cwd>\n  <shell>bash</shell>",
+    "qwen-code": "My operating system is: linux\nI'm currently working in the directory: /tmp/sid-1/work\nHere is",
+    "opencode": "<env>\n  Working directory: /sandbox/owork_opencode\n  Workspace root folder: /sandbox",
+    "gemini-cli": "temporary directory is: /sandbox/ohome/.gemini/x\n- **Workspace Directories:**\n"
+                  "  - /sandbox/owork_gemini\n",
+}
+
+
+@pytest.mark.parametrize("client", sorted(WORKDIR_SNIPPETS))
+def test_workdir_is_read_from_each_clients_prompt(client):
+    found = workdir_of("You are an agent. All commands run in the current working directory by default.\n"
+                       + WORKDIR_SNIPPETS[client])
+    assert found is not None and found.startswith("/") and found.rsplit("/", 1)[1] in (
+        "work_baseline", "cwork_baseline", "work", "owork_opencode", "owork_gemini")
+
+
+def test_with_workdir_replaces_in_nested_strings_and_refuses_without_a_workdir():
+    args = {"file_path": "{workdir}/a.txt", "n": 3, "todos": [{"path": "{workdir}"}], "plain": "x"}
+    assert with_workdir(args, "/w") == {"file_path": "/w/a.txt", "n": 3, "todos": [{"path": "/w"}], "plain": "x"}
+    assert with_workdir({"command": "ls"}, None) == {"command": "ls"}
+    with pytest.raises(ValueError, match="names no working directory"):
+        with_workdir({"file_path": "{workdir}/a.txt"}, None)
+
+
+def test_scripted_engine_fills_the_workdir_of_a_qwen_prompt():
+    specs = [_spec(n, p, r) for n, (p, r) in CLIENT_TOOLS["qwen-code"].items()]
+    scenario = parse_scenario({"turns": [{"tool_calls": [{"name": "read",
+                                                          "arguments": {"file_path": "{workdir}/notes.txt"}}]}]})
+    ids = prompt_ids([{"role": "system", "content": "You are Qwen Code."},
+                      {"role": "user", "content": WORKDIR_SNIPPETS["qwen-code"]}], tools=specs)
+    gen = ScriptedPolicy(scenario, tokenizer()).generate(request(ids))
+    _, _, calls = parsers()(tokenizer().decode(gen.output_ids[:-1], skip_special_tokens=False), specs)
+    assert calls == [("read_file", {"file_path": "/tmp/sid-1/work/notes.txt"})]
+    no_dir = prompt_ids([{"role": "user", "content": "hi"}], tools=specs)
+    with pytest.raises(PolicyError, match="names no working directory"):
+        ScriptedPolicy(scenario, tokenizer()).generate(request(no_dir))
