@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tito-installed
 
-.PHONY: install demo test lint bench cassettes clean
+.PHONY: install demo test lint bench cassettes corpus clean
 
 $(STAMP): pyproject.toml requirements-parsers.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,9 +31,15 @@ bench: install
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 # Re-record the committed scenario corpus (cassettes/scenarios/*.yaml -> cassettes/<name>.tito), then write
-# its goldens (tito replay --update-goldens). One scenario: make cassettes SCENARIOS=tool_loop
+# its goldens (tito replay --update-goldens). `make corpus`: every scenario, the real-CLI ones through
+# tito simulate (pinned CLIs installed with npm, cached); `make cassettes`: the scripted-client ones only.
+# Some: make corpus SCENARIOS="tool_loop mixed_concurrent"; at once: JOBS=2 (default).
+JOBS ?= 2
+corpus: install
+	$(BIN)/python -m recorder.corpus --jobs $(JOBS) $(SCENARIOS)
+
 cassettes: install
-	$(BIN)/python -m recorder.corpus $(SCENARIOS)
+	$(BIN)/python -m recorder.corpus --scripted --jobs $(JOBS) $(SCENARIOS)
 
 clean:
 	rm -rf $(VENV)

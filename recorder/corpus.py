@@ -1,16 +1,21 @@
-"""`make cassettes`: re-record the committed scenario corpus from scratch.
+"""`make corpus` and `make cassettes`: re-record the committed scenario corpus from scratch.
 
-For each `cassettes/scenarios/<name>.yaml`: start `tito fake-engine --script <it>` on a free loopback
-port, run `tito record --agent scripted --scenario <it>` (plus the scenario's `client.record_args`) into
-a temporary file, stop the engine, then replace `cassettes/<name>.tito` with the new recording. A failed
-recording leaves the committed cassette as it was. Then every new cassette's golden is written by
-`tito replay --update-goldens`: read the golden diffs before committing them.
+Each `cassettes/scenarios/<name>.yaml` is recorded into `cassettes/<name>.tito` by whoever its `client.agent`
+names: the scripted client (`scripted`, the default; `make cassettes` records only these, no npm needed), or
+a pinned real CLI (claude-code, codex, qwen-code, opencode, gemini-cli), through `tito simulate` (the fake
+engine on the scenario, the recording proxy, the CLI in a local sandbox). Every pinned CLI the scenarios
+name is installed first (npm, cached in .tools/npm). Scenarios run `--jobs` at a time, each against its own
+fresh fake engine (fresh: `fault_attempts` counts requests), into a temporary file that replaces the
+committed cassette only once complete: a failed scenario leaves its committed cassette as it was, is
+reported, and the others go on. Then the new cassettes' goldens are written by one `tito replay
+--update-goldens` process: read the golden diffs before committing them.
 
-    python -m recorder.corpus                  # every scenario
-    python -m recorder.corpus tool_loop retry_529
-    python -m recorder.corpus --jobs 1         # one at a time (default: two, one per core here)
+    python -m recorder.corpus                    # every scenario (make corpus)
+    python -m recorder.corpus --scripted         # the scripted-client ones only (make cassettes)
+    python -m recorder.corpus tool_loop mixed_concurrent
+    python -m recorder.corpus --jobs 1           # one at a time (default: two, one per core here)
 
-Most of a scenario's time is the two processes starting (the tokenizer import); the traffic takes seconds.
+Prints one line per scenario as it finishes; exit 1 when any scenario failed (its reason is printed).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +46,7 @@ class Recorded:
     name: str
     cassette: Path
     seconds: float
-    log: str  # tito record's stderr: one line per scripted session
+    log: str  # tito record's lines about its sessions
 
 
 def tito(*args: str) -> list[str]:
@@ -49,7 +54,7 @@ def tito(*args: str) -> list[str]:
 
 
 def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) -> Recorded:
-    """One scenario, recorded against its own fresh fake engine (fresh: `fault_attempts` counts requests)."""
+    """One scripted-client scenario, recorded against its own fresh fake engine."""
     name = scenario.stem
     record_args = list(load_client_script(scenario).record_args)
     out = out_dir / f"{name}.tito"
@@ -57,8 +62,8 @@ def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) 
     partial.unlink(missing_ok=True)
     port = free_port()
     started = time.monotonic()
-    engine = subprocess.Popen(tito("fake-engine", "--script", str(scenario), "--port", str(port)), cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    engine = subprocess.Popen(tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}"),
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         try:
             wait_http(f"http://127.0.0.1:{port}/health", engine, timeout_s=120)
@@ -82,8 +87,59 @@ def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) 
     return Recorded(name, out, time.monotonic() - started, log)
 
 
+def record_cli(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 900.0) -> Recorded:
+    """One real-CLI scenario through `tito simulate` (its golden comes later, with the others')."""
+    from recorder.simulate import SimulateError, simulate
+
+    out = out_dir / f"{scenario.stem}.tito"
+    try:
+        done = simulate(scenario, out, replace=True, golden=False, timeout_s=timeout_s)
+    except SimulateError as exc:
+        raise CorpusError(str(exc)) from None
+    return Recorded(scenario.stem, out, done.seconds, done.log)
+
+
+def client_of(scenario: Path) -> str:
+    """`scripted` or the pinned CLI's name; a scenario without a `client:` section is not a corpus scenario."""
+    from recorder.cli_script import client_agent
+
+    try:
+        agent = client_agent(scenario)
+    except (OSError, ValueError) as exc:
+        raise CorpusError(f"{scenario.stem}: {exc}") from None
+    if agent is None:
+        raise CorpusError(f"{scenario.stem}: no client: section (scripted or a pinned CLI)")
+    return agent
+
+
+def install_clis(paths: list[Path]) -> dict[str, str]:
+    """Every pinned CLI the real-CLI scenarios name, installed once up front (cached: a stat); the scenarios
+    that can not run, with why."""
+    from recorder.agent_install import ensure_installed, is_installed
+    from recorder.agent_pins import pin_for
+    from recorder.cli_script import load_cli_script
+
+    needs: dict[str, list[str]] = {}
+    broken: dict[str, str] = {}
+    for path in paths:
+        try:
+            for agent in load_cli_script(path).agents:
+                needs.setdefault(agent, []).append(path.stem)
+        except (OSError, ValueError) as exc:
+            broken[path.stem] = str(exc)
+    for agent, users in needs.items():
+        pin = pin_for(agent)
+        if not is_installed(pin):
+            print(f"installing {pin.spec} with npm (cached in .tools/npm)", flush=True)
+        try:
+            ensure_installed(pin)
+        except (OSError, RuntimeError) as exc:
+            broken.update({name: f"{pin.spec} is not installed: {exc}" for name in users})
+    return broken
+
+
 def update_goldens(cassettes: list[Path]) -> None:
-    """Each re-recorded cassette's golden, written from a replay of it (one process: one start-up)."""
+    """The re-recorded cassettes' goldens, written from a replay of them (one process: one start-up)."""
     proc = subprocess.run(tito("replay", *map(str, cassettes), "--update-goldens"), cwd=ROOT, capture_output=True,
                           text=True)
     if proc.returncode != 0:
@@ -102,27 +158,71 @@ def scenario_paths(names: list[str]) -> list[Path]:
     return paths
 
 
+def record_all(paths: list[Path], jobs: int, out_dir: Path = CASSETTES) -> tuple[list[Recorded], dict[str, str]]:
+    """Every scenario, `jobs` at a time, each reported as it finishes; the recordings and the failures."""
+    clients: dict[Path, str] = {}
+    failed: dict[str, str] = {}
+    for path in paths:
+        try:
+            clients[path] = client_of(path)
+        except CorpusError as exc:
+            failed[path.stem] = str(exc)
+    failed |= install_clis([p for p, c in clients.items() if c != "scripted"])
+    todo = [p for p in clients if p.stem not in failed]
+    for name, why in failed.items():
+        print(f"{name}: FAILED ({why.splitlines()[0]})", flush=True)
+    done: list[Recorded] = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures: dict[Future[Recorded], Path] = {
+            pool.submit(record if clients[p] == "scripted" else record_cli, p, out_dir): p for p in todo}
+        for future in as_completed(futures):
+            path = futures[future]
+            try:
+                rec = future.result()
+            except (CorpusError, OSError, subprocess.TimeoutExpired) as exc:
+                failed[path.stem] = str(exc)
+                print(f"{path.stem} [{clients[path]}]: FAILED ({str(exc).splitlines()[0]}); "
+                      f"the committed cassette is untouched", flush=True)
+                continue
+            done.append(rec)
+            shown = rec.cassette.relative_to(ROOT) if rec.cassette.is_relative_to(ROOT) else rec.cassette
+            print(f"{rec.name} [{clients[path]}]: {shown} ({rec.cassette.stat().st_size} bytes, {rec.seconds:.1f}s)",
+                  flush=True)
+    order = {p.stem: i for i, p in enumerate(paths)}
+    return sorted(done, key=lambda r: order[r.name]), failed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recorder.corpus", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="scenario names (default: every cassettes/scenarios/*.yaml)")
+    parser.add_argument("--scripted", action="store_true", help="only the scripted-client scenarios (no npm)")
     parser.add_argument("--no-goldens", action="store_true", help="record only; leave the goldens alone")
     parser.add_argument("--jobs", type=int, default=2, help="scenarios recorded at once (default 2)")
     args = parser.parse_args(argv)
+    prog = "make cassettes" if args.scripted else "make corpus"
     try:
         paths = scenario_paths(args.names)
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            for done in pool.map(record, paths):  # in scenario order; the first failure stops the report
-                size = done.cassette.stat().st_size
-                print(f"{done.name}: {done.cassette.relative_to(ROOT)} ({size} bytes, {done.seconds:.1f}s)",
-                      flush=True)
-                if done.log:
-                    print("  " + done.log.replace("\n", "\n  "), flush=True)
-        if not args.no_goldens:
-            update_goldens([CASSETTES / f"{path.stem}.tito" for path in paths])
+        if args.scripted:
+            paths = [p for p in paths if _is_scripted(p)]
+        started = time.monotonic()
+        done, failed = record_all(paths, args.jobs)
+        if done and not args.no_goldens:
+            update_goldens([r.cassette for r in done])
     except CorpusError as exc:
-        print(f"make cassettes: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
-    return 0
+    print(f"{prog}: {len(done)} of {len(paths)} scenario(s) re-recorded in {time.monotonic() - started:.0f}s"
+          + (f"; FAILED: {', '.join(sorted(failed))}" if failed else ""), flush=True)
+    for name, why in sorted(failed.items()):
+        print(f"{prog}: {name}: {why}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _is_scripted(path: Path) -> bool:
+    try:
+        return client_of(path) == "scripted"
+    except CorpusError:
+        return False
 
 
 if __name__ == "__main__":
