@@ -24,6 +24,7 @@ from typing import Any
 
 from recorder.agent_install import DEFAULT_PREFIX, ensure_installed, install_command
 from recorder.agent_pins import AgentPin
+from recorder.pid_namespace import pid_namespace_prefix, resolve_program
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -96,9 +97,18 @@ class LocalSandbox(Sandbox):
         name: str | None = None,
         tools_prefix: Path = DEFAULT_PREFIX,
         keep: bool = False,
+        pid_namespace: bool | None = None,
     ) -> None:
         """`name` (e.g. the session id) gives a stable directory instead of a random one: the CLIs put
-        their working directory into the prompt, so a stable path keeps re-recordings token-identical."""
+        their working directory into the prompt, so a stable path keeps re-recordings token-identical.
+        `pid_namespace`: run each command in a fresh PID namespace (`recorder/pid_namespace.py`), so the
+        process ids tool results show repeat too; None uses one where this machine allows it."""
+        if pid_namespace is False:
+            self._unshare: tuple[str, ...] = ()
+        else:
+            self._unshare = pid_namespace_prefix()
+            if pid_namespace and not self._unshare:
+                raise SandboxError("no PID namespace on this machine (unshare --pid is not allowed)")
         if name is None:
             self.root = Path(tempfile.mkdtemp(prefix="tito-sandbox-", dir=parent)).resolve()
         else:
@@ -131,6 +141,11 @@ class LocalSandbox(Sandbox):
     ) -> CommandResult:
         self._check_open()
         argv = _check_command(argv, env, timeout_s)
+        workdir = str(self._inside(cwd or self.workdir))
+        if self._unshare:
+            if resolve_program(argv[0], env, workdir) is None:
+                raise SandboxError(f"cannot run {argv[0]!r}: not found")
+            argv = [*self._unshare, *argv]
         self._commands += 1
         # Output goes to files, not pipes: a tool's leftover background child holding a pipe open would
         # otherwise keep us waiting after the agent itself exited.
@@ -142,7 +157,7 @@ class LocalSandbox(Sandbox):
                 proc = subprocess.Popen(
                     argv,
                     env=dict(env),
-                    cwd=str(self._inside(cwd or self.workdir)),
+                    cwd=workdir,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,

@@ -1,4 +1,5 @@
-"""LocalSandbox: fresh directories, exact environment, stdin from /dev/null, timeouts that kill everything."""
+"""LocalSandbox: fresh directories, exact environment, stdin from /dev/null, timeouts that kill everything, pids
+that repeat (a PID namespace where allowed)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from recorder.pid_namespace import pid_namespace_prefix
 from recorder.sandbox import LocalSandbox, SandboxError
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ONLY_THIS": "1"}
@@ -78,36 +80,84 @@ def test_exit_code_and_both_streams_are_collected(sandbox: LocalSandbox) -> None
     assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (7, "out\n", "err\n", False)
 
 
-def test_timeout_kills_the_command_and_its_background_children(sandbox: LocalSandbox) -> None:
-    pid_file = Path(sandbox.workdir) / "child.pid"
-    script = f"sleep 300 & echo $! > {pid_file}; echo started; wait"
-    result = sandbox.run(["sh", "-c", script], ENV, timeout_s=1.5)
+@pytest.mark.parametrize("pid_namespace", [False, None], ids=["host-pids", "pid-namespace-if-allowed"])
+def test_timeout_kills_the_command_and_its_background_children(tmp_path: Path, pid_namespace: bool | None) -> None:
+    with LocalSandbox(parent=tmp_path, pid_namespace=pid_namespace) as box:
+        result = box.run(["sh", "-c", "sleep 301.25 & echo started; wait"], ENV, timeout_s=1.5)
     assert result.timed_out and result.exit_code is None
     assert result.stdout == "started\n"
-    child = int(pid_file.read_text())
-    assert _dies(child)
+    assert _all_die("301.25")
 
 
-def test_a_leftover_background_child_does_not_hold_the_run_open(sandbox: LocalSandbox) -> None:
-    pid_file = Path(sandbox.workdir) / "child.pid"
-    result = sandbox.run(["sh", "-c", f"sleep 300 & echo $! > {pid_file}; echo bye"], ENV, timeout_s=120)
+@pytest.mark.parametrize("pid_namespace", [False, None], ids=["host-pids", "pid-namespace-if-allowed"])
+def test_a_leftover_background_child_does_not_hold_the_run_open(tmp_path: Path, pid_namespace: bool | None) -> None:
+    with LocalSandbox(parent=tmp_path, pid_namespace=pid_namespace) as box:
+        result = box.run(["sh", "-c", "sleep 302.25 & echo bye"], ENV, timeout_s=120)
     assert (result.exit_code, result.timed_out, result.stdout) == (0, False, "bye\n")
-    assert _dies(int(pid_file.read_text()))
+    assert _all_die("302.25")
 
 
-def _dies(pid: int) -> bool:
-    """SIGKILL is delivered asynchronously: wait (bounded) for the process to be gone or a zombie."""
+def _namespaces() -> None:
+    if not pid_namespace_prefix():
+        pytest.skip("this machine does not allow unshare --pid (not root, or no unshare): commands run with host pids")
+
+
+def test_pids_repeat_between_runs_in_a_pid_namespace(tmp_path: Path) -> None:
+    """What Gemini CLI's `Process Group PGID: N` needs: the same commands see the same pids every time."""
+    _namespaces()
+    script = 'echo $$; sh -c \'echo $$\'; sleep 0 & echo $!'
+    with LocalSandbox(parent=tmp_path) as box:
+        runs = [box.run(["sh", "-c", script], ENV, timeout_s=60) for _ in range(2)]
+    assert runs[0].stdout == runs[1].stdout == "1\n2\n3\n"
+
+
+def test_the_namespace_ends_with_the_command_even_for_other_process_groups(tmp_path: Path) -> None:
+    """A tool child in a session of its own (Gemini CLI runs each shell command so) escapes the process-group
+    kill; the namespace takes it down when the CLI exits."""
+    _namespaces()
+    with LocalSandbox(parent=tmp_path) as box:
+        result = box.run(["sh", "-c", "setsid sleep 303.25 & sleep 0.5; echo bye"], ENV, timeout_s=120)
+    assert (result.exit_code, result.stdout) == (0, "bye\n")
+    assert _all_die("303.25")
+
+
+def test_a_required_namespace_that_is_not_allowed_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("recorder.sandbox.pid_namespace_prefix", lambda: ())
+    with pytest.raises(SandboxError, match="no PID namespace"):
+        LocalSandbox(parent=tmp_path, pid_namespace=True)
+    with LocalSandbox(parent=tmp_path) as box:  # the default runs plainly instead
+        assert box.run(["sh", "-c", "echo $$"], ENV, timeout_s=60).stdout != "1\n"
+
+
+def _all_die(marker: str) -> bool:
+    """Every host process running `sleep <marker>` gone (or a zombie) within a bounded wait: SIGKILL is
+    delivered asynchronously. Found by its command line, since a pid written inside a namespace is not a host pid."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-            # A killed child of an exited shell lingers as a zombie until something reaps it.
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return True
-        except (ProcessLookupError, FileNotFoundError):
+        if not [pid for pid in _pids_running(["sleep", marker]) if not _zombie(pid)]:
             return True
         time.sleep(0.05)
     return False
+
+
+def _pids_running(argv: list[str]) -> list[int]:
+    wanted = "\0".join(argv).encode() + b"\0"
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "cmdline").read_bytes() == wanted:
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def test_bad_commands_are_clear_errors(sandbox: LocalSandbox) -> None:
