@@ -15,7 +15,10 @@ Scenario format (YAML or JSON; see docs/fake-engine.md):
             fault_attempts: 1                        # faults hit only the first attempt: a retry succeeds
 
 A top-level `turns:` list is shorthand for one session that matches every prompt. A turn may give raw
-`ids` instead. Sessions are matched in order; the first whose `match` holds wins (no `match`: any).
+`ids` instead. `fault_attempts: N` limits a turn's faults and its cut finish (length, abort) to the
+turn's first N requests: a client that drops a cut reply and asks again (Claude Code after a cut in its
+reasoning) gets the whole turn. Sessions are matched in order; the first whose `match` holds wins (no
+`match`: any).
 `prompt_contains` looks at the prompt's opening (system prompt and first user message); `last_user_contains`
 at the last user message, for a request that is told apart by what it asks last (Claude Code's compaction
 request is the whole history plus "summarise"): such a session counts its turns from that message on.
@@ -53,7 +56,7 @@ class ScriptedTurn:
     finish: str = "stop"
     length: int | None = None  # finish length / abort: how many tokens are kept
     faults: FaultSpec | None = None
-    fault_attempts: int | None = None  # faults only on the first N requests for this turn (None: every one)
+    fault_attempts: int | None = None  # faults and a cut finish only on the turn's first N requests (None: all)
 
 
 @dataclass(frozen=True)
@@ -224,16 +227,17 @@ class ScriptedPolicy:
                                   f"(it scripts {len(session.turns)})", status=400)
             t_index = len(session.turns) - 1
         turn = session.turns[t_index]
-        faults = turn.faults
+        faults, finish = turn.faults, turn.finish
         if turn.fault_attempts is not None:
             key = (prompt_digest(req.input_ids), s_index, req.turn_index)
             self._attempts[key] = seen = self._attempts.get(key, 0) + 1
-            faults = faults if seen <= turn.fault_attempts else None
+            if seen > turn.fault_attempts:  # a cut finish is a fault too: the re-request gets the whole turn
+                faults, finish = None, "stop"
         ids = self._ids((s_index, t_index), turn, opening)
-        if turn.finish != "stop":
+        if finish != "stop":
             if ids and ids[-1] == EOS_ID:
                 ids = ids[:-1]
-            keep = turn.length if turn.length is not None else (len(ids) if turn.finish == "length"
+            keep = turn.length if turn.length is not None else (len(ids) if finish == "length"
                                                                  else len(ids) // 2)
             ids = ids[:keep]
         lps_key = (req.session_key, req.turn_index, tuple(ids))
@@ -244,5 +248,5 @@ class ScriptedPolicy:
             if len(self._logprobs) > 4096:
                 self._logprobs.popitem(last=False)
         lps = list(lps)
-        return Generation(output_ids=ids, logprobs=lps, finish=turn.finish,  # type: ignore[arg-type]
+        return Generation(output_ids=ids, logprobs=lps, finish=finish,  # type: ignore[arg-type]
                           faults=faults)

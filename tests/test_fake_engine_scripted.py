@@ -164,3 +164,16 @@ async def test_fault_attempts_fail_only_the_first_requests_of_a_turn():
     assert texts[1] == texts[2] == "Answered on retry."
     with pytest.raises(ValueError, match="fault_attempts"):
         parse_scenario({"turns": [{"text": "x", "fault_attempts": 0}]})
+
+
+def test_fault_attempts_cut_only_the_first_requests_of_a_turn():
+    """`finish: length` with `fault_attempts: 1`: the first request is cut, a client that drops the cut reply
+    and asks again for the same turn (Claude Code after a cut in its reasoning) gets the whole turn."""
+    scenario = parse_scenario({"turns": [{"reasoning": "Think at length about it.", "text": "The answer.",
+                                          "finish": "length", "length": 4, "fault_attempts": 1}]})
+    policy = ScriptedPolicy(scenario, tokenizer())
+    cut, whole, again = (policy.generate(request(first_prompt())) for _ in range(3))
+    assert (cut.finish, len(cut.output_ids)) == ("length", 4)
+    assert whole.finish == again.finish == "stop"
+    assert whole.output_ids[:4] == cut.output_ids and whole.output_ids == again.output_ids
+    assert tokenizer().decode(whole.output_ids, skip_special_tokens=True).endswith("The answer.")
