@@ -94,7 +94,8 @@ def check(result: CassetteResult, all_sessions: Sequence[str], names: TokenNames
     """Sets each checked session's `golden` (ok, missing, changed, updated, written) and `golden_diff`.
 
     Sessions that stopped at a difference are not checked (their replay is incomplete), unless updating.
-    `all_sessions`: every session of the cassette, in order (the file keeps that order).
+    `all_sessions`: every session of the cassette. The file lists them by name, not in cassette order: that
+    order is arrival order, which concurrent sessions change from one recording to the next.
     """
     path = golden_path(result.path)
     result.golden_path = str(path)
@@ -120,7 +121,7 @@ def check(result: CassetteResult, all_sessions: Sequence[str], names: TokenNames
                 s.golden_diff = bounded_diff(old, new, s.session)
         if update:
             kept = {n: t for n, t in sections.items() if n in all_sessions}
-            text = compose(result.path, {**kept, **rendered}, all_sessions)
+            text = compose(result.path, {**kept, **rendered}, sorted(all_sessions))
             if not existed or path.read_text(encoding="utf-8") != text:
                 _write(path, text)
 
