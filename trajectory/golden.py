@@ -184,13 +184,17 @@ def _node_line(node: dict[str, Any]) -> str:
     text = _snippet(message.get("content"))
     parts = [f"n{node['id']} {node['role']}"]
     if node.get("turn") is not None:
-        parts.append(f"[turn {node['turn']}{'' if node.get('generated') else ', not trained (merged)'}]")
+        finish = f", finish {node['finish']}" if node.get("finish") else ""  # cut by the token limit, aborted
+        parts.append(f"[turn {node['turn']}{'' if node.get('generated') else ', not trained (merged)'}{finish}]")
     if text:
         parts.append(text)
     calls = message.get("tool_calls") or []
     if calls:
         parts.append("calls " + ", ".join(_snippet(f"{c.get('name')}({_compact(c.get('arguments'))})", 48)
                                           for c in calls))
+    elif not text and node.get("reasoning"):
+        # A reply that only thinks (a client may drop it and ask again) would otherwise be a blank line.
+        parts.append("thinks " + _snippet(node["reasoning"]))
     if node.get("leaf") and node.get("samples"):
         parts.append("→ sample " + ", ".join(map(str, node["samples"])))
     return " ".join(parts)

@@ -131,7 +131,10 @@ class MessageTree:
             "nodes": [
                 {"id": n.id, "parent": n.parent.id if n.parent else None, "role": n.role, "message": n.canon,
                  "generated": n.generated, "turn": n.turn_index,
-                 "leaf": not n.children, "samples": leaf_samples.get(n.id, [])}
+                 "leaf": not n.children, "samples": leaf_samples.get(n.id, []),
+                 # the canonical form leaves reasoning out (harnesses disagree on echoing it): as last seen
+                 **({"reasoning": r} if isinstance(r := n.raw.get("reasoning_content"), str) and r else {}),
+                 **({"finish": n.turn.finish_reason} if n.turn and n.turn.finish_reason != "stop" else {})}
                 for n in self.nodes[1:]
             ],
         }
