@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tito-installed
 
-.PHONY: install demo test lint bench cassettes corpus clean
+.PHONY: install demo test lint bench cassettes corpus corpus-table clean
 
 $(STAMP): pyproject.toml requirements-parsers.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +40,10 @@ corpus: install
 
 cassettes: install
 	$(BIN)/python -m recorder.corpus --scripted --jobs $(JOBS) $(SCENARIOS)
+
+# The README's corpus table and figures, from a replay of every committed cassette (recorder/corpus_table.py).
+corpus-table: install
+	$(BIN)/python -m recorder.corpus_table
 
 clean:
 	rm -rf $(VENV)
