@@ -276,6 +276,10 @@ class _SessionRun:
                                     exchange.index, exchange.turn)
         if difference is not None:
             self.found(difference)
+            return
+        event = wire_event(exchange)
+        if event is not None:
+            self.result.wire_events.append(event)
 
     async def finish(self, reward: float, live: list[dict[str, Any]] | None) -> None:
         name = self.plan.name
@@ -338,6 +342,31 @@ def exchange_difference(exchange: PlannedExchange, replayed: Any) -> Difference 
         if a != b:
             return Difference("reply", f"{label}: recorded {a!r}, replayed {b!r}", exchange.index, exchange.turn)
     return None
+
+
+def wire_event(exchange: PlannedExchange) -> str | None:
+    """What an exchange did that the tree can not show (a failure, a retry, an abort), as the golden's line;
+    None for a plain answer. Read from the recording, which a clean replay has just reproduced."""
+    record = exchange.record
+    generates = [c for c in exchange.engine if c.path.endswith("/generate")]
+    failed = [f"engine /generate {c.status or 'no answer'}" for c in generates if c.status != 200]
+    aborts = sum(c.path.endswith("/abort_request") for c in exchange.engine)
+    parts: list[str] = []
+    if record.retry_of is not None:
+        parts.append(f"retry of #{record.retry_of} (identical body): " + (
+            "generated again" if generates else "answered from the first reply, no engine call"))
+    if record.status == 499:
+        parts.append("client gone mid-generation")
+    elif record.status != 200:
+        parts.append(f"answered {record.status}")
+    parts += failed
+    if aborts:
+        parts.append("engine request aborted" + (f" ({aborts} /abort_request calls)" if aborts > 1 else ""))
+    if not parts:
+        return None
+    method = "" if record.method == "POST" else f" {record.method} {record.path}"
+    turn = f" -> turn {record.turn_index}" if record.turn_index is not None else ", no turn"
+    return f"#{exchange.index}{method} " + ", ".join(parts) + turn
 
 
 def _reply_text(body: bytes | None, events: list[str] | None) -> str:

@@ -29,6 +29,7 @@ class SessionResult:
     exchanges: int = 0  # agent exchanges replayed
     finishes: list[FinishResult] = field(default_factory=list)
     drops: int = 0
+    wire_events: list[str] = field(default_factory=list)  # failed, retried, aborted exchanges (`replay.wire_event`)
     live_samples: list[dict[str, Any]] = field(default_factory=list)  # every sample the live run stored
     differences: list[Difference] = field(default_factory=list)  # failures: the replay stopped at the first
     accepted: list[Difference] = field(default_factory=list)  # differences noted, not failed (--update-goldens)

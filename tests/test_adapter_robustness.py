@@ -287,6 +287,31 @@ async def test_engine_errors_map_to_client_error_formats(qwen_tokenizer: Any, fa
         assert stack.manager.sessions() == [] or stack.manager.stats("e").turns == 0
 
 
+
+async def test_an_overloaded_engine_answers_each_wires_overloaded_status(qwen_tokenizer: Any) -> None:
+    """An engine 529 is Anthropic's 529 overloaded_error (what Claude Code retries with its overloaded back-off),
+    and 503 on the OpenAI and Gemini wires (what their clients retry), never a plain 502."""
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    gemini = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
+        for path, payload, status, kind, expected in [
+                ("/v1/messages", body(stream=False), 529, lambda e: e["error"]["type"], "overloaded_error"),
+                ("/v1/chat/completions", chat, 503, lambda e: e["error"]["type"], "server_error"),
+                ("/v1/responses", {"model": "m", "input": "hi"}, 503, lambda e: e["error"]["type"], "server_error"),
+                ("/v1beta/models/g:generateContent", gemini, 503, lambda e: e["error"]["status"], "UNAVAILABLE")]:
+            stack.double.failures.append(("status", 529))
+            async with http.post(stack.url + path, json=payload, headers={"Authorization": "Bearer ov"}) as r:
+                assert (r.status, kind(await r.json())) == (status, expected), path
+        stack.double.failures.append(("status", 529))
+        client = anthropic.AsyncAnthropic(base_url=stack.url, api_key="ov-sdk", max_retries=0)
+        with pytest.raises(anthropic.OverloadedError):  # the SDK's own class for 529: its retry logic's input
+            await client.messages.create(**{k: v for k, v in body().items() if k != "stream"})
+        stack.double.failures.append(("status", 529))
+        stack.double.script.append("hello")
+        retrying = anthropic.AsyncAnthropic(base_url=stack.url, api_key="ov-sdk", max_retries=1)
+        answer = await retrying.messages.create(**{k: v for k, v in body().items() if k != "stream"})
+        assert answer.content[-1].text == "hello" and stack.manager.stats("ov-sdk").turns == 1
+
 async def test_engine_unreachable_and_bad_requests(qwen_tokenizer: Any) -> None:
     async with running_stack(qwen_tokenizer) as stack:
         stack.adapter.engine.base_url = "http://127.0.0.1:9"  # nothing listens on the discard port

@@ -101,7 +101,7 @@ def test_drift_realigns_the_short_reply() -> None:
 
 def test_retry_529_resends_the_identical_body() -> None:
     log = only("retry_529")
-    assert statuses(log) == [200, 502, 200, 200] and [a.retry_of for a in log.agent] == [None, None, 1, None]
+    assert statuses(log) == [200, 529, 200, 200] and [a.retry_of for a in log.agent] == [None, None, 1, None]
     assert log.agent[1].body == log.agent[2].body
     assert [e.status for e in generations(log)] == [200, 529, 200, 200] and len(log.samples) == 1
 

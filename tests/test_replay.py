@@ -188,8 +188,8 @@ def test_aborts_engine_failures_retries_probes_and_side_requests_replay_as_they_
         title = live.conversation(MAIN, tools=(), system="You are a title generator. Output only a title.")
         await title.turn("Summarise this conversation in five words.")
         c.messages.append(WIRE.user("look around"))
-        status, _ = await c.post()  # the engine answers 529: the adapter fails the turn
-        assert status == 502
+        status, _ = await c.post()  # the engine answers 529: the adapter fails the turn (overloaded_error)
+        assert status == 529
         reply = await c.turn()  # the client's retry of the same body
         c.tool_results(reply)
         with pytest.raises(TimeoutError):
@@ -206,9 +206,14 @@ def test_aborts_engine_failures_retries_probes_and_side_requests_replay_as_they_
     (session,) = replay_cassette(path).sessions
     assert session.ok, session.differences
     assert session.exchanges == 6 and session.counts()["turns"] == 2 and session.counts()["side"] == 2
+    assert session.wire_events == [  # what the golden lists above the tree
+        "#2 answered 529, engine /generate 529, no turn",
+        "#3 retry of #2 (identical body): generated again -> turn 0",
+        "#4 client gone mid-generation, engine request aborted, no turn",
+        "#5 retry of #4 (identical body): generated again -> turn 1"]
     records = _agent_records(path)
     assert [(r.method, r.status, r.side) for r in records] == [
-        ("HEAD", 200, True), ("POST", 200, True), ("POST", 502, False), ("POST", 200, False), ("POST", 499, True),
+        ("HEAD", 200, True), ("POST", 200, True), ("POST", 529, False), ("POST", 200, False), ("POST", 499, True),
         ("POST", 200, False)]
 
 

@@ -92,7 +92,7 @@ async def test_retry_after_529_resends_the_identical_body(tmp_path: Path) -> Non
     cassette, (result,) = await record_scenario(SCENARIOS / "retry_529.yaml", tmp_path / "c.tito")
     assert result.ok and result.retries == 1 and result.sent == 4, result.line()
     log = session_log(cassette, "corpus-retry-529-0000")
-    assert statuses(log) == [200, 502, 200, 200]
+    assert statuses(log) == [200, 529, 200, 200]
     assert [a.retry_of for a in log.agent] == [None, None, 1, None]
     assert log.agent[1].body == log.agent[2].body and log.agent[2].turn_index == 1
     assert [e.status for e in generations(log)] == [200, 529, 200, 200]
@@ -225,5 +225,5 @@ async def test_tito_record_agent_scripted_writes_the_cassette(tmp_path: Path) ->
     assert cassette.header.agent is not None and cassette.header.agent["client"] == "scripted"
     assert cassette.header.agent["scenario"] == "retry_529"
     log = session_log(cassette, "corpus-retry-529-0000")
-    assert statuses(log) == [200, 502, 200, 200] and log.agent[2].retry_of == 1
+    assert statuses(log) == [200, 529, 200, 200] and log.agent[2].retry_of == 1
     assert len(log.finishes) == 1 and log.finishes[0].reward == 1.0  # the script's finish; no second one

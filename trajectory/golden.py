@@ -119,11 +119,16 @@ class GoldenFinish:
     tree: dict[str, Any]
 
 
-def render_session(name: str, finishes: Sequence[GoldenFinish], names: TokenNames, drops: int = 0) -> str:
-    """A session's section: per finish its stats, tree, decisions and samples, one fact per line."""
+def render_session(name: str, finishes: Sequence[GoldenFinish], names: TokenNames, drops: int = 0,
+                   wire_events: Sequence[str] = ()) -> str:
+    """A session's section: per finish its stats, tree, decisions and samples, one fact per line.
+    `wire_events`: exchanges the tree can not show (failures, retries, aborts), listed only when there are any."""
     lines = [f"== session {name} =="]
     if drops:
         lines.append(f"dropped through the session API: {drops} time(s)")
+    if wire_events:
+        lines.append("wire events:")
+        lines += ["  " + event for event in wire_events]
     for n, finish in enumerate(finishes, 1):
         live = "none (never finished live)" if finish.live_samples is None else str(finish.live_samples)
         lines.append(f"finish {n} of {len(finishes)}: reward {finish.reward:g}, live samples {live}")

@@ -136,5 +136,8 @@ ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "reque
                504: "api_error", 529: "overloaded_error"}
 
 
+OVERLOADED_STATUS = 529  # Anthropic's overloaded_error: Claude Code retries it with its overloaded back-off
+
+
 def error_body(status: int, text: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": text}}

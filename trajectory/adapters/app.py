@@ -240,7 +240,8 @@ class Adapter:
         try:
             gen = await self._generate(request, ref, state, rid, prompt_ids, turn, on_disconnect)
         except EngineError as exc:
-            return await self._fail(request, ref, state, wire, body, started, exc.status, exc.message, digest)
+            status = wire.OVERLOADED_STATUS if exc.overloaded else exc.status
+            return await self._fail(request, ref, state, wire, body, started, status, exc.message, digest)
         if gen is None:
             return web.Response(status=499)
         parsed = self.parse_output(gen.output_ids, turn.tools)

@@ -27,13 +27,20 @@ CLIENT_SAMPLING = ("temperature", "top_p", "top_k", "stop")
 _JSON = {"Content-Type": "application/json"}
 
 
-class EngineError(Exception):
-    """The engine failed a call; `status` is the HTTP status the adapter answers the agent with."""
+# Engine statuses that mean "busy, send it again": the client gets its own wire's overloaded status, which its
+# retry logic knows (Anthropic's 529 overloaded_error, 503 on the OpenAI and Gemini wires), not a plain 502.
+OVERLOADED_ENGINE_STATUSES = frozenset({529})
 
-    def __init__(self, status: int, message: str) -> None:
+
+class EngineError(Exception):
+    """The engine failed a call; `status` is the HTTP status the adapter answers the agent with, unless
+    `overloaded`: then the agent's wire says how it spells "overloaded" (`OVERLOADED_STATUS` per wire)."""
+
+    def __init__(self, status: int, message: str, overloaded: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.overloaded = overloaded
 
 
 @dataclass
@@ -166,7 +173,8 @@ class EngineClient:
         answer = await self._call("POST", "/generate", body, {"X-SMG-Routing-Key": sid}, on_exchange, t0)
         if answer.status != 200:
             raise EngineError(400 if 400 <= answer.status < 500 else 502, f"engine /generate failed "
-                              f"({answer.status}): {_error_text(answer.body)}")
+                              f"({answer.status}): {_error_text(answer.body)}",
+                              overloaded=answer.status in OVERLOADED_ENGINE_STATUSES)
         generation = parse_generation(rid, answer.body)
         generation.created = int(self.clock())
         return generation

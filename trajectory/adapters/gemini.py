@@ -314,5 +314,8 @@ STATUSES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DE
             502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 
 
+OVERLOADED_STATUS = 503  # UNAVAILABLE, what the Gemini API answers when the model is overloaded
+
+
 def error_body(status: int, text: str) -> dict[str, Any]:
     return {"error": {"code": status, "message": text, "status": STATUSES.get(status, "UNKNOWN")}}

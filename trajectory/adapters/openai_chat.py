@@ -103,6 +103,9 @@ def build_events(request: TurnRequest, reply: TurnReply) -> list[str]:
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
 
 
+OVERLOADED_STATUS = 503  # OpenAI's "server overloaded": the OpenAI SDKs, Codex and opencode retry 5xx
+
+
 def error_body(status: int, text: str) -> dict[str, Any]:
     return {"error": {"message": text, "type": ERROR_TYPES.get(status, "server_error"), "param": None,
                       "code": status}}

@@ -199,6 +199,9 @@ def build_events(request: TurnRequest, reply: TurnReply) -> list[str]:
     return [sse({**e, "sequence_number": n}, e["type"]) for n, e in enumerate(events)]
 
 
+OVERLOADED_STATUS = 503  # as on Chat Completions: OpenAI answers an overloaded server with 503
+
+
 def error_body(status: int, text: str) -> dict[str, Any]:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": text, "type": kind, "param": None, "code": status}}
