@@ -169,6 +169,7 @@ def record_all(paths: list[Path], jobs: int, out_dir: Path = CASSETTES) -> tuple
             failed[path.stem] = str(exc)
     failed |= install_clis([p for p, c in clients.items() if c != "scripted"])
     todo = [p for p in clients if p.stem not in failed]
+    labels = {p: _label(p, clients[p]) for p in todo}
     for name, why in failed.items():
         print(f"{name}: FAILED ({why.splitlines()[0]})", flush=True)
     done: list[Recorded] = []
@@ -181,12 +182,12 @@ def record_all(paths: list[Path], jobs: int, out_dir: Path = CASSETTES) -> tuple
                 rec = future.result()
             except (CorpusError, OSError, subprocess.TimeoutExpired) as exc:
                 failed[path.stem] = str(exc)
-                print(f"{path.stem} [{clients[path]}]: FAILED ({str(exc).splitlines()[0]}); "
+                print(f"{path.stem} [{labels[path]}]: FAILED ({str(exc).splitlines()[0]}); "
                       f"the committed cassette is untouched", flush=True)
                 continue
             done.append(rec)
             shown = rec.cassette.relative_to(ROOT) if rec.cassette.is_relative_to(ROOT) else rec.cassette
-            print(f"{rec.name} [{clients[path]}]: {shown} ({rec.cassette.stat().st_size} bytes, {rec.seconds:.1f}s)",
+            print(f"{rec.name} [{labels[path]}]: {shown} ({rec.cassette.stat().st_size} bytes, {rec.seconds:.1f}s)",
                   flush=True)
     order = {p.stem: i for i, p in enumerate(paths)}
     return sorted(done, key=lambda r: order[r.name]), failed
@@ -216,6 +217,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in sorted(failed.items()):
         print(f"{prog}: {name}: {why}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _label(path: Path, client: str) -> str:
+    """Who plays the scenario, for the progress line: `scripted`, a CLI, or each CLI of a mixed recording."""
+    if client == "scripted":
+        return client
+    from recorder.cli_script import load_cli_script
+
+    return ", ".join(load_cli_script(path).agents)
 
 
 def _is_scripted(path: Path) -> bool:
