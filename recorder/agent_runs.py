@@ -14,6 +14,7 @@ import aiohttp
 from recorder.agent_pins import pin_for
 from recorder.agent_sessions import SessionPlan, run_sessions, sandbox_factory
 from recorder.cli_script import CliScript
+from recorder.sandbox import SandboxError
 
 
 def agent_header(name: str, script: CliScript | None = None) -> dict[str, Any]:
@@ -49,7 +50,11 @@ async def run_agent_sessions(args: argparse.Namespace, base_url: str, stop: asyn
         print("tito record: stop requested; open sessions are finalized with reward 0", file=sys.stderr)
         return 130
     stopper.cancel()
-    runs = work.result()
+    try:
+        runs = work.result()
+    except SandboxError as exc:
+        print(f"tito record: {exc}", file=sys.stderr, flush=True)
+        return 1
     failed = 0
     for run in runs:
         samples = await finish_session(base_url, run.session_id, args.reward)
@@ -74,8 +79,13 @@ async def run_script_sessions(args: argparse.Namespace, script: CliScript, base_
         print("tito record: stop requested; open sessions are finalized with reward 0", file=sys.stderr)
         return 130
     stopper.cancel()
+    try:
+        outcomes = work.result()
+    except SandboxError as exc:  # e.g. the same scenario recorded twice at once: its sandbox paths are fixed
+        print(f"tito record: {exc}", file=sys.stderr, flush=True)
+        return 1
     failed = 0
-    for outcome in work.result():
+    for outcome in outcomes:
         samples = await finish_session(base_url, outcome.session.id, args.reward)
         failed += not outcome.ok
         for n, (spec, run) in enumerate(zip(outcome.session.runs, outcome.runs, strict=False)):

@@ -115,7 +115,11 @@ class LocalSandbox(Sandbox):
             if not name or "/" in name or name in (".", ".."):
                 raise ValueError(f"sandbox name {name!r} must be a single path component")
             self.root = (Path(parent or tempfile.gettempdir()) / name).resolve()
-            self.root.mkdir(parents=True, exist_ok=False)
+            try:
+                self.root.mkdir(parents=True, exist_ok=False)
+            except FileExistsError:
+                raise SandboxError(f"sandbox {self.root} exists: a recording of the same session is running, or "
+                                   "one was killed before it cleaned up (then remove the folder)") from None
         self.home = str(self.root / "home")
         self.workdir = str(self.root / "work")
         self._logs = self.root / "logs"

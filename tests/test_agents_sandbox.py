@@ -38,7 +38,7 @@ def test_two_sandboxes_never_share_a_home(tmp_path: Path) -> None:
 def test_named_sandbox_has_a_stable_path_and_refuses_reuse(tmp_path: Path) -> None:
     with LocalSandbox(parent=tmp_path, name="sess-1") as box:
         assert box.root == (tmp_path / "sess-1").resolve()
-        with pytest.raises(FileExistsError):
+        with pytest.raises(SandboxError, match="sess-1 exists: a recording of the same session is running"):
             LocalSandbox(parent=tmp_path, name="sess-1")
     with pytest.raises(ValueError, match="single path component"):
         LocalSandbox(parent=tmp_path, name="../escape")

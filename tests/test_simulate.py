@@ -107,3 +107,30 @@ def test_claude_code_records_a_cassette_and_golden_that_replay_clean(tmp_path: P
     replay = subprocess.run([sys.executable, "-m", "tito_cli", "replay", str(out)], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)
     assert replay.returncode == 0, replay.stdout + replay.stderr
+
+
+def test_a_session_already_recording_is_one_clear_error(tmp_path: Path) -> None:
+    """Sandbox paths are fixed per session (the CLIs put them into the prompt), so a second recording of the
+    same scenario at once, or a killed one's leftover, meets an existing folder: one line, not a traceback."""
+    import tempfile
+
+    from recorder.agent_install import is_installed
+    from recorder.agent_pins import CODEX
+    from recorder.sandbox import LocalSandbox, SandboxError
+    from trajectory.adapters.session import session_digest
+
+    with LocalSandbox(parent=tmp_path, name="taken"), pytest.raises(SandboxError, match=r"taken exists: a "
+                                                                    r"recording of the same session is running"):
+        LocalSandbox(parent=tmp_path, name="taken")
+    if not is_installed(CODEX):
+        pytest.skip(f"{CODEX.spec} is not installed in .tools/npm: `tito simulate --agent codex ...` installs it")
+    busy = Path(tempfile.gettempdir()) / session_digest("test-simulate-busy-codex-0000")
+    busy.mkdir()
+    try:
+        path = scenario(tmp_path, BARE_ENGINE | {"client": {"agent": "codex", "task": "t"}}, "test_simulate_busy")
+        with pytest.raises(SimulateError) as info:
+            simulate(path, tmp_path / "busy.tito")
+    finally:
+        busy.rmdir()
+    assert f"tito record: sandbox {busy} exists: a recording of the same session is running" in str(info.value)
+    assert "Traceback" not in str(info.value) and not (tmp_path / "busy.tito").exists()
