@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from recorder.agent_pins import PINS
 from recorder.cassette_format import DropRecord
+from recorder.cli_script import client_agent, load_cli_script
 from recorder.corpus import CorpusError, scenario_paths
 from recorder.scripted_script import load_client_script
 from replayer.reader import Cassette, SessionLog, read_cassette
@@ -22,9 +24,12 @@ from tests.scripted_support import (
     statuses,
     trained_tokens,
 )
+from trajectory.adapters.session import session_digest
 
 CASSETTES = SCENARIOS.parent
-NAMES = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+ALL = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+NAMES = [n for n in ALL if client_agent(SCENARIOS / f"{n}.yaml") == "scripted"]  # the scripted-client ones
+CLI_NAMES = [n for n in ALL if n not in NAMES]  # recorded with real CLIs by tito simulate
 
 
 def load(name: str) -> Cassette:
@@ -43,11 +48,25 @@ def finishes(records: list) -> list[str]:
 def test_every_scenario_has_its_cassette_and_every_scripted_cassette_its_scenario() -> None:
     assert len(NAMES) >= 8
     committed = {p.stem: p for p in CASSETTES.glob("*.tito")}
-    assert set(NAMES) <= set(committed)
+    assert set(ALL) <= set(committed)
     scripted = [n for n, p in committed.items() if (read_cassette(p).header.agent or {}).get("client") == "scripted"]
     assert sorted(scripted) == NAMES
     with pytest.raises(CorpusError, match="no such scenario"):
         scenario_paths(["no_such_scenario"])
+
+
+@pytest.mark.parametrize("name", CLI_NAMES)
+def test_real_cli_cassette_is_complete_and_pins_its_clis(name: str) -> None:
+    cassette = load(name)
+    assert not cassette.truncated
+    script = load_cli_script(SCENARIOS / f"{name}.yaml")
+    agent = cassette.header.agent or {}
+    assert agent.get("scenario") == name
+    if len(script.agents) == 1:
+        assert agent["client"] == script.agent and agent["version"] == PINS[script.agent].version
+    else:
+        assert agent["client"] == "mixed" and agent["agents"] == {a: PINS[a].version for a in script.agents}
+    assert {session_digest(s.id) for s in script.sessions} <= set(cassette.sessions)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -134,5 +153,5 @@ def test_openai_wires_one_finished_one_dropped() -> None:
 
 
 def test_scenario_paths_default_to_every_scenario() -> None:
-    assert [p.stem for p in scenario_paths([])] == NAMES
+    assert [p.stem for p in scenario_paths([])] == ALL
     assert scenario_paths(["tool_loop.yaml"]) == [Path(SCENARIOS / "tool_loop.yaml")]
