@@ -14,6 +14,7 @@ reported, and the others go on. Then the new cassettes' goldens are written by o
     python -m recorder.corpus --scripted         # the scripted-client ones only (make cassettes)
     python -m recorder.corpus tool_loop mixed_concurrent
     python -m recorder.corpus --jobs 1           # one at a time (default: two, one per core here)
+    python -m recorder.corpus --out-dir /tmp/c   # a trial run: cassettes/ untouched
 
 Prints one line per scenario as it finishes; exit 1 when any scenario failed (its reason is printed).
 """
@@ -199,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scripted", action="store_true", help="only the scripted-client scenarios (no npm)")
     parser.add_argument("--no-goldens", action="store_true", help="record only; leave the goldens alone")
     parser.add_argument("--jobs", type=int, default=2, help="scenarios recorded at once (default 2)")
+    parser.add_argument("--out-dir", type=Path, default=CASSETTES, metavar="DIR",
+                        help="write the cassettes and goldens there instead (a trial run; cassettes/ untouched)")
     args = parser.parse_args(argv)
     prog = "make cassettes" if args.scripted else "make corpus"
     try:
@@ -206,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.scripted:
             paths = [p for p in paths if _is_scripted(p)]
         started = time.monotonic()
-        done, failed = record_all(paths, args.jobs)
+        if not args.out_dir.is_dir():
+            raise CorpusError(f"folder {args.out_dir} does not exist")
+        done, failed = record_all(paths, args.jobs, args.out_dir)
         if done and not args.no_goldens:
             update_goldens([r.cassette for r in done])
     except CorpusError as exc:

@@ -64,3 +64,9 @@ def test_main_refuses_unknown_names(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().err.startswith("make corpus: no such scenario: ")
     assert corpus.main(["--scripted", "no_such_scenario"]) == 1
     assert capsys.readouterr().err.startswith("make cassettes: no such scenario: ")
+
+
+def test_a_trial_run_needs_an_existing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert corpus.main(["tool_loop", "--out-dir", str(tmp_path / "missing")]) == 1
+    assert capsys.readouterr().err == f"make corpus: folder {tmp_path / 'missing'} does not exist\n"
+    assert not (tmp_path / "missing").exists()
