@@ -83,11 +83,21 @@ def pins_of(scenario: Path) -> str:
             if not raw.startswith("#"):
                 break
             comment.append(raw.lstrip("#").strip())
-        joined = " ".join(c for c in comment if c)
-        sentence = re.match(r"(.+?[.!?])(\s|$)", joined)
-        line = sentence.group(1) if sentence else joined
+        line = first_sentence(" ".join(c for c in comment if c))
     line = line.replace("|", "\\|")
     return line if len(line) <= PINS_WIDTH else line[: PINS_WIDTH - 1].rstrip() + "…"
+
+
+def first_sentence(text: str) -> str:
+    """Up to the first . ! or ? that ends a sentence: followed by a space or the end, not inside `code`, not
+    an ellipsis or a version's dot."""
+    in_code = False
+    for i, ch in enumerate(text):
+        if ch == "`":
+            in_code = not in_code
+        elif ch in ".!?" and not in_code and (i + 1 == len(text) or text[i + 1].isspace()) and text[i - 1] != ".":
+            return text[: i + 1]
+    return text
 
 
 def figures(path: Path) -> Figures:

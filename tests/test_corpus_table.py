@@ -90,3 +90,11 @@ def test_the_committed_readme_table_is_up_to_date() -> None:
     readme = ROOT / "README.md"
     _, old, _ = ct.split_readme(readme.read_text(encoding="utf-8"), readme)
     assert old == "\n".join(ct.block(ROOT / "cassettes")), "README's corpus table is stale: run `make corpus-table`"
+
+
+def test_first_sentence_skips_code_and_ellipses() -> None:
+    assert ct.first_sentence("Run `claude -p ... --continue`, twice. Then more.") == \
+        "Run `claude -p ... --continue`, twice."
+    assert ct.first_sentence("It waits... then goes. Next.") == "It waits... then goes."
+    assert ct.first_sentence("Claude Code 2.1.330 runs. Next.") == "Claude Code 2.1.330 runs."
+    assert ct.first_sentence("no end") == "no end"
