@@ -70,11 +70,19 @@ async def run_agent_sessions(args: argparse.Namespace, base_url: str, stop: asyn
 async def run_script_sessions(args: argparse.Namespace, script: CliScript, base_url: str, stop: asyncio.Event) -> int:
     """A scenario's CLI script: its sessions at once, each one's runs in order, then each session finished."""
     from recorder.cli_runs import run_ok, run_script
+    from recorder.stream_cut import CuttingRelay
 
+    relays = {s.id: CuttingRelay(base_url, s.cut_streams) for s in script.sessions if s.cut_streams}
+    urls = {sid: await relay.start() for sid, relay in relays.items()}
     loop = asyncio.get_running_loop()
-    work = loop.run_in_executor(None, run_script, script, base_url, args.agent_model, sandbox_factory(args.sandbox))
+    work = loop.run_in_executor(None, run_script, script, base_url, args.agent_model, sandbox_factory(args.sandbox),
+                                urls)
     stopper = asyncio.ensure_future(stop.wait())
-    done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for relay in relays.values():
+            await relay.stop()
     if work not in done:
         print("tito record: stop requested; open sessions are finalized with reward 0", file=sys.stderr)
         return 130
@@ -95,5 +103,9 @@ async def run_script_sessions(args: argparse.Namespace, script: CliScript, base_
                   f"{run.duration_s:.1f}s", file=sys.stderr, flush=True)
             if not run_ok(spec, run):
                 print(f"  stderr: {run.stderr_tail[-800:]}\n  stdout: {run.stdout_tail[-800:]}", file=sys.stderr)
+        relay = relays.get(outcome.session.id)
+        if relay is not None:
+            cut = ", ".join(f"#{n}" for n in relay.cut) or "none (no reply had that many events)"
+            print(f"tito record: session {outcome.session.id}: replies cut mid-stream: {cut}", file=sys.stderr)
         print(f"tito record: session {outcome.session.id}: {samples} sample(s)", file=sys.stderr, flush=True)
     return 1 if failed else 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -71,12 +72,14 @@ def run_session(session: CliSession, base_url: str, model: str, sandbox: Sandbox
     return SessionOutcome(session, tuple(done))
 
 
-def run_script(script: CliScript, base_url: str, model: str, make_sandbox: SandboxFactory) -> list[SessionOutcome]:
-    """Every session at once; outcomes in script order."""
+def run_script(script: CliScript, base_url: str, model: str, make_sandbox: SandboxFactory,
+               base_urls: Mapping[str, str] | None = None) -> list[SessionOutcome]:
+    """Every session at once; outcomes in script order. `base_urls`: a session's own URL (its stream-cutting
+    relay) in place of `base_url`."""
 
     def one(session: CliSession) -> SessionOutcome:
         with make_sandbox(session.id) as sandbox:
-            return run_session(session, base_url, model, sandbox, script.timeout_s)
+            return run_session(session, (base_urls or {}).get(session.id, base_url), model, sandbox, script.timeout_s)
 
     with ThreadPoolExecutor(max_workers=len(script.sessions)) as pool:
         return list(pool.map(one, script.sessions))

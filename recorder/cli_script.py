@@ -17,6 +17,8 @@ CLI (`recorder/agent_pins.py`), described here:
             - task: And the words?
               args: [--continue]          # appended to the launcher's command line
               kill_after_s: 6             # kill the CLI's process group this long after it started
+          cut_streams:                    # replies cut mid-stream on their way to the CLI (recorder/stream_cut.py)
+            - {request: 1, after_events: 3}   # the session's 2nd request (0-based): 3 SSE events, then closed
 
 Session ids are `<scenario>-<agent>-<NNNN>` (numbered across the script), never random, so a re-recording
 sends the same credentials and its sandboxes sit at the same paths (the CLIs put the path into the prompt).
@@ -32,10 +34,12 @@ from typing import Any
 
 from recorder.agent_pins import PINS
 from recorder.scripted_script import load_scenario_file
+from recorder.stream_cut import StreamCut
 
 SCRIPTED = "scripted"
 RUN_KEYS = {"task", "args", "kill_after_s"}
-SESSION_KEYS = {"agent", "env", "runs"} | RUN_KEYS
+SESSION_KEYS = {"agent", "env", "runs", "cut_streams"} | RUN_KEYS
+CUT_KEYS = {"request", "after_events"}
 CLIENT_KEYS = {"agent", "record_args", "timeout_s", "sessions"} | SESSION_KEYS - {"agent"}
 
 
@@ -54,6 +58,7 @@ class CliSession:
     agent: str
     runs: tuple[CliRun, ...]
     env: dict[str, str] = field(default_factory=dict)
+    cut_streams: tuple[StreamCut, ...] = ()  # a relay in front of the proxy cuts these replies to the CLI
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,24 @@ def _env(where: str, value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in env.items()}
 
 
+def _cuts(where: str, value: Any) -> tuple[StreamCut, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{where}: a list of {{request, after_events}}")
+    cuts = []
+    for i, raw in enumerate(value):
+        d = _mapping(f"{where}[{i}]", raw, CUT_KEYS)
+        numbers = [d.get(k) for k in sorted(CUT_KEYS)]
+        if any(isinstance(n, bool) or not isinstance(n, int) for n in numbers):
+            raise ValueError(f"{where}[{i}]: request and after_events are integers")
+        try:
+            cuts.append(StreamCut(d["request"], d["after_events"]))
+        except ValueError as exc:
+            raise ValueError(f"{where}[{i}]: {exc}") from exc
+    return tuple(cuts)
+
+
 def session_id(scenario: str, agent: str, number: int) -> str:
     return f"{re.sub(r'[^A-Za-z0-9.-]', '-', scenario)}-{agent}-{number:04d}"
 
@@ -150,7 +173,8 @@ def parse_cli_script(data: Any, name: str, agent: str | None = None) -> CliScrip
         where = f"client.sessions[{i}]" if "sessions" in d else "client"
         s = _mapping(where, s, SESSION_KEYS)
         who = _agent(f"{where}.agent", s["agent"]) if "agent" in s and agent is None else default_agent
-        sessions.append(CliSession(session_id(name, who, i), who, _runs(where, s), _env(f"{where}.env", s.get("env"))))
+        sessions.append(CliSession(session_id(name, who, i), who, _runs(where, s), _env(f"{where}.env", s.get("env")),
+                                   _cuts(f"{where}.cut_streams", s.get("cut_streams"))))
     return CliScript(name, default_agent, tuple(sessions), _strings("client.record_args", d.get("record_args")),
                      float(timeout))
 

@@ -17,6 +17,7 @@ from recorder.cli_script import (
     scenario_name,
     session_id,
 )
+from recorder.stream_cut import StreamCut
 
 ENGINE = {"turns": [{"text": "done"}]}
 
@@ -60,6 +61,13 @@ def write(tmp_path: Path, client: Any = None, name: str = "demo", **top: Any) ->
      "client.sessions[0].env: names must be identifiers"),
     ({"agent": "codex", "sessions": [{"task": "t", "env": ["A=1"]}]},
      "client.sessions[0].env: expected a mapping, got list"),
+    ({"agent": "codex", "task": "t", "cut_streams": {"request": 1}}, "client.cut_streams: a list of"),
+    ({"agent": "codex", "task": "t", "cut_streams": [{"request": 1}]},
+     "client.cut_streams[0]: request and after_events are integers"),
+    ({"agent": "codex", "task": "t", "cut_streams": [{"request": 1, "after_events": 0}]},
+     "client.cut_streams[0]: a stream cut needs request >= 0 and after_events >= 1"),
+    ({"agent": "codex", "task": "t", "cut_streams": [{"request": 1, "after": 2}]},
+     "client.cut_streams[0]: unknown keys ['after']; allowed: ['after_events', 'request']"),
 ])
 def test_each_mistake_is_one_clear_error(client: Any, message: str) -> None:
     with pytest.raises(ValueError) as info:
@@ -75,6 +83,12 @@ def test_the_shorthand_is_one_session_of_one_run() -> None:
     assert session.id == "demo-qwen-code-0000" and session.agent == "qwen-code" and session.env == {"N": "3"}
     assert session.runs == (CliRun("List.", ("--continue",), 4.0),)
     assert script.record_args == ("--reward", "1") and script.timeout_s == 60.0 and script.agents == ["qwen-code"]
+
+
+def test_cut_streams_belong_to_their_session() -> None:
+    script = parse_cli_script({"agent": "claude-code", "sessions": [
+        {"task": "a", "cut_streams": [{"request": 1, "after_events": 3}]}, {"task": "b"}]}, "demo")
+    assert [s.cut_streams for s in script.sessions] == [(StreamCut(1, 3),), ()]
 
 
 def test_client_agent_is_the_default_of_sessions_that_name_none() -> None:
