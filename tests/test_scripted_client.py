@@ -197,7 +197,16 @@ def test_record_cli_checks_the_scripted_flags(tmp_path: Path) -> None:
     assert problem("--agent", "scripted") == "--agent scripted needs --scenario FILE"
     assert "no `client:` section" in problem("--agent", "scripted", "--scenario", "fake_engine/examples/"
                                                                                   "claude_tool_loop.yaml")
-    assert problem("--scenario", str(SCENARIOS / "tool_loop.yaml")) == "--scenario goes with --agent scripted"
+    # Without --agent, the scenario's client: section says who plays the client.
+    assert problem("--scenario", str(SCENARIOS / "tool_loop.yaml")) is None
+    assert "has no client: section: name the CLI with --agent" in problem(
+        "--scenario", "fake_engine/examples/claude_tool_loop.yaml")
+    argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "o.tito"),
+            "--scenario", str(SCENARIOS / "claude_tool_loop.yaml")]
+    args = tito_cli.build_parser(argv).parse_args(argv)
+    assert record_cli.check(args) is None
+    assert args.agent == "claude-code" and args.cli_script.sessions[0].agent == "claude-code"
+    assert "needs --task (or --scenario)" in problem("--agent", "codex")
     assert problem("--agent", "scripted", "--scenario", str(SCENARIOS / "tool_loop.yaml")) is None
 
 
