@@ -139,12 +139,11 @@ def pair_table(by_name: dict[str, Figures]) -> list[str]:
     if missing:
         return [f"Reasoning-drop pair: {', '.join(f'cassettes/{n}.tito' for n in missing)} not recorded yet, "
                 "so no figures (nothing is estimated)."]
-    lines = ["Reasoning-drop pair: the same Claude Code `--continue` session, its Qwen3 template dropping earlier "
-             "reasoning, recorded with and without reasoning preservation.", "",
-             "| reasoning | cassette | samples | forks by reason | sample tokens | trained tokens | "
-             "trained / sample tokens |",
+    lines = ["| reasoning-drop pair: one `--continue` session | cassette | samples | forks by reason | sample tokens | "
+             "trained tokens | trained / sample tokens |",
              "|---|---|--:|---|--:|--:|--:|"]
-    for label, name in zip(("preserved", "dropped"), PAIR, strict=True):
+    labels = ("earlier reasoning preserved", "dropped (the Qwen3 template's rendering)")
+    for label, name in zip(labels, PAIR, strict=True):
         f = by_name[name]
         lines.append(f"| {label} | `{name}` | {f.samples} | {f.fork_text} | {f.sample_tokens} | {f.trained} | "
                      f"{f.trained_pct} |")

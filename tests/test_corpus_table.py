@@ -44,8 +44,10 @@ def test_the_pair_table_never_invents_numbers() -> None:
     dropped = ct.Figures("claude_continue_dropped", "claude-code 2.1.330", "x", samples=2, sample_tokens=1900,
                          trained=200, forks=Counter({"earlier-response": 1}))
     lines = ct.pair_table({f.name: f for f in (preserved, dropped)})
-    assert lines[-2:] == ["| preserved | `claude_continue_preserved` | 1 | none | 1000 | 200 | 20.0% |",
-                          "| dropped | `claude_continue_dropped` | 2 | earlier-response 1 | 1900 | 200 | 10.5% |"]
+    assert lines[-2:] == [
+        "| earlier reasoning preserved | `claude_continue_preserved` | 1 | none | 1000 | 200 | 20.0% |",
+        "| dropped (the Qwen3 template's rendering) | `claude_continue_dropped` | 2 | earlier-response 1 | 1900 | "
+        "200 | 10.5% |"]
     (only,) = ct.pair_table({"claude_continue_dropped": dropped})
     assert "cassettes/claude_continue_preserved.tito not recorded yet" in only and "dropped.tito" not in only
 
