@@ -5,8 +5,6 @@ these tests never reach the npm registry themselves (`make test` stays offline).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +13,11 @@ import yaml
 from recorder.agent_install import install_dir, is_installed
 from recorder.agent_pins import PINS
 from recorder.simulate import simulate
+from replayer import goldens
 from replayer.reader import read_cassette
-from tests.process_helpers import ROOT
+from replayer.replay import replay_cassette
+from trajectory.golden import TokenizerNames
+from trajectory.tokenizer import load_tokenizer
 
 # The word is the session's own: it comes back in the tool result and the answer.
 WORDS = {"claude-code": "anchor", "codex": "beacon", "qwen-code": "canyon", "opencode": "delta", "gemini-cli": "echo"}
@@ -65,6 +66,8 @@ def test_client_rerecords_a_tool_loop_that_replays_clean(agent: str, tmp_path: P
     assert sample["reward"] == 1.0 and sum(sample["loss_mask"]) > 0
     golden = out.with_suffix(".golden").read_text()
     assert "samples 1, forks none" in golden
-    replay = subprocess.run([sys.executable, "-m", "tito_cli", "replay", str(out)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
-    assert replay.returncode == 0, replay.stdout + replay.stderr
+    # What `tito replay` checks, in this process (its tokenizer is loaded once for all five tests).
+    result = replay_cassette(out)
+    goldens.check(result, result.all_sessions, TokenizerNames(load_tokenizer(result.tokenizer_dir)))
+    assert [(s.differences, s.golden) for s in result.sessions] == [([], "ok")], [s.golden_diff for s in
+                                                                                  result.sessions]
