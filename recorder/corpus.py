@@ -1,9 +1,9 @@
 """`make corpus` and `make cassettes`: re-record the committed scenario corpus from scratch.
 
 Each `cassettes/scenarios/<name>.yaml` is recorded into `cassettes/<name>.tito` by whoever its `client.agent`
-names: the scripted client (`scripted`, the default; `make cassettes` records only these, no npm needed), or
-a pinned real CLI (claude-code, codex, qwen-code, opencode, gemini-cli), through `tito simulate` (the fake
-engine on the scenario, the recording proxy, the CLI in a local sandbox). Every pinned CLI the scenarios
+names, through `tito simulate` (the fake engine on the scenario, the recording proxy, the client): the
+scripted client (`scripted`, the default; `make cassettes` records only these, no npm needed), or a pinned
+real CLI (claude-code, codex, qwen-code, opencode, gemini-cli) in a local sandbox. Every pinned CLI the scenarios
 name is installed first (npm, cached in .tools/npm). Scenarios run `--jobs` at a time, each against its own
 fresh fake engine (fresh: `fault_attempts` counts requests), into a temporary file that replaces the
 committed cassette only once complete: a failed scenario leaves its committed cassette as it was, is
@@ -22,7 +22,6 @@ Prints one line per scenario as it finishes; exit 1 when any scenario failed (it
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -30,8 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from recorder.processes import free_port, stop, wait_http
-from recorder.scripted_script import load_client_script
+from recorder.simulate import SimulateError, simulate, write_goldens
 
 ROOT = Path(__file__).resolve().parent.parent
 CASSETTES = ROOT / "cassettes"
@@ -50,53 +48,14 @@ class Recorded:
     log: str  # tito record's lines about its sessions
 
 
-def tito(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tito_cli", *args]
-
-
 def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) -> Recorded:
-    """One scripted-client scenario, recorded against its own fresh fake engine."""
-    name = scenario.stem
-    record_args = list(load_client_script(scenario).record_args)
-    out = out_dir / f"{name}.tito"
-    partial = out_dir / f"{name}.tito.tmp"
-    partial.unlink(missing_ok=True)
-    port = free_port()
-    started = time.monotonic()
-    engine = subprocess.Popen(tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}"),
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        try:
-            wait_http(f"http://127.0.0.1:{port}/health", engine, timeout_s=120)
-        except (RuntimeError, TimeoutError) as exc:
-            raise CorpusError(f"{name}: the fake engine did not start: {exc}") from None
-        proc = subprocess.run(
-            tito("record", "--engine", f"http://127.0.0.1:{port}", "--listen", f"127.0.0.1:{free_port()}",
-                 "--out", str(partial), "--agent", "scripted", "--scenario", str(scenario), "--quiet", *record_args),
-            cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-    finally:
-        stop(engine)
-        engine_err = engine.stderr.read().decode(errors="replace") if engine.stderr else ""
-        if engine.stderr:
-            engine.stderr.close()
-    if proc.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise CorpusError(f"{name}: tito record exited with {proc.returncode}\n{proc.stderr[-3000:]}"
-                          f"\nfake engine: {engine_err[-1500:]}")
-    os.replace(partial, out)
-    log = "\n".join(line for line in proc.stderr.splitlines() if "scripted session" in line)
-    return Recorded(name, out, time.monotonic() - started, log)
-
-
-def record_cli(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 900.0) -> Recorded:
-    """One real-CLI scenario through `tito simulate` (its golden comes later, with the others')."""
-    from recorder.simulate import SimulateError, simulate
-
+    """One scenario through `tito simulate`, against its own fresh fake engine, by whoever its `client:` names
+    (its golden comes later, with the others')."""
     out = out_dir / f"{scenario.stem}.tito"
     try:
         done = simulate(scenario, out, replace=True, golden=False, timeout_s=timeout_s)
-    except SimulateError as exc:
-        raise CorpusError(str(exc)) from None
+    except SimulateError as exc:  # named by its file there; here, as everywhere in the corpus, by its name
+        raise CorpusError(f"{scenario.stem}: {str(exc).removeprefix(f'{scenario.name}: ')}") from None
     return Recorded(scenario.stem, out, done.seconds, done.log)
 
 
@@ -141,12 +100,10 @@ def install_clis(paths: list[Path]) -> dict[str, str]:
 
 def update_goldens(cassettes: list[Path]) -> None:
     """The re-recorded cassettes' goldens, written from a replay of them (one process: one start-up)."""
-    proc = subprocess.run(tito("replay", *map(str, cassettes), "--update-goldens"), cwd=ROOT, capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        raise CorpusError(f"tito replay --update-goldens exited with {proc.returncode}\n"
-                          f"{(proc.stdout + proc.stderr)[-3000:]}")
-    print(proc.stdout.rstrip(), flush=True)
+    try:
+        print(write_goldens(cassettes), flush=True)
+    except SimulateError as exc:
+        raise CorpusError(str(exc)) from None
 
 
 def scenario_paths(names: list[str]) -> list[Path]:
@@ -176,7 +133,7 @@ def record_all(paths: list[Path], jobs: int, out_dir: Path = CASSETTES) -> tuple
     done: list[Recorded] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures: dict[Future[Recorded], Path] = {
-            pool.submit(record if clients[p] == "scripted" else record_cli, p, out_dir): p for p in todo}
+            pool.submit(record, p, out_dir, 300.0 if clients[p] == "scripted" else 900.0): p for p in todo}
         for future in as_completed(futures):
             path = futures[future]
             try:
