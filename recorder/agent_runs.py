@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -15,6 +15,8 @@ from recorder.agent_pins import pin_for
 from recorder.agent_sessions import SessionPlan, run_sessions, sandbox_factory
 from recorder.cli_script import CliScript
 from recorder.sandbox import SandboxError
+
+T = TypeVar("T")
 
 
 def agent_header(name: str, script: CliScript | None = None) -> dict[str, Any]:
@@ -35,6 +37,22 @@ async def finish_session(base_url: str, session_id: str, reward: float) -> int:
         return len(data.get("samples", []))
 
 
+async def result_or_exit_code(work: asyncio.Future[T], stop: asyncio.Event) -> T | int:
+    """The agents' results, or the exit code: 130 when a stop came first, 1 when a sandbox could not be made
+    (e.g. the same scenario recorded twice at once: its sandbox paths are fixed)."""
+    stopper = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if work not in done:
+        print("tito record: stop requested; open sessions are finalized with reward 0", file=sys.stderr)
+        return 130
+    stopper.cancel()
+    try:
+        return work.result()
+    except SandboxError as exc:
+        print(f"tito record: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
 async def run_agent_sessions(args: argparse.Namespace, base_url: str, stop: asyncio.Event) -> int:
     """Runs the agents off the event loop (the proxy keeps serving them), then finishes their sessions."""
     script = getattr(args, "cli_script", None)
@@ -43,18 +61,10 @@ async def run_agent_sessions(args: argparse.Namespace, base_url: str, stop: asyn
     plan = SessionPlan(agent=args.agent, base_url=base_url, task=args.task, model=args.agent_model,
                        sessions=args.sessions, timeout_s=args.agent_timeout, parallel=args.concurrency)
     loop = asyncio.get_running_loop()
-    work = loop.run_in_executor(None, run_sessions, plan, sandbox_factory(args.sandbox))
-    stopper = asyncio.ensure_future(stop.wait())
-    done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    if work not in done:
-        print("tito record: stop requested; open sessions are finalized with reward 0", file=sys.stderr)
-        return 130
-    stopper.cancel()
-    try:
-        runs = work.result()
-    except SandboxError as exc:
-        print(f"tito record: {exc}", file=sys.stderr, flush=True)
-        return 1
+    runs = await result_or_exit_code(loop.run_in_executor(None, run_sessions, plan, sandbox_factory(args.sandbox)),
+                                     stop)
+    if isinstance(runs, int):
+        return runs
     failed = 0
     for run in runs:
         samples = await finish_session(base_url, run.session_id, args.reward)
@@ -77,21 +87,13 @@ async def run_script_sessions(args: argparse.Namespace, script: CliScript, base_
     loop = asyncio.get_running_loop()
     work = loop.run_in_executor(None, run_script, script, base_url, args.agent_model, sandbox_factory(args.sandbox),
                                 urls)
-    stopper = asyncio.ensure_future(stop.wait())
     try:
-        done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        outcomes = await result_or_exit_code(work, stop)
     finally:
         for relay in relays.values():
             await relay.stop()
-    if work not in done:
-        print("tito record: stop requested; open sessions are finalized with reward 0", file=sys.stderr)
-        return 130
-    stopper.cancel()
-    try:
-        outcomes = work.result()
-    except SandboxError as exc:  # e.g. the same scenario recorded twice at once: its sandbox paths are fixed
-        print(f"tito record: {exc}", file=sys.stderr, flush=True)
-        return 1
+    if isinstance(outcomes, int):
+        return outcomes
     failed = 0
     for outcome in outcomes:
         samples = await finish_session(base_url, outcome.session.id, args.reward)

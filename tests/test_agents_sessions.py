@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -70,3 +71,23 @@ def test_local_factory_names_the_sandbox_after_the_sessions_cassette_name(tmp_pa
     with sandbox_factory("local", parent=tmp_path)("rec-codex-0007") as box:
         assert box.root == (tmp_path / session_digest("rec-codex-0007")).resolve()
         assert "rec-codex-0007" not in str(box.root)
+
+
+async def test_agent_results_or_the_exit_code_a_stop_or_a_sandbox_error_gives(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from recorder.agent_runs import result_or_exit_code
+    from recorder.sandbox import SandboxError
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    assert await result_or_exit_code(loop.run_in_executor(None, lambda: ["run"]), stop) == ["run"]
+
+    def refused() -> list[str]:
+        raise SandboxError("sandbox /tmp/x exists")
+    assert await result_or_exit_code(loop.run_in_executor(None, refused), stop) == 1
+    assert capsys.readouterr().err == "tito record: sandbox /tmp/x exists\n"
+
+    stop.set()
+    never: asyncio.Future[list[str]] = loop.create_future()
+    assert await result_or_exit_code(never, stop) == 130
+    assert "stop requested; open sessions are finalized with reward 0" in capsys.readouterr().err
