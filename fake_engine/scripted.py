@@ -76,7 +76,9 @@ class Scenario:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _check_keys(where: str, data: Any, allowed: set[str]) -> dict[str, Any]:
+def strict_mapping(where: str, data: Any, allowed: set[str]) -> dict[str, Any]:
+    """`data` as a mapping with only `allowed` keys, else a ValueError naming `where`: scenario files (the
+    engine's script and the client: sections in recorder/) are parsed strictly, so a typo is an error."""
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
     unknown = sorted(set(data) - allowed)
@@ -88,10 +90,10 @@ def _check_keys(where: str, data: Any, allowed: set[str]) -> dict[str, Any]:
 def _parse_turn(where: str, data: Any) -> ScriptedTurn:
     if isinstance(data, str):
         data = {"text": data}
-    d = _check_keys(where, data, TURN_KEYS)
+    d = strict_mapping(where, data, TURN_KEYS)
     calls = []
     for j, c in enumerate(d.get("tool_calls") or []):
-        c = _check_keys(f"{where}.tool_calls[{j}]", c, {"name", "arguments"})
+        c = strict_mapping(f"{where}.tool_calls[{j}]", c, {"name", "arguments"})
         if not isinstance(c.get("name"), str):
             raise ValueError(f"{where}.tool_calls[{j}]: name must be a string")
         args = c.get("arguments") or {}
@@ -117,7 +119,7 @@ def _parse_turn(where: str, data: Any) -> ScriptedTurn:
 
 
 def parse_scenario(data: Any, default_name: str = "scenario") -> Scenario:
-    d = _check_keys("scenario", data, SCENARIO_KEYS)
+    d = strict_mapping("scenario", data, SCENARIO_KEYS)
     raw_sessions = d.get("sessions")
     if raw_sessions is None and "turns" in d:
         raw_sessions = [{"turns": d["turns"]}]
@@ -125,8 +127,8 @@ def parse_scenario(data: Any, default_name: str = "scenario") -> Scenario:
         raise ValueError("scenario: needs `sessions` (or a top-level `turns` list)")
     sessions = []
     for i, s in enumerate(raw_sessions):
-        s = _check_keys(f"sessions[{i}]", s, SESSION_KEYS)
-        match = _check_keys(f"sessions[{i}].match", s.get("match") or {}, MATCH_KEYS)
+        s = strict_mapping(f"sessions[{i}]", s, SESSION_KEYS)
+        match = strict_mapping(f"sessions[{i}].match", s.get("match") or {}, MATCH_KEYS)
         turns = s.get("turns")
         if not isinstance(turns, list) or not turns:
             raise ValueError(f"sessions[{i}].turns: needs at least one turn")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fake_engine.scripted import strict_mapping
 from recorder.agent_pins import PINS
 from recorder.scripted_script import load_scenario_file
 from recorder.stream_cut import StreamCut
@@ -74,15 +75,6 @@ class CliScript:
         return list(dict.fromkeys(s.agent for s in self.sessions))
 
 
-def _mapping(where: str, data: Any, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
-    return data
-
-
 def _strings(where: str, value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -98,7 +90,7 @@ def _agent(where: str, value: Any) -> str:
 
 
 def _run(where: str, data: Any) -> CliRun:
-    d = _mapping(where, data, RUN_KEYS)
+    d = strict_mapping(where, data, RUN_KEYS)
     task = d.get("task")
     if not isinstance(task, str) or not task.strip():
         raise ValueError(f"{where}.task: the task text is required")
@@ -122,7 +114,7 @@ def _runs(where: str, d: dict[str, Any]) -> tuple[CliRun, ...]:
 
 
 def _env(where: str, value: Any) -> dict[str, str]:
-    env = _mapping(where, value or {}, set(value or {}))
+    env = strict_mapping(where, value or {}, set(value or {}))
     bad = [k for k, v in env.items() if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) or
            not isinstance(v, str | int | float) or isinstance(v, bool)]
     if bad:
@@ -137,7 +129,7 @@ def _cuts(where: str, value: Any) -> tuple[StreamCut, ...]:
         raise ValueError(f"{where}: a list of {{request, after_events}}")
     cuts = []
     for i, raw in enumerate(value):
-        d = _mapping(f"{where}[{i}]", raw, CUT_KEYS)
+        d = strict_mapping(f"{where}[{i}]", raw, CUT_KEYS)
         numbers = [d.get(k) for k in sorted(CUT_KEYS)]
         if any(isinstance(n, bool) or not isinstance(n, int) for n in numbers):
             raise ValueError(f"{where}[{i}]: request and after_events are integers")
@@ -154,7 +146,7 @@ def session_id(scenario: str, agent: str, number: int) -> str:
 
 def parse_cli_script(data: Any, name: str, agent: str | None = None) -> CliScript:
     """`agent` (from `--agent`) overrides `client.agent`, so one scenario can be run by another CLI."""
-    d = _mapping("client", data, CLIENT_KEYS)
+    d = strict_mapping("client", data, CLIENT_KEYS)
     default_agent = _agent("client.agent", agent or d.get("agent"))
     timeout = d.get("timeout_s", 180.0)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
@@ -171,7 +163,7 @@ def parse_cli_script(data: Any, name: str, agent: str | None = None) -> CliScrip
     sessions = []
     for i, s in enumerate(raw):
         where = f"client.sessions[{i}]" if "sessions" in d else "client"
-        s = _mapping(where, s, SESSION_KEYS)
+        s = strict_mapping(where, s, SESSION_KEYS)
         who = _agent(f"{where}.agent", s["agent"]) if "agent" in s and agent is None else default_agent
         sessions.append(CliSession(session_id(name, who, i), who, _runs(where, s), _env(f"{where}.env", s.get("env")),
                                    _cuts(f"{where}.cut_streams", s.get("cut_streams"))))

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fake_engine.scripted import strict_mapping
+
 WIRES = ("anthropic", "chat", "responses")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
 
@@ -115,11 +117,7 @@ class ClientScript:
 
 def _keys(where: str, data: Any, allowed: set[str], required: frozenset[str] | set[str] = frozenset()
           ) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
+    strict_mapping(where, data, allowed)
     missing = sorted(required - set(data))
     if missing:
         raise ValueError(f"{where}: missing keys {missing}")
