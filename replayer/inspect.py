@@ -36,17 +36,7 @@ def session_lines(session: SessionView, names: TokenNames) -> list[str]:
     lines = [f"== session {session.name} =="]
     lines.append("exchanges:")
     lines += ["  " + line for line in exchange_table(session.exchanges)] or ["  none"]
-    if session.unanswered_engine_calls:
-        lines.append(f"engine calls after the last exchange (never answered): {session.unanswered_engine_calls}")
-    if session.skipped:
-        lines.append(f"not replayed: {session.skipped}")
-    if session.differences:
-        lines.append(f"replay differs from the recording: {len(session.differences)} difference(s), first: "
-                     f"{session.differences[0]} (`tito replay` reports them)")
-    if session.drops:
-        lines.append(f"dropped through the session API: {session.drops} time(s)")
-    if not session.finishes and not session.skipped:
-        lines.append("no samples: the session was dropped before any finish")
+    lines += session.notes()
     for n, finish in enumerate(session.finishes, 1):
         lin = finish.linearization
         lines.append(f"finish {n} of {len(session.finishes)}: {describe_finish(finish)}")

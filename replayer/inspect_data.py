@@ -76,6 +76,22 @@ class SessionView:
     differences: list[str] = field(default_factory=list)  # what the replay found unlike the recording
     unanswered_engine_calls: int = 0
 
+    def notes(self) -> list[str]:
+        """What a reader must know before trusting the views below (the text and the HTML page say the same)."""
+        notes = []
+        if self.unanswered_engine_calls:
+            notes.append(f"engine calls after the last exchange (never answered): {self.unanswered_engine_calls}")
+        if self.skipped:
+            notes.append(f"not replayed: {self.skipped}")
+        if self.differences:
+            notes.append(f"replay differs from the recording: {len(self.differences)} difference(s), first: "
+                         f"{self.differences[0]} (`tito replay` reports them)")
+        if self.drops:
+            notes.append(f"dropped through the session API: {self.drops} time(s)")
+        if not self.finishes and not self.skipped:
+            notes.append("no samples: the session was dropped before any finish")
+        return notes
+
     def outputs(self) -> dict[int, ExchangeRow]:
         """The exchange that generated each turn (the last one wins: a retry answered again)."""
         return {row.turn: row for row in self.exchanges if row.turn is not None and row.output_ids}

@@ -125,17 +125,7 @@ def render_html(inspection: Inspection) -> str:
 def _session(out: list[str], sid: str, session: SessionView, names: TokenNames) -> None:
     out.append(f"<section class=\"session\" id=\"{sid}\"><h2>session {_e(session.name)}</h2>")
     out.append(_exchanges(session.exchanges))
-    notes = []
-    if session.skipped:
-        notes.append(f"not replayed: {session.skipped}")
-    if session.differences:
-        notes.append(f"the replay differs from the recording ({len(session.differences)}); first: "
-                     f"{session.differences[0]}")
-    if session.drops:
-        notes.append(f"dropped through the session API: {session.drops} time(s)")
-    if not session.finishes and not session.skipped:
-        notes.append("no samples: the session was dropped before any finish")
-    out += [f"<p class=\"note\">{_e(n)}</p>" for n in notes]
+    out += [f"<p class=\"note\">{_e(n)}</p>" for n in session.notes()]
     outputs = session.outputs()
     for n, finish in enumerate(session.finishes, 1):
         _finish(out, f"{sid}f{n}", n, len(session.finishes), finish, outputs, names)
