@@ -35,10 +35,10 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from host_steal import steal_watch  # benchmarks/, the script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 5
@@ -103,25 +103,6 @@ def disk_usage(path: Path) -> int:
 def _pip_cache() -> Path:
     out = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True)
     return Path(out.stdout.strip() or Path.home() / ".cache" / "pip")
-
-
-def _steal_ticks() -> dict[str, int]:
-    """Clock ticks each (virtual) CPU waited for its hypervisor (Linux); empty where unknown."""
-    try:
-        return {f[0]: int(f[8]) for f in (line.split() for line in Path("/proc/stat").read_text().splitlines())
-                if f[0].startswith("cpu") and f[0] != "cpu" and len(f) > 8}
-    except (OSError, ValueError):
-        return {}
-
-
-@contextmanager
-def steal_watch(out: list[float]) -> Iterator[None]:
-    """Appends the most any one CPU was stolen during the block, as a percentage of its wall time."""
-    before, start = _steal_ticks(), time.monotonic()
-    yield
-    after, wall = _steal_ticks(), time.monotonic() - start
-    ticks = max((after[c] - before.get(c, after[c]) for c in after), default=0)
-    out.append(100 * ticks / os.sysconf("SC_CLK_TCK") / wall)
 
 
 def free_port() -> int:

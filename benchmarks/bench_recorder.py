@@ -48,6 +48,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from host_steal import steal_watch  # noqa: E402  (benchmarks/, the script's folder)
+
 from recorder.cassette_format import Header  # noqa: E402
 from recorder.cassette_writer import CassetteWriter  # noqa: E402
 from trajectory.adapters.tap import AgentExchange, EngineExchange  # noqa: E402
@@ -303,26 +305,6 @@ def _cpu_s(pid: int) -> float:
     return sum(int(f[11]) + int(f[12]) for f in map(_stat_fields, pids) if f) / os.sysconf("SC_CLK_TCK")
 
 
-def _steal_ticks() -> dict[str, int]:
-    """Clock ticks each (virtual) CPU waited for its hypervisor (Linux); empty where unknown. A shared host
-    that steals a core delays whatever request is on it: this tells a noisy run from a slow proxy."""
-    try:
-        return {f[0]: int(f[8]) for f in (line.split() for line in Path("/proc/stat").read_text().splitlines())
-                if f[0].startswith("cpu") and f[0] != "cpu" and len(f) > 8}
-    except (OSError, ValueError):
-        return {}
-
-
-@contextmanager
-def _steal_watch(out: list[float]) -> Iterator[None]:
-    """Appends the most any one CPU was stolen during the block, as a percentage of its wall time."""
-    before, start = _steal_ticks(), time.monotonic()
-    yield
-    after, wall = _steal_ticks(), time.monotonic() - start
-    ticks = max((after[c] - before.get(c, after[c]) for c in after), default=0)
-    out.append(100 * ticks / os.sysconf("SC_CLK_TCK") / wall)
-
-
 def _percentiles(values: list[float]) -> tuple[float, float]:
     values = sorted(values)
     return values[len(values) // 2] * 1000, values[int(0.99 * (len(values) - 1))] * 1000
@@ -385,7 +367,7 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
             cycle_s = generate_ms / 1000 + tool_s
             steal: list[float] = []
             cpu_before = _cpu_s(proxy.pid)
-            with _steal_watch(steal):
+            with steal_watch(steal):
                 runs = asyncio.run(_drive({"direct": (engine_port, "/generate", lambda c, t: generate[c, t]),
                                            "proxied": (proxy_port, "/v1/messages", lambda c, t: anthropic[c, t])},
                                           tool_s, cycle_s))

@@ -1,0 +1,29 @@
+"""Host steal for the benchmarks' figures: on a shared VM a core the hypervisor takes away delays whatever
+runs on it, so a benchmark prints the steal beside its figure to tell a noisy run from a slow one."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def steal_ticks() -> dict[str, int]:
+    """Clock ticks each (virtual) CPU waited for its hypervisor (Linux); empty where unknown."""
+    try:
+        return {f[0]: int(f[8]) for f in (line.split() for line in Path("/proc/stat").read_text().splitlines())
+                if f[0].startswith("cpu") and f[0] != "cpu" and len(f) > 8}
+    except (OSError, ValueError):
+        return {}
+
+
+@contextmanager
+def steal_watch(out: list[float]) -> Iterator[None]:
+    """Appends the most any one CPU was stolen during the block, as a percentage of its wall time."""
+    before, start = steal_ticks(), time.monotonic()
+    yield
+    after, wall = steal_ticks(), time.monotonic() - start
+    ticks = max((after[c] - before.get(c, after[c]) for c in after), default=0)
+    out.append(100 * ticks / os.sysconf("SC_CLK_TCK") / wall)
