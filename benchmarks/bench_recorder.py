@@ -60,7 +60,7 @@ TURNS = 40
 TARGET_TOKENS = 150_000
 EOS = 151645
 SESSION = "bench-session-token-0123456789"
-CAPTURE = Path(__file__).resolve().parents[2] / "shared" / "captures"\
+CAPTURE = Path(__file__).resolve().parents[1] / "tests" / "captures"\
     / "claude_baseline" / "bodies" / "baseline_001.json"
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Roles a scenario may use, mapped to the pinned CLIs' tool names (first offered wins). Seen in
-# ../shared/captures: Claude Code 2.1.330, Codex 0.169.0, Qwen Code 0.24.4, opencode 1.18.33, Gemini CLI 0.61.0.
+# tests/captures: Claude Code 2.1.330, Codex 0.169.0, Qwen Code 0.24.4, opencode 1.18.33, Gemini CLI 0.61.0.
 TOOL_ALIASES: dict[str, tuple[str, ...]] = {
     "shell": ("Bash", "exec_command", "shell", "run_shell_command", "bash", "local_shell"),
     "read": ("Read", "read_file", "read"),

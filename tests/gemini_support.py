@@ -1,6 +1,6 @@
 """A Gemini API conversation as Gemini CLI 0.61 sends it, for the adapter tests.
 
-What the real CLI does to history (see ../shared/captures/gemini): thought parts are left out, adjacent
+What the real CLI does to history (see tests/captures/gemini): thought parts are left out, adjacent
 text parts are joined, each echoed functionCall gains an `id` and the first one a `thoughtSignature`, and
 tool output comes back as `{"output": "<untrusted_context>\\n...\\n</untrusted_context>"}`.
 """

@@ -14,7 +14,8 @@ from recorder import processes
 from recorder.processes import free_port  # noqa: F401 - the tests' one import for it
 
 ROOT = Path(__file__).resolve().parent.parent
-CAPTURES = ROOT.parent / "shared" / "captures"  # raw real-CLI requests, beside the checkout
+# Raw real-CLI requests (copied from the team's shared/captures into the repo, so a bare clone tests them too).
+CAPTURES = ROOT / "tests" / "captures"
 
 
 def capture_dir(scenario: str) -> Path:
@@ -22,7 +23,7 @@ def capture_dir(scenario: str) -> Path:
     folder = CAPTURES / scenario
     if not folder.is_dir():
         raise FileNotFoundError(f"the real-CLI capture {scenario!r} is missing: tests read {folder} "
-                                "(the shared/captures folder beside the checkout)")
+                                "(tests/captures, committed with the repo)")
     return folder
 
 

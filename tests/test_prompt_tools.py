@@ -1,7 +1,7 @@
 """Every pinned client's tools are reachable from a scenario's generic roles (fake_engine/prompt_tools.py).
 
 The tool lists (names, properties, required) are copied from the real CLIs' captured requests
-(../shared/captures: claude_baseline, codex_baseline, qwen, opencode, gemini); the issue's bug was a scenario's
+(tests/captures: claude_baseline, codex_baseline, qwen, opencode, gemini); the issue's bug was a scenario's
 `shell` call that opencode's `bash` tool never received, ending its tool loop after one turn.
 """
 

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from trajectory.adapters.turns import TurnRequest
 
-# Seen in the pinned clients' side requests (see ../shared/captures): opencode's title generator; Claude
+# Seen in the pinned clients' side requests (see tests/captures): opencode's title generator; Claude
 # Code's older title and summary prompts; generic "title for this conversation" phrasings.
 DEFAULT_SIDE_PATTERNS: tuple[str, ...] = (
     r"\byou are a title generator\b",
