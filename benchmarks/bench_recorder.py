@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from host_steal import steal_watch  # noqa: E402  (benchmarks/, the script's folder)
 
-from recorder.cassette_format import Header  # noqa: E402
-from recorder.cassette_writer import CassetteWriter  # noqa: E402
+from recorder.cassette.format import Header  # noqa: E402
+from recorder.cassette.writer import CassetteWriter  # noqa: E402
 from trajectory.adapters.tap import AgentExchange, EngineExchange  # noqa: E402
 from trajectory.tokenizer import fingerprint, load_tokenizer  # noqa: E402
 
@@ -388,7 +388,7 @@ def _own_times(latencies: dict[tuple[int, int], float], cassette: Path) -> list[
     Paired request by request, this does not move when the host stalls the engine's core (which the added
     figure, a difference of two p99s, feels on whichever copy's requests the stall caught): it is the proxy's
     own time per request, the extra HTTP hop and the driver's own work on the request included."""
-    from recorder.redaction import session_digest
+    from recorder.cassette.redaction import session_digest
     from replayer.reader import read_cassette
 
     sessions = read_cassette(cassette).sessions

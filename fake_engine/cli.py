@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from fake_engine.cassette_policy import CassettePolicy
     from fake_engine.demo import demo_policy
     from fake_engine.scripted import ScriptedPolicy, load_scenario
-    from recorder.cassette_format import CassetteError
+    from recorder.cassette.format import CassetteError
     from trajectory.adapters.serve import parse_listen
     from trajectory.server_process import new_event_loop, prepare_to_serve
     from trajectory.tokenizer import load_tokenizer

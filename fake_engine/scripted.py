@@ -23,7 +23,7 @@ reasoning) gets the whole turn. Sessions are matched in order; the first whose `
 at the last user message, for a request that is told apart by what it asks last (Claude Code's compaction
 request is the whole history plus "summarise"): such a session counts its turns from that message on.
 A top-level `client:` key is ignored here: a corpus scenario (`cassettes/scenarios/`) keeps the scripted
-agent client's side in the same file (`recorder/scripted_script.py`).
+agent client's side in the same file (`recorder/scripted/script.py`).
 """
 
 from __future__ import annotations

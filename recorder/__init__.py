@@ -1,1 +1,2 @@
-"""Recording: cassette writer, recording proxy, agent launchers."""
+"""Recording: cassettes (cassette/), taps on both legs (taps/), targets (targets/), agent CLIs (agents/) and
+the scripted client (scripted/)."""

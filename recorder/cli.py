@@ -8,8 +8,8 @@
 
 With `--agent`, tito starts the pinned real CLI once per session in a sandbox pointed at the proxy,
 finishes each session when its agent exits, and stops; `--scenario FILE` takes the CLI, tasks, flags and
-environment from the scenario's `client:` section (recorder/cli_script.py). `--agent scripted` plays a
-scenario's scripted `client:` in-process instead (recorder/scripted_client.py), which finishes or drops its
+environment from the scenario's `client:` section (recorder/agents/cli_script.py). `--agent scripted` plays a
+scenario's scripted `client:` in-process instead (recorder/scripted/client.py), which finishes or drops its
 sessions itself. `tito simulate` also starts the fake engine on the scenario and writes the golden.
 Otherwise it serves until SIGINT/SIGTERM.
 """
@@ -59,7 +59,7 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--out {out}: folder {out.parent} does not exist"
     named = args.agent  # a CLI named here runs every session, even of a mixed scenario
     if args.scenario and not args.agent:
-        from recorder.cli_script import client_agent
+        from recorder.agents.cli_script import client_agent
 
         try:
             args.agent = client_agent(args.scenario)
@@ -70,14 +70,14 @@ def check(args: argparse.Namespace) -> str | None:
     if args.agent == "scripted":
         if not args.scenario:
             return "--agent scripted needs --scenario FILE"
-        from recorder.scripted_script import load_client_script
+        from recorder.scripted.script import load_client_script
 
         try:
             load_client_script(args.scenario)
         except (OSError, ValueError) as exc:
             return f"--scenario {args.scenario}: {exc}"
     elif args.agent and args.scenario:
-        from recorder.cli_script import load_cli_script
+        from recorder.agents.cli_script import load_cli_script
 
         try:
             args.cli_script = load_cli_script(args.scenario, named, args.task)
@@ -93,8 +93,8 @@ def check(args: argparse.Namespace) -> str | None:
 async def serve_until_signal(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from recorder.proxy import build_header, create_recording_app, fetch_engine_info, open_tap
-    from recorder.writer_process import RecorderError
+    from recorder.cassette.writer_process import RecorderError
+    from recorder.taps.proxy import build_header, create_recording_app, fetch_engine_info, open_tap
     from trajectory.server_process import prepare_to_serve
 
     settings = serve.settings_from(args)
@@ -106,11 +106,11 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
               file=sys.stderr)
     agent_info = None
     if args.agent == "scripted":
-        from recorder.scripted_runs import scripted_header
+        from recorder.scripted.runs import scripted_header
 
         agent_info = scripted_header(args.scenario)
     elif args.agent:
-        from recorder.agent_runs import agent_header
+        from recorder.agents.runs import agent_header
 
         agent_info = agent_header(args.agent, getattr(args, "cli_script", None))
     try:
@@ -134,11 +134,11 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
     rc = 0
     try:
         if args.agent == "scripted":
-            from recorder.scripted_runs import run_scripted_sessions
+            from recorder.scripted.runs import run_scripted_sessions
 
             rc = await run_scripted_sessions(args, f"http://{host}:{port}", stop)
         elif args.agent:
-            from recorder.agent_runs import run_agent_sessions
+            from recorder.agents.runs import run_agent_sessions
 
             rc = await run_agent_sessions(args, f"http://{host}:{port}", stop)
         else:

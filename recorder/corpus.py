@@ -61,7 +61,7 @@ def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) 
 
 def client_of(scenario: Path) -> str:
     """`scripted` or the pinned CLI's name; a scenario without a `client:` section is not a corpus scenario."""
-    from recorder.cli_script import client_agent
+    from recorder.agents.cli_script import client_agent
 
     try:
         agent = client_agent(scenario)
@@ -75,9 +75,9 @@ def client_of(scenario: Path) -> str:
 def install_clis(paths: list[Path]) -> dict[str, str]:
     """Every pinned CLI the real-CLI scenarios name, installed once up front (cached: a stat); the scenarios
     that can not run, with why."""
-    from recorder.agent_install import ensure_installed, is_installed
-    from recorder.agent_pins import pin_for
-    from recorder.cli_script import load_cli_script
+    from recorder.agents.cli_script import load_cli_script
+    from recorder.agents.install import ensure_installed, is_installed
+    from recorder.agents.pins import pin_for
 
     needs: dict[str, list[str]] = {}
     broken: dict[str, str] = {}
@@ -185,7 +185,7 @@ def _label(path: Path, client: str) -> str:
     """Who plays the scenario, for the progress line: `scripted`, a CLI, or each CLI of a mixed recording."""
     if client == "scripted":
         return client
-    from recorder.cli_script import load_cli_script
+    from recorder.agents.cli_script import load_cli_script
 
     return ", ".join(load_cli_script(path).agents)
 

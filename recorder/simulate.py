@@ -42,7 +42,7 @@ def tito(*args: str) -> list[str]:
 
 
 def record_args_of(scenario: Path) -> tuple[str, ...]:
-    from recorder.scripted_script import load_scenario_file
+    from recorder.scripted.script import load_scenario_file
 
     data = load_scenario_file(scenario)
     client = data.get("client") if isinstance(data, dict) else None
@@ -52,9 +52,9 @@ def record_args_of(scenario: Path) -> tuple[str, ...]:
 
 def install_clis(scenario: Path, agent: str | None, task: str | None) -> list[str]:
     """The pinned CLIs the recording will run, installed first (a cached install is a stat)."""
-    from recorder.agent_install import ensure_installed, is_installed
-    from recorder.agent_pins import pin_for
-    from recorder.cli_script import SCRIPTED, client_agent, load_cli_script
+    from recorder.agents.cli_script import SCRIPTED, client_agent, load_cli_script
+    from recorder.agents.install import ensure_installed, is_installed
+    from recorder.agents.pins import pin_for
 
     if agent in (None, SCRIPTED) and client_agent(scenario) == SCRIPTED:
         return []  # the scripted client: nothing to install

@@ -17,8 +17,8 @@ from urllib.parse import parse_qsl, urlencode
 
 from aiohttp import web
 
-from recorder.cassette_format import AgentRecord
-from recorder.redaction import REDACTED
+from recorder.cassette.format import AgentRecord
+from recorder.cassette.redaction import REDACTED
 from replayer.engine_leg import CURRENT_EXCHANGE
 from trajectory.adapters.tap import AgentExchange, EngineExchange
 

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from recorder.cassette_format import CassetteError
+from recorder.cassette.format import CassetteError
 from replayer.cassette_export import export
 from replayer.cassette_tools import CassetteToolError, Written, cut, merge, read_summary, require_sessions
 from replayer.goldens import update_command

@@ -17,7 +17,7 @@ from collections.abc import Collection
 from dataclasses import fields
 from typing import Any, TextIO
 
-from recorder.cassette_format import RECORD_TYPES, Record
+from recorder.cassette.format import RECORD_TYPES, Record
 from replayer.reader import CassetteReader
 
 _TYPE_NAMES = {cls: name for name, cls in RECORD_TYPES.items()}

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recorder.cassette_format import CassetteError, Header
-from recorder.cassette_writer import CassetteWriter
+from recorder.cassette.format import CassetteError, Header
+from recorder.cassette.writer import CassetteWriter
 from replayer.reader import CassetteReader, CassetteSummary, summarize
 
 # Header.adapter keys a replay does not depend on: where the live engine was, how long the adapter waited
@@ -112,7 +112,7 @@ def replay_settings(header: Header) -> dict[str, Any]:
 def default_adapter_settings() -> dict[str, Any]:
     """This tito's defaults as a recording's header writes them (`adapter`, with `manager` inside)."""
     # Imported here: the adapter app pulls in the parsers, which `tito cassette info` has no need for.
-    from recorder.proxy import adapter_settings_dict
+    from recorder.taps.proxy import adapter_settings_dict
     from trajectory.adapters.app import AdapterSettings
     from trajectory.manager import TrajectoryManager
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from recorder.cassette_format import pack_u32, packed_prefix_len
+from recorder.cassette.format import pack_u32, packed_prefix_len
 
 Decode = Callable[[list[int]], str]
 CONTEXT_TOKENS = 12

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recorder.cassette_format import EngineRecord
+from recorder.cassette.format import EngineRecord
 from replayer.differences import Decode, Difference, message_at, token_context, token_divergence
 from replayer.engine_matching import normalize_sampling
 from replayer.plan import PlannedExchange

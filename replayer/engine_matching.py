@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recorder.cassette_format import EngineRecord, common_prefix_bytes, pack_u32, token_prefix_len, unpack_u32
+from recorder.cassette.format import EngineRecord, common_prefix_bytes, pack_u32, token_prefix_len, unpack_u32
 
 # SGLang 0.5.23 `SamplingParams` defaults; None-valued keys mean "unset".
 SAMPLING_DEFAULTS: dict[str, Any] = {

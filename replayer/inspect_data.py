@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from recorder.cassette_format import EngineRecord, Header
+from recorder.cassette.format import EngineRecord, Header
 from replayer.plan import PlannedExchange, plan_session
 from replayer.results import FinishResult
 from trajectory.golden import TokenizerNames, TokenNames, span_runs

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recorder.cassette_format import AgentRecord, DropRecord, EngineRecord, SamplesRecord
+from recorder.cassette.format import AgentRecord, DropRecord, EngineRecord, SamplesRecord
 from replayer.reader import SessionLog
 
 

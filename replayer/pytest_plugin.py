@@ -214,7 +214,7 @@ def tito_replay(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def tito_vcr(request: pytest.FixtureRequest) -> Any:
     """A vcrpy VCR that records and replays the engine leg as tito cassettes, in `--record-mode`."""
-    from recorder.vcr_integration import configure_vcr
+    from recorder.cassette.vcr import configure_vcr
 
     mode = request.config.getoption("record_mode") or request.config.getini(INI_RECORD_MODE)
     return configure_vcr(record_mode=mode)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from recorder.cassette_format import (
+from recorder.cassette.format import (
     FRAME_HEADER,
     MAGIC,
     AgentRecord,

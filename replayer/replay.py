@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from recorder.cassette_format import CassetteError, Header, TokenizerMismatchError
+from recorder.cassette.format import CassetteError, Header, TokenizerMismatchError
 from replayer.agent_leg import ReplayTap, exchange_context, request_headers, request_target
 from replayer.differences import Difference, reply_difference, samples_difference, short, turn_locator
 from replayer.engine_leg import CURRENT_EXCHANGE, CassetteTransport

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from recorder.cassette_format import Header
+from recorder.cassette.format import Header
 from replayer.differences import Difference
 from trajectory.manager import Linearization
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from recorder.cassette_format import Header
+from recorder.cassette.format import Header
 from tests.process_helpers import capture_dir
 from trajectory.adapters.tap import AgentExchange, EngineExchange
 

@@ -16,10 +16,10 @@ import aiohttp
 from fake_engine.app import EngineOptions
 from fake_engine.app import create_app as create_engine
 from fake_engine.scripted import ScriptedPolicy, parse_scenario
-from recorder.cassette_writer import CassetteWriter
-from recorder.proxy import build_header
-from recorder.scripted_script import ToolSpec
-from recorder.scripted_wires import AnthropicWire, AssistantReply
+from recorder.cassette.writer import CassetteWriter
+from recorder.scripted.script import ToolSpec
+from recorder.scripted.wires import AnthropicWire, AssistantReply
+from recorder.taps.proxy import build_header
 from tests.cassette_helpers import serve
 from trajectory.adapters.app import AdapterSettings
 from trajectory.adapters.app import create_app as create_adapter

@@ -10,11 +10,11 @@ from typing import Any
 from fake_engine.app import EngineOptions
 from fake_engine.app import create_app as create_engine
 from fake_engine.scripted import ScriptedPolicy, load_scenario, parse_scenario
-from recorder.cassette_format import AgentRecord, EngineRecord, Header
-from recorder.cassette_writer import CassetteWriter
-from recorder.proxy import create_recording_app
-from recorder.scripted_client import SessionResult, run_script
-from recorder.scripted_script import load_client_script, parse_client_script
+from recorder.cassette.format import AgentRecord, EngineRecord, Header
+from recorder.cassette.writer import CassetteWriter
+from recorder.scripted.client import SessionResult, run_script
+from recorder.scripted.script import load_client_script, parse_client_script
+from recorder.taps.proxy import create_recording_app
 from replayer.reader import Cassette, SessionLog, read_cassette
 from tests.cassette_helpers import serve
 from trajectory.adapters.app import AdapterSettings

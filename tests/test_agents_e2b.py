@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from e2b import CommandExitException, TimeoutException
 
-from recorder.agent_pins import CLAUDE_CODE
-from recorder.agents import AgentTask, ClaudeCodeLauncher
-from recorder.sandbox import SYSTEM_PATH, E2BSandbox, SandboxError
+from recorder.agents.launchers import AgentTask, ClaudeCodeLauncher
+from recorder.agents.pins import CLAUDE_CODE
+from recorder.agents.sandbox import SYSTEM_PATH, E2BSandbox, SandboxError
 
 
 class FakeResult:

@@ -9,8 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from recorder.agent_pins import PINS, AgentPin, pin_for
-from recorder.agents import (
+from recorder.agents.launchers import (
     LAUNCHERS,
     TAIL_CHARS,
     AgentTask,
@@ -21,7 +20,8 @@ from recorder.agents import (
     QwenCodeLauncher,
     launcher_for,
 )
-from recorder.sandbox import CommandResult, Sandbox
+from recorder.agents.pins import PINS, AgentPin, pin_for
+from recorder.agents.sandbox import CommandResult, Sandbox
 
 SID = "sess-7f3a.secret-token"
 HOME = "/sandbox/home"

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from recorder.agent_install import ensure_installed
-from recorder.agent_pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE
-from recorder.agents import (
+from recorder.agents.install import ensure_installed
+from recorder.agents.launchers import (
     AgentTask,
     ClaudeCodeLauncher,
     CodexLauncher,
@@ -23,7 +22,8 @@ from recorder.agents import (
     OpencodeLauncher,
     QwenCodeLauncher,
 )
-from recorder.sandbox import LocalSandbox
+from recorder.agents.pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE
+from recorder.agents.sandbox import LocalSandbox
 from tests.agent_stubs import StubState, anthropic_app, chat_app, gemini_app, responses_app, start_stub
 
 needs_npm = pytest.mark.skipif(

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from recorder.cassette_writer import CassetteWriter
-from recorder.redaction import session_digest
+from recorder.cassette.redaction import session_digest
+from recorder.cassette.writer import CassetteWriter
 from tests.cassette_helpers import BEARER, final_sample, header, play, session_traffic
 from tito_cli import main
 from trajectory.adapters.tap import AgentExchange

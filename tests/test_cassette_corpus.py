@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from recorder.agent_pins import PINS
-from recorder.cassette_format import DropRecord
-from recorder.cli_script import client_agent, load_cli_script
+from recorder.agents.cli_script import client_agent, load_cli_script
+from recorder.agents.pins import PINS
+from recorder.cassette.format import DropRecord
 from recorder.corpus import CorpusError, scenario_paths
-from recorder.scripted_script import load_client_script
+from recorder.scripted.script import load_client_script
 from replayer.reader import Cassette, SessionLog, read_cassette
 from tests.scripted_support import (
     SCENARIOS,

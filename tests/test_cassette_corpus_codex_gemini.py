@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from recorder.cli_script import load_cli_script
+from recorder.agents.cli_script import load_cli_script
 from replayer.reader import SessionLog, read_cassette
 from tests.scripted_support import SCENARIOS, bodies, generations, output_tokens, session_log, side_flags, statuses
 from tests.scripted_support import trained_tokens as trained

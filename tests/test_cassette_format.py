@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from recorder.cassette_format import (
+from recorder.cassette.format import (
     FLAG_ZLIB,
     FRAME_HEADER,
     MAGIC,
@@ -28,7 +28,7 @@ from recorder.cassette_format import (
     token_delta,
     unpack_u32,
 )
-from recorder.cassette_writer import CassetteWriter
+from recorder.cassette.writer import CassetteWriter
 from tests.cassette_helpers import BEARER, PINNED, final_sample, header, play, session_traffic
 
 token_lists = st.lists(st.integers(min_value=0, max_value=0xFFFFFFFF), max_size=200)

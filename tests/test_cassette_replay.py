@@ -15,9 +15,9 @@ from fake_engine.app import create_app as create_engine
 from fake_engine.cassette_policy import CassettePolicy
 from fake_engine.policy import GenerateRequest, PolicyError
 from fake_engine.scripted import ScriptedPolicy, load_scenario
-from recorder.cassette_format import EngineRecord, Header
-from recorder.cassette_writer import CassetteWriter
-from recorder.redaction import session_digest
+from recorder.cassette.format import EngineRecord, Header
+from recorder.cassette.redaction import session_digest
+from recorder.cassette.writer import CassetteWriter
 from replayer.engine_matching import EngineIndex, NoMatch
 from replayer.reader import read_cassette
 from tests.cassette_helpers import API_KEY, BEARER, capture_bodies, generate_body, serve

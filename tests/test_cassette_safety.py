@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from recorder.cassette_format import (
+from recorder.cassette.format import (
     FRAME_HEADER,
     MAGIC,
     AgentRecord,
@@ -22,8 +22,8 @@ from recorder.cassette_format import (
     UnsupportedVersionError,
     encode_frame,
 )
-from recorder.cassette_writer import CassetteWriter
-from recorder.redaction import REDACTED, Redactor, session_digest
+from recorder.cassette.redaction import REDACTED, Redactor, session_digest
+from recorder.cassette.writer import CassetteWriter
 from replayer.reader import CassetteReader, read_cassette
 from tests.cassette_helpers import API_KEY, BEARER, final_sample, header, play, session_traffic
 from tests.process_helpers import kill_9_after
@@ -118,7 +118,7 @@ def test_kill_9_during_a_session_leaves_every_completed_exchange(tmp_path: Path)
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from recorder.cassette_writer import CassetteWriter
+        from recorder.cassette.writer import CassetteWriter
         from tests.cassette_helpers import header, generate_body
         from trajectory.adapters.tap import EngineExchange
         writer = CassetteWriter({str(path)!r}, header())

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from recorder.cassette_format import RECORD_TYPES, AgentRecord, EngineRecord, Header, SamplesRecord
-from recorder.cassette_writer import CassetteWriter
-from recorder.redaction import Redactor
+from recorder.cassette.format import RECORD_TYPES, AgentRecord, EngineRecord, Header, SamplesRecord
+from recorder.cassette.redaction import Redactor
+from recorder.cassette.writer import CassetteWriter
 from replayer import goldens
 from replayer.cassette_tools import MERGE_IGNORED_ADAPTER_KEYS
 from replayer.fixtures import replay

@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from vcr.errors import CannotOverwriteExistingCassetteException
 
-from recorder.cassette_format import EngineRecord
-from recorder.redaction import session_digest
-from recorder.vcr_integration import configure_vcr
+from recorder.cassette.format import EngineRecord
+from recorder.cassette.redaction import session_digest
+from recorder.cassette.vcr import configure_vcr
 from replayer.reader import read_cassette, summarize
 from tests.cassette_helpers import BEARER, EOS, generate_body, header, serve
 

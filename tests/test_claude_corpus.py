@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from recorder.cli_script import load_cli_script
+from recorder.agents.cli_script import load_cli_script
 from replayer.reader import SessionLog, read_cassette
 from tests.scripted_support import SCENARIOS, generations, output_tokens, session_log, statuses, trained_tokens
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from recorder.cli_script import load_cli_script
+from recorder.agents.cli_script import load_cli_script
 from replayer.reader import SessionLog, read_cassette
 from tests.scripted_support import SCENARIOS, generations, session_log, statuses
 

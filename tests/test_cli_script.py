@@ -1,4 +1,4 @@
-"""A scenario's `client:` section (recorder/cli_script.py): strict parsing, one clear error per mistake, ids that
+"""A scenario's `client:` section (recorder/agents/cli_script.py): strict parsing, one clear error per mistake, ids that
 never depend on anything but the script, and the --agent / --task overrides tito simulate passes on."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from recorder.cli_script import (
+from recorder.agents.cli_script import (
     CliRun,
     client_agent,
     load_cli_script,
@@ -17,7 +17,7 @@ from recorder.cli_script import (
     scenario_name,
     session_id,
 )
-from recorder.stream_cut import StreamCut
+from recorder.agents.stream_cut import StreamCut
 
 ENGINE = {"turns": [{"text": "done"}]}
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from recorder.redaction import REDACTED
+from recorder.cassette.redaction import REDACTED
 from replayer.reader import read_cassette
 from replayer.replay import replay_cassette
 from tests.adapter_double import qwen3_output

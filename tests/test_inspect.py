@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from recorder.cassette_format import Header
+from recorder.cassette.format import Header
 from replayer.inspect import render_text
 from replayer.inspect_data import Inspection, SessionView, inspect_cassette, place_events
 from replayer.inspect_html import FOLD_RUN, render_html

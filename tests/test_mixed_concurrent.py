@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from recorder.cli_script import load_cli_script
+from recorder.agents.cli_script import load_cli_script
 from replayer.reader import read_cassette
 from trajectory.adapters.session import session_digest
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from recorder.agent_install import ensure_installed
-from recorder.agent_pins import CLAUDE_CODE
+from recorder.agents.install import ensure_installed
+from recorder.agents.pins import CLAUDE_CODE
 from replayer.reader import read_cassette
 from tests.process_helpers import ROOT, free_port, tito
 
@@ -67,7 +67,7 @@ def test_record_gemini_cli_through_the_adapter_and_replay_it_clean(tmp_path: Pat
     """Gemini CLI's own tool loop (two shell calls it really runs, then an answer) on the Gemini API wire:
     its echoes (call ids, thought signatures, <untrusted_context> output) stay on one chain, and the cassette
     replays clean."""
-    from recorder.agent_pins import GEMINI_CLI
+    from recorder.agents.pins import GEMINI_CLI
     from replayer.replay import replay_cassette
 
     ensure_installed(GEMINI_CLI)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from recorder.cassette_format import AgentRecord
+from recorder.cassette.format import AgentRecord
 from replayer.reader import read_cassette
 from tests.process_helpers import capture_dir, free_port, tito
 
@@ -162,7 +162,7 @@ def _writer_pid(proxy_pid: int) -> int:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == proxy_pid and b"recorder.writer_process" in cmdline:
+        if ppid == proxy_pid and b"recorder.cassette.writer_process" in cmdline:
             return int(stat.parent.name)
     raise AssertionError(f"no cassette writer process under tito record ({proxy_pid})")
 

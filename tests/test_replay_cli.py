@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 import yaml
 
-from recorder.cassette_writer import CassetteWriter
-from recorder.proxy import build_header
+from recorder.cassette.writer import CassetteWriter
+from recorder.taps.proxy import build_header
 from tests.process_helpers import ROOT, free_port, tito
 from tests.replay_support import Conversation, tool_loop, tool_loop_scenario
 from trajectory.adapters.app import AdapterSettings

@@ -7,7 +7,7 @@ import json
 import threading
 from pathlib import Path
 
-from recorder.cassette_format import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
+from recorder.cassette.format import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
 from replayer import exports, goldens
 from replayer.agent_leg import REPLAY_HEADER, request_headers
 from replayer.differences import json_difference, reply_difference, samples_difference, token_divergence

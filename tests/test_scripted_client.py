@@ -15,10 +15,10 @@ from fake_engine.app import EngineOptions
 from fake_engine.app import create_app as create_engine
 from fake_engine.scripted import ScriptedPolicy, load_scenario
 from recorder import cli as record_cli
-from recorder.cassette_format import DropRecord
-from recorder.scripted_client import COMPACTION_PREFIX
-from recorder.scripted_runs import unapplied_record_args
-from recorder.scripted_script import parse_client_script
+from recorder.cassette.format import DropRecord
+from recorder.scripted.client import COMPACTION_PREFIX
+from recorder.scripted.runs import unapplied_record_args
+from recorder.scripted.script import parse_client_script
 from replayer.reader import read_cassette
 from tests.cassette_helpers import serve
 from tests.process_helpers import free_port

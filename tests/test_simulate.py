@@ -80,14 +80,14 @@ def test_a_failed_recording_leaves_no_cassette(tmp_path: Path) -> None:
 
 
 def test_claude_code_records_a_cassette_and_golden_that_replay_clean(tmp_path: Path) -> None:
-    from recorder.agent_install import is_installed
-    from recorder.agent_pins import CLAUDE_CODE
+    from recorder.agents.install import is_installed
+    from recorder.agents.pins import CLAUDE_CODE
     from replayer.reader import read_cassette
 
     if not is_installed(CLAUDE_CODE):
         pytest.skip(f"{CLAUDE_CODE.spec} is not installed in .tools/npm: `tito simulate` installs it with npm "
-                    "(needs the registry), or run `python -c 'from recorder.agent_install import ensure_installed; "
-                    "from recorder.agent_pins import CLAUDE_CODE; ensure_installed(CLAUDE_CODE)'`")
+                    "(needs the registry), or run `python -c 'from recorder.agents.install import ensure_installed; "
+                    "from recorder.agents.pins import CLAUDE_CODE; ensure_installed(CLAUDE_CODE)'`")
     # The example engine script under a name of its own: session ids (and so sandbox paths) derive from it,
     # and another recording of the example may run at the same time.
     data = yaml.safe_load((ROOT / "fake_engine" / "examples" / "claude_tool_loop.yaml").read_text())
@@ -114,9 +114,9 @@ def test_a_session_already_recording_is_one_clear_error(tmp_path: Path) -> None:
     same scenario at once, or a killed one's leftover, meets an existing folder: one line, not a traceback."""
     import tempfile
 
-    from recorder.agent_install import is_installed
-    from recorder.agent_pins import CODEX
-    from recorder.sandbox import LocalSandbox, SandboxError
+    from recorder.agents.install import is_installed
+    from recorder.agents.pins import CODEX
+    from recorder.agents.sandbox import LocalSandbox, SandboxError
     from trajectory.adapters.session import session_digest
 
     with LocalSandbox(parent=tmp_path, name="taken"), pytest.raises(SandboxError, match=r"taken exists: a "

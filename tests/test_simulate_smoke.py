@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recorder.agent_install import install_dir, is_installed
-from recorder.agent_pins import PINS
+from recorder.agents.install import install_dir, is_installed
+from recorder.agents.pins import PINS
 from recorder.simulate import simulate
 from replayer import goldens
 from replayer.reader import read_cassette

@@ -1,4 +1,4 @@
-"""The stream-cutting relay (recorder/stream_cut.py): the chosen reply stops mid-stream on a closed connection,
+"""The stream-cutting relay (recorder/agents/stream_cut.py): the chosen reply stops mid-stream on a closed connection,
 everything else passes through byte for byte."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from recorder.stream_cut import CuttingRelay, StreamCut, cut_events
+from recorder.agents.stream_cut import CuttingRelay, StreamCut, cut_events
 
 EVENTS = b"".join(f"event: e{n}\ndata: {{\"n\":{n}}}\n\n".encode() for n in range(5))
 

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from recorder.scripted_script import ToolSpec
+from recorder.scripted.script import ToolSpec
 
 EPHEMERAL = {"type": "ephemeral"}
 

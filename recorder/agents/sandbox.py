@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recorder.agent_install import DEFAULT_PREFIX, ensure_installed, install_command
-from recorder.agent_pins import AgentPin
-from recorder.pid_namespace import pid_namespace_prefix, resolve_program
+from recorder.agents.install import DEFAULT_PREFIX, ensure_installed, install_command
+from recorder.agents.pid_namespace import pid_namespace_prefix, resolve_program
+from recorder.agents.pins import AgentPin
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -101,7 +101,7 @@ class LocalSandbox(Sandbox):
     ) -> None:
         """`name` (e.g. the session id) gives a stable directory instead of a random one: the CLIs put
         their working directory into the prompt, so a stable path keeps re-recordings token-identical.
-        `pid_namespace`: run each command in a fresh PID namespace (`recorder/pid_namespace.py`), so the
+        `pid_namespace`: run each command in a fresh PID namespace (`recorder/agents/pid_namespace.py`), so the
         process ids tool results show repeat too; None uses one where this machine allows it."""
         if pid_namespace is False:
             self._unshare: tuple[str, ...] = ()

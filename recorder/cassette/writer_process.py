@@ -4,7 +4,7 @@ Recording one turn (redaction, prompt deltas, msgpack, zlib) costs the proxy abo
 work ran after the reply, but every other session's request waited behind it on the one event loop, and
 it was most of what the recording proxy added at p99 over `tito serve`. Here the proxy only packs each tap
 call (msgpack, tens of microseconds) into a pipe. A child process at idle CPU priority runs the real writer
-(`recorder.cassette_writer`): it redacts, encodes and appends, and the cassette is byte for byte the one an
+(`recorder.cassette.writer`): it redacts, encodes and appends, and the cassette is byte for byte the one an
 in-process writer makes.
 
 Crash safety is kept. The pipe is blocking: a tap call returns once its bytes are in the kernel's pipe buffer,
@@ -30,8 +30,8 @@ from typing import Any
 
 import msgpack
 
-from recorder.cassette_format import Header
-from recorder.cassette_writer import CassetteWriter, PerSessionTap, open_writer
+from recorder.cassette.format import Header
+from recorder.cassette.writer import CassetteWriter, PerSessionTap, open_writer
 from trajectory.adapters.tap import AgentExchange, EngineExchange
 
 AGENT_FIELDS = tuple(f.name for f in fields(AgentExchange))
@@ -50,10 +50,11 @@ class WriterProcessTap:
 
     def __init__(self, out: Path, header: Header, per_session: bool = False) -> None:
         self.out = out
-        argv = [sys.executable, "-m", "recorder.writer_process", str(out)] + (["--per-session"] if per_session else [])
+        argv = [sys.executable, "-m", "recorder.cassette.writer_process", str(out)]
+        argv += ["--per-session"] if per_session else []
         # Its own session: a terminal's Ctrl-C goes to the proxy, which then closes the pipe in order.
         self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
-                                      cwd=Path(__file__).resolve().parent.parent)
+                                      cwd=Path(__file__).resolve().parents[2])
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._pipe = self._proc.stdin
         self._fd = self._pipe.fileno()
@@ -156,7 +157,8 @@ def _calls(stdin: int) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recorder.writer_process", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m recorder.cassette.writer_process",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--per-session", action="store_true")
     args = parser.parse_args(argv)

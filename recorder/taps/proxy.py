@@ -15,10 +15,10 @@ from typing import Any, TextIO
 import aiohttp
 from aiohttp import web
 
-from recorder.cassette_format import Header
-from recorder.cassette_writer import CassetteWriter, PerSessionTap
-from recorder.progress import ProgressTap
-from recorder.writer_process import WriterProcessTap
+from recorder.cassette.format import Header
+from recorder.cassette.writer import CassetteWriter, PerSessionTap
+from recorder.cassette.writer_process import WriterProcessTap
+from recorder.taps.progress import ProgressTap
 from trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
 from trajectory.adapters.tap import TrafficTap
 from trajectory.tokenizer import fingerprint

@@ -15,8 +15,8 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from recorder.agent_pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE, AgentPin
-from recorder.sandbox import Sandbox
+from recorder.agents.pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE, AgentPin
+from recorder.agents.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 

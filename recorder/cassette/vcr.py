@@ -5,7 +5,7 @@ interactions. These store them as a tito cassette (engine records, redacted, tok
 `tito cassette info` and `tito fake-engine --cassette` read the same file. Requests are matched on
 input_ids and result-changing sampling params (the `tito_input_ids` matcher), never on the random rid.
 
-    import recorder.vcr_integration as tito_vcr
+    import recorder.cassette.vcr as tito_vcr
     my_vcr = tito_vcr.configure_vcr(record_mode="once")
     with my_vcr.use_cassette("tests/cassettes/engine.tito"):
         ...  # run the adapter in-process; its /generate calls are recorded, then replayed
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from recorder.cassette_format import EngineRecord, Header
-from recorder.cassette_writer import ROUTING_HEADERS, CassetteWriter
-from recorder.redaction import REDACTED, Redactor
+from recorder.cassette.format import EngineRecord, Header
+from recorder.cassette.redaction import REDACTED, Redactor
+from recorder.cassette.writer import ROUTING_HEADERS, CassetteWriter
 from replayer.engine_matching import sampling_key
 from replayer.reader import CassetteReader
 

@@ -1,4 +1,4 @@
-"""Play a CLI script (`recorder/cli_script.py`) against the recording proxy: every session in its own sandbox,
+"""Play a CLI script (`recorder/agents/cli_script.py`) against the recording proxy: every session in its own sandbox,
 all sessions at once, each session's runs one after the other in that sandbox (so `--continue` finds the
 previous run's conversation under the same HOME and working directory).
 
@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from recorder.agent_sessions import SandboxFactory
-from recorder.agents import TAIL_CHARS, AgentRun, AgentTask, LaunchPlan, launcher_for
-from recorder.cli_script import CliRun, CliScript, CliSession
-from recorder.sandbox import Sandbox
+from recorder.agents.cli_script import CliRun, CliScript, CliSession
+from recorder.agents.launchers import TAIL_CHARS, AgentRun, AgentTask, LaunchPlan, launcher_for
+from recorder.agents.sandbox import Sandbox
+from recorder.agents.sessions import SandboxFactory
 
 log = logging.getLogger(__name__)
 

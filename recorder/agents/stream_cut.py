@@ -4,7 +4,7 @@ A reply stream that ends mid-message (a dropped connection, a load balancer's cu
 adapter wrote the whole reply, so for it the turn was delivered and recorded; the client saw the stream stop
 before its end and sends the identical body again, which the adapter must answer from that first reply
 (one turn, no second generation). Nothing in the adapter can produce this, so a scenario asks for it in its
-`client:` section (`cut_streams:` of a session, see `recorder/cli_script.py`) and the recorder puts this
+`client:` section (`cut_streams:` of a session, see `recorder/agents/cli_script.py`) and the recorder puts this
 relay in front of the proxy for that session only. Everything else passes through byte for byte.
 """
 

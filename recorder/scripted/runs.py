@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recorder.scripted_client import run_script
-from recorder.scripted_script import load_client_script, load_scenario_file
+from recorder.scripted.client import run_script
+from recorder.scripted.script import load_client_script, load_scenario_file
 
 
 def unapplied_record_args(args: argparse.Namespace, record_args: tuple[str, ...]) -> list[str]:
@@ -30,7 +30,7 @@ def unapplied_record_args(args: argparse.Namespace, record_args: tuple[str, ...]
 
 
 def scripted_header(scenario: str | Path) -> dict[str, Any]:
-    from recorder.cassette_format import tito_version
+    from recorder.cassette.format import tito_version
 
     data = load_scenario_file(scenario)
     name = str(data.get("name") or Path(scenario).stem) if isinstance(data, dict) else Path(scenario).stem

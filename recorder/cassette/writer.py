@@ -3,7 +3,7 @@
 Crash safety comes from the layout, not from cleanup: the file is opened for appending, each record is
 one self-checking frame handed to the OS in a single unbuffered write as soon as its exchange is complete,
 so a `kill -9` loses at most the exchange in flight and leaves a tail the reader recognizes as truncated.
-Nothing is written before redaction (`recorder.redaction`).
+Nothing is written before redaction (`recorder.cassette.redaction`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from recorder.cassette_format import (
+from recorder.cassette.format import (
     MAGIC,
     AgentRecord,
     DropRecord,
@@ -26,7 +26,7 @@ from recorder.cassette_format import (
     encode_frame,
     encode_header,
 )
-from recorder.redaction import Redactor
+from recorder.cassette.redaction import Redactor
 from trajectory.adapters.tap import AgentExchange, EngineExchange
 
 CASSETTE_SUFFIX = ".tito"

@@ -1,8 +1,8 @@
 """A real-CLI scenario's `client:` section: which pinned CLI runs, with what task, flags and environment.
 
 A corpus scenario (`cassettes/scenarios/<name>.yaml`) holds the fake engine's script and a `client:` section.
-`client.agent` says who plays the client: `scripted` (the default; `recorder/scripted_script.py`) or a pinned
-CLI (`recorder/agent_pins.py`), described here:
+`client.agent` says who plays the client: `scripted` (the default; `recorder/scripted/script.py`) or a pinned
+CLI (`recorder/agents/pins.py`), described here:
 
     client:
       agent: claude-code                 # the pinned CLI every session runs (a session may name another)
@@ -17,7 +17,7 @@ CLI (`recorder/agent_pins.py`), described here:
             - task: And the words?
               args: [--continue]          # appended to the launcher's command line
               kill_after_s: 6             # kill the CLI's process group this long after it started
-          cut_streams:                    # replies cut mid-stream on their way to the CLI (recorder/stream_cut.py)
+          cut_streams:                    # replies cut mid-stream on their way to the CLI (agents/stream_cut.py)
             - {request: 1, after_events: 3}   # the session's 2nd request (0-based): 3 SSE events, then closed
 
 Session ids are `<scenario>-<agent>-<NNNN>` (numbered across the script), never random, so a re-recording
@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from fake_engine.scripted import strict_mapping
-from recorder.agent_pins import PINS
-from recorder.scripted_script import load_scenario_file
-from recorder.stream_cut import StreamCut
+from recorder.agents.pins import PINS
+from recorder.agents.stream_cut import StreamCut
+from recorder.scripted.script import load_scenario_file
 
 SCRIPTED = "scripted"
 RUN_KEYS = {"task", "args", "kill_after_s"}

@@ -1,7 +1,7 @@
-"""A scripted agent client: plays a client script (`recorder/scripted_script.py`) against an adapter over HTTP.
+"""A scripted agent client: plays a client script (`recorder/scripted/script.py`) against an adapter over HTTP.
 
 It stands in for a real agent CLI where a deterministic one is needed (the committed cassette corpus):
-same wire shapes, same echo habits (`recorder/scripted_wires.py`), the session id as the bearer token,
+same wire shapes, same echo habits (`recorder/scripted/wires.py`), the session id as the bearer token,
 canned tool results instead of executing anything. Per session it runs the steps in order: a user prompt
 and its tool loop, a compaction, a sub-agent (a second conversation with its own system prompt on the
 same token, run when the main thread calls the tool whose result names it), finish or drop through the
@@ -21,8 +21,8 @@ from typing import Any
 
 import aiohttp
 
-from recorder.scripted_script import RETRY_STATUSES, AgentSpec, ClientScript, ClientSession, Disconnect, Step
-from recorder.scripted_wires import WIRE_CODECS, AssistantReply, ToolCallOut, Wire
+from recorder.scripted.script import RETRY_STATUSES, AgentSpec, ClientScript, ClientSession, Disconnect, Step
+from recorder.scripted.wires import WIRE_CODECS, AssistantReply, ToolCallOut, Wire
 
 COMPACTION_PREFIX = ("This session is being continued from a previous conversation that ran out of context. "
                      "The conversation is summarized below:\n")

