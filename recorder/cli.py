@@ -5,6 +5,11 @@
     tito record --engine ... --out run.tito --agent claude-code --task "fix the test" --sessions 4
     tito record --engine ... --out tool_loop.tito --agent scripted --scenario cassettes/scenarios/tool_loop.yaml
     tito record --engine ... --out cc.tito --scenario cassettes/scenarios/claude_tool_loop.yaml   # its CLI script
+    tito record --target slime --engine ... --listen 127.0.0.1:8400 --out slime.tito     # around slime's adapters
+    tito record --target http://127.0.0.1:9000 --engine-listen 127.0.0.1:9001 --engine ... --out gw.tito
+
+`--target` names the system under test between the two legs (recorder/targets): tito's own adapter app by
+default; otherwise tito's taps go around it, the agent tap on --listen and the engine tap on --engine-listen.
 
 With `--agent`, tito starts the pinned real CLI once per session in a sandbox pointed at the proxy,
 finishes each session when its agent exits, and stops; `--scenario FILE` takes the CLI, tasks, flags and
@@ -20,8 +25,12 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+from recorder.targets.base import ROUTING_HEADER, TargetError
+from recorder.targets.registry import TITO, TargetSpec, parse_target
 from trajectory.adapters import serve
 
 
@@ -44,6 +53,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     agents.add_argument("--sandbox", choices=("local", "e2b"), default="local")
     agents.add_argument("--agent-model", default="tito-policy", help="model name the agent asks for")
     agents.add_argument("--agent-timeout", type=float, default=600.0, help="seconds per agent session")
+    targets = parser.add_argument_group("the system under test (recorder/targets, docs/targets.md)")
+    targets.add_argument("--target", default=TITO,
+                         help="tito (default: tito's adapter app), http://HOST:PORT (a running gateway whose engine "
+                              "URL is --engine-listen), a driver's name (slime, or an entry point of tito.targets) or "
+                              "module:attribute (a driver factory)")
+    targets.add_argument("--engine-listen", metavar="HOST:PORT",
+                         help="where the engine tap listens, the target's engine URL (required with an http:// "
+                              "target; a driver's gateway gets a free loopback port by default)")
+    targets.add_argument("--volatile", action="append", default=[], metavar="PATH",
+                         help="http:// target: a reply field it fills with values no replay can pin (random ids, "
+                              "times), e.g. id or choices[*].message.tool_calls[*].id (repeatable)")
+    targets.add_argument("--routing-header", default=ROUTING_HEADER, metavar="NAME",
+                         help="http:// target: the engine-leg header carrying the session id (default "
+                              "%(default)s; none: it sends none)")
     agents.add_argument("--reward", type=float, default=0.0,
                         help="reward given when an agent session finishes (scripted: the script's own finish)")
 
@@ -85,21 +108,27 @@ def check(args: argparse.Namespace) -> str | None:
             return f"--scenario {args.scenario}: {exc}"
     elif args.agent and not args.task:
         return "--agent needs --task (or --scenario)"
+    try:
+        spec = parse_target(args.target)
+    except TargetError as exc:
+        return str(exc)
+    if spec.kind == "http" and not args.engine_listen:
+        return f"--target {spec.text} needs --engine-listen HOST:PORT: the engine URL that gateway was started with"
+    if spec.kind == TITO and (args.engine_listen or args.volatile):
+        return "--engine-listen and --volatile are for a target other than tito's own adapter"
     if args.sessions < 1 or args.concurrency < 1:
         return "--sessions and --concurrency must be >= 1"
     return None
 
 
 async def serve_until_signal(args: argparse.Namespace) -> int:
-    from aiohttp import web
 
     from recorder.cassette.writer_process import RecorderError
-    from recorder.taps.proxy import build_header, create_recording_app, fetch_engine_info, open_tap
-    from trajectory.server_process import prepare_to_serve
+    from recorder.taps.proxy import build_header, fetch_engine_info, open_tap
 
     settings = serve.settings_from(args)
     manager = serve.manager_from(args)
-    host, port = serve.parse_listen(args.listen)
+    spec = parse_target(args.target)
     engine = await fetch_engine_info(settings.engine_url)
     if engine is None:
         print(f"tito record: warning: no /model_info from {settings.engine_url}; recording without engine info",
@@ -113,20 +142,31 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         from recorder.agents.runs import agent_header
 
         agent_info = agent_header(args.agent, getattr(args, "cli_script", None))
+    target = None
+    if spec.kind != TITO:
+        try:
+            target = build_target(spec, args)
+        except TargetError as exc:
+            print(f"tito record: {exc}", file=sys.stderr)
+            return 2
+    header = build_header(settings, engine, agent_info, manager=manager)
+    if target is not None:
+        header = foreign_header(header, spec, target)
     try:
-        tap = open_tap(Path(args.out), build_header(settings, engine, agent_info, manager=manager),
-                       args.per_session)
+        tap = open_tap(Path(args.out), header, args.per_session)
     except RecorderError as exc:
         print(f"tito record: {exc}", file=sys.stderr)
         return 2
-    app = create_recording_app(settings, tap, progress=None if args.quiet else sys.stderr, manager=manager)
-    prepare_to_serve(app)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    print(f"tito record: proxy on http://{host}:{port} -> {settings.engine_url}, writing {args.out}",
-          file=sys.stderr, flush=True)
+    progress = None if args.quiet else sys.stderr
+    try:
+        if target is None:
+            stopper, url = await _start_tito(args, settings, manager, tap, progress)
+        else:
+            stopper, url = await _start_around(args, settings, target, tap, progress)
+    except (OSError, TargetError) as exc:
+        tap.close()
+        print(f"tito record: {exc}", file=sys.stderr)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -136,18 +176,88 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         if args.agent == "scripted":
             from recorder.scripted.runs import run_scripted_sessions
 
-            rc = await run_scripted_sessions(args, f"http://{host}:{port}", stop)
+            rc = await run_scripted_sessions(args, url, stop)
         elif args.agent:
             from recorder.agents.runs import run_agent_sessions
 
-            rc = await run_agent_sessions(args, f"http://{host}:{port}", stop)
+            rc = await run_agent_sessions(args, url, stop)
         else:
             await stop.wait()
     finally:
-        await runner.cleanup()  # on_shutdown finalizes open sessions and closes the cassette
+        await stopper()  # finalizes open sessions and closes the cassette
         lead = "\n" if not args.quiet and sys.stderr.isatty() else ""  # ends the live line ("\r") on a terminal
         print(f"{lead}tito record: stopped; cassette at {args.out}", file=sys.stderr, flush=True)
     return rc
+
+
+async def _start_tito(args: argparse.Namespace, settings: Any, manager: Any, tap: Any,
+                      progress: Any) -> tuple[Callable[[], Awaitable[None]], str]:
+    """tito's own adapter app with the cassette's tap inside it (exact attribution of every engine call)."""
+    from aiohttp import web
+
+    from recorder.taps.proxy import create_recording_app
+    from trajectory.server_process import prepare_to_serve
+
+    host, port = serve.parse_listen(args.listen)
+    app = create_recording_app(settings, tap, progress=progress, manager=manager)
+    prepare_to_serve(app)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    print(f"tito record: proxy on http://{host}:{port} -> {settings.engine_url}, writing {args.out}",
+          file=sys.stderr, flush=True)
+    return runner.cleanup, f"http://{host}:{port}"
+
+
+async def _start_around(args: argparse.Namespace, settings: Any, target: Any, tap: Any,
+                        progress: Any) -> tuple[Callable[[], Awaitable[None]], str]:
+    """The taps around a foreign target: agents -> agent tap -> target -> engine tap -> engine."""
+    from recorder.taps.around import TapsAround
+    from recorder.taps.progress import ProgressTap
+
+    counted = ProgressTap(tap, progress) if progress is not None else tap
+    around = TapsAround(counted, target, settings.engine_url)
+    listen = serve.parse_listen(args.listen)
+    engine_listen = serve.parse_listen(args.engine_listen) if args.engine_listen else ("127.0.0.1", 0)
+    try:
+        ends = await around.start(listen, engine_listen)
+    except BaseException:
+        await around.stop()
+        raise
+
+    async def stop() -> None:
+        try:
+            await around.stop()
+        finally:
+            tap.close()
+
+    print(f"tito record: agents -> {ends.agent_url} -> target {args.target} -> {ends.engine_url} -> "
+          f"{settings.engine_url}, writing {args.out}", file=sys.stderr, flush=True)
+    return stop, ends.agent_url
+
+
+def build_target(spec: TargetSpec, args: argparse.Namespace) -> Any:
+    """The driver (or running gateway) `--target` names, not started yet."""
+    if spec.kind == "http":
+        from recorder.targets.http import HttpTarget
+
+        header = None if (args.routing_header or "").lower() in ("", "none") else args.routing_header
+        return HttpTarget(spec.url, tuple(args.volatile), header)
+    from recorder.targets.base import TargetOptions
+    from recorder.targets.registry import create_driver
+
+    options = TargetOptions(args.tokenizer, args.reasoning_parser or None, args.tool_parser or None,
+                            args.fork_threshold)
+    return create_driver(spec.text, options)
+
+
+def foreign_header(header: Any, spec: TargetSpec, target: Any) -> Any:
+    """The header of a recording around a foreign target: tito's adapter settings give way to the target's."""
+    info = target.info
+    header.adapter = {"tokenizer_dir": header.adapter.get("tokenizer_dir")}
+    header.target = {"kind": spec.kind, "ref": spec.text, **info.to_dict()}
+    return header
 
 
 def run(args: argparse.Namespace) -> int:

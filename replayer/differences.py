@@ -156,8 +156,9 @@ def sse_payload(event: str) -> tuple[str | None, Any]:
 
 
 def reply_difference(recorded_body: bytes | None, recorded_events: list[str] | None, replayed_body: bytes | None,
-                     replayed_events: list[str] | None) -> list[str] | None:
-    """Detail lines for the first difference between two replies (JSON body or SSE events); None if equal."""
+                     replayed_events: list[str] | None, volatile: Sequence[str] = ()) -> list[str] | None:
+    """Detail lines for the first difference between two replies (JSON body or SSE events); None if equal.
+    `volatile`: fields compared only for being there (`replayer.volatile`); the rest as parsed JSON."""
     if recorded_events is not None or replayed_events is not None:
         a, b = recorded_events or [], replayed_events or []
         if recorded_events is None or replayed_events is None:
@@ -170,7 +171,9 @@ def reply_difference(recorded_body: bytes | None, recorded_events: list[str] | N
             label = f"event {i}" + (f" ({name_a})" if name_a else "")
             if name_a != name_b:
                 return [f"{label}: recorded event {name_a!r}, replayed {name_b!r}"]
-            found = json_difference(data_a, data_b)
+            found = _masked_difference(data_a, data_b, volatile)
+            if found is None and volatile:
+                continue
             if found is None:  # same JSON, other bytes (spacing, key order)
                 return [f"{label}: same JSON, different bytes", f"recorded: {short(ea)}", f"replayed: {short(eb)}"]
             return _json_lines(label, found)
@@ -181,10 +184,25 @@ def reply_difference(recorded_body: bytes | None, recorded_events: list[str] | N
         return None
     if recorded_body == replayed_body:
         return None
-    found = json_difference(parse_json(recorded_body), parse_json(replayed_body))
+    found = _masked_difference(parse_json(recorded_body), parse_json(replayed_body), volatile)
+    if found is None and volatile:
+        return None
     if found is None:
         return ["same JSON, different bytes", f"recorded: {short(recorded_body)}", f"replayed: {short(replayed_body)}"]
     return _json_lines("body", found)
+
+
+def _masked_difference(recorded: Any, replayed: Any, volatile: Sequence[str]) -> tuple[str, Any, Any] | None:
+    """`json_difference` with the volatile fields masked on both sides; with any, key order counts too."""
+    if not volatile:
+        return json_difference(recorded, replayed)
+    from replayer.volatile import mask
+
+    a, b = mask(recorded, volatile), mask(replayed, volatile)
+    found = json_difference(a, b)
+    if found is None and json.dumps(a, ensure_ascii=False) != json.dumps(b, ensure_ascii=False):
+        return "(key order)", list(a) if isinstance(a, dict) else a, list(b) if isinstance(b, dict) else b
+    return found
 
 
 def _json_lines(label: str, found: tuple[str, Any, Any]) -> list[str]:

@@ -126,7 +126,7 @@ def replay(path: str | Path, sessions: list[str] | None = None, *, goldens: bool
     opts = ReplayOptions(**options)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # asyncio.run needs a thread without a loop
         result = pool.submit(replay_cassette, path, sessions, opts).result()
-    if goldens and result.sessions:
+    if goldens and result.sessions and result.goldens_apply:
         golden_files.check(result, result.all_sessions, TokenizerNames(load_tokenizer(result.tokenizer_dir)),
                            update=update_goldens)
     return result

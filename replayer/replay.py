@@ -25,6 +25,8 @@ import aiohttp
 from aiohttp import web
 
 from recorder.cassette.format import CassetteError, Header, TokenizerMismatchError
+from recorder.targets.base import TargetError
+from recorder.targets.registry import TITO, TargetSpec, parse_target
 from replayer.agent_leg import ReplayTap, exchange_context, request_headers, request_target
 from replayer.differences import Difference, reply_difference, samples_difference, short, turn_locator
 from replayer.engine_leg import CURRENT_EXCHANGE, CassetteTransport
@@ -53,6 +55,8 @@ class ReplayOptions:
     jobs: int = 1  # sessions replayed at once
     on_total: Callable[[int], None] | None = None  # progress: the agent exchanges about to be replayed
     on_exchange: Callable[[], None] | None = None  # progress: called once per replayed agent exchange
+    target: str | None = None  # the system to replay through (`--target`); None: the one the header names
+    engine_listen: str | None = None  # HOST:PORT of the engine leg, for a foreign target (an http:// one needs it)
 
 
 @dataclass
@@ -110,23 +114,20 @@ def adapter_settings(header: Header, tokenizer: str | None, overrides: dict[str,
     return AdapterSettings(**values, disconnect_poll_s=0.002)
 
 
-class Harness:
-    """One adapter app for a cassette, served on a private Unix socket, with the cassette as its engine."""
+class HarnessBase:
+    """What every target's replay shares: the cassette, the tokenizer, the results, a session's run. A harness
+    answers what a run asks (`send`, `answered`, `replayed`, `finish_session`, `drop_session`, `unfinished`,
+    `volatile`, `transport`): `Harness` for tito's own adapter, `target_replay.TargetHarness` for any other."""
+
+    volatile: tuple[str, ...] = ()  # reply fields compared only for being there
+    same_adapter = False  # the recording and the replay are both tito's adapter: its turn flags compare too
 
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
         self.cassette, self.path, self.options = cassette, path, options
-        self.settings = adapter_settings(cassette.header, tokenizer, options.adapter)
-        self.settings.clock = self._created
-        self.manager = CapturingManager(**{**(cassette.header.adapter.get("manager") or {}), **options.manager})
-        self.tap = ReplayTap()
+        self.tokenizer_dir = tokenizer
         self.tokenizer = load_tokenizer(tokenizer)
-        self.transport = CassetteTransport(self.settings.engine_url, self.decode, self._message_start(),
-                                           self.report, strict=options.strict)
         self.results: dict[str, SessionResult] = {}
         self.plans: dict[str, SessionPlan] = {}
-        self._dir = ""
-        self._runner: web.AppRunner | None = None
-        self.client: aiohttp.ClientSession | None = None
 
     def _message_start(self) -> int | None:
         """The id that opens each rendered message (ChatML's `<|im_start|>`), to name the message a token is in."""
@@ -140,6 +141,48 @@ class Harness:
         """A difference from the recording: a failure that stops the session, or (not strict) a note."""
         result = self.results[session]
         (result.differences if self.options.strict else result.accepted).append(difference)
+
+    async def replay_session(self, plan: SessionPlan) -> SessionResult:
+        result = self.results[plan.name] = SessionResult(self.path, plan.name)
+        result.live_samples = [s for record in plan.finishes for s in record.samples]
+        self.plans[plan.name] = plan
+        if plan.engine_only:
+            result.skipped = f"engine leg only: {plan.unanswered_engine_calls} engine call(s), no agent exchange"
+            return result
+        if plan.unanswered_engine_calls:
+            result.notes.append(f"{plan.unanswered_engine_calls} engine call(s) after the last agent exchange "
+                                "(cut short by the recorder's end) are not replayed")
+        runner = _SessionRun(self, plan, result)
+        try:
+            await runner.run()
+        finally:
+            await runner.stop()
+        if not result.differences and self.unfinished(plan):
+            await runner.finish(0.0, None)  # never finished live: linearized with reward 0
+        return result
+
+    def unfinished(self, plan: SessionPlan) -> bool:
+        raise NotImplementedError
+
+
+class Harness(HarnessBase):
+    """One adapter app for a cassette, served on a private Unix socket, with the cassette as its engine."""
+
+    def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
+        super().__init__(cassette, path, tokenizer, options)
+        self.settings = adapter_settings(cassette.header, tokenizer, options.adapter)
+        self.settings.clock = self._created
+        self.manager = CapturingManager(**{**(cassette.header.adapter.get("manager") or {}), **options.manager})
+        self.tap = ReplayTap()
+        self.transport = CassetteTransport(self.settings.engine_url, self.decode, self._message_start(),
+                                           self.report, strict=options.strict)
+        self._dir = ""
+        self._runner: web.AppRunner | None = None
+        self.client: aiohttp.ClientSession | None = None
+        self.same_adapter = not (cassette.header.target and cassette.header.target.get("kind", TITO) != TITO)
+
+    def unfinished(self, plan: SessionPlan) -> bool:
+        return plan.name in self.manager.sessions()
 
     def _created(self) -> float:
         """The adapter's clock (only `created` fields read it): the recorded reply's value, never wall time."""
@@ -174,31 +217,39 @@ class Harness:
             await self._runner.cleanup()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    # ---- one session ----
-
-    async def replay_session(self, plan: SessionPlan) -> SessionResult:
-        result = self.results[plan.name] = SessionResult(self.path, plan.name)
-        result.live_samples = [s for record in plan.finishes for s in record.samples]
-        self.plans[plan.name] = plan
-        if plan.engine_only:
-            result.skipped = f"engine leg only: {plan.unanswered_engine_calls} engine call(s), no agent exchange"
-            return result
-        if plan.unanswered_engine_calls:
-            result.notes.append(f"{plan.unanswered_engine_calls} engine call(s) after the last agent exchange "
-                                "(cut short by the recorder's end) are not replayed")
-        runner = _SessionRun(self, plan, result)
-        try:
-            await runner.run()
-        finally:
-            await runner.stop()
-        if not result.differences and plan.name in self.manager.sessions():
-            await runner.finish(0.0, None)  # never finished live: linearized with reward 0
-        return result
-
     async def request(self, method: str, target: str, **kwargs: Any) -> tuple[int, bytes]:
         assert self.client is not None
         async with self.client.request(method, "http://tito-replay" + target, **kwargs) as resp:
             return resp.status, await resp.read()
+
+    # ---- what a session's run asks of its harness ----
+
+    async def send(self, plan: SessionPlan, exchange: PlannedExchange) -> None:
+        """Re-send a recorded request; its answer reaches `answered`/`replayed` through the adapter's tap."""
+        record = exchange.record
+        headers = request_headers(record, plan.source, plan.name, exchange.index)
+        target = request_target(record, plan.source, plan.name)
+        await self.request(record.method, target, data=record.body or None, headers=headers)
+
+    def answered(self, key: tuple[str, int]) -> asyncio.Event:
+        return self.tap.event(key)
+
+    def replayed(self, key: tuple[str, int]) -> Any:
+        return self.tap.exchanges[key]
+
+    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference:
+        status, body = await self.request("POST", f"/tito/sessions/{name}/finish", json={"reward": reward})
+        if status != 200:
+            return Difference("samples", f"finish answered {status}: {short(body.decode(errors='replace'))}")
+        captured = self.manager.captured[name][-1]
+        _, samples = self.tap.finished[name][-1]
+        return FinishResult(reward, None, samples, captured.linearization, captured.tree)
+
+    async def drop_session(self, name: str) -> Difference | None:
+        status, body = await self.request("DELETE", f"/tito/sessions/{name}")
+        if status != 200:
+            return Difference("error", f"drop answered {status}: {short(body.decode())}")
+        return None
 
 
 class _SessionRun:
@@ -231,14 +282,10 @@ class _SessionRun:
 
     async def start(self, exchange: PlannedExchange) -> None:
         """Send the request; wait until it reaches the engine or is answered without it."""
-        record = exchange.record
-        headers = request_headers(record, self.plan.source, self.plan.name, exchange.index)
-        target = request_target(record, self.plan.source, self.plan.name)
-        self.clients[exchange.index] = task = asyncio.ensure_future(self.h.request(
-            record.method, target, data=record.body or None, headers=headers))
+        self.clients[exchange.index] = task = asyncio.ensure_future(self.h.send(self.plan, exchange))
         leg = self.legs[exchange.index]
         waits = {asyncio.ensure_future(leg.arrived.wait()),
-                 asyncio.ensure_future(self.h.tap.event((self.plan.name, exchange.index)).wait())}
+                 asyncio.ensure_future(self.h.answered((self.plan.name, exchange.index)).wait())}
         try:
             done, _ = await asyncio.wait({task, *waits}, timeout=STEP_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -253,7 +300,7 @@ class _SessionRun:
     async def end(self, exchange: PlannedExchange) -> None:
         leg = self.legs[exchange.index]
         key = (self.plan.name, exchange.index)
-        answered = self.h.tap.event(key)
+        answered = self.h.answered(key)
         client = self.clients[exchange.index]
         if exchange.record.status == 499 and leg.arrived.is_set() and not answered.is_set():
             client.cancel()  # the agent hangs up mid-generation: the adapter aborts the engine
@@ -269,7 +316,7 @@ class _SessionRun:
         self.result.exchanges += 1
         if self.h.options.on_exchange is not None:
             self.h.options.on_exchange()
-        difference = exchange_difference(exchange, self.h.tap.exchanges[key])
+        difference = exchange_difference(exchange, self.h.replayed(key), self.h.volatile, self.h.same_adapter)
         if difference is None and leg.unserved:
             missing = ", ".join(f"{r.method} {r.path}" for r in leg.unserved)
             difference = Difference("engine-calls", f"the replay did not make the recorded engine call(s): {missing}",
@@ -282,22 +329,20 @@ class _SessionRun:
             self.result.wire_events.append(event)
 
     async def finish(self, reward: float, live: list[dict[str, Any]] | None) -> None:
-        name = self.plan.name
-        status, body = await self.h.request("POST", f"/tito/sessions/{name}/finish", json={"reward": reward})
-        if status != 200:
-            self.found(Difference(
-                "samples", f"finish answered {status}: {short(body.decode(errors='replace'))}"))
+        outcome = await self.h.finish_session(self.plan.name, reward)
+        if isinstance(outcome, Difference):
+            self.found(outcome)
             return
-        captured = self.h.manager.captured[name][-1]
-        _, samples = self.h.tap.finished[name][-1]
-        self.result.finishes.append(FinishResult(reward, live, samples, captured.linearization, captured.tree))
+        outcome.live = live
+        self.result.finishes.append(outcome)
         if live is None:
             return
-        found = samples_difference(live, samples, self.h.decode, turn_locator(captured.linearization.spans),
-                                   ("live", "replayed"))
+        spans = outcome.linearization.spans if outcome.linearization is not None else []
+        found = samples_difference(live, outcome.samples, self.h.decode, turn_locator(spans), ("live", "replayed"))
         if found is not None:
             summary, detail, turn = found
-            decisions = [e for e in captured.linearization.events if e.kind in ("fork", "realign", "merge")]
+            decisions = [e for e in outcome.linearization.events if e.kind in ("fork", "realign", "merge")] \
+                if outcome.linearization is not None else []
             if decisions:  # what the replay's manager decided: usually why the samples changed
                 detail.append("the replay decided: " + "; ".join(e.describe() for e in decisions[:4]))
                 turn = decisions[0].turn if turn is None else turn
@@ -305,10 +350,10 @@ class _SessionRun:
                                   turn=turn, detail=detail))
 
     async def drop(self) -> None:
-        status, body = await self.h.request("DELETE", f"/tito/sessions/{self.plan.name}")
         self.result.drops += 1
-        if status != 200:
-            self.found(Difference("error", f"drop answered {status}: {short(body.decode())}"))
+        difference = await self.h.drop_session(self.plan.name)
+        if difference is not None:
+            self.found(difference)
 
     def stall(self, exchange: PlannedExchange, what: str) -> None:
         self.found(Difference(
@@ -317,7 +362,7 @@ class _SessionRun:
     async def stop(self) -> None:
         """Let every held generation go and every request end, so nothing outlives the session's replay."""
         for leg in self.legs.values():
-            if not self.h.tap.event((self.plan.name, leg.planned.index)).is_set():
+            if not self.h.answered((self.plan.name, leg.planned.index)).is_set():
                 leg.stopped = True
             leg.release.set()
         pending = [t for t in self.clients.values() if not t.done()]
@@ -326,18 +371,23 @@ class _SessionRun:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-def exchange_difference(exchange: PlannedExchange, replayed: Any) -> Difference | None:
-    """The first way the adapter's answer differs from the recorded one: status, reply bytes, then flags."""
+def exchange_difference(exchange: PlannedExchange, replayed: Any, volatile: tuple[str, ...] = (),
+                        adapter_flags: bool = True) -> Difference | None:
+    """The first way the target's answer differs from the recorded one: status, reply bytes (the `volatile`
+    fields aside: values the target draws at random or from the clock), then flags (`adapter_flags`: the turn
+    index and side flag tito's adapter reports, when both sides of the comparison are tito's adapter)."""
     recorded = exchange.record
     if recorded.status != replayed.status:
         detail = [f"recorded: {short(_reply_text(recorded.reply_body, recorded.reply_events))}",
                   f"replayed: {short(_reply_text(replayed.reply_body, replayed.reply_events))}"]
         return Difference("reply", f"reply status: recorded {recorded.status}, replayed {replayed.status}",
                           exchange.index, exchange.turn, detail)
-    lines = reply_difference(recorded.reply_body, recorded.reply_events, replayed.reply_body, replayed.reply_events)
+    lines = reply_difference(recorded.reply_body, recorded.reply_events, replayed.reply_body, replayed.reply_events,
+                             volatile)
     if lines is not None:
         return Difference("reply", "reply to the agent differs", exchange.index, exchange.turn, lines)
-    for name, label in (("turn_index", "turn index"), ("side", "side request"), ("retry_of", "retry of")):
+    flags = (("turn_index", "turn index"), ("side", "side request"), ("retry_of", "retry of"))
+    for name, label in flags if adapter_flags else flags[2:]:
         a, b = getattr(recorded, name), getattr(replayed, name)
         if a != b:
             return Difference("reply", f"{label}: recorded {a!r}, replayed {b!r}", exchange.index, exchange.turn)
@@ -404,13 +454,14 @@ async def replay_loaded(cassette: Cassette, path: str, tokenizer: str | None, se
     """Replay a cassette already read by `load_cassette` (which checked its tokenizer)."""
     names = select_sessions(cassette, path, sessions, missing_ok)
     plans = [plan_session(cassette.sessions[n]) for n in names]
+    spec = replay_target(cassette.header, options.target, path)
     done = CassetteResult(path, cassette.header, [], cassette.truncated, all_sessions=list(cassette.sessions),
-                          tokenizer_dir=tokenizer)
+                          tokenizer_dir=tokenizer, target=spec.text, recorded_target=recorded_target(cassette.header))
     if not plans:
         return done
     if options.on_total is not None:
         options.on_total(sum(len(p.exchanges) for p in plans))
-    async with Harness(cassette, path, tokenizer, options) as harness:
+    async with harness_for(cassette, path, tokenizer, options, spec) as harness:
         gate = asyncio.Semaphore(max(1, options.jobs))
 
         async def one(plan: SessionPlan) -> SessionResult:
@@ -419,6 +470,53 @@ async def replay_loaded(cassette: Cassette, path: str, tokenizer: str | None, se
 
         done.sessions = list(await asyncio.gather(*(one(p) for p in plans)))
     return done
+
+
+def recorded_target(header: Header) -> str:
+    """The target a cassette was recorded around, as `--target` names it."""
+    target = header.target or {}
+    return str(target.get("ref") or target.get("name") or TITO) if target.get("kind", TITO) != TITO else TITO
+
+
+def replay_target(header: Header, chosen: str | None, path: str) -> TargetSpec:
+    """`--target` when given, else the target the header names (tito's adapter for every older cassette)."""
+    try:
+        return parse_target(chosen or recorded_target(header))
+    except TargetError as exc:
+        raise ReplayInputError(f"{path}: {exc}") from None
+
+
+def harness_for(cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions,
+                spec: TargetSpec) -> Any:
+    """tito's own adapter in-process, or the harness around a foreign target (`target_replay`)."""
+    if spec.kind == TITO:
+        return Harness(cassette, path, tokenizer, options)
+    from replayer.target_replay import TargetHarness
+    from trajectory.adapters.serve import parse_listen
+
+    if spec.kind == "http" and not options.engine_listen:
+        raise ReplayInputError(f"{path}: replaying through {spec.text} needs --engine-listen HOST:PORT, the engine "
+                               "URL that gateway was started with (replay serves the engine leg there)")
+    listen = parse_listen(options.engine_listen) if options.engine_listen else None
+    return _GuardedTarget(TargetHarness(cassette, path, tokenizer, options, spec, listen))
+
+
+class _GuardedTarget:
+    """A target that cannot be found or started is unusable input (exit 2), said in one line."""
+
+    def __init__(self, harness: Any) -> None:
+        self.harness = harness
+
+    async def __aenter__(self) -> Any:
+        try:
+            return await self.harness.__aenter__()
+        except TargetError as exc:
+            raise ReplayInputError(f"{self.harness.path}: {exc}") from None
+        except OSError as exc:  # the engine leg's port is taken
+            raise ReplayInputError(f"{self.harness.path}: cannot serve the engine leg: {exc}") from None
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.harness.__aexit__(*exc)
 
 
 def replay_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | None = None,

@@ -33,6 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the samples the live run stored, in the same shape")
     parser.add_argument("--jobs", type=int, default=1, metavar="N", help="sessions replayed at once (default 1)")
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the recording's)")
+    parser.add_argument("--target", metavar="TARGET",
+                        help="replay through tito (tito's adapter app), a driver (slime, an entry point of "
+                             "tito.targets, module:attribute) or a running gateway http://HOST:PORT; default: the "
+                             "target the cassette was recorded around. Goldens are checked only through that one")
+    parser.add_argument("--engine-listen", metavar="HOST:PORT",
+                        help="where replay serves the engine leg for a foreign target (an http:// gateway must have "
+                             "been started with it as its engine URL; a driver's gateway gets a free port)")
     whatif.register(parser.add_argument)
 
 
@@ -62,15 +69,17 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress()
     strict = not (args.update_goldens or whatif.engine_match_order(lambda name: getattr(args, name)))
     options = ReplayOptions(strict=strict, tokenizer=args.tokenizer, adapter=adapter, manager=manager,
-                            jobs=args.jobs, on_total=progress.add_total, on_exchange=progress.step)
+                            jobs=args.jobs, on_total=progress.add_total, on_exchange=progress.step,
+                            target=args.target, engine_listen=args.engine_listen)
     sessions = args.session or None
     results = []
     try:
         for cassette in cassettes:
             result = run_sync(replay_cassette_async(cassette, sessions, options, missing_ok=len(cassettes) > 1))
             if result.sessions:
-                goldens.check(result, result.all_sessions, TokenizerNames(load_tokenizer(result.tokenizer_dir)),
-                              update=args.update_goldens)
+                if result.goldens_apply:
+                    goldens.check(result, result.all_sessions, TokenizerNames(load_tokenizer(result.tokenizer_dir)),
+                                  update=args.update_goldens)
                 results.append(result)
     except ReplayInputError as exc:
         return _unusable(str(exc))
@@ -83,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
 
     failed = 0
     for result in results:
-        print(result.path)
+        print(result.path + ("" if result.goldens_apply else
+                             f"  (recorded around {result.recorded_target}, replayed through {result.target}: "
+                             "compared with the recording, goldens not checked)"))
         for session in result.sessions:
             print("  " + session.line())
             for line in session_details(session):

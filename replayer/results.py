@@ -89,6 +89,14 @@ class CassetteResult:
     golden_path: str | None = None
     all_sessions: list[str] = field(default_factory=list)  # every session of the cassette, in order
     tokenizer_dir: str | None = None  # the tokenizer the replay used (None: the embedded one)
+    target: str = "tito"  # what the sessions were replayed through (`--target`)
+    recorded_target: str = "tito"  # what they were recorded around
+
+    @property
+    def goldens_apply(self) -> bool:
+        """A golden pins a cassette replayed through the target it was recorded around; through another target
+        (a conformance run) the replay is compared with the recording only."""
+        return self.target == self.recorded_target
 
     @property
     def ok(self) -> bool:

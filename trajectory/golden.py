@@ -132,11 +132,15 @@ def render_session(name: str, finishes: Sequence[GoldenFinish], names: TokenName
     for n, finish in enumerate(finishes, 1):
         live = "none (never finished live)" if finish.live_samples is None else str(finish.live_samples)
         lines.append(f"finish {n} of {len(finishes)}: reward {finish.reward:g}, live samples {live}")
-        lines.append("stats: " + _stats(finish.linearization.stats))
-        lines.append("tree:")
-        lines += ["  " + line for line in render_tree(finish.tree.get("nodes", []))] or ["  (empty)"]
-        lines.append("decisions:")
-        lines += ["  " + e.describe() for e in finish.linearization.events] or ["  none"]
+        target = finish.tree.get("target")
+        if target:  # a foreign target: its samples, and what its driver says of them; its tree is its own
+            lines.append(f"stats (target {target}): " + _target_stats(finish.linearization.stats))
+        else:
+            lines.append("stats: " + _stats(finish.linearization.stats))
+            lines.append("tree:")
+            lines += ["  " + line for line in render_tree(finish.tree.get("nodes", []))] or ["  (empty)"]
+            lines.append("decisions:")
+            lines += ["  " + e.describe() for e in finish.linearization.events] or ["  none"]
         lines.append("samples:")
         result = finish.linearization
         for i, sample in enumerate(result.samples):
@@ -152,6 +156,12 @@ def _stats(stats: SessionStats) -> str:
     return (f"turns {stats.turns}, side turns {stats.side_turns}, leaves {stats.leaves}, samples {stats.samples}, "
             f"forks {forks}, branches {stats.branches}, merges {stats.merges}, realigns {stats.realigns} "
             f"({stats.realigned_tokens} tokens), dedup tokens {stats.dedup_tokens}, dropped {stats.dropped_builders}, "
+            f"masked {stats.masked_tokens}, trained {stats.trained_tokens}")
+
+
+def _target_stats(stats: SessionStats) -> str:
+    forks = ", ".join(f"{k} {v}" for k, v in stats.forks.items()) or "none"
+    return (f"turns {stats.turns}, samples {stats.samples}, forks {forks}, realigns {stats.realigns}, "
             f"masked {stats.masked_tokens}, trained {stats.trained_tokens}")
 
 

@@ -331,6 +331,8 @@ class Header:
     agent: dict[str, Any] | None = None  # {"client": "claude-code", "version": "2.1.330"} when known
     engine: dict[str, Any] | None = None  # the engine's /model_info body
     extra: dict[str, Any] = field(default_factory=dict)
+    # The system under test between the legs; None: tito's own adapter (every cassette before targets existed).
+    target: dict[str, Any] | None = None  # {"kind": "tito"|"http"|"driver", "name", "version", "volatile", ...}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -408,7 +410,10 @@ _TYPE_NAMES = {cls: name for name, cls in RECORD_TYPES.items()}
 
 
 def encode_header(header: Header) -> bytes:
-    return encode_frame({"t": "header", **header.to_dict()})
+    data = header.to_dict()
+    if data.get("target") is None:  # tito's own adapter: the header as every cassette before targets had it
+        del data["target"]
+    return encode_frame({"t": "header", **data})
 
 
 def decode_header(record: dict[str, Any]) -> Header:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -57,6 +59,8 @@ def load_factory(name: str) -> Any:
             raise TargetError(f"unknown target {name!r}: give tito, http://HOST:PORT, module:attribute, or one of "
                               f"{', '.join(available())} (entry-point group {ENTRY_POINT_GROUP})")
     module_name, _, attribute = reference.partition(":")
+    if os.getcwd() not in sys.path:  # `module:attribute` of the user's own folder, as uvicorn and gunicorn take it
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

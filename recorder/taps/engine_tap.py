@@ -1,0 +1,124 @@
+"""The engine-leg tap: the target's engine URL; forwards to the real engine and records each call.
+
+A call is attributed to the agent exchange it serves (`attribution`), and written with it. What the target
+sees is what the engine answered, status and body (a streamed answer chunk by chunk); an engine that does not
+answer at all is a 502 for the target and a call with status 0 (no HTTP answer) in the cassette. A target that
+gives up on a call (its agent hung up) cancels the forwarded call, so the engine sees the disconnect too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from recorder.taps.agent_tap import HOP_HEADERS, REPLY_DROPPED, SSE, forwarded
+from recorder.taps.recording import Recording
+from trajectory.adapters.tap import EngineExchange
+
+# Request headers not worth a byte in the cassette: they describe the target's HTTP client, not the call.
+CLIENT_HEADERS = HOP_HEADERS | {"user-agent", "accept"}
+
+
+def last_event_json(text: str) -> Any:
+    """The final body of a streamed answer: its last `data:` JSON before `[DONE]` (SGLang's last chunk)."""
+    final: Any = None
+    for line in text.splitlines():
+        if line.startswith("data:"):
+            data = line[5:].strip()
+            if data and data != "[DONE]":
+                try:
+                    final = json.loads(data)
+                except ValueError:
+                    final = data
+    return final
+
+
+class EngineTap:
+    def __init__(self, recording: Recording, engine_url: str) -> None:
+        self.recording = recording
+        self.engine_url = engine_url.rstrip("/")
+        self.http: aiohttp.ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1024 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self.forward)
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _open(self, app: web.Application) -> None:
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                          timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+
+    async def _close(self, app: web.Application) -> None:
+        if self.http is not None:
+            await self.http.close()
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        try:
+            data = json.loads(body) if body else None
+        except ValueError:
+            data = None
+        owner = self.recording.attribution.owner(request.path, request.headers, data)
+        if owner is None:  # no session's call (health, model info): forwarded, not recorded
+            return await self._relay(request, body, None)
+        call = asyncio.get_running_loop().create_future()
+        self.recording.engine_started(owner, data, call)
+        started = self.recording.elapsed(owner.session)
+        exchange = EngineExchange(request.method, request.path, data if isinstance(data, dict) else None, 0,
+                                  headers=forwarded(request.headers, CLIENT_HEADERS), started_s=started)
+        try:
+            return await self._relay(request, body, exchange)
+        except asyncio.CancelledError:
+            exchange.error = exchange.error or "the target hung up before the engine answered"
+            raise
+        finally:
+            exchange.duration_s = self.recording.elapsed(owner.session) - started
+            call.set_result(None)
+            self.recording.engine_answered(owner, exchange, call)
+
+    async def _relay(self, request: web.Request, body: bytes, exchange: EngineExchange | None) -> web.StreamResponse:
+        assert self.http is not None
+        try:
+            async with self.http.request(request.method, self.engine_url + request.path_qs, data=body or None,
+                                         headers=forwarded(request.headers)) as upstream:
+                headers = forwarded(upstream.headers, REPLY_DROPPED)
+                if upstream.content_type == SSE:
+                    response = web.StreamResponse(status=upstream.status, headers=headers)
+                    await response.prepare(request)
+                    received = bytearray()
+                    async for chunk in upstream.content.iter_any():
+                        received += chunk
+                        await response.write(chunk)
+                    await response.write_eof()
+                    if exchange is not None:
+                        exchange.status = upstream.status
+                        exchange.response = last_event_json(received.decode("utf-8", errors="replace"))
+                    return response
+                payload = await upstream.read()
+                if exchange is not None:
+                    exchange.status = upstream.status
+                    exchange.response = _parsed(payload, upstream.content_type)
+                return web.Response(status=upstream.status, body=payload, headers=headers)
+        except aiohttp.ClientError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if exchange is not None:
+                exchange.error = error
+            return web.json_response({"error": {"message": f"tito: the engine did not answer: {error}"}}, status=502)
+
+
+def _parsed(payload: bytes, content_type: str) -> Any:
+    if not payload:
+        return None
+    text = payload.decode("utf-8", errors="replace")
+    if "json" in content_type or text[:1] in "{[":
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text

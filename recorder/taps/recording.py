@@ -1,0 +1,105 @@
+"""What both taps around a target share: the cassette's tap, the attribution of engine calls, the write order.
+
+The taps report to a `TrafficTap` (the cassette writer, usually in its own process) in the order tito's own
+adapter does: an agent request's headers first (the recorder learns its secrets), then the engine calls it
+caused, then the exchange itself, once its reply's last byte is sent. So a cassette recorded around any gateway
+has the layout of one recorded through tito's adapter, and replays the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from recorder.taps.attribution import Attribution, InFlight, Owner
+from trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
+
+ENGINE_GRACE_S = 5.0  # how long an ended exchange waits for its engine calls (an abort after a disconnect)
+
+
+@dataclass
+class _Session:
+    t0: float
+    attempts: dict[str, int] = field(default_factory=dict)  # body digest -> seq of its latest attempt
+    written: int = 0  # agent exchanges written: the next one's seq
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def body_digest(method: str, path: str, query: str, body: bytes) -> str:
+    """What makes two requests the same request (a client's retry re-sends the identical bytes)."""
+    return hashlib.sha256(f"{method} {path}?{query}".encode() + b"\0" + body).hexdigest()
+
+
+class Recording:
+    def __init__(self, tap: TrafficTap, routing_header: str | None) -> None:
+        self.tap = tap
+        self.attribution = Attribution(routing_header)
+        self.sessions: dict[str, _Session] = {}
+        self.open: dict[str, str] = {}  # live session id -> source, for sessions neither finished nor dropped
+
+    def session(self, sid: str) -> _Session:
+        if sid not in self.sessions:
+            self.sessions[sid] = _Session(time.monotonic())
+        return self.sessions[sid]
+
+    def elapsed(self, sid: str) -> float:
+        return time.monotonic() - self.session(sid).t0
+
+    # agent leg
+
+    def agent_arrived(self, sid: str, source: str, headers: dict[str, str]) -> InFlight:
+        self.session(sid)
+        self.open.setdefault(sid, source)
+        self.tap.agent_request(sid, source, headers)
+        return self.attribution.begin(sid, source)
+
+    async def agent_answered(self, flight: InFlight, exchange: AgentExchange, digest: str | None) -> None:
+        """Write the exchange after the engine calls it caused (waiting briefly for calls still running)."""
+        if flight.running:
+            await asyncio.wait(set(flight.running), timeout=ENGINE_GRACE_S)
+        state = self.session(flight.session)
+        async with state.lock:
+            self.attribution.end(flight)
+            for call in flight.engine:
+                self.tap.engine_exchange(flight.session, flight.source, call)
+            flight.engine.clear()
+            seq = state.written
+            state.written += 1
+            if digest is not None:
+                exchange.retry_of = state.attempts.get(digest)
+                state.attempts[digest] = seq
+            self.tap.agent_exchange(flight.session, flight.source, exchange)
+
+    # engine leg
+
+    def engine_started(self, owner: Owner, body: Any, call: asyncio.Future[Any]) -> None:
+        if owner.flight is not None:
+            owner.flight.running.add(call)
+        self.attribution.generate_started(owner, body)
+
+    def engine_answered(self, owner: Owner, exchange: EngineExchange, call: asyncio.Future[Any]) -> None:
+        flight = owner.flight
+        if flight is not None:
+            flight.running.discard(call)
+        if isinstance(exchange.request, dict) and exchange.status == 200:
+            self.attribution.generate_answered(owner, exchange.request, exchange.response)
+        if flight is not None and flight in self.attribution.flights.get(flight.session, []):
+            flight.engine.append(exchange)
+        else:  # no request of the session in flight (or it was already written): goes before the next one
+            self.session(owner.session)
+            self.tap.engine_exchange(owner.session, owner.source, exchange)
+
+    # session API
+
+    def finished(self, sid: str, reward: float, samples: list[dict[str, Any]]) -> None:
+        self.open.pop(sid, None)
+        self.attribution.forget(sid)
+        self.tap.session_finished(sid, "api", reward, samples)
+
+    def dropped(self, sid: str) -> None:
+        self.open.pop(sid, None)
+        self.attribution.forget(sid)
+        self.tap.session_dropped(sid, "api")
