@@ -42,6 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     merging.add_argument("--out", required=True, metavar="FILE", help="the new cassette (never overwritten)")
 
 
+def target_line(target: dict | None) -> str:
+    """Who sat between the two legs: tito's adapter, or a gateway with its name and version."""
+    if not target:
+        return "tito (tito's own adapter app)"
+    version = f" {target.get('version')}" if target.get("version") else ""
+    return f"{target.get('ref') or target.get('name')} ({target.get('kind')}: {target.get('name')}{version})"
+
+
 def format_text(summary: CassetteSummary) -> str:
     h = summary.header
     lines = [
@@ -53,6 +61,7 @@ def format_text(summary: CassetteSummary) -> str:
         f"adapter:         {json.dumps(h.adapter, sort_keys=True)}",
         f"agent:           {json.dumps(h.agent, sort_keys=True)}",
         f"engine:          {json.dumps(h.engine, sort_keys=True)}",
+        f"target:          {target_line(h.target)}",
     ]
     if h.extra:
         lines.append(f"extra:           {json.dumps(h.extra, sort_keys=True)}")

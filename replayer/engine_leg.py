@@ -38,15 +38,21 @@ class ExchangeLeg:
     unserved: list[EngineRecord] = field(default_factory=list)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)  # a /generate reached the engine
     release: asyncio.Event = field(default_factory=asyncio.Event)  # the exchange may end
+    drained: asyncio.Event = field(default_factory=asyncio.Event)  # every recorded call was made
     stopped: bool = False
 
     def __post_init__(self) -> None:
         self.unserved = list(self.planned.engine)
+        if not self.unserved:
+            self.drained.set()
 
     def take(self, method: str, path: str) -> EngineRecord | None:
         for i, record in enumerate(self.unserved):
             if record.method == method and record.path == path:
-                return self.unserved.pop(i)
+                taken = self.unserved.pop(i)
+                if not self.unserved:
+                    self.drained.set()
+                return taken
         return None
 
 

@@ -40,6 +40,9 @@ from trajectory.manager import Linearization
 from trajectory.records import Sample
 
 ENGINE_BASE = "http://tito-replay-engine"
+# An exchange the agent hung up on is answered (499) at once; the gateway notices and aborts its generation a
+# moment later. Replay waits this long for such recorded calls before calling them missing.
+LATE_CALLS_S = 5.0
 Key = tuple[str, int]
 
 
@@ -68,6 +71,8 @@ def target_linearization(samples: list[dict[str, Any]], stats: Mapping[str, Any]
 
 class TargetHarness(HarnessBase):
     """The replay's side of a foreign target; `replay.Harness`'s counterpart for tito's own adapter."""
+
+    late_calls_s = LATE_CALLS_S
 
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions,
                  spec: TargetSpec, engine_listen: tuple[str, int] | None) -> None:
@@ -199,7 +204,7 @@ class TargetHarness(HarnessBase):
             return Difference("samples", "the target offered no samples at this finish (the recording has them)")
         stats = finished.stats if isinstance(finished, TargetFinish) else {}
         linearization = target_linearization(samples, stats)
-        tree = {"nodes": [], "target": self.target_name}
+        tree = {"nodes": [], "target": self.target_name, "untrained_turns": stats.get("untrained_turns")}
         return FinishResult(reward, None, samples, linearization, tree)
 
     async def drop_session(self, name: str) -> Difference | None:

@@ -11,7 +11,8 @@ tito's own adapter tells its tap exactly; a foreign gateway only forwards calls.
    when no session's context is extended (first turns), the oldest agent request in flight that has not had a
    `/generate` yet, of any session. Concurrent sessions with identical first prompts can then be told apart
    only by arrival order: a gateway that forwards a routing key never depends on it.
-Calls with no session (health checks, `/model_info`) are forwarded and not recorded.
+Calls of no session (health checks, `/model_info`; without a routing key, anything but `/generate` and its
+abort) are forwarded and not recorded.
 
 Each agent exchange's engine calls are written just before it, as tito's adapter writes them, so a replay
 finds each call where the live run made it.
@@ -92,6 +93,8 @@ class Attribution:
         if session is not None:
             flight = self._pick(self.flights.get(session, []))
             return Owner(session, self.sources.get(session, "bearer"), flight)
+        if not path.endswith("/generate"):
+            return None  # without a routing key only a generation says whose it is (by its prompt)
         prompt = body.get("input_ids") if isinstance(body, dict) else None
         flight = self._by_context(prompt) if isinstance(prompt, list) else None
         if flight is None:

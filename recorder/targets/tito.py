@@ -13,7 +13,6 @@ from aiohttp import web
 
 from recorder.targets.base import TargetFinish, TargetInfo, TargetOptions
 
-
 VOLATILE = ("created", "created_at", "response.created_at")
 
 
@@ -54,8 +53,10 @@ class TitoDriver:
         adapter.manager.drop(session)
         adapter.sessions.pop(session, None)
         stats = result.stats
+        trained = {s.turn_index for spans in result.spans for s in spans if s.trained}
         return TargetFinish([s.to_dict() for s in result.samples],
-                            {"turns": stats.turns, "forks": dict(stats.forks), "realigns": stats.realigns})
+                            {"turns": stats.turns, "forks": dict(stats.forks), "realigns": stats.realigns,
+                             "untrained_turns": max(0, stats.turns - len(trained))})
 
     async def drop(self, session: str) -> bool:
         adapter = self._adapter

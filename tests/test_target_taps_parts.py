@@ -1,0 +1,96 @@
+"""The parts of the taps around a target, without servers: attribution of engine calls, volatile reply fields,
+SSE splitting, the registry's answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from recorder.taps.agent_tap import split_events
+from recorder.taps.attribution import Attribution, Owner
+from recorder.targets.base import TargetError, TargetOptions
+from recorder.targets.registry import create_driver, load_factory, parse_target
+from replayer.differences import reply_difference
+from replayer.volatile import MASK, mask, parse_path
+
+KEY = {"X-SMG-Routing-Key": "s1"}
+
+
+def test_the_routing_key_names_the_session_and_the_oldest_request_waiting_for_a_generation() -> None:
+    a = Attribution("X-SMG-Routing-Key")
+    first, second = a.begin("s1", "bearer"), a.begin("s1", "bearer")
+    other = a.begin("s2", "bearer")
+    owner = a.owner("/generate", KEY, {"rid": "r1", "input_ids": [1, 2]})
+    assert owner is not None and owner.flight is first
+    a.generate_started(owner, {"rid": "r1"})
+    assert a.owner("/generate", KEY, {"input_ids": [1]}).flight is second  # the next one waiting
+    a.generate_started(Owner("s1", "bearer", second), {"rid": "r2"})
+    assert a.owner("/generate", KEY, {"input_ids": [1]}).flight is second  # all had one: the newest (a retry)
+    assert a.owner("/generate", {"X-SMG-Routing-Key": "s2"}, {}).flight is other
+    # an abort carries only the rid: it goes where that generation went
+    assert a.owner("/abort_request", {}, {"rid": "r1"}).flight is first
+    a.end(first)
+    a.end(second)
+    lone = a.owner("/generate", KEY, {"input_ids": [1]})  # no request of s1 in flight: the session alone
+    assert lone is not None and lone.session == "s1" and lone.flight is None
+
+
+def test_without_a_routing_key_a_prompt_goes_to_the_session_whose_context_it_extends() -> None:
+    a = Attribution(None)
+    s1, s2 = a.begin("s1", "bearer"), a.begin("s2", "bearer")
+    o1 = a.owner("/generate", KEY, {"input_ids": [5, 6]})  # no key read, no context yet: arrival order
+    assert o1.flight is s1
+    a.generate_started(o1, {})
+    a.generate_answered(o1, {"input_ids": [5, 6]}, {"output_ids": [7, 8]})
+    o2 = a.owner("/generate", {}, {"input_ids": [5, 6]})
+    assert o2.flight is s2
+    a.generate_started(o2, {})
+    a.generate_answered(o2, {"input_ids": [5, 6]}, {"output_ids": [9]})
+    a.end(s1)
+    a.end(s2)
+    n2, n1 = a.begin("s2", "bearer"), a.begin("s1", "bearer")
+    # the next turns arrive in the other order; each prompt extends its own session's last prompt + output
+    assert a.owner("/generate", {}, {"input_ids": [5, 6, 7, 8, 1]}).flight is n1
+    assert a.owner("/generate", {}, {"input_ids": [5, 6, 9, 1]}).flight is n2
+    assert a.owner("/health", {}, None) is None  # a call of no session: forwarded, not recorded
+
+
+def test_volatile_paths_mask_exactly_the_named_fields() -> None:
+    assert parse_path("choices[*].delta.tool_calls[0].id") == ("choices", None, "delta", "tool_calls", 0, "id")
+    reply = {"id": "msg_1", "content": [{"type": "tool_use", "id": "toolu_a", "input": {"id": "keep"}}]}
+    masked = mask(reply, ["id", "content[*].id"])
+    assert masked == {"id": MASK, "content": [{"type": "tool_use", "id": MASK, "input": {"id": "keep"}}]}
+    assert reply["id"] == "msg_1"  # the original is left alone
+    with pytest.raises(ValueError, match="not a reply field path"):
+        parse_path("content[x]")
+
+
+def test_a_reply_differs_only_outside_its_volatile_fields() -> None:
+    a = b'{"id":"msg_1","content":[{"type":"text","text":"hi"}]}'
+    b = b'{"id":"msg_2","content":[{"type":"text","text":"hi"}]}'
+    assert reply_difference(a, None, b, None) is not None  # a random id is a difference unless named
+    assert reply_difference(a, None, b, None, ["id"]) is None
+    c = b'{"id":"msg_3","content":[{"type":"text","text":"ho"}]}'
+    assert reply_difference(a, None, c, None, ["id"]) == ["body: content[0].text", "recorded: 'hi'", "replayed: 'ho'"]
+    d = b'{"content":[{"type":"text","text":"hi"}]}'  # a volatile field must still be there
+    assert reply_difference(a, None, d, None, ["id"]) is not None
+    events_a = ['event: message_start\ndata: {"message":{"id":"msg_1"}}\n\n']
+    events_b = ['event: message_start\ndata: {"message":{"id":"msg_2"}}\n\n']
+    assert reply_difference(None, events_a, None, events_b, ["message.id"]) is None
+    assert reply_difference(None, events_a, None, events_b, ["id"]) is not None
+
+
+def test_an_sse_body_splits_into_its_events_and_keeps_a_cut_tail() -> None:
+    assert split_events("data: 1\n\ndata: 2\n\n") == ["data: 1\n\n", "data: 2\n\n"]
+    assert split_events("event: a\r\ndata: 1\r\n\r\ndata: 2") == ["event: a\ndata: 1\n\n", "data: 2"]
+
+
+def test_the_registry_finds_targets_or_says_why_in_one_line() -> None:
+    assert parse_target(None).kind == "tito" and parse_target("http://h:1").kind == "http"
+    assert parse_target("slime").kind == "driver"
+    assert callable(load_factory("recorder.targets.tito:create"))
+    with pytest.raises(TargetError, match="unknown target 'nope'"):
+        load_factory("nope")
+    with pytest.raises(TargetError, match="has no attribute"):
+        load_factory("recorder.targets.tito:missing")
+    with pytest.raises(TargetError, match="lacks info, start, finish, drop, stop"):
+        create_driver("tests.target_variants:not_a_driver", TargetOptions())
