@@ -25,7 +25,7 @@ import aiohttp
 from aiohttp import web
 
 from recorder.cassette.format import CassetteError, Header, TokenizerMismatchError
-from recorder.targets.base import TargetError
+from recorder.targets.base import TargetError, TargetUnavailable
 from recorder.targets.registry import TITO, TargetSpec, parse_target
 from replayer.agent_leg import ReplayTap, exchange_context, request_headers, request_target
 from replayer.differences import Difference, reply_difference, samples_difference, short, turn_locator
@@ -44,6 +44,10 @@ _CREATED = re.compile(rb'"created(?:_at)?":\s*(\d+)')
 
 class ReplayInputError(Exception):
     """The input cannot be replayed at all (corrupt cassette, other tokenizer, unknown session): exit 2."""
+
+
+class TargetUnavailableError(ReplayInputError):
+    """The target to replay through is not installed here (a slime cassette where slime is not): tests skip."""
 
 
 @dataclass
@@ -534,6 +538,8 @@ class _GuardedTarget:
     async def __aenter__(self) -> Any:
         try:
             return await self.harness.__aenter__()
+        except TargetUnavailable as exc:
+            raise TargetUnavailableError(f"{self.harness.path}: {exc}") from None
         except TargetError as exc:
             raise ReplayInputError(f"{self.harness.path}: {exc}") from None
         except OSError as exc:  # the engine leg's port is taken

@@ -111,7 +111,7 @@ class TargetHarness(HarnessBase):
                 self.volatile = tuple(dict.fromkeys((*self.driver.info.volatile, *self.volatile)))
                 self.routing_header = self.driver.info.routing_header
             self.url = (await self.driver.start(engine_url)).rstrip("/")
-        except TargetError:
+        except TargetError:  # TargetUnavailable included: the caller tells the two apart
             await self._stop_servers()
             raise
         except Exception as exc:  # noqa: BLE001 - a gateway that cannot start: one line, exit 2

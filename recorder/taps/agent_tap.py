@@ -10,6 +10,7 @@ the exchange is recorded with status 499, as tito's adapter records it. The sess
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -83,11 +84,10 @@ class AgentTap:
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        try:
-            data = json.loads(body) if body else None
-        except ValueError:
-            data = None
-        ref = resolve_session(request.headers, data, path_session(request.path), request.query)
+        ref = resolve_session(request.headers, None, path_session(request.path), request.query)
+        if ref.source in ("anonymous", "path") and body:  # only then is the body worth parsing (tito's order:
+            with contextlib.suppress(ValueError):  # credentials, then the body's metadata, then the path)
+                ref = resolve_session(request.headers, json.loads(body), path_session(request.path), request.query)
         headers = dict(request.headers)
         flight = self.recording.agent_arrived(ref.sid, ref.source, headers)
         started = self.recording.elapsed(ref.sid)

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from recorder.taps.agent_tap import HOP_HEADERS, REPLY_DROPPED, SSE, forwarded
 from recorder.taps.recording import Recording
+from trajectory.adapters import fast_json
 from trajectory.adapters.tap import EngineExchange
 
 # Request headers not worth a byte in the cassette: they describe the target's HTTP client, not the call.
@@ -61,7 +62,7 @@ class EngineTap:
     async def forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         try:
-            data = json.loads(body) if body else None
+            data = fast_json.loads(body) if body else None
         except ValueError:
             data = None
         owner = self.recording.attribution.owner(request.path, request.headers, data)
@@ -118,7 +119,7 @@ def _parsed(payload: bytes, content_type: str) -> Any:
     text = payload.decode("utf-8", errors="replace")
     if "json" in content_type or text[:1] in "{[":
         try:
-            return json.loads(text)
+            return fast_json.loads(payload)
         except ValueError:
             pass
     return text

@@ -83,3 +83,7 @@ TargetFactory = Any  # Callable[[TargetOptions], TargetDriver]
 
 class TargetError(Exception):
     """A target that cannot be found, loaded or started: one line, exit 2."""
+
+
+class TargetUnavailable(TargetError):
+    """The target's code is not installed here (slime not on the path): tests skip, commands exit 2."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from recorder.targets.base import ENTRY_POINT_GROUP, TargetDriver, TargetError, TargetOptions
+from recorder.targets.base import ENTRY_POINT_GROUP, TargetDriver, TargetError, TargetOptions, TargetUnavailable
 
 TITO = "tito"
 # Built in, and also registered under the entry-point group by tito's own pyproject.toml.
@@ -64,7 +64,7 @@ def load_factory(name: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise TargetError(f"target {name!r}: cannot import {module_name}: {exc}") from None
+        raise TargetUnavailable(f"target {name!r}: cannot import {module_name}: {exc}") from None
     factory = module
     for part in attribute.split(".") if attribute else []:
         factory = getattr(factory, part, None)
@@ -82,6 +82,8 @@ def create_driver(name: str, options: TargetOptions) -> TargetDriver:
         driver = factory(options)
     except TargetError:
         raise
+    except ImportError as exc:  # the gateway's own code is not installed here
+        raise TargetUnavailable(f"target {name!r}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - a driver that cannot start says why, in one line
         raise TargetError(f"target {name!r}: {type(exc).__name__}: {exc}") from None
     missing = [m for m in ("info", "start", "finish", "drop", "stop") if not hasattr(driver, m)]

@@ -1,0 +1,114 @@
+"""What the two taps around a foreign target add per engine call (issue 22, point 6).
+
+The same 64 concurrent sessions of 16 turns run twice at once, interleaved, against one fake engine: one copy
+talks to a gateway that calls the engine directly (the baseline), the other to `tito record --target
+http://...`, whose agent tap forwards to an identical gateway whose engine URL is the record process's engine
+tap. Each proxied turn thus crosses both taps once each way, with one engine call: the added p99 per request is
+what the taps add per engine call. The gateways are `tito serve` processes (a gateway tito did not start); the
+recording process gets a core of its own (as bench_recorder.py gives the proxy), the engine, both gateways and
+this driver share the other. Each turn the engine spends GENERATE_MS and the agent TOOL_S running tools, as in
+bench_recorder.py's agent load. RUNS runs, fresh processes each; the figure is the median run's.
+
+Run: .venv/bin/python benchmarks/bench_taps.py
+Last line: taps p99: <X> ms added per engine call, direct p99: <Y> ms, ratio: <(Y+X)/Y>, host steal: <S>%
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_recorder import (  # noqa: E402  (benchmarks/, the script's folder)
+    CLIENTS,
+    TOOL_S,
+    TURNS_PER_SESSION,
+    _cpu_s,
+    _drive,
+    _free_port,
+    _percentiles,
+    _placement,
+    _tito,
+    _wait_healthy,
+)
+from host_steal import steal_watch  # noqa: E402
+
+GENERATE_MS = 1000.0
+RUNS = 3
+
+
+def bodies() -> dict[tuple[int, int], tuple[bytes, dict[str, str]]]:
+    tools = [{"name": "Bash", "description": "Run a shell command",
+              "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+    out = {}
+    for c in range(CLIENTS):
+        history = [{"role": "user", "content": f"Session {c}: list the files."}]
+        for turn in range(TURNS_PER_SESSION):
+            body = {"model": "m", "max_tokens": 256, "system": "You are a coding agent.", "tools": tools,
+                    "messages": list(history), "stream": True}
+            out[c, turn] = (json.dumps(body).encode(), {"Content-Type": "application/json",
+                                                         "Authorization": f"Bearer taps-{c}"})
+            history += [{"role": "assistant", "content": f"Turn {turn} done."},
+                        {"role": "user", "content": f"Go on {turn}."}]
+    return out
+
+
+def one_run(requests: dict[tuple[int, int], tuple[bytes, dict[str, str]]]) -> tuple[float, float, float, float]:
+    """(added p99 ms, direct p99 ms, taps CPU ms per request, host steal %)."""
+    taps_cpus, other_cpus, _ = _placement()
+    if other_cpus:
+        os.sched_setaffinity(0, other_cpus)
+    engine, direct_gw, tapped_gw, engine_tap, agent_tap = (_free_port() for _ in range(5))
+    engine_url = f"http://127.0.0.1:{engine}"
+    tmp = tempfile.TemporaryDirectory()
+    try:
+        with _tito(["fake-engine", "--demo", "--port", str(engine), "--fault-latency-ms", str(GENERATE_MS)],
+                   other_cpus) as eng, \
+                _tito(["serve", "--engine", engine_url, "--listen", f"127.0.0.1:{direct_gw}"], other_cpus) as gw1, \
+                _tito(["serve", "--engine", f"http://127.0.0.1:{engine_tap}", "--listen",
+                       f"127.0.0.1:{tapped_gw}"], other_cpus) as gw2, \
+                _tito(["record", "--engine", engine_url, "--target", f"http://127.0.0.1:{tapped_gw}",
+                       "--engine-listen", f"127.0.0.1:{engine_tap}", "--listen", f"127.0.0.1:{agent_tap}",
+                       "--out", str(Path(tmp.name) / "taps.tito"), "--quiet"], taps_cpus) as rec:
+            for port, proc in ((engine, eng), (direct_gw, gw1), (tapped_gw, gw2)):
+                _wait_healthy(port, proc)
+            _wait_healthy(agent_tap, rec)  # /health goes through the agent tap to the gateway
+            steal: list[float] = []
+            cpu_before = _cpu_s(rec.pid)
+            with steal_watch(steal):
+                runs = asyncio.run(_drive({"direct": (direct_gw, "/v1/messages", lambda c, t: requests[c, t]),
+                                           "tapped": (agent_tap, "/v1/messages", lambda c, t: requests[c, t])},
+                                          TOOL_S, GENERATE_MS / 1000 + TOOL_S))
+            cpu_ms = (_cpu_s(rec.pid) - cpu_before) / len(runs["tapped"]) * 1000
+    finally:
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+        tmp.cleanup()
+    _, d99 = _percentiles(list(runs["direct"].values()))
+    _, t99 = _percentiles(list(runs["tapped"].values()))
+    return t99 - d99, d99, cpu_ms, steal[0]
+
+
+def main() -> None:
+    requests = bodies()
+    results = []
+    for i in range(RUNS):
+        added, direct, cpu, steal = one_run(requests)
+        results.append((added, direct, cpu, steal))
+        print(f"run {i + 1}: taps add p99 {added:.2f} ms per engine call over direct p99 {direct:.2f} ms; "
+              f"record process CPU {cpu:.2f} ms per request; host steal {steal:.1f}%", flush=True)
+    added, direct, _, _ = sorted(results)[len(results) // 2]
+    steal = max(r[3] for r in results)
+    print(f"median of {RUNS}: taps p99: {added:.2f} ms added per engine call, direct p99: {direct:.2f} ms, "
+          f"ratio: {(direct + added) / direct:.4f}, host steal: up to {steal:.1f}%, record CPU median "
+          f"{statistics.median(r[2] for r in results):.2f} ms per request")
+
+
+if __name__ == "__main__":
+    main()
