@@ -37,10 +37,10 @@ def system_prompt(sid: str) -> str:
     return f"You are agent {sid}, a coding agent working in /work. Be brief."
 
 
-def scenario(sids: list[str]) -> dict[str, Any]:
-    """The engine's side: each session (told apart by its system prompt) plays TURNS."""
+def scenario(sids: list[str], turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """The engine's side: each session (told apart by its system prompt) plays `turns`."""
     return {"name": "target-drivers", "after_last": "error",
-            "sessions": [{"match": {"prompt_contains": f"agent {sid},"}, "turns": TURNS} for sid in sids]}
+            "sessions": [{"match": {"prompt_contains": f"agent {sid},"}, "turns": turns} for sid in sids]}
 
 
 def client_script(sessions: list[tuple[str, bool]], max_turns: int = 12, prefix: str = "drv") -> ClientScript:
@@ -76,9 +76,9 @@ class LoggedEngine:
         return [g for g in self.generations if system_marker in tokenizer.decode(g.prompt[:80])]
 
 
-def start_logged_engine(sids: list[str]) -> LoggedEngine:
+def start_logged_engine(sids: list[str], turns: list[dict[str, Any]] | None = None) -> LoggedEngine:
     tokenizer = load_tokenizer()
-    policy = ScriptedPolicy(parse_scenario(scenario(sids)), tokenizer)
+    policy = ScriptedPolicy(parse_scenario(scenario(sids, TURNS if turns is None else turns)), tokenizer)
     holder: list[LoggedEngine] = []
 
     @web.middleware

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import aiohttp
 import pytest
 
 from recorder.scripted.client import run_script
-from recorder.scripted.script import TOOL_CATALOG
+from recorder.scripted.script import TOOL_CATALOG, Disconnect
 from recorder.scripted.wires import WIRE_CODECS
 from recorder.targets import slime_env
 from recorder.targets.base import ENTRY_POINT_GROUP, ROUTING_HEADER, TargetError, TargetFinish, TargetOptions
@@ -147,6 +148,58 @@ async def test_slime_finish_stats_show_its_drift_decisions() -> None:
     assert drifted.stats["realigned_tokens"] > 0
     assert drifted.stats["masked_tokens"] == sum(s["response_length"] for s in drifted.samples) \
         - drifted.stats["trained_tokens"]
+
+
+@needs_slime
+async def test_slime_engine_error_is_logged_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    """slime answers an engine 529 with a 500 and raises, which aiohttp logs with a traceback: the driver keeps it
+    to one line; the client's retry then succeeds and the failed attempt leaves no turn."""
+    sid = session_id("anthropic", True)
+    turns = [{**TURNS[0], "faults": {"status": 529}, "fault_attempts": 1}, *TURNS[1:]]
+    engine = start_logged_engine([sid], turns)
+    driver = create_driver("slime", TargetOptions())
+    try:
+        url = await driver.start(engine.url)
+        with caplog.at_level(logging.WARNING):
+            results = await run_script(client_script([("anthropic", True)]), url)
+        finished = await driver.finish(sid, 1.0)
+    finally:
+        await driver.stop()
+        engine.server.stop()
+    assert results[0].error is None and results[0].retries == 1 and results[0].requests == len(TURNS)
+    assert isinstance(finished, TargetFinish) and finished.stats["turns"] == len(TURNS)
+    errors = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert errors and all(r.exc_info is None for r in errors)
+    assert "RuntimeError: sglang upstream 529" in errors[0].getMessage()
+
+
+@needs_slime
+@pytest.mark.parametrize("stream", [True, False], ids=["sse", "json"])
+async def test_slime_aborts_the_engine_when_the_client_walks_away(stream: bool) -> None:
+    """Run as slime's own launcher runs it (handler cancellation): a client that closes mid-generation cancels
+    slime's handler, which aborts the engine request and records no turn; the re-sent request is the turn."""
+    sid = session_id("anthropic", stream)
+    turns = [TURNS[0], {**TURNS[1], "faults": {"token_delay_ms": 40}}, TURNS[2]]
+    engine = start_logged_engine([sid], turns)
+    driver = create_driver("slime", TargetOptions())
+    script = client_script([("anthropic", stream)])
+    script = dataclasses.replace(script, sessions=(dataclasses.replace(
+        script.sessions[0], disconnects=(Disconnect(request=1, after_ms=300, resend_after_ms=300),)),))
+    try:
+        url = await driver.start(engine.url)
+        results = await run_script(script, url)
+        finished = await driver.finish(sid, 1.0)
+    finally:
+        await driver.stop()
+        engine.server.stop()
+    assert results[0].error is None and results[0].disconnects == 1
+    generations = engine.of(f"agent {sid},")
+    assert len(generations) == len(TURNS) + 1
+    sent_twice = [g for g in generations if [h.prompt for h in generations].count(g.prompt) == 2]
+    lengths = sorted(len(g.output) for g in sent_twice)
+    assert len(lengths) == 2 and lengths[0] < lengths[1]  # the abandoned generation was aborted, cut short
+    assert isinstance(finished, TargetFinish)
+    assert (finished.stats["turns"], finished.stats["samples"]) == (len(TURNS), 1)
 
 
 @needs_slime

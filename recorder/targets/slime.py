@@ -16,6 +16,7 @@ adapters/anthropic.py and adapters/openai.py), so replay compares everything els
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from aiohttp import web
@@ -37,6 +38,29 @@ VOLATILE = (
 )
 MAX_BODY = 64 * 1024 * 1024  # slime's adapters' client_max_size
 THREAD_NAME = "tito-slime-gateway"
+SLIME_LOGGERS = ("slime.agent.adapters.anthropic", "slime.agent.adapters.openai", "slime.agent.adapters.common",
+                 "slime.agent.parsing", "slime.agent.trajectory")
+
+
+class OneLine(logging.Filter):
+    """Log records of the gateway in one line: an exception as its type and message, not its traceback (slime
+    raises on an engine error, which aiohttp logs as "Error handling request" with the whole stack)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "aiohttp.server" and record.threadName != THREAD_NAME:
+            return True  # tito's own servers
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            record.msg, record.args = f"{record.getMessage()}: {type(exc).__name__}: {exc}", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _one_line_logs() -> None:
+    for name in ("aiohttp.server", *SLIME_LOGGERS):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, OneLine) for f in logger.filters):
+            logger.addFilter(OneLine())
 
 
 class SlimeTarget:
@@ -46,6 +70,7 @@ class SlimeTarget:
         self.options = options
         self.slime: Slime = import_slime()
         self.observed = observe(self.slime.trajectory)
+        _one_line_logs()
         self.tokenizer = load_tokenizer(options.tokenizer_dir)
         self.host = str(options.extra.get("host", "127.0.0.1"))
         self.adapters: list[Any] = []
@@ -72,8 +97,11 @@ class SlimeTarget:
         app.router.add_get("/v1/models", self.slime.health)
         for adapter in self.adapters:
             adapter._register_routes(app)  # each adapter's own routes, bound to its own _run_turn
+        # As slime's own launcher runs it (examples/coding_agent_rl/generate.py): a client's disconnect cancels the
+        # handler, which is what makes slime abort the engine request.
+        runner = {"access_log": None, "handler_cancellation": True}
         self.handle = await asyncio.to_thread(self.slime.run_app_in_thread, app, host=self.host, port=0,
-                                              thread_name=THREAD_NAME, runner_kwargs={"access_log": None})
+                                              thread_name=THREAD_NAME, runner_kwargs=runner)
         return f"http://{self.host}:{self.handle.port}"
 
     async def finish(self, session: str, reward: float) -> TargetFinish:
