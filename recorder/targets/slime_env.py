@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from recorder.targets.base import TargetError
+from recorder.targets.base import TargetError, TargetUnavailable
 
 PATH_ENV = "TITO_SLIME_PATH"
 MINIMUM_COMMIT = "624b824a"  # slime main with slime/agent/adapters (Anthropic and OpenAI) and aiohttp_threaded
@@ -57,7 +57,7 @@ def locate() -> Path:
         except (ImportError, ValueError):
             spec = None
         if spec is None or not spec.submodule_search_locations:
-            raise TargetError(f"slime is not importable: {HOW}")
+            raise TargetUnavailable(f"slime is not importable: {HOW}")
         root = Path(next(iter(spec.submodule_search_locations))).resolve().parent
         where = f"slime on the path ({root})"
     if not (root / "slime" / "agent" / "adapters" / "anthropic.py").is_file():
