@@ -220,8 +220,10 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
     around = TapsAround(counted, target, settings.engine_url)
     listen = serve.parse_listen(args.listen)
     engine_listen = serve.parse_listen(args.engine_listen) if args.engine_listen else ("127.0.0.1", 0)
+    from trajectory.server_process import prepare_to_serve
+
     try:
-        ends = await around.start(listen, engine_listen)
+        ends = await around.start(listen, engine_listen, prepare=prepare_to_serve)
     except BaseException:
         await around.stop()
         raise

@@ -8,6 +8,7 @@ through the target (reward 0), as tito's own recording proxy does, then stops ev
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,13 +52,19 @@ class TapsAround:
         self._runners: list[web.AppRunner] = []
         self._started = False
 
-    async def start(self, listen: tuple[str, int], engine_listen: tuple[str, int]) -> Endpoints:
+    async def start(self, listen: tuple[str, int], engine_listen: tuple[str, int],
+                    prepare: Callable[[web.Application], Any] | None = None) -> Endpoints:
+        """`prepare(app)`: called on the agent tap's app before it serves, once the target has loaded (a server
+        process freezes its start-up objects there and collects garbage from the loop: `server_process`)."""
         runner, engine_tap_url = await serve(EngineTap(self.recording, self.engine_url).app(), *engine_listen)
         self._runners.append(runner)
         target_url = await self.target.start(engine_tap_url)
         self._started = True
         agent = AgentTap(self.recording, target_url, self._finish, self._drop)
-        runner, agent_url = await serve(agent.app(), *listen)
+        app = agent.app()
+        if prepare is not None:
+            prepare(app)
+        runner, agent_url = await serve(app, *listen)
         self._runners.append(runner)
         return Endpoints(agent_url, engine_tap_url, target_url)
 
