@@ -3,11 +3,18 @@ SSE splitting, the registry's answers."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from typing import Any
+
+import aiohttp
 import pytest
+from aiohttp import web
 
 from recorder.taps.agent_tap import split_events
+from recorder.taps.around import TapsAround, serve
 from recorder.taps.attribution import Attribution, Owner
-from recorder.targets.base import TargetError, TargetOptions
+from recorder.targets.base import TargetError, TargetInfo, TargetOptions
 from recorder.targets.registry import create_driver, load_factory, parse_target
 from replayer.differences import reply_difference
 from replayer.volatile import MASK, mask, parse_path
@@ -94,3 +101,93 @@ def test_the_registry_finds_targets_or_says_why_in_one_line() -> None:
         load_factory("recorder.targets.tito:missing")
     with pytest.raises(TargetError, match="lacks info, start, finish, drop, stop"):
         create_driver("tests.target_variants:not_a_driver", TargetOptions())
+
+
+class Collected:
+    """A TrafficTap that keeps what the taps report, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        self.calls.append(("request", session))
+
+    def agent_exchange(self, session: str, source: str, exchange: Any) -> None:
+        self.calls.append(("agent", exchange))
+
+    def engine_exchange(self, session: str, source: str, exchange: Any) -> None:
+        self.calls.append(("engine", exchange))
+
+    def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
+        self.calls.append(("finished", samples))
+
+    def session_dropped(self, session: str, source: str) -> None:
+        self.calls.append(("dropped", session))
+
+
+class StubTarget:
+    """A gateway whose replies the test decides: a stream cut after two events, or a reply that never comes."""
+
+    info = TargetInfo("stub")
+
+    def __init__(self) -> None:
+        self.hung_up = asyncio.Event()
+
+    async def start(self, engine_url: str) -> str:
+        async def stream(request: web.Request) -> web.StreamResponse:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b"data: {\"n\": 1}\n\ndata: {\"n\": 2}\n\n")
+            request.transport.close()  # the gateway dies mid-stream
+            return response
+
+        async def slow(request: web.Request) -> web.Response:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.hung_up.set()
+                raise
+            return web.Response(text="late")
+
+        app = web.Application()
+        app.router.add_post("/stream", stream)
+        app.router.add_post("/slow", slow)
+        self.runner, url = await serve(app, "127.0.0.1", 0)
+        return url
+
+    async def finish(self, session: str, reward: float) -> list[dict[str, Any]]:
+        return []
+
+    async def drop(self, session: str) -> bool:
+        return False
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def test_a_cut_stream_and_a_hang_up_pass_through_the_agent_tap_and_are_recorded() -> None:
+    tap, target = Collected(), StubTarget()
+    around = TapsAround(tap, target, "http://127.0.0.1:9")
+    ends = await around.start(("127.0.0.1", 0), ("127.0.0.1", 0))
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+            async with http.post(ends.agent_url + "/stream", data=b"{}", headers={"Authorization": "Bearer cut-1"}) \
+                    as resp:
+                received = b""
+                with contextlib.suppress(aiohttp.ClientError):
+                    async for chunk in resp.content.iter_any():
+                        received += chunk
+            assert received == b'data: {"n": 1}\n\ndata: {"n": 2}\n\n'  # what the gateway sent, then the cut
+            with contextlib.suppress(TimeoutError):
+                await http.post(ends.agent_url + "/slow", data=b"{}", headers={"Authorization": "Bearer cut-2"},
+                                timeout=aiohttp.ClientTimeout(total=0.5))
+            await asyncio.wait_for(target.hung_up.wait(), 10)  # the gateway saw the agent hang up
+        for _ in range(100):
+            if sum(kind == "agent" for kind, _ in tap.calls) == 2:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await around.stop()
+    cut, gone = [e for kind, e in tap.calls if kind == "agent"]
+    assert cut.status == 200 and cut.reply_events == ['data: {"n": 1}\n\n', 'data: {"n": 2}\n\n']
+    assert gone.status == 499 and gone.path == "/slow"

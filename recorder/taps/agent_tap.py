@@ -138,6 +138,8 @@ class AgentTap:
                 received += chunk
                 await response.write(chunk)
             await response.write_eof()
+        except aiohttp.ClientError:  # the target cut its stream: the agent gets the same cut stream
+            response.force_close()
         finally:
             exchange.reply_events = split_events(received.decode("utf-8", errors="replace"))
         return response

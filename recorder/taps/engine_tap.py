@@ -93,10 +93,15 @@ class EngineTap:
                     response = web.StreamResponse(status=upstream.status, headers=headers)
                     await response.prepare(request)
                     received = bytearray()
-                    async for chunk in upstream.content.iter_any():
-                        received += chunk
-                        await response.write(chunk)
-                    await response.write_eof()
+                    try:
+                        async for chunk in upstream.content.iter_any():
+                            received += chunk
+                            await response.write(chunk)
+                        await response.write_eof()
+                    except aiohttp.ClientError as exc:  # the engine cut its stream: so does the tap
+                        response.force_close()
+                        if exchange is not None:
+                            exchange.error = f"{type(exc).__name__}: {exc}"
                     if exchange is not None:
                         exchange.status = upstream.status
                         exchange.response = last_event_json(received.decode("utf-8", errors="replace"))
