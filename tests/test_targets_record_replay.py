@@ -9,6 +9,8 @@ gateway of another design.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import tito_cli
 from recorder.cassette.format import AgentRecord, EngineRecord
 from replayer.reader import read_cassette
 from tests.process_helpers import ROOT, free_port, tito
@@ -31,6 +34,14 @@ WORDS = ("amber", "birch", "cedar", "dune", "ember", "fjord", "grove", "heath")
 def run_tito(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tito_cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout_s)
+
+
+def replay(*args: str) -> subprocess.CompletedProcess[str]:
+    """`tito replay ARGS` in this process (its tokenizer and parsers loaded once for all the tests)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.chdir(ROOT):
+        code = tito_cli.main(["replay", *args])
+    return subprocess.CompletedProcess(["tito", "replay", *args], code, out.getvalue(), err.getvalue())
 
 
 def record(out: Path, engine: str, scenario: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -76,22 +87,22 @@ def test_no_secret_reaches_a_cassette_recorded_around_a_target(around_driver: Pa
 
 
 def test_a_cassette_recorded_around_a_driver_replays_through_it_twice_byte_identical(around_driver: Path) -> None:
-    written = run_tito("replay", str(around_driver), "--update-goldens")
+    written = replay(str(around_driver), "--update-goldens")
     assert written.returncode == 0, written.stdout + written.stderr
     golden = around_driver.with_suffix(".golden").read_text()
     assert f"stats (target {TITO_DRIVER}): turns 7, samples 1" in golden
-    first = run_tito("replay", str(around_driver))
-    second = run_tito("replay", str(around_driver), "--jobs", "4")
+    first = replay(str(around_driver))
+    second = replay(str(around_driver), "--jobs", "4")
     assert first.returncode == second.returncode == 0, first.stdout + first.stderr
     assert first.stdout == second.stdout and " ok" in first.stdout
     # the same cassette through tito's adapter in-process: the same samples (goldens belong to the recorded target)
-    through_tito = run_tito("replay", str(around_driver), "--target", "tito")
+    through_tito = replay(str(around_driver), "--target", "tito")
     assert through_tito.returncode == 0, through_tito.stdout
     assert "goldens not checked" in through_tito.stdout
 
 
 def test_a_one_token_edit_in_the_target_fails_the_replay_naming_that_token(around_driver: Path) -> None:
-    run = run_tito("replay", str(around_driver), "--target", "tests.target_variants:edited")
+    run = replay(str(around_driver), "--target", "tests.target_variants:edited")
     assert run.returncode == 1, run.stdout + run.stderr
     assert "engine request differs: input_ids at token 24 (recorded 286 tokens, replayed 287)" in run.stdout
     replayed = next(line for line in run.stdout.splitlines() if line.strip().startswith("replayed:"))
@@ -102,7 +113,7 @@ def test_a_one_token_edit_in_the_target_fails_the_replay_naming_that_token(aroun
 def test_unusable_targets_are_one_line_and_exit_2(around_driver: Path, engine: str, tmp_path: Path) -> None:
     for args in (["--target", "no-such-target"], ["--target", "tests.target_variants:not_a_driver"],
                  ["--target", "http://127.0.0.1:9"]):  # a running gateway needs --engine-listen
-        run = run_tito("replay", str(around_driver), *args)
+        run = replay(str(around_driver), *args)
         assert run.returncode == 2, run.stdout + run.stderr
         assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr
     run = run_tito("record", "--engine", engine, "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "x.tito"))
@@ -151,9 +162,9 @@ def test_a_grpo_group_gets_each_session_its_own_output_back_on_replay(tmp_path: 
         assert f"My word is {word}." in tokenizer.decode(log.samples[0]["tokens"])
         prompts.add((tuple(call.request["input_ids"][-40:]), exchange.path))
     assert len({p for p, _ in prompts}) <= 2  # the first prompts were identical (one per wire)
-    assert run_tito("replay", str(out), "--update-goldens").returncode == 0
+    assert replay(str(out), "--update-goldens").returncode == 0
     for jobs in ("1", "8"):
-        run = run_tito("replay", str(out), "--jobs", jobs)
+        run = replay(str(out), "--jobs", jobs)
         # each reply was compared with the recorded one: a session served another's output would differ
         assert run.returncode == 0 and f"{len(WORDS)} session(s): {len(WORDS)} ok" in run.stdout, run.stdout
 
@@ -171,9 +182,9 @@ def test_a_running_gateway_is_recorded_and_replayed_over_http(engine: str, tmp_p
         (log,) = cassette.sessions.values()
         assert len(log.agent) == 7 and len(log.samples) == 1  # its own session API gave the samples
         for _ in range(2):
-            run = run_tito("replay", str(out), "--engine-listen", f"127.0.0.1:{engine_listen}", "--update-goldens")
+            run = replay(str(out), "--engine-listen", f"127.0.0.1:{engine_listen}", "--update-goldens")
             assert run.returncode == 0, run.stdout + run.stderr
-        run = run_tito("replay", str(out), "--engine-listen", f"127.0.0.1:{engine_listen}")
+        run = replay(str(out), "--engine-listen", f"127.0.0.1:{engine_listen}")
         assert run.returncode == 0 and " ok" in run.stdout, run.stdout + run.stderr
 
 
