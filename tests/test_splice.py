@@ -397,3 +397,18 @@ def test_tito_serve_and_record_take_no_splice() -> None:
     assert settings_from(parser.parse_args(["--engine", "http://e"])).splice is True
     assert settings_from(parser.parse_args(["--engine", "http://e", "--no-splice"])).splice is False
 
+
+def test_the_pytest_plugin_replays_the_committed_drift_scenario_without_splicing(tmp_path: Path) -> None:
+    import shutil
+
+    from tests.process_helpers import ROOT
+    from tests.test_pytest_plugin import INI, pytest_run
+
+    (tmp_path / "cassettes").mkdir()
+    for suffix in (".tito", ".golden"):
+        shutil.copy(ROOT / "cassettes" / f"drift_spliced{suffix}", tmp_path / "cassettes")
+    (tmp_path / "pytest.ini").write_text(INI)
+    assert pytest_run(tmp_path, "-q").returncode == 0  # spliced, as recorded: every emitted token trained
+    run = pytest_run(tmp_path, "-q", "--no-splice", "--engine-match", "order")
+    assert run.returncode == 1 and "1 failed" in run.stdout
+    assert "-stats: turns 4" in run.stdout and "coverage 1.0" in run.stdout and "coverage 0.211" in run.stdout
