@@ -2,11 +2,13 @@
 
 For each `cassettes/*.tito`: the client(s) from its header, what it pins (its scenario's `description:`, else
 the first sentence of the scenario file's header comment), and figures from a replay of it (no GPU, no CLI):
-sessions, turns, side turns, samples, forks by reason, and the trained-token fraction (tokens with loss 1 over
-all tokens of the samples, prompts included: what a trainer spends compute on). A second table sets the
-reasoning-drop pair side by side (`claude_continue_preserved` vs `claude_continue_dropped`: the same
-`--continue` session recorded with and without reasoning preservation); a missing cassette is said, never
-guessed. The tables replace the README's lines between its two marker lines (`START`, `END`).
+sessions, turns, side turns, samples, forks by reason, the trained-token fraction (tokens with loss 1 over
+all tokens of the samples, prompts included: what a trainer spends compute on), and the emitted-token coverage
+(trained emitted tokens over emitted tokens: training data lost to realigns or merges shows below 1.0). A
+second table sets the reasoning-drop pair side by side (`claude_continue_preserved` vs
+`claude_continue_dropped`: the same `--continue` session recorded with and without reasoning preservation); a
+missing cassette is said, never guessed. The tables replace the README's lines between its two marker lines
+(`START`, `END`).
 
     python -m recorder.corpus_table            # rewrite README.md's block
     python -m recorder.corpus_table --check    # exit 1 if the README's block is not what the cassettes give
@@ -22,6 +24,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trajectory.events import coverage_text
 
 ROOT = Path(__file__).resolve().parent.parent
 CASSETTES = ROOT / "cassettes"
@@ -47,11 +51,16 @@ class Figures:
     forks: Counter[str] = field(default_factory=Counter)
     sample_tokens: int = 0
     trained: int = 0
+    emitted: int = 0
     clean: bool = True
 
     @property
     def trained_pct(self) -> str:
         return f"{100 * self.trained / self.sample_tokens:.1f}%" if self.sample_tokens else "-"
+
+    @property
+    def coverage(self) -> str:
+        return coverage_text(self.trained, self.emitted)
 
     @property
     def fork_text(self) -> str:
@@ -117,6 +126,7 @@ def figures(path: Path) -> Figures:
             fig.side += stats.side_turns
             fig.samples += stats.samples
             fig.forks.update(stats.forks)
+            fig.emitted += stats.emitted_tokens
             for sample in finish.samples:
                 fig.sample_tokens += len(sample["tokens"])
                 fig.trained += sum(sample["loss_mask"])
@@ -125,12 +135,12 @@ def figures(path: Path) -> Figures:
 
 def corpus_table(rows: list[Figures]) -> list[str]:
     lines = ["| cassette | client | pins | sessions | turns | side turns | samples | forks by reason | "
-             "trained / sample tokens |",
-             "|---|---|---|--:|--:|--:|--:|---|--:|"]
+             "trained / sample tokens | emitted-token coverage |",
+             "|---|---|---|--:|--:|--:|--:|---|--:|--:|"]
     for f in rows:
         name = f"`{f.name}`" + ("" if f.clean else " (does not replay clean)")
         lines.append(f"| {name} | {f.clients} | {f.pins} | {f.sessions} | {f.turns} | {f.side} | {f.samples} | "
-                     f"{f.fork_text} | {f.trained_pct} |")
+                     f"{f.fork_text} | {f.trained_pct} | {f.coverage} |")
     return lines
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recorder.cassette.format import CassetteError, Header
+from recorder.cassette.format import ABSENT_ADAPTER_SETTINGS, CassetteError, Header
 from recorder.cassette.writer import CassetteWriter
 from replayer.reader import CassetteReader, CassetteSummary, summarize
 
@@ -99,10 +99,11 @@ def replay_settings(header: Header) -> dict[str, Any]:
     so a refusal names the exact setting: the tokenizer, the parsers, the adapter settings that replay uses.
 
     A setting the header lacks (recorded before it existed, or by vcrpy) counts as its default, as replay
-    builds the adapter and manager from the header with defaults for what is missing."""
+    builds the adapter and manager from the header with defaults for what is missing, except where its absence
+    means the behaviour from before it existed (`ABSENT_ADAPTER_SETTINGS`: no `splice`, prompts rendered)."""
     defaults = default_adapter_settings()
     manager = {**defaults["manager"], **(header.adapter.get("manager") or {})}
-    adapter = {**defaults, **header.adapter, "manager": manager}
+    adapter = {**defaults, **ABSENT_ADAPTER_SETTINGS, **header.adapter, "manager": manager}
     flat: dict[str, Any] = {"tokenizer_fingerprint": header.tokenizer_fingerprint}
     _flatten("parsers", header.parsers, flat)
     _flatten("adapter", {k: v for k, v in adapter.items() if k not in MERGE_IGNORED_ADAPTER_KEYS}, flat)

@@ -18,6 +18,7 @@ from typing import Any
 from replayer import whatif
 from replayer.differences import samples_difference, turn_locator
 from replayer.results import CassetteResult, SessionResult
+from trajectory.events import coverage_text
 
 EXIT_SAME, EXIT_DIFFERENT, EXIT_UNUSABLE = 0, 1, 2
 
@@ -36,9 +37,9 @@ class SessionDiff:
         return self.divergence is not None or _figures(self.a) != _figures(self.b)
 
 
-def _figures(result: SessionResult) -> tuple[int, dict[str, int], int]:
+def _figures(result: SessionResult) -> tuple[int, dict[str, int], int, str]:
     counts = result.counts()
-    return counts["samples"], counts["forks"], counts["trained"]
+    return counts["samples"], counts["forks"], counts["trained"], coverage_text(counts["trained"], counts["emitted"])
 
 
 def _samples(result: SessionResult) -> list[dict[str, Any]]:
@@ -66,12 +67,12 @@ def render(diffs: list[SessionDiff], label_a: str, label_b: str) -> list[str]:
         if d.a is None or d.b is None:
             lines.append(f"{d.session}  only in {'B' if d.a is None else 'A'}")
             continue
-        (na, fa, ta), (nb, fb, tb) = _figures(d.a), _figures(d.b)
+        (na, fa, ta, ca), (nb, fb, tb, cb) = _figures(d.a), _figures(d.b)
         forks_a = ",".join(f"{k}:{v}" for k, v in fa.items()) or "none"
         forks_b = ",".join(f"{k}:{v}" for k, v in fb.items()) or "none"
         verdict = "same" if not d.differs else "differs"
         lines.append(f"{d.session}  samples {na} -> {nb}  forks {forks_a} -> {forks_b}  trained {ta} -> {tb}  "
-                     f"{verdict}")
+                     f"coverage {ca} -> {cb}  {verdict}")
         if d.divergence is not None:
             summary, detail, turn = d.divergence
             lines.append(f"    first divergence: {summary}" + (f" (turn {turn})" if turn is not None else ""))
@@ -127,6 +128,8 @@ def _flags(args: argparse.Namespace) -> list[str]:
             flags.append(f"--{name.replace('_', '-')} {getattr(args, name)}")
     if args.no_preserve_reasoning:
         flags.append("--no-preserve-reasoning")
+    if args.no_splice:
+        flags.append("--no-splice")
     return flags
 
 

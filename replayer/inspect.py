@@ -15,7 +15,7 @@ from replayer.inspect_data import (
     place_events,
     sample_line,
 )
-from trajectory.events import SessionStats
+from trajectory.events import SessionStats, coverage_text
 from trajectory.golden import TokenNames, render_tree
 
 COLUMNS = ("#", "turn", "status", "prompt", "output", "finish", "started_s", "agent_s", "engine_s")
@@ -83,6 +83,7 @@ def stats_line(stats: SessionStats) -> str:
         if isinstance(value, dict):
             value = ", ".join(f"{k} {v}" for k, v in value.items()) or "none"
         parts.append(f"{key.replace('_', ' ')} {value}")
+    parts.append(f"coverage {coverage_text(stats.trained_tokens, stats.emitted_tokens)}")
     return ", ".join(parts)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from recorder.cassette.format import CassetteError, Header, TokenizerMismatchError
+from recorder.cassette.format import ABSENT_ADAPTER_SETTINGS, CassetteError, Header, TokenizerMismatchError
 from recorder.targets.base import TargetError, TargetUnavailable
 from recorder.targets.registry import TITO, TargetSpec, parse_target
 from replayer.agent_leg import ReplayTap, exchange_context, request_headers, request_target
@@ -108,7 +108,7 @@ def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None) ->
 
 def adapter_settings(header: Header, tokenizer: str | None, overrides: dict[str, Any]) -> AdapterSettings:
     known = {f.name for f in fields(AdapterSettings)} - LOCAL_SETTINGS
-    values = {k: v for k, v in header.adapter.items() if k in known}
+    values = {**ABSENT_ADAPTER_SETTINGS, **{k: v for k, v in header.adapter.items() if k in known}}
     if "tool_call" in header.parsers:
         values["tool_parser"] = header.parsers["tool_call"]
     if "reasoning" in header.parsers:

@@ -8,6 +8,7 @@ from typing import Any
 
 from recorder.cassette.format import Header
 from replayer.differences import Difference
+from trajectory.events import coverage_text
 from trajectory.manager import Linearization
 
 
@@ -54,7 +55,7 @@ class SessionResult:
         return {"turns": sum(s.turns for s in stats), "side": sum(s.side_turns for s in stats),
                 "samples": sum(s.samples for s in stats), "forks": dict(sorted(forks.items())),
                 "realigns": sum(s.realigns for s in stats), "masked": sum(s.masked_tokens for s in stats),
-                "trained": sum(s.trained_tokens for s in stats)}
+                "trained": sum(s.trained_tokens for s in stats), "emitted": sum(s.emitted_tokens for s in stats)}
 
     def status(self) -> str:
         if self.skipped:
@@ -77,7 +78,8 @@ class SessionResult:
         c = self.counts()
         forks = ",".join(f"{k}:{v}" for k, v in c["forks"].items()) or "none"
         return (f"{self.session}  turns {c['turns']}  side {c['side']}  samples {c['samples']}  forks {forks}  "
-                f"realigns {c['realigns']}  masked {c['masked']}  trained {c['trained']}  {self.status()}")
+                f"realigns {c['realigns']}  masked {c['masked']}  trained {c['trained']}  "
+                f"coverage {coverage_text(c['trained'], c['emitted'])}  {self.status()}")
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """What-if replay: the recorded traffic under a candidate change, answered by "what does the golden diff say?".
 
-A candidate is a chat template file, other parsers, another fork threshold, or history rendered without
-earlier reasoning. Such a change usually changes the prompts, so a strict replay would stop at the first
-changed engine request; `--engine-match order` instead serves each exchange its own recorded generation
+A candidate is a chat template file, other parsers, another fork threshold, history rendered without
+earlier reasoning, or rendered from text instead of spliced from the model's output ids (`--no-splice`).
+Such a change usually changes the prompts, so a strict replay would stop at the first changed engine
+request; `--engine-match order` instead serves each exchange its own recorded generation
 (the k-th call gets the k-th answer) and reports every changed prompt as a warning with its first
 divergence. The replay is then judged by the goldens alone. The same options exist on `tito replay`,
 `tito diff` and the pytest plugin: they are registered here once.
@@ -27,6 +28,8 @@ def register(add: Callable[..., Any], engine_match: bool = True) -> None:
         help="what-if: the manager's fork threshold (0: no realign, no rewrite merge)")
     add("--no-preserve-reasoning", action="store_true", default=False,
         help="what-if: render history as the template does, dropping earlier <think> blocks")
+    add("--no-splice", action="store_true", default=False,
+        help="what-if: render the model's own history from text instead of splicing in its output ids")
     if not engine_match:
         return
     add("--engine-match", choices=ENGINE_MATCH, default="strict",
@@ -51,6 +54,8 @@ def overrides(get: Callable[[str], Any]) -> tuple[dict[str, Any], dict[str, Any]
             adapter[name] = get(name)
     if get("no_preserve_reasoning"):
         adapter["preserve_reasoning"] = False
+    if get("no_splice"):
+        adapter["splice"] = False
     if get("fork_threshold") is not None:
         if get("fork_threshold") < 0:
             raise ValueError("--fork-threshold must be >= 0")

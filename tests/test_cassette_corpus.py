@@ -25,6 +25,7 @@ from tests.scripted_support import (
     trained_tokens,
 )
 from trajectory.adapters.session import session_digest
+from trajectory.tokenizer import load_tokenizer
 
 CASSETTES = SCENARIOS.parent
 ALL = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
@@ -67,6 +68,7 @@ def test_real_cli_cassette_is_complete_and_pins_its_clis(name: str) -> None:
     else:
         assert agent["client"] == "mixed" and agent["agents"] == {a: PINS[a].version for a in script.agents}
     assert {session_digest(s.id) for s in script.sessions} <= set(cassette.sessions)
+    assert cassette.header.adapter["splice"] is True  # recorded with the default
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -79,6 +81,7 @@ def test_cassette_is_complete_small_and_recorded_from_its_scenario(name: str) ->
     assert cassette.header.agent["scenario"] == name
     script = load_client_script(SCENARIOS / f"{name}.yaml")
     assert cassette.header.adapter["preserve_reasoning"] is ("--no-preserve-reasoning" not in script.record_args)
+    assert cassette.header.adapter["splice"] is ("--no-splice" not in script.record_args)
     for session in script.sessions:
         log = session_log(cassette, session.id)
         assert log.source == "bearer" and log.agent
@@ -116,6 +119,22 @@ def test_drift_realigns_the_short_reply() -> None:
     assert second.request["input_ids"][:len(held)] != held  # the reply came back re-tokenised
     (sample,) = log.samples
     assert sum(sample["loss_mask"]) == len(second.response["output_ids"])  # the drifted reply is context
+
+
+def test_drift_spliced_trains_every_emitted_token_once() -> None:
+    """Every reply drifted, yet each prompt holds the earlier prompt and output as sent and emitted."""
+    log = only("drift_spliced")
+    engine = generations(log)
+    assert statuses(log) == [200] * 4 and len(engine) == 4
+    for before, after in zip(engine, engine[1:], strict=False):
+        held = before.request["input_ids"] + before.response["output_ids"]
+        assert after.request["input_ids"][:len(held)] == held
+    tokenizer = load_tokenizer()
+    for e in engine:  # the emitted ids are not what re-encoding their text gives
+        ids = e.response["output_ids"][:-1]
+        assert tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) != ids
+    (sample,) = log.samples
+    assert trained_tokens(log) == output_tokens(engine)  # coverage 1.0
 
 
 def test_retry_529_resends_the_identical_body() -> None:

@@ -251,16 +251,32 @@ def test_merge_refuses_inputs_that_replay_differently(change: dict[str, Any], ke
 
 def test_a_setting_a_header_lacks_counts_as_its_default(recordings, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """The corpus was recorded before `side_patterns` existed; replay uses the default for it, which today's
+    """A recording from before `side_patterns` existed; replay uses the default for it, which today's
     recordings write out: the two merge, and replay clean."""
-    loop = CORPUS / "tool_loop.tito"
     recorded = recordings[0]
+    adapter = {**read_cassette(CORPUS / "tool_loop.tito").header.adapter, "splice": True}  # as `recorded`
+    loop = rewritten(CORPUS / "tool_loop.tito", tmp_path / "old.tito",
+                     adapter={k: v for k, v in adapter.items() if k != "side_patterns"})
     assert "side_patterns" not in read_cassette(loop).header.adapter
     assert "side_patterns" in read_cassette(recorded).header.adapter
     merged = tmp_path / "merged.tito"
     assert run_cli(capsys, "merge", loop, recorded, "--out", merged)[0] == 0
     result = replay_cassette(merged)
     assert result.ok and len(result.sessions) == 2, [s.differences for s in result.sessions]
+
+
+def test_a_header_without_splice_was_recorded_unspliced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Missing `splice` is not today's default: such a cassette's prompts were rendered. It merges with a
+    `splice: false` recording, never with a spliced one."""
+    adapter = read_cassette(CORPUS / "tool_loop.tito").header.adapter
+    assert adapter["splice"] is True
+    old = rewritten(CORPUS / "tool_loop.tito", tmp_path / "old.tito",
+                    adapter={k: v for k, v in adapter.items() if k != "splice"})
+    spliced = CORPUS / "subagent.tito"
+    code, _, err = run_cli(capsys, "merge", old, spliced, "--out", tmp_path / "out.tito")
+    assert code == 2 and "adapter.splice is true in" in err
+    unspliced = rewritten(spliced, tmp_path / "unspliced.tito", adapter={**adapter, "splice": False})
+    assert run_cli(capsys, "merge", old, unspliced, "--out", tmp_path / "merged.tito")[0] == 0
 
 
 def test_a_truncated_input_is_merged_up_to_its_cut_with_a_warning(tmp_path: Path,

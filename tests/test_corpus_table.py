@@ -87,6 +87,18 @@ def test_figures_come_from_a_replay() -> None:
     assert f"trained {fig.trained}" in golden and 0 < fig.trained < fig.sample_tokens
 
 
+def test_the_coverage_column_shows_the_tokens_a_realign_loses() -> None:
+    """The same drift fault: realigned with splicing off (the drifted reply's 43 tokens lost), then spliced."""
+    realigned = ct.figures(ROOT / "cassettes" / "drift_realign.tito")
+    golden = (ROOT / "cassettes" / "drift_realign.golden").read_text()
+    assert (realigned.trained, realigned.emitted, realigned.coverage) == (21, 64, "0.328")
+    assert "trained 21, emitted 64, coverage 0.328" in golden
+    spliced = ct.figures(ROOT / "cassettes" / "drift_spliced.tito")
+    assert spliced.coverage == "1.0" and spliced.trained == spliced.emitted > 0
+    assert "| `drift_realign` |" in "\n".join(ct.corpus_table([realigned])) and "| 0.328 |" in ct.corpus_table(
+        [realigned])[-1]
+
+
 def test_the_committed_readme_table_is_up_to_date() -> None:
     """Replays every committed cassette: a cassette added or re-recorded without `make corpus-table` fails."""
     readme = ROOT / "README.md"

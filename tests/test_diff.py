@@ -17,7 +17,8 @@ SID = "diff-live-token-000001"
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The same drifting session recorded by a manager that realigns (A) and one that never does (B)."""
+    """The same drifting session recorded by a manager that realigns (A) and one that never does (B); with
+    splicing off, or the drift would not reach the manager at all."""
     folder = tmp_path_factory.mktemp("diff")
 
     async def drive(live: Live) -> None:
@@ -25,8 +26,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         await live.finish(SID, 1.0)
 
     scenario = tool_loop_scenario(3, t0={"drift": True})
-    record(folder / "a.tito", scenario, drive)
-    record(folder / "b.tito", scenario, drive, manager=TrajectoryManager(fork_threshold_tokens=0))
+    record(folder / "a.tito", scenario, drive, splice=False)
+    record(folder / "b.tito", scenario, drive, manager=TrajectoryManager(fork_threshold_tokens=0), splice=False)
     return folder / "a.tito", folder / "b.tito"
 
 

@@ -70,8 +70,8 @@ def test_text_shows_the_tree_the_exchanges_and_every_decision_with_its_token() -
         assert "    " + line in out.splitlines()
     rows = [line.split() for line in out.splitlines() if re.match(r"^  \d+ ", line)]
     # exchange, turn, status, prompt tokens, output tokens, finish, started_s, agent_s, engine_s (the cassette's)
-    assert rows == [["0", "0", "200", "203", "43", "stop", "0.000", "1.109", "1.096"],
-                    ["1", "1", "200", "262", "21", "stop", "1.112", "0.022", "0.015"]]
+    assert rows == [["0", "0", "200", "203", "43", "stop", "0.000", "0.512", "0.503"],
+                    ["1", "1", "200", "262", "21", "stop", "0.514", "0.005", "0.002"]]
     assert ("    realign(divergence inside the response of turn 0) turn=1 at=205 leaf=5 tokens=43  "
             "-> sample 0, token 205 'Count'") in out
     assert "realigns 1, realigned tokens 43" in out
@@ -280,7 +280,7 @@ def test_the_page_renders_tree_coloured_strips_tooltips_and_decisions(pages: dic
 
 def test_a_decision_inside_a_folded_prompt_stays_visible(pages: dict[str, Path], browser: Any) -> None:
     page, _ = open_page(browser, pages["reasoning_drop_fork"])
-    marker = page.locator("#s0f1x1 a.mark")  # the fork, in sample 1's 347-token prompt at token 271
+    marker = page.locator("#s0f1x1 a.mark", has_text="fork")  # the fork, in sample 1's 347-token prompt, at 271
     assert marker.is_visible() and marker.inner_text() == "fork"
     token = page.locator("#s0f1x1 .tok[data-i='271']")
     assert token.is_visible() and token.inner_text() == "<tool_call>"

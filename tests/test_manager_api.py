@@ -118,6 +118,34 @@ def _realigned(**options) -> tuple[TrajectoryManager, list[int], list[int]]:
     return m, first.prompt_ids, second.prompt_ids
 
 
+def test_coverage_counts_emitted_tokens_a_realign_or_a_merge_leaves_untrained() -> None:
+    m, _, _ = _realigned()
+    stats = m.stats("s")
+    assert (stats.emitted_tokens, stats.trained_tokens, stats.coverage) == (5, 2, 0.4)  # turn 0's 3 lost
+    m = TrajectoryManager()
+    s = SyntheticSession(m)
+    s.turn([system("S"), user("go")], assistant("hi there"))
+    s.turn([system("S"), user("go"), assistant("hi  there"), user("more")], assistant("ok"))  # a rewrite: merge
+    stats = m.stats("s")
+    assert [e.kind for e in m.events("s")] == ["merge"] and stats.emitted_tokens == 5 and stats.trained_tokens == 2
+    fork, _, _ = _realigned(fork_threshold_tokens=0)  # a fork keeps every reply trained: nothing is lost
+    assert fork.stats("s").coverage == 1.0 and fork.stats("s").forks == {"threshold": 1}
+
+
+def test_an_unspliced_prompt_is_a_decision_and_names_the_realign_it_causes() -> None:
+    m = TrajectoryManager()
+    s = SyntheticSession(m)
+    call = assistant("", ("calc", {"x": 1}))
+    s.turn([system("S"), user("go")], call)
+    msgs = [system("S"), user("go"), call, tool("2")]
+    drifted = s.vocab.encode(s.vocab.decode(s.template.render(msgs)).replace("arg:x=1", "arg:x=1 <DRIFT>"))
+    m.record_turn("s", msgs, assistant("ok"), TurnRecord(drifted, s.template.reply_ids(assistant("ok")),
+                                                         unspliced="why not"))
+    assert [e.describe() for e in m.events("s")][:2] == [
+        "unspliced(why not) turn=1",
+        "realign(divergence inside the response of turn 0, prompt rendered: not spliced) turn=1 at=9 leaf=5 tokens=3"]
+
+
 def test_response_region_starts_after_the_first_prompt_as_slime_lays_it_out() -> None:
     m, p1, p2 = _realigned()
     (sample,) = m.samples("s", 1.0)

@@ -104,7 +104,7 @@ def test_a_changed_fork_threshold_fails_in_the_samples_and_update_goldens_shows_
         await tool_loop(live.conversation(MAIN))
         await live.finish(MAIN, 1.0)
 
-    record(path, tool_loop_scenario(3, t0={"drift": True}), drive)
+    record(path, tool_loop_scenario(3, t0={"drift": True}), drive, splice=False)  # the drift reaches the manager
     result = replay(path, update_goldens=True)
     assert result.ok and result.sessions[0].counts()["realigns"] == 1
 
@@ -129,7 +129,8 @@ def test_a_changed_fork_threshold_fails_in_the_samples_and_update_goldens_shows_
 def test_a_changed_argument_serialization_fails_at_the_echoed_call(loop_cassette, monkeypatch,
                                                                    tmp_path: Path) -> None:
     """An adapter change that sorts tool-call argument keys: the model wrote `description` before `command`,
-    so the echoed call renders differently from what the model generated."""
+    so the echoed call renders differently from what the model generated. Spliced, the prompt holds the
+    model's own ids and the change cannot reach it; rendered (--no-splice), it fails at the echoed call."""
     path, _ = loop_cassette
     original = canonical.arguments_value
 
@@ -137,7 +138,8 @@ def test_a_changed_argument_serialization_fails_at_the_echoed_call(loop_cassette
         return dict(sorted(original(arguments).items()))
 
     monkeypatch.setattr(canonical, "arguments_value", sorted_keys)
-    result = replay_cassette(path)
+    assert replay_cassette(path).ok
+    result = replay_cassette(path, options=ReplayOptions(adapter={"splice": False}))
     first = result.sessions[0].differences[0]
     report = first.render(str(path), result.sessions[0].session)
     assert first.kind == "engine-request" and first.exchange == 1 and first.turn == 1, report
@@ -149,7 +151,7 @@ def test_a_changed_argument_serialization_fails_at_the_echoed_call(loop_cassette
     monkeypatch.setattr(canonical, "arguments_value", original)
     assert replay(copy, update_goldens=True).ok  # the golden of the recording
     monkeypatch.setattr(canonical, "arguments_value", sorted_keys)
-    session = replay(copy, update_goldens=True).sessions[0]
+    session = replay(copy, update_goldens=True, adapter={"splice": False}).sessions[0]
     assert session.ok and session.golden == "updated" and session.accepted[0].kind == "engine-request"
     assert any(line.startswith("+  realign(divergence inside the response of turn 0)") for line in session.golden_diff)
 

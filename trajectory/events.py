@@ -6,11 +6,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# Event kinds. Routing: branch, merge, ambiguous, duplicate, side. Linearization: fork, realign,
-# dedup, drop. Fork reasons: prompt (divergence before any response of the sample, or in the context
-# between responses), earlier-response (inside a response older than the last one), threshold
-# (inside the last response, but the incoming output is not shorter than fork_threshold_tokens).
-ROUTING_KINDS = ("branch", "merge", "ambiguous", "duplicate", "side")
+# Event kinds. Routing: branch, merge, ambiguous, duplicate, side, unspliced (the adapter rendered a prompt
+# that continues an earlier turn, for the reason given). Linearization: fork, realign, dedup, drop.
+# Fork reasons: prompt (divergence before any response of the sample, or in the context between responses),
+# earlier-response (inside a response older than the last one), threshold (inside the last response, but the
+# incoming output is not shorter than fork_threshold_tokens).
+ROUTING_KINDS = ("branch", "merge", "ambiguous", "duplicate", "side", "unspliced")
 LINEARIZATION_KINDS = ("fork", "realign", "dedup", "drop")
 
 
@@ -54,6 +55,12 @@ class SessionStats:
     dropped_builders: int = 0
     masked_tokens: int = 0  # response-region tokens with loss 0 across samples
     trained_tokens: int = 0  # response-region tokens with loss 1 across samples
+    emitted_tokens: int = 0  # output tokens of the turns in the tree (side turns excluded)
+
+    @property
+    def coverage(self) -> float | None:
+        """Trained emitted tokens / emitted tokens (each output token is trained at most once); None: none."""
+        return self.trained_tokens / self.emitted_tokens if self.emitted_tokens else None
 
     @classmethod
     def from_events(cls, events: list[Event], **counts: int) -> SessionStats:
@@ -75,3 +82,12 @@ class SessionStats:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def coverage_text(trained: int, emitted: int) -> str:
+    """`1.0` only when every emitted token is trained; otherwise rounded down (0.9996 shows as 0.999)."""
+    if not emitted:
+        return "-"
+    if trained >= emitted:
+        return "1.0"
+    return f"{int(1000 * trained / emitted) / 1000:.3f}"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trajectory.events import SessionStats
+from trajectory.events import SessionStats, coverage_text
 from trajectory.linearize import Span
 from trajectory.records import Sample
 
@@ -156,7 +156,8 @@ def _stats(stats: SessionStats) -> str:
     return (f"turns {stats.turns}, side turns {stats.side_turns}, leaves {stats.leaves}, samples {stats.samples}, "
             f"forks {forks}, branches {stats.branches}, merges {stats.merges}, realigns {stats.realigns} "
             f"({stats.realigned_tokens} tokens), dedup tokens {stats.dedup_tokens}, dropped {stats.dropped_builders}, "
-            f"masked {stats.masked_tokens}, trained {stats.trained_tokens}")
+            f"masked {stats.masked_tokens}, trained {stats.trained_tokens}, emitted {stats.emitted_tokens}, "
+            f"coverage {coverage_text(stats.trained_tokens, stats.emitted_tokens)}")
 
 
 def _target_stats(stats: SessionStats) -> str:

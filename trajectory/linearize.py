@@ -139,8 +139,10 @@ def linearize_chain(leaf: Node, trained_turns: set[int], fork_threshold_tokens: 
                 short = fork_threshold_tokens > 0 and len(turn.output_ids) < fork_threshold_tokens
                 if span is not None and span is last and short:
                     lost = builder.realign(turn.prompt_ids)
-                    events.append(Event("realign", f"divergence inside the response of turn {span.turn_index}",
-                                        index, lcp, leaf.id, lost))
+                    why = f"divergence inside the response of turn {span.turn_index}"
+                    if turn.unspliced:
+                        why += ", prompt rendered: not spliced"
+                    events.append(Event("realign", why, index, lcp, leaf.id, lost))
                 else:
                     if span is None:
                         reason = "prompt"

@@ -77,6 +77,8 @@ class TrajectoryManager:
         session = self._session(session_id)
         index = session.turns
         session.turns += 1
+        if turn.unspliced:  # the adapter rendered this prompt: the next realign, if any, is why
+            session.events.append(Event("unspliced", turn.unspliced, index))
         session.tree.route(messages, reply, turn, index, session.events)
         return index
 
@@ -117,10 +119,13 @@ class TrajectoryManager:
             samples.append(sample)
             spans.append(list(builder.spans))
         trained = sum(sum(s.loss_mask) for s in samples)
+        # Every turn the tree holds was sent to the agent and is meant for training (side turns are not; a
+        # duplicate is one generation): trained tokens are exactly these outputs' tokens, each trained once.
+        emitted = sum(len(n.turn.output_ids) for n in session.tree.nodes if n.turn is not None)
         stats = SessionStats.from_events(
             events, turns=session.turns, side_turns=len(session.side), leaves=len(leaves),
             samples=len(samples), trained_tokens=trained,
-            masked_tokens=sum(s.response_length for s in samples) - trained,
+            masked_tokens=sum(s.response_length for s in samples) - trained, emitted_tokens=emitted,
         )
         return Linearization(samples, events, leaf_samples, stats, spans)
 

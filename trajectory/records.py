@@ -27,6 +27,7 @@ class TurnRecord:
     aborted: bool = False
     # Set by the adapter for explanations in events and goldens; never used for routing.
     label: str = ""
+    unspliced: str = ""  # why the prompt was rendered although it continues an earlier turn ("": it was not)
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:

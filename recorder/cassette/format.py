@@ -318,6 +318,12 @@ def tito_version() -> str:
         return "0+unknown"
 
 
+# `Header.adapter` keys whose absence does not mean today's default but the behaviour from before the setting
+# existed: a cassette without `splice` was recorded with every prompt rendered, so it replays unspliced.
+# Any other missing key counts as its default (replay builds `AdapterSettings` from the header).
+ABSENT_ADAPTER_SETTINGS: dict[str, Any] = {"splice": False}
+
+
 @dataclass
 class Header:
     """What a replay must agree with: the tokenizer, the parsers, the adapter's settings, the engine."""

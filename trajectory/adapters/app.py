@@ -42,6 +42,7 @@ from trajectory.adapters.parsing import OutputParser, ParsedOutput
 from trajectory.adapters.render import ChatRenderer, IncrementalEncoder
 from trajectory.adapters.session import SessionRef, resolve_session
 from trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS, check_patterns, is_side_request
+from trajectory.adapters.splice import NONE, PriorTurn, Splice, SpliceMemory, Splicer
 from trajectory.adapters.tap import AgentExchange, EngineExchange, NullTap, TrafficTap
 from trajectory.adapters.turns import BadRequest, TurnReply, TurnRequest
 from trajectory.records import TurnRecord
@@ -67,6 +68,7 @@ class AdapterSettings:
     context_length: int = 40960
     default_max_tokens: int = 8192
     preserve_reasoning: bool = True  # render history with <think> kept: no reasoning-drop forks
+    splice: bool = True  # the model's own history as its output ids, not re-rendered text (splice.py)
     chat_template: str | None = None  # template text in place of the tokenizer's (None: the tokenizer's)
     fold_system: bool = True  # mid-list system messages -> <system-reminder> in a user message
     model_name: str = "tito"
@@ -91,10 +93,21 @@ class CachedReply:
 
 
 @dataclass
+class Prompt:
+    """A turn's prompt: the messages as rendered, their render, the ids sent, and how they were made."""
+
+    messages: list[dict[str, Any]]
+    text: str
+    ids: list[int]
+    splice: Splice = NONE
+
+
+@dataclass
 class SessionState:
     t0: float
     encoder: IncrementalEncoder
     echoes: EchoMemory = field(default_factory=EchoMemory)
+    splices: SpliceMemory = field(default_factory=SpliceMemory)
     reported: int = 0  # agent exchanges reported to the tap so far: the next one's seq
     started: int = 0  # agent requests begun so far: the next one's number, which seeds its reply ids
     attempts: dict[str, int] = field(default_factory=dict)  # body hash -> seq of its latest attempt
@@ -118,6 +131,7 @@ class Adapter:
         self.tap: TrafficTap = tap or NullTap()
         self.tokenizer = load_tokenizer(settings.tokenizer_dir)
         self.renderer = ChatRenderer(self.tokenizer, settings.preserve_reasoning, template=settings.chat_template)
+        self.splicer = Splicer(self.renderer)
         self.parser = OutputParser(settings.reasoning_parser, settings.tool_parser)
         self.engine = EngineClient(settings.engine_url, settings.client_session_factory,
                                    settings.engine_timeout_s, settings.rid_factory, engine_transport, settings.clock)
@@ -151,9 +165,17 @@ class Adapter:
         return fold_system_messages(messages) if self.settings.fold_system else messages
 
     def prepare(self, state: SessionState, request: TurnRequest) -> tuple[list[dict[str, Any]], list[int]]:
+        prompt = self.prompt(state, request)
+        return prompt.messages, prompt.ids
+
+    def prompt(self, state: SessionState, request: TurnRequest) -> Prompt:
+        """Rendered, then spliced onto the turn it continues where that is safe, else encoded as rendered."""
         messages = self.renderer_messages(state, request)
         text = self.renderer.render(messages, request.tools)
-        return messages, state.encoder.encode(text).ids
+        splice = self.splicer.splice(state.splices, messages, request.tools, text) if self.settings.splice else NONE
+        if splice.ids is not None:
+            return Prompt(messages, text, splice.ids, splice)
+        return Prompt(messages, text, state.encoder.encode(text).ids, splice)
 
     def reply_message(self, parsed: ParsedOutput) -> dict[str, Any]:
         calls = [tool_call(c.name, c.arguments) for c in parsed.tool_calls]
@@ -225,12 +247,13 @@ class Adapter:
             turn.side = is_side_request(turn, self.settings.side_patterns)
             if not turn.model:
                 turn.model = self.settings.model_name
-            messages, prompt_ids = self.prepare(state, turn)
+            prompt = self.prompt(state, turn)
         except BadRequest as exc:
             return await self._fail(request, ref, state, wire, body, started, 400, str(exc), digest)
         except Exception as exc:  # the chat template raising on odd input
             return await self._fail(request, ref, state, wire, body, started, 400,
                                     f"cannot render the chat template: {exc}", digest)
+        messages, prompt_ids = prompt.messages, prompt.ids
         rid = self.settings.rid_factory()
 
         def on_disconnect(partial: Generation) -> None:
@@ -252,8 +275,8 @@ class Adapter:
                           len(prompt_ids), len(gen.output_ids), gen.cached_tokens, gen.created,
                           self.reasoning_tokens(gen.output_ids, parsed))
         record = TurnRecord(prompt_ids, gen.output_ids, gen.finish_reason, gen.output_log_probs, parsed.ill_formed,
-                            label=f"{route} exchange {state.reported}")
-        return await self._send_turn(request, ref, state, wire, turn, reply, record, messages, body, started, digest)
+                            label=f"{route} exchange {state.reported}", unspliced=prompt.splice.refused)
+        return await self._send_turn(request, ref, state, wire, turn, reply, record, prompt, body, started, digest)
 
     async def _generate(self, request: web.Request, ref: SessionRef, state: SessionState, rid: str,
                         prompt_ids: list[int], turn: TurnRequest,
@@ -320,7 +343,7 @@ class Adapter:
         self.manager.record_side_turn(ref.sid, messages, self.reply_message(parsed), record)
 
     async def _send_turn(self, request: web.Request, ref: SessionRef, state: SessionState, wire: ModuleType,
-                         turn: TurnRequest, reply: TurnReply, record: TurnRecord, messages: list[dict[str, Any]],
+                         turn: TurnRequest, reply: TurnReply, record: TurnRecord, prompt: Prompt,
                          body: bytes, started: float, digest: str) -> web.StreamResponse:
         events = wire.build_events(turn, reply) if turn.stream else None
         payload = None if turn.stream else _json_bytes(wire.build_json(turn, reply))
@@ -328,11 +351,14 @@ class Adapter:
         side = turn.side or not delivered or digest in state.completed  # a concurrent retry already recorded
         if not delivered:
             record.label = "reply not delivered: client gone"
+        messages = prompt.messages
         if side:
             index = self.manager.record_side_turn(ref.sid, messages, reply.message, record)
         else:
             index = self.manager.record_turn(ref.sid, messages, reply.message, record)
             state.echoes.remember(reply.message)
+            state.splices.remember(PriorTurn(index, messages, reply.message, prompt.text, record.prompt_ids,
+                                             record.output_ids))
         headers = SSE_HEADERS if events is not None else JSON_HEADERS
         seq = self._report(ref, state, request, body, 200, headers, started, digest, side=side, turn_index=index,
                            reply_body=payload, reply_events=events)

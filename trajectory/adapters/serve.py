@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-name", default=d.model_name, help="name listed by GET /v1/models")
     parser.add_argument("--no-preserve-reasoning", action="store_true",
                         help="render history as the template does (drops earlier <think> blocks)")
+    parser.add_argument("--no-splice", action="store_true",
+                        help="render the model's own history from text (re-tokenised) instead of splicing in its "
+                             "output ids")
     parser.add_argument("--no-fold-system", action="store_true", help="keep mid-list system messages as they are")
     parser.add_argument("--side-pattern", action="append", default=[], metavar="REGEX",
                         help="also treat requests whose system prompt or first user message matches as side "
@@ -41,7 +44,8 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         engine_url=args.engine, tokenizer_dir=args.tokenizer, tool_parser=args.tool_parser or None,
         reasoning_parser=args.reasoning_parser or None, context_length=args.context_length,
         default_max_tokens=args.default_max_tokens, model_name=args.model_name,
-        preserve_reasoning=not args.no_preserve_reasoning, fold_system=not args.no_fold_system,
+        preserve_reasoning=not args.no_preserve_reasoning, splice=not args.no_splice,
+        fold_system=not args.no_fold_system,
         side_patterns=(() if args.no_default_side_patterns else DEFAULT_SIDE_PATTERNS) + tuple(args.side_pattern))
 
 
