@@ -117,6 +117,15 @@ class ReplayFailure(Exception):
         self.report = FailureReport(plain, colored)
 
 
+class TitoItem(pytest.Item):
+    """An item whose failure is its report (`ReplayFailure`), not a traceback."""
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, ReplayFailure):
+            return excinfo.value.report
+        return super().repr_failure(excinfo, style)
+
+
 class CassetteFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
         from replayer import goldens
@@ -143,7 +152,7 @@ class OrphanGoldenFile(pytest.File):
         yield UnusedGoldenItem.from_parent(self, name="unused", unused=Unused(self.path))
 
 
-class SessionItem(pytest.Item):
+class SessionItem(TitoItem):
     def __init__(self, *, cassette_session: str, error: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.session_name = cassette_session
@@ -160,6 +169,7 @@ class SessionItem(pytest.Item):
 
         if self.error:
             raise ReplayFailure(f"tito: {self.error}")
+
         def option(name: str) -> Any:
             return settings.value(self.config, name)
 
@@ -187,18 +197,13 @@ class SessionItem(pytest.Item):
             raise ReplayFailure(session_report(result, session, verbosity, plain),
                                 session_report(result, session, verbosity, colored))
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        if isinstance(excinfo.value, ReplayFailure):
-            return excinfo.value.report
-        return super().repr_failure(excinfo, style)
-
     def reportinfo(self) -> tuple[Path, int | None, str]:
         # Not a suffix of the node id: `pytest -v` then prints the id itself, which runs this item when pasted
         # (a suffix is rewritten, dots to `::`, as if it were a Python name).
         return self.path, None, f"{self.path.name}: session {self.session_name}"
 
 
-class UnusedGoldenItem(pytest.Item):
+class UnusedGoldenItem(TitoItem):
     """A golden (or a section of one) that no cassette session checks: lost coverage, so it fails; with
     --update-goldens it is deleted (trimmed), with --tito-allow-unused-goldens it warns. An item of its own,
     each is run by exactly one worker under xdist: no two processes delete or trim the same thing."""
@@ -218,11 +223,6 @@ class UnusedGoldenItem(pytest.Item):
             warnings.warn(UnusedGoldenWarning(f"tito: {what} (--update-goldens removes it)"), stacklevel=1)
         else:
             raise ReplayFailure(f"tito: {what} ({fix_unused('--tito-allow-unused-goldens')})")
-
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        if isinstance(excinfo.value, ReplayFailure):
-            return excinfo.value.report
-        return super().repr_failure(excinfo, style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         what = "unused golden" if self.unused.section is None else f"unused golden section {self.name}"

@@ -200,10 +200,10 @@ def test_replay_as_recorded(tito_replay):
 class TestCandidate:
     @pytest.fixture
     def tito_config(self):
-        return {"record_mode": "none", "fork_threshold": 0, "engine_match": "order"}
+        return {"record_mode": "none", "fork_threshold": 0, "engine_match": "order", "vcr": {"match_on": ["path"]}}
 
     def test_tito_config_sets_the_fixtures_options(self, tito_replay, tito_vcr):
-        assert tito_vcr.record_mode == os.environ["WANT_CONFIG_VCR"]
+        assert tito_vcr.record_mode == os.environ["WANT_CONFIG_VCR"] and tito_vcr.match_on == ["path"]
         (session,) = tito_replay("recordings/drift_realign.tito").sessions
         assert session.golden == "changed" and not session.differences  # the realign became a fork
         assert any(line.startswith("+  fork(threshold)") for line in session.golden_diff)

@@ -150,7 +150,7 @@ def test_golden_diffs_are_bounded_with_a_count_of_what_was_cut() -> None:
     whole = golden_diff.render(raw, DiffStyle(full=True, limit=10))
     diff = golden_diff.render(raw, DiffStyle(limit=10, more="-vv shows it whole"))
     assert diff[:10] == whole[:10] and diff[10:] == [f"… {len(raw) - 10} more diff line(s) cut; -vv shows it whole"]
-    assert whole[-2:] == ["+line 199!", "? line 199{+!+}"]  # nothing cut, each changed line marked
+    assert whole[-2:] == ["+line 199!", "?line 199{+!+}"]  # nothing cut, each changed line marked
 
 
 def test_parallel_updates_of_one_golden_keep_every_section(tmp_path: Path, monkeypatch) -> None:
