@@ -5,6 +5,10 @@ A golden pins what the replay of a cassette produced (stats, tree, decisions, sa
 replayed session's section with the file; an update rewrites those sections in place, keeps the others,
 and removes sections of sessions the cassette no longer has. Updates take a lock, so parallel test workers
 replaying sessions of one cassette each write their own section safely.
+
+A golden nobody checks is lost coverage, so it fails as syrupy's unused snapshots do: a golden whose cassette
+is gone, and a section for a session its cassette no longer has (`Unused`). `--update-goldens` deletes the one
+and trims the other (`remove`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from replayer.results import CassetteResult, SessionResult
@@ -24,7 +29,6 @@ from trajectory.golden import GoldenFinish, TokenNames, render_session
 GOLDEN_SUFFIX = ".golden"
 CASSETTE_SUFFIX = ".tito"
 SECTION = "== session "
-MAX_DIFF_LINES = 80
 
 
 def golden_path(cassette: str | os.PathLike[str]) -> Path:
@@ -69,13 +73,10 @@ def compose(cassette: str | os.PathLike[str], sections: dict[str, str], order: S
     return preamble(cassette) + "".join("\n" + s for s in ordered)
 
 
-def bounded_diff(old: str, new: str, label: str, limit: int = MAX_DIFF_LINES) -> list[str]:
-    lines = list(difflib.unified_diff(old.splitlines(), new.splitlines(), f"{label} (golden)", f"{label} (replay)",
-                                      lineterm="", n=2))
-    if len(lines) > limit:
-        cut = len(lines) - limit
-        lines = lines[:limit] + [f"… {cut} more diff line(s) cut"]
-    return lines
+def unified_diff(old: str, new: str, label: str) -> list[str]:
+    """The whole diff; `replayer.golden_diff` marks, colours and cuts it for display."""
+    return list(difflib.unified_diff(old.splitlines(), new.splitlines(), f"{label} (golden)", f"{label} (replay)",
+                                     lineterm="", n=2))
 
 
 @contextlib.contextmanager
@@ -91,7 +92,8 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def check(result: CassetteResult, all_sessions: Sequence[str], names: TokenNames, update: bool = False) -> None:
-    """Sets each checked session's `golden` (ok, missing, changed, updated, written) and `golden_diff`.
+    """Sets each checked session's `golden` (ok, missing, changed, updated, written) and `golden_diff`, and
+    the result's `unused_sections` (sections for sessions the cassette no longer has; an update drops them).
 
     Sessions that stopped at a difference are not checked (their replay is incomplete), unless updating.
     `all_sessions`: every session of the cassette. The file lists them by name, not in cassette order: that
@@ -100,12 +102,11 @@ def check(result: CassetteResult, all_sessions: Sequence[str], names: TokenNames
     path = golden_path(result.path)
     result.golden_path = str(path)
     checked = [s for s in result.sessions if not s.skipped and (update or not s.differences)]
-    if not checked:
-        return
     rendered = {s.session: section(s, names) for s in checked}
     with _locked(path) if update else contextlib.nullcontext():
         existed = path.is_file()
         _, sections = parse(path.read_text(encoding="utf-8")) if existed else ("", {})
+        result.unused_sections = [n for n in sections if n not in all_sessions]
         for s in checked:
             old, new = sections.get(s.session), rendered[s.session]
             if old == new:
@@ -113,13 +114,11 @@ def check(result: CassetteResult, all_sessions: Sequence[str], names: TokenNames
                 continue
             if update:
                 s.golden = "written" if old is None else "updated"
-                if old is not None:
-                    s.golden_diff = bounded_diff(old, new, s.session)
-                continue
-            s.golden = "missing" if old is None else "changed"
+            else:
+                s.golden = "missing" if old is None else "changed"
             if old is not None:
-                s.golden_diff = bounded_diff(old, new, s.session)
-        if update:
+                s.golden_diff = unified_diff(old, new, s.session)
+        if update and (checked or (existed and result.unused_sections)):
             kept = {n: t for n, t in sections.items() if n in all_sessions}
             text = compose(result.path, {**kept, **rendered}, sorted(all_sessions))
             if not existed or path.read_text(encoding="utf-8") != text:
@@ -140,3 +139,46 @@ def orphans(folders: Sequence[str | os.PathLike[str]]) -> list[Path]:
             if not golden.with_suffix(CASSETTE_SUFFIX).exists():
                 found.append(golden)
     return found
+
+
+def unused_sections(golden: Path, sessions: Sequence[str]) -> list[str]:
+    """The golden's sections for sessions not in `sessions` (the cassette's), in file order."""
+    if not golden.is_file():
+        return []
+    return [n for n in parse(golden.read_text(encoding="utf-8"))[1] if n not in sessions]
+
+
+@dataclass(frozen=True)
+class Unused:
+    """A golden nobody checks: a whole file whose cassette is gone, or one section (`section`) of a golden."""
+
+    golden: Path
+    section: str | None = None
+
+    def describe(self, shown: str | None = None) -> str:
+        shown = shown or str(self.golden)
+        cassette = self.golden.with_suffix(CASSETTE_SUFFIX).name
+        if self.section is None:
+            return f"unused golden {shown}: its cassette {cassette} is gone"
+        return f"unused golden section {self.section} in {shown}: {cassette} has no such session"
+
+    def remove(self) -> bool:
+        """Delete the file, or trim the section (under the golden's lock); False when it was already gone."""
+        if self.section is None:
+            try:
+                self.golden.unlink()
+            except FileNotFoundError:
+                return False
+            return True
+        with _locked(self.golden):
+            if not self.golden.is_file():
+                return False
+            _, sections = parse(self.golden.read_text(encoding="utf-8"))
+            if sections.pop(self.section, None) is None:
+                return False
+            _write(self.golden, compose(self.golden.with_suffix(CASSETTE_SUFFIX), sections, list(sections)))
+        return True
+
+
+def fix_unused(allow_flag: str = "--allow-unused-goldens") -> str:
+    return f"--update-goldens removes it; {allow_flag} makes this a warning"

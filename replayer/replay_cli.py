@@ -1,10 +1,12 @@
 """`tito replay CASSETTE... [--session NAME]... [--update-goldens]`: replay, verify, check goldens.
 
 Prints one line per session (turns, side turns, samples, forks by reason, realigns, masked and trained
-tokens, result), the first difference of a failing session under it, and a summary. Exit 0 when every
-session matches its recording and its golden; 1 on any difference; 2 when the input cannot be replayed
-(no such file, corrupt cassette, another tokenizer, unknown session). A folder stands for the cassettes
-in it. Nothing printed depends on timing or concurrency: two replays print the same bytes.
+tokens, result), the first difference of a failing session under it, and a summary (`-q`: failing sessions
+and the summary only; `-v`: every difference). Exit 0 when every session matches its recording and its
+golden; 1 on any difference or unused golden; 2 when the input cannot be replayed (no such file, corrupt
+cassette, another tokenizer, unknown session). A folder stands for the cassettes in it, and a golden in it
+whose cassette is gone is unused, as is a golden section for a session its cassette no longer has.
+Nothing printed depends on timing or concurrency: two replays print the same bytes.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from replayer import whatif
-from replayer.goldens import CASSETTE_SUFFIX, orphans
+from replayer.golden_diff import DiffStyle, use_color
+from replayer.goldens import CASSETTE_SUFFIX, Unused, fix_unused, orphans
 from replayer.report import session_details
+from replayer.results import CassetteResult
 
 EXIT_OK, EXIT_DIFFERENCE, EXIT_UNUSABLE = 0, 1, 2
 
@@ -26,8 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session", action="append", default=[], metavar="NAME",
                         help="replay only this session (repeatable)")
     parser.add_argument("--update-goldens", action="store_true",
-                        help="write the goldens from this replay; differences from the recording are noted, "
-                             "not failed")
+                        help="write the goldens from this replay, delete unused ones; differences from the "
+                             "recording are noted, not failed")
+    parser.add_argument("--allow-unused-goldens", action="store_true",
+                        help="a golden whose cassette is gone, or a section for a session no longer there, is a "
+                             "warning, not a failure")
+    parser.add_argument("--full-diff", action="store_true", help="golden diffs whole, not cut at 80 lines")
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true", help="failing sessions and the summary only")
+    loud.add_argument("-v", "--verbose", action="store_true", help="every difference, each with its detail")
     parser.add_argument("--export-samples", metavar="FILE", help="write the replay's samples as JSON Lines")
     parser.add_argument("--export-live-samples", metavar="FILE",
                         help="write the samples the live run stored, in the same shape")
@@ -90,28 +101,62 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         return _unusable(f"no session {', '.join(map(repr, missing))} in {', '.join(cassettes)}")
 
-    failed = 0
-    for result in results:
-        print(result.path + ("" if result.goldens_apply else
-                             f"  (recorded around {result.recorded_target}, replayed through {result.target}: "
-                             "compared with the recording, goldens not checked)"))
-        for session in result.sessions:
-            print("  " + session.line())
-            for line in session_details(session):
-                print("    " + line)
-            failed += not session.ok
-        if result.truncated:
-            print("  note: the cassette ends in a cut record (the recorder stopped mid-write); all before it "
-                  "was replayed")
-    for golden in orphans([Path(c).parent for c in cassettes]):
+    verbosity = -1 if args.quiet else 1 if args.verbose else 0
+    style = DiffStyle(color=use_color(sys.stdout), full=args.full_diff)
+    failed = print_results(results, verbosity, style)
+    folders = [Path(p) for p in args.cassettes if Path(p).is_dir()]
+    failed_unused = report_unused(unused_goldens(results, folders), args.update_goldens, args.allow_unused_goldens)
+    beside = [Path(c).parent for c in cassettes if Path(c).parent not in folders]  # not this run's to judge
+    for golden in orphans(beside) if verbosity >= 0 else []:
         print(f"note: {golden} has no cassette beside it ({golden.with_suffix(CASSETTE_SUFFIX).name} is gone)")
     total = sum(len(r.sessions) for r in results)
-    print(f"{total} session(s): {total - failed} ok, {failed} failed")
+    print(f"{total} session(s): {total - failed} ok, {failed} failed"
+          + (f"; {failed_unused} unused golden(s)" if failed_unused else ""))
     for flag, rows in ((args.export_samples, exports.replayed_rows), (args.export_live_samples, exports.live_rows)):
         if flag:
             with open(flag, "w", encoding="utf-8") as out:
                 exports.write_rows(rows(results), out)
-    return EXIT_DIFFERENCE if failed else EXIT_OK
+    return EXIT_DIFFERENCE if failed or failed_unused else EXIT_OK
+
+
+def print_results(results: list[CassetteResult], verbosity: int, style: DiffStyle) -> int:
+    """Each cassette's sessions, lines and details (verbosity -1: failing sessions only); the failed count."""
+    failed = 0
+    for result in results:
+        shown = result.sessions if verbosity >= 0 else [s for s in result.sessions if not s.ok]
+        if shown:
+            print(result.path + ("" if result.goldens_apply else
+                                 f"  (recorded around {result.recorded_target}, replayed through {result.target}: "
+                                 "compared with the recording, goldens not checked)"))
+        for session in shown:
+            print("  " + session.line())
+            for line in session_details(session, verbosity, style):
+                print("    " + line)
+        failed += sum(not s.ok for s in result.sessions)
+        if result.truncated and verbosity >= 0:
+            print("  note: the cassette ends in a cut record (the recorder stopped mid-write); all before it "
+                  "was replayed")
+    return failed
+
+
+def unused_goldens(results: list[CassetteResult], folders: list[Path]) -> list[Unused]:
+    """Goldens nobody checked: sections of the replayed cassettes' goldens for sessions they no longer have,
+    and goldens in the folders named whose cassette is gone."""
+    found = [Unused(Path(r.golden_path), name) for r in results if r.golden_path for name in r.unused_sections]
+    return found + [Unused(g) for g in orphans(folders)]
+
+
+def report_unused(unused: list[Unused], update: bool, allow: bool) -> int:
+    """Delete (update), warn (allow) or fail each; the count that fails."""
+    for item in unused:
+        if update:
+            item.remove()
+            print(f"removed {item.describe()}")
+        elif allow:
+            print(f"warning: {item.describe()} (--update-goldens removes it)")
+        else:
+            print(f"FAIL: {item.describe()} ({fix_unused()})")
+    return 0 if update or allow else len(unused)
 
 
 def _unusable(message: str) -> int:

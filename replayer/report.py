@@ -1,32 +1,38 @@
 """How replay results read on a terminal: a line per session, and under a failing one its first difference
-or its golden diff. Shared by `tito replay` and the pytest plugin, so both say the same thing."""
+or its golden diff. Shared by `tito replay` and the pytest plugin, so both say the same thing.
+
+`verbosity` 0 shows the first difference of each kind with its detail; 1 (`-v`) every difference, each with
+its detail. Golden diffs are drawn by `replayer.golden_diff` in the caller's `DiffStyle` (colour, cut).
+"""
 
 from __future__ import annotations
 
 from replayer.differences import Difference
+from replayer.golden_diff import PLAIN, DiffStyle, render
 from replayer.goldens import update_command
 from replayer.results import CassetteResult, SessionResult
 
 
-def session_details(session: SessionResult) -> list[str]:
+def session_details(session: SessionResult, verbosity: int = 0, style: DiffStyle = PLAIN) -> list[str]:
+    every = verbosity >= 1
     lines: list[str] = []
-    if session.differences:
-        lines += _difference("first difference", session.differences[0], detail=True)
+    for i, found in enumerate(session.differences if every else session.differences[:1]):
+        lines += _difference("first difference" if i == 0 else "difference", found, detail=True)
     prompts = [d for d in session.accepted if d.kind == "engine-request"]
     for i, changed in enumerate(prompts):  # a what-if replay's changed prompts, each with its first divergence
-        lines += _difference("warning", changed, detail=i == 0)
+        lines += _difference("warning", changed, detail=every or i == 0)
     others = [d for d in session.accepted if d.kind != "engine-request"]
-    if others:
-        lines += _difference("differs from the recording (noted, not failed)", others[0], detail=not prompts)
-        if len(others) > 1:
-            lines.append(f"… and {len(others) - 1} more such difference(s); the golden decides")
+    for other in others if every else others[:1]:
+        lines += _difference("differs from the recording (noted, not failed)", other, detail=every or not prompts)
+    if len(others) > 1 and not every:
+        lines.append(f"… and {len(others) - 1} more such difference(s); the golden decides (-v shows them)")
     lines += [f"note: {n}" for n in session.notes]
     if session.golden == "missing":
         lines.append(f"golden missing: create it with `{update_command(session.cassette)}` "
                      "(or pytest --update-goldens)")
     if session.golden in ("changed", "updated"):
         lines.append(f"golden {session.golden}:")
-        lines += ["  " + d for d in session.golden_diff]
+        lines += ["  " + d for d in render(session.golden_diff, style)]
     return lines
 
 
@@ -36,6 +42,8 @@ def _difference(label: str, found: Difference, detail: bool) -> list[str]:
     return lines + (["  " + d for d in found.detail] if detail else [])
 
 
-def session_report(result: CassetteResult, session: SessionResult) -> str:
+def session_report(result: CassetteResult, session: SessionResult, verbosity: int = 0,
+                   style: DiffStyle = PLAIN) -> str:
     """A failing session's whole report: where, the one-line summary, then the details."""
-    return "\n".join([f"{result.path} :: {session.line()}", *("    " + d for d in session_details(session))])
+    return "\n".join([f"{result.path} :: {session.line()}",
+                      *("    " + d for d in session_details(session, verbosity, style))])

@@ -89,6 +89,7 @@ class CassetteResult:
     sessions: list[SessionResult]
     truncated: bool = False
     golden_path: str | None = None
+    unused_sections: list[str] = field(default_factory=list)  # golden sections for sessions no longer here
     all_sessions: list[str] = field(default_factory=list)  # every session of the cassette, in order
     tokenizer_dir: str | None = None  # the tokenizer the replay used (None: the embedded one)
     target: str = "tito"  # what the sessions were replayed through (`--target`)

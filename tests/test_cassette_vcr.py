@@ -115,3 +115,33 @@ async def test_all_always_re_records(engine: Any, tmp_path: Path) -> None:
 def test_unknown_record_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="record_mode"):
         configure_vcr(record_mode="sometimes")
+
+
+async def test_a_mismatch_names_the_first_differing_token_with_the_decoded_text(engine: Any, tmp_path: Path) -> None:
+    path = tmp_path / "engine.tito"
+    with _vcr("once").use_cassette(str(path)):
+        await generate(engine.url, PROMPT_A)
+    with _vcr("none").use_cassette(str(path)):
+        with pytest.raises(CannotOverwriteExistingCassetteException) as tokens:
+            await generate(engine.url, PROMPT_B)
+        with pytest.raises(CannotOverwriteExistingCassetteException) as sampling:
+            await generate(engine.url, PROMPT_A, temperature=0.5)
+    message = str(tokens.value)
+    assert "input_ids differ at token 8 (recorded 9 tokens, request 9)" in message
+    assert "recorded: …'<|im_start|>user\\nHello<|im_end|>\\n<|im_start|>assistant' | '\\n'  (ids from 8: [198])" \
+        in message
+    assert "request: …'<|im_start|>user\\nHello<|im_end|>\\n<|im_start|>assistant' | 'atus'  (ids from 8: [1000])" \
+        in message
+    assert "in rendered message 1 (assistant" in message, message
+    assert "sampling params differ: temperature: recorded 0.0, request 0.5" in str(sampling.value)
+
+
+async def test_rewrite_records_anew_and_drops_what_the_old_cassette_held(engine: Any, tmp_path: Path) -> None:
+    path = tmp_path / "engine.tito"
+    with _vcr("once").use_cassette(str(path)):
+        await generate(engine.url, PROMPT_A)
+        await generate(engine.url, PROMPT_B)
+    with _vcr("rewrite").use_cassette(str(path)):  # pytest-recording's mode, as tito_vcr follows it
+        assert await generate(engine.url, PROMPT_A) == [103, EOS]
+    (record,) = read_cassette(path).sessions[session_digest(BEARER)].engine
+    assert record.request["input_ids"] == PROMPT_A and record.response["output_ids"] == [103, EOS]

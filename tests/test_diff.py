@@ -1,5 +1,6 @@
 """`tito diff`: two recordings of one scenario under different manager settings, and a cassette against a
-candidate change, compared session by session down to the first divergent token."""
+candidate change, compared session by session down to the first divergent token; sessions of other names
+paired (two one-session cassettes, `--pair`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from replayer.diff import pairing
+from replayer.reader import summarize
+from tests.process_helpers import ROOT
 from tests.replay_support import Live, record, tool_loop, tool_loop_scenario
 from tito_cli import main
 from trajectory.adapters.session import session_digest
@@ -64,3 +68,37 @@ def test_diff_refuses_what_cannot_be_compared(pair, tmp_path: Path, capsys) -> N
     capsys.readouterr()
     assert main(["diff", str(a), str(tmp_path / "missing.tito")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+PRESERVED = ROOT / "cassettes" / "claude_continue_preserved.tito"
+DROPPED = ROOT / "cassettes" / "claude_continue_dropped.tito"
+
+
+def test_two_one_session_cassettes_are_paired_whatever_their_session_names(capsys) -> None:
+    """The reasoning-drop pair: one `--continue` session recorded twice, so two live session names."""
+    (a,), (b,) = (summarize(path).sessions for path in (PRESERVED, DROPPED))
+    assert a.session != b.session
+    assert main(["diff", str(PRESERVED), str(DROPPED)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith(f"{a.session} = {b.session}  samples 1 -> 2  forks none -> earlier-response:1  ")
+    assert lines[2].endswith("differs") and lines[3].startswith("    first divergence: sample 0: tokens differ")
+    assert lines[-1] == "1 session(s): 1 differ" and "only in" not in "\n".join(lines)
+
+
+def test_pair_names_the_sessions_to_compare(pair, capsys) -> None:
+    a, _ = pair
+    name = session_digest(SID)
+    assert main(["diff", str(a), str(DROPPED), "--pair", f"{name}={summarize(DROPPED).sessions[0].session}"]) == 1
+    assert capsys.readouterr().out.splitlines()[2].startswith(f"{name} = {summarize(DROPPED).sessions[0].session}  ")
+    assert main(["diff", str(a), str(DROPPED), "--pair", f"{name}=sid-nosuch"]) == 2
+    assert capsys.readouterr().err == f"tito diff: --pair: no session 'sid-nosuch' in B ({DROPPED})\n"
+    assert main(["diff", str(a), str(DROPPED), "--pair", "no-equals-sign"]) == 2
+    assert "expected A_SESSION=B_SESSION" in capsys.readouterr().err
+    assert main(["diff", str(a), "--fork-threshold", "0", "--pair", "x=y"]) == 2
+    assert "--pair pairs the sessions of two cassettes" in capsys.readouterr().err
+
+
+def test_pairing_prefers_pairs_then_names_and_lists_the_rest() -> None:
+    assert pairing(["x"], ["y"], {}) == [("x", "y")]  # one session each
+    assert pairing(["x", "z"], ["y", "z"], {}) == [("x", None), ("z", "z"), (None, "y")]
+    assert pairing(["x", "z"], ["y", "z"], {"x": "z"}) == [("x", "z"), ("z", None), (None, "y")]

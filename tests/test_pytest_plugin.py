@@ -1,10 +1,13 @@
 """The pytest plugin as a user meets it: `pytest` in a project with a `cassettes/` folder (the installed
-`pytest11` entry point, real pytest processes): one item per session, `-k`, `-n 2`, goldens, fixtures."""
+`pytest11` entry point, real pytest processes): one item per session, `-k`, `-n 2`, ids that paste back,
+goldens (readable diffs, unused ones failing), fixtures, settings from flags, ini and `tito_config`, and
+pytest-recording loaded in the same session."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +22,17 @@ SIDS = ("plugin-token-a-000001", "plugin-token-b-000002")
 INI = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
 
 
-def pytest_run(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+def pytest_run(project: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k not in ("NO_COLOR", "FORCE_COLOR")}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=project,
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env={**base, **env}, timeout=600)
+
+
+def copy_project(project: Path, to: Path) -> Path:
+    (to / "cassettes").mkdir(parents=True)
+    (to / "pytest.ini").write_text(INI)
+    shutil.copy(project / "cassettes" / "loop.tito", to / "cassettes" / "loop.tito")
+    return to
 
 
 @pytest.fixture(scope="module")
@@ -57,25 +67,67 @@ def test_sessions_are_items_that_replay_in_parallel_and_write_goldens_on_request
 
     parallel = pytest_run(project, "-q", "-n", "2")
     assert parallel.returncode == 0 and "2 passed" in parallel.stdout, parallel.stdout
-    one = pytest_run(project, "-q", "-k", names[1])
+    one = pytest_run(project, "-v", "-k", names[1])
     assert one.returncode == 0 and "1 passed, 1 deselected" in one.stdout
+    (shown,) = [line.split()[0] for line in one.stdout.splitlines() if line.endswith("PASSED") or " PASSED " in line]
+    assert shown == f"cassettes/loop.tito::{names[1]}"  # the id itself, not `cassettes/loop::tito::...`
+    pasted = pytest_run(project, "-q", shown)  # pasted back as printed
+    assert pasted.returncode == 0 and "1 passed" in pasted.stdout and "deselected" not in pasted.stdout
 
 
 def test_a_failing_session_shows_its_report_not_a_traceback(project: Path, tmp_path: Path) -> None:
-    copy = tmp_path / "p"
-    (copy / "cassettes").mkdir(parents=True)
-    (copy / "pytest.ini").write_text(INI)
-    (copy / "cassettes" / "loop.tito").write_bytes((project / "cassettes" / "loop.tito").read_bytes())
+    copy = copy_project(project, tmp_path / "p")
     assert pytest_run(copy, "-q", "--update-goldens").returncode == 0
     golden = copy / "cassettes" / "loop.golden"
-    golden.write_text(re.sub(r"\(trained \d+,", "(trained 999,", golden.read_text(), count=1))
-    (copy / "cassettes" / "gone.golden").write_text("stale\n")
+    first, second = (session_digest(s) for s in SIDS)
+    text = re.sub(r"\(trained \d+,", "(trained 999,", golden.read_text(), count=1)  # the first section's sample
+    head, _, tail = text.partition(f"== session {second} ==\n")
+    junk = "".join(f"stale line {i}\n" for i in range(100))  # a second section that shares nothing: a long diff
+    golden.write_text(head + f"== session {second} ==\n" + junk)
     run = pytest_run(copy, "-q")
-    assert run.returncode == 1 and "1 failed, 1 passed" in run.stdout, run.stdout
+    assert run.returncode == 1 and "2 failed" in run.stdout, run.stdout
     assert "FAIL: golden changed" in run.stdout and "+  sample 0: reward 1" in run.stdout
     assert "-  sample 0: reward 1" in run.stdout and "(trained 999," in run.stdout
+    assert re.search(r"\n +\?.*\(trained \[-999-\]\{\+\d+\+\}, masked", run.stdout)  # marks the change
+    assert re.search(r"… \d+ more diff line\(s\) cut; -vv shows it whole", run.stdout)
+    assert "-stale line 99" not in run.stdout and "\x1b[" not in run.stdout  # cut; no colour into a pipe
     assert "Traceback" not in run.stdout and "def runtest" not in run.stdout
-    assert "cassettes/gone.golden has no cassette beside it" in run.stdout
+
+    whole = pytest_run(copy, "-vv", "--color=yes")
+    assert whole.returncode == 1 and "-stale line 99" in whole.stdout and "more diff line(s) cut" not in whole.stdout
+    assert "\x1b[1m\x1b[7m999\x1b[0m" in whole.stdout  # the changed token highlighted in place, on a terminal
+    assert f"\ncassettes/loop.tito::{first} " in whole.stdout  # -vv prints the id too
+
+
+def test_unused_goldens_fail_until_update_goldens_removes_them_also_with_two_workers(
+        project: Path, tmp_path: Path) -> None:
+    copy = copy_project(project, tmp_path / "p")
+    assert pytest_run(copy, "-q", "-n", "2", "--update-goldens").returncode == 0
+    golden = copy / "cassettes" / "loop.golden"
+    written = golden.read_text()
+    section = written[written.index("== session "):].split("\n\n== session ")[0]
+    stale = section.replace(section.split(" ==")[0], "== session sid-gone0000000000", 1)
+    golden.write_text(written + "\n" + stale + "\n")  # a section for a session the cassette no longer has
+    (copy / "cassettes" / "gone.golden").write_text(written)  # a golden whose cassette was deleted
+
+    run = pytest_run(copy, "-q", "-n", "2")
+    assert run.returncode == 1 and "2 failed, 2 passed" in run.stdout, run.stdout
+    assert "FAILED cassettes/gone.golden::unused" in run.stdout
+    assert "FAILED cassettes/loop.tito::sid-gone0000000000" in run.stdout
+    assert "unused golden cassettes/gone.golden: its cassette gone.tito is gone" in run.stdout
+    assert "unused golden section sid-gone0000000000 in cassettes/loop.golden" in run.stdout
+    assert "--tito-allow-unused-goldens makes this a warning" in run.stdout
+
+    allowed = pytest_run(copy, "-q", "-n", "2", "--tito-allow-unused-goldens")
+    assert allowed.returncode == 0 and "4 passed, 2 warnings" in allowed.stdout, allowed.stdout
+    assert "UnusedGoldenWarning" in allowed.stdout and (copy / "cassettes" / "gone.golden").exists()
+
+    updated = pytest_run(copy, "-q", "-n", "2", "--update-goldens")
+    assert updated.returncode == 0 and "4 passed" in updated.stdout, updated.stdout
+    assert not (copy / "cassettes" / "gone.golden").exists() and golden.read_text() == written
+
+    clean = pytest_run(copy, "-q", "-n", "2")
+    assert clean.returncode == 0 and "2 passed" in clean.stdout and "failed" not in clean.stdout
 
 
 USER_TEST = '''
@@ -108,7 +160,7 @@ def test_my_cassette_replays(tito_replay):
 
 
 def test_vcr_mode(tito_vcr, request):
-    assert tito_vcr.record_mode == request.config.getoption("record_mode", default=None) or "none"
+    assert tito_vcr.record_mode == "once"  # pytest-recording's --record-mode
 '''
 
 
@@ -119,6 +171,70 @@ def test_fixtures_serve_users_own_tests(project: Path) -> None:
         assert run.returncode == 0 and "3 passed" in run.stdout, run.stdout + run.stderr
     finally:
         (project / "test_mine.py").unlink()
+
+
+PYPROJECT = """
+[tool.pytest.ini_options]
+asyncio_default_fixture_loop_scope = "function"
+tito_cassette_dir = "recordings"
+tito_record_mode = "new_episodes"
+tito_allow_unused_goldens = true
+"""
+
+SETTINGS_TEST = '''
+import os
+
+import pytest
+
+
+def test_both_plugins_serve_this_session(tito_vcr, record_mode, vcr_config):
+    assert record_mode == os.environ["WANT_RECORDING"]  # pytest-recording's own fixtures
+    assert tito_vcr.record_mode == os.environ["WANT_VCR"]
+
+
+def test_replay_as_recorded(tito_replay):
+    result = tito_replay("recordings/drift_realign.tito")
+    assert [s.golden for s in result.sessions] == ["ok"]
+
+
+class TestCandidate:
+    @pytest.fixture
+    def tito_config(self):
+        return {"record_mode": "none", "fork_threshold": 0, "engine_match": "order", "vcr": {"match_on": ["path"]}}
+
+    def test_tito_config_sets_the_fixtures_options(self, tito_replay, tito_vcr):
+        assert tito_vcr.record_mode == os.environ["WANT_CONFIG_VCR"] and tito_vcr.match_on == ["path"]
+        (session,) = tito_replay("recordings/drift_realign.tito").sessions
+        assert session.golden == "changed" and not session.differences  # the realign became a fork
+        assert any(line.startswith("+  fork(threshold)") for line in session.golden_diff)
+'''
+
+
+def test_pytest_recording_loads_beside_tito_and_settings_come_from_flags_tito_config_and_pyproject(
+        tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)
+    (tmp_path / "recordings").mkdir()
+    for suffix in (".tito", ".golden"):
+        shutil.copy(ROOT / "cassettes" / f"drift_realign{suffix}", tmp_path / "recordings" / f"drift_realign{suffix}")
+    (tmp_path / "recordings" / "stale.golden").write_text("")  # unused, a warning by the ini setting
+    (tmp_path / "test_settings.py").write_text(SETTINGS_TEST)
+
+    ini = pytest_run(tmp_path, "-q", "-p", "recording", WANT_RECORDING="none", WANT_VCR="new_episodes",
+                     WANT_CONFIG_VCR="none")  # -p: pytest-recording must be there, not silently absent
+    assert ini.returncode == 0 and "5 passed, 1 warning" in ini.stdout, ini.stdout + ini.stderr
+    assert "unused golden recordings/stale.golden" in ini.stdout  # the cassette folder from the ini file
+
+    flags = pytest_run(tmp_path, "-q", "--record-mode", "once", WANT_RECORDING="once", WANT_VCR="once",
+                       WANT_CONFIG_VCR="once")  # pytest-recording's flag beats tito_config and the ini file
+    assert flags.returncode == 0 and "5 passed" in flags.stdout, flags.stdout + flags.stderr
+    ours = pytest_run(tmp_path, "-q", "--record-mode", "once", "--tito-record-mode", "rewrite",
+                      "--tito-cassette-dir", "elsewhere", WANT_RECORDING="once", WANT_VCR="all",
+                      WANT_CONFIG_VCR="all")  # tito's own flags first (rewrite: vcrpy's all, the old file ignored)
+    assert ours.returncode == 0 and "3 passed" in ours.stdout and "warning" not in ours.stdout, ours.stdout
+
+    bad = pytest_run(tmp_path, "-q", "-o", "tito_fork_threshold=many")
+    assert bad.returncode == 4 and "ini tito_fork_threshold = 'many': expected int" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_the_committed_corpus_replays_with_two_workers() -> None:

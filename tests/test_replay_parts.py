@@ -8,9 +8,10 @@ import threading
 from pathlib import Path
 
 from recorder.cassette.format import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
-from replayer import exports, goldens
+from replayer import exports, golden_diff, goldens
 from replayer.agent_leg import REPLAY_HEADER, request_headers
 from replayer.differences import json_difference, reply_difference, samples_difference, token_divergence
+from replayer.golden_diff import DiffStyle
 from replayer.plan import Drop, End, Finish, Start, plan_session
 from replayer.reader import SessionLog
 from replayer.replay_cli import Progress
@@ -145,9 +146,11 @@ def test_golden_sections_are_checked_updated_and_kept_in_cassette_order(tmp_path
 def test_golden_diffs_are_bounded_with_a_count_of_what_was_cut() -> None:
     old = "\n".join(f"line {i}" for i in range(200))
     new = "\n".join(f"line {i}!" for i in range(200))
-    whole = goldens.bounded_diff(old, new, "s", limit=10_000)
-    diff = goldens.bounded_diff(old, new, "s", limit=10)
-    assert diff[:10] == whole[:10] and diff[10:] == [f"… {len(whole) - 10} more diff line(s) cut"]
+    raw = goldens.unified_diff(old, new, "s")
+    whole = golden_diff.render(raw, DiffStyle(full=True, limit=10))
+    diff = golden_diff.render(raw, DiffStyle(limit=10, more="-vv shows it whole"))
+    assert diff[:10] == whole[:10] and diff[10:] == [f"… {len(raw) - 10} more diff line(s) cut; -vv shows it whole"]
+    assert whole[-2:] == ["+line 199!", "?line 199{+!+}"]  # nothing cut, each changed line marked
 
 
 def test_parallel_updates_of_one_golden_keep_every_section(tmp_path: Path, monkeypatch) -> None:

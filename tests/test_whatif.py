@@ -73,6 +73,6 @@ def test_the_plugin_takes_the_same_what_if_options(copy: Path, template: Path) -
     for f in copy.parent.glob("drift_realign.*"):
         f.rename(copy.parent / "cassettes" / f.name)
     (copy.parent / "pytest.ini").write_text(INI)
-    run = pytest_run(copy.parent, "-q", "--chat-template", str(template), "--engine-match", "order")
+    run = pytest_run(copy.parent, "-q", "--tito-chat-template", str(template), "--tito-engine-match", "order")
     assert run.returncode == 1 and "1 failed" in run.stdout
     assert "warning: engine request differs" in run.stdout and "+  sample 0: reward 1, 284 tokens" in run.stdout

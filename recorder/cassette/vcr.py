@@ -3,7 +3,9 @@
 vcrpy patches the HTTP client (aiohttp for the adapter) and asks a serializer and a persister to store its
 interactions. These store them as a tito cassette (engine records, redacted, token arrays packed), so
 `tito cassette info` and `tito fake-engine --cassette` read the same file. Requests are matched on
-input_ids and result-changing sampling params (the `tito_input_ids` matcher), never on the random rid.
+input_ids and result-changing sampling params (the `tito_input_ids` matcher), never on the random rid; a
+mismatch names the first differing token with the decoded text on both sides, as `tito replay` does.
+Record modes are vcrpy's, plus pytest-recording's `rewrite` (the cassette recorded anew, the old one ignored).
 
     import recorder.cassette.vcr as tito_vcr
     my_vcr = tito_vcr.configure_vcr(record_mode="once")
@@ -16,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,14 +26,16 @@ from urllib.parse import urlsplit
 from recorder.cassette.format import EngineRecord, Header
 from recorder.cassette.redaction import REDACTED, Redactor
 from recorder.cassette.writer import ROUTING_HEADERS, CassetteWriter
-from replayer.engine_matching import sampling_key
+from replayer.differences import message_at, token_context, token_divergence
+from replayer.engine_matching import normalize_sampling
 from replayer.reader import CassetteReader
 
 SERIALIZER_NAME = "tito"
 MATCHER_NAME = "tito_input_ids"
 DEFAULT_SESSION = "vcr"
 HEADER_METADATA_KEY = "tito_header"
-RECORD_MODES = ("none", "once", "new_episodes", "all")
+RECORD_MODES = ("none", "once", "new_episodes", "all", "rewrite")
+MATCH_LABELS = ("recorded", "request")
 
 
 class TitoSerializer:
@@ -105,15 +110,63 @@ class TitoPersister:
         os.replace(tmp, path)
 
 
-def input_ids_matcher(r1: Any, r2: Any) -> None:
-    """vcrpy matcher: same prompt tokens and result-changing sampling params; rid and the rest ignored."""
-    a, b = _json_body(r1.body), _json_body(r2.body)
-    if isinstance(a, dict) and isinstance(b, dict) and "input_ids" in a and "input_ids" in b:
-        if a["input_ids"] != b["input_ids"]:
-            raise AssertionError("input_ids differ")
-        if sampling_key(a.get("sampling_params")) != sampling_key(b.get("sampling_params")):
-            raise AssertionError("sampling params differ")
-        return
+class RewritePersister(TitoPersister):
+    """`rewrite`: the cassette on disk is ignored, so everything is recorded anew and saved over it."""
+
+    @classmethod
+    def load_cassette(cls, cassette_path: str | os.PathLike[str], serializer: Any) -> Any:
+        from vcr.persisters.filesystem import CassetteNotFoundError
+
+        raise CassetteNotFoundError()
+
+
+def input_ids_matcher_for(tokenizer_dir: str | None = None) -> Callable[[Any, Any], None]:
+    """A vcrpy matcher: same prompt tokens and result-changing sampling params; rid and the rest ignored.
+
+    vcrpy calls it with (this request, a recorded one). A token mismatch names the first differing index,
+    the decoded text on both sides and the rendered message it falls in (the tokenizer in `tokenizer_dir`,
+    default the embedded Qwen3 one, loaded on the first mismatch only)."""
+
+    def tito_input_ids(r1: Any, r2: Any) -> None:
+        a, b = _json_body(r1.body), _json_body(r2.body)
+        if isinstance(a, dict) and isinstance(b, dict) and "input_ids" in a and "input_ids" in b:
+            recorded, request = b["input_ids"], a["input_ids"]
+            if recorded != request:
+                index = token_divergence(recorded, request)
+                raise AssertionError(_token_mismatch(recorded, request, index or 0, tokenizer_dir))
+            rec_params, req_params = normalize_sampling(b.get("sampling_params")), normalize_sampling(
+                a.get("sampling_params"))
+            if rec_params != req_params:
+                keys = sorted(set(rec_params) | set(req_params))
+                raise AssertionError("sampling params differ: " + "; ".join(
+                    f"{k}: recorded {rec_params.get(k)!r}, request {req_params.get(k)!r}"
+                    for k in keys if rec_params.get(k) != req_params.get(k)))
+            return
+        _plain_match(a, b, r1, r2)
+
+    return tito_input_ids
+
+
+def _token_mismatch(recorded: list[int], request: list[int], index: int, tokenizer_dir: str | None) -> str:
+    head = f"input_ids differ at token {index} (recorded {len(recorded)} tokens, request {len(request)})"
+    try:
+        from trajectory.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer_dir)
+    except Exception as exc:  # ids alone still say where: a tokenizer problem must not hide the mismatch
+        return f"{head}; ids from {index}: recorded {recorded[index:index + 6]}, request {request[index:index + 6]} " \
+               f"(no tokenizer to decode them: {exc})"
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
+    lines = [head, *token_context(recorded, request, index, decode, MATCH_LABELS)]
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    where = message_at(request, index, decode, start if isinstance(start, int) else None)
+    return "\n".join(lines + ([f"in {where}"] if where else []))
+
+
+def _plain_match(a: Any, b: Any, r1: Any, r2: Any) -> None:
     if isinstance(a, dict) and isinstance(b, dict):
         if {k: v for k, v in a.items() if k != "rid"} != {k: v for k, v in b.items() if k != "rid"}:
             raise AssertionError("JSON bodies differ")
@@ -122,21 +175,27 @@ def input_ids_matcher(r1: Any, r2: Any) -> None:
         raise AssertionError("bodies differ")
 
 
+input_ids_matcher = input_ids_matcher_for()
+
+
 def configure_vcr(my_vcr: Any = None, *, record_mode: str = "once", header: Header | None = None,
-                  tokenizer_fingerprint: str | None = None, **kwargs: Any) -> Any:
-    """A `vcr.VCR` that stores tito cassettes; extra kwargs go to `vcr.VCR`."""
+                  tokenizer_fingerprint: str | None = None, tokenizer_dir: str | None = None, **kwargs: Any) -> Any:
+    """A `vcr.VCR` that stores tito cassettes; extra kwargs go to `vcr.VCR`. `tokenizer_dir` decodes the
+    tokens a mismatch names (default: the embedded Qwen3 tokenizer)."""
     import vcr
 
     if record_mode not in RECORD_MODES:
         raise ValueError(f"record_mode must be one of {RECORD_MODES}, got {record_mode!r}")
+    rewrite = record_mode == "rewrite"
+    mode = "all" if rewrite else record_mode
     if my_vcr is None:
         kwargs.setdefault("match_on", ("method", "path", MATCHER_NAME))
-        my_vcr = vcr.VCR(record_mode=record_mode, **kwargs)
+        my_vcr = vcr.VCR(record_mode=mode, **kwargs)
     else:
-        my_vcr.record_mode = record_mode
+        my_vcr.record_mode = mode
     my_vcr.register_serializer(SERIALIZER_NAME, TitoSerializer(header, tokenizer_fingerprint=tokenizer_fingerprint))
-    my_vcr.register_persister(TitoPersister)
-    my_vcr.register_matcher(MATCHER_NAME, input_ids_matcher)
+    my_vcr.register_persister(RewritePersister if rewrite else TitoPersister)
+    my_vcr.register_matcher(MATCHER_NAME, input_ids_matcher_for(tokenizer_dir))
     my_vcr.serializer = SERIALIZER_NAME
     return my_vcr
 

@@ -1,12 +1,15 @@
 """Live progress of a recording: sessions, turns, tokens and errors, on one terminal line.
 
 A tap that counts what passes and forwards everything to the tap that writes; it never changes traffic.
+On a terminal the line is redrawn in place (every 0.5 s at most, and at each finished session); elsewhere
+(a CI log, a file) it is a new line at most every 10 s, and a last one when the recording stops.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -28,14 +31,22 @@ class Counts:
                 f" | tokens {self.prompt_tokens} in, {self.output_tokens} out | errors {self.errors}")
 
 
+TERMINAL_INTERVAL_S = 0.5
+LOG_INTERVAL_S = 10.0
+
+
 class ProgressTap:
-    def __init__(self, inner: TrafficTap, stream: TextIO | None = None, interval_s: float = 0.5) -> None:
+    def __init__(self, inner: TrafficTap, stream: TextIO | None = None, interval_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.inner = inner
         self.stream = stream if stream is not None else sys.stderr
-        self.interval_s = interval_s
-        self.counts = Counts()
-        self._last = 0.0
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval_s = interval_s if interval_s is not None else (
+            TERMINAL_INTERVAL_S if self._tty else LOG_INTERVAL_S)
+        self.clock = clock
+        self.counts = Counts()
+        self._last: float | None = None
+        self._shown = ""
 
     def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
         self.inner.agent_request(session, source, headers)
@@ -71,9 +82,20 @@ class ProgressTap:
         self.inner.session_dropped(session, source)
 
     def show(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < self.interval_s:
+        """The line, if `interval_s` has passed since the last one; `force` redraws a terminal's line now (a
+        log still waits: its lines are never closer than `interval_s`)."""
+        now = self.clock()
+        if self._last is not None and now - self._last < self.interval_s and not (force and self._tty):
             return
+        self._print(now)
+
+    def flush(self) -> None:
+        """The last counts, whatever the interval, unless that line was the last one shown."""
+        if self.counts.line() != self._shown:
+            self._print(self.clock())
+
+    def _print(self, now: float) -> None:
         self._last = now
+        self._shown = self.counts.line()
         end = "\r" if self._tty else "\n"
-        print(f"tito record: {self.counts.line()}", end=end, file=self.stream, flush=True)
+        print(f"tito record: {self._shown}", end=end, file=self.stream, flush=True)

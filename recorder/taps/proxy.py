@@ -93,6 +93,8 @@ def create_recording_app(settings: AdapterSettings, tap: CassetteWriter | PerSes
         for sid in list(adapter.manager.sessions()):
             samples = [s.to_dict() for s in adapter.manager.finish(sid, 0.0)]
             counted.session_finished(sid, "api", 0.0, samples)
+        if isinstance(counted, ProgressTap):
+            counted.flush()
         tap.close()
 
     app.on_shutdown.append(finalize)
