@@ -65,7 +65,8 @@ def target_linearization(samples: list[dict[str, Any]], stats: Mapping[str, Any]
         trained, masked = trained + ones, masked + sample.response_length - ones
     forks = stats.get("forks") if isinstance(stats.get("forks"), dict) else {}
     summary = SessionStats(turns=int(stats.get("turns", 0) or 0), samples=len(built), forks=dict(sorted(forks.items())),
-                           realigns=int(stats.get("realigns", 0) or 0), masked_tokens=masked, trained_tokens=trained)
+                           realigns=int(stats.get("realigns", 0) or 0), merges=int(stats.get("merges", 0) or 0),
+                           masked_tokens=masked, trained_tokens=trained)
     return Linearization(built, [], {}, summary, spans)
 
 
