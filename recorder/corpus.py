@@ -54,8 +54,10 @@ class Recorded:
 def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) -> Recorded:
     """One scenario through `tito simulate`, against its own fresh fake engine, by whoever its `client:` names
     (its golden comes later, with the others')."""
-    folder = out_dir / scenario.parent.parent.relative_to(CASSETTES)
-    folder.mkdir(exist_ok=True)
+    folder = out_dir
+    if scenario.parent.resolve() == TARGET_SCENARIOS.resolve():  # recorded around another target: beside its kind
+        folder = out_dir / TARGET_SCENARIOS.parent.name
+        folder.mkdir(exist_ok=True)
     out = folder / f"{scenario.stem}.tito"
     try:
         done = simulate(scenario, out, replace=True, golden=False, timeout_s=timeout_s)
