@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tito-installed
 
-.PHONY: install demo test lint bench cassettes corpus corpus-table clean
+.PHONY: install demo test lint bench cassettes corpus corpus-table conformance clean
 
 $(STAMP): pyproject.toml requirements-parsers.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,6 +44,14 @@ cassettes: install
 # The README's corpus table and figures, from a replay of every committed cassette (recorder/corpus_table.py).
 corpus-table: install
 	$(BIN)/python -m recorder.corpus_table
+
+# docs/conformance.md: the cassettes recorded around slime replayed through tito's adapter (CI checks this table:
+# tests/test_conformance.py), then the committed corpus replayed through slime (needs TITO_SLIME_PATH, a slime
+# checkout). The findings written above the tables are kept.
+conformance: install
+	$(BIN)/python -m replayer.conformance --target tito cassettes/targets/
+	@if [ -z "$$TITO_SLIME_PATH" ]; then echo "make conformance: the slime table needs TITO_SLIME_PATH=/path/to/slime (a checkout of https://github.com/THUDM/slime); not rewritten"; exit 2; fi
+	$(BIN)/python -m replayer.conformance --target slime cassettes/
 
 clean:
 	rm -rf $(VENV)

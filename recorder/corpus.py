@@ -8,7 +8,9 @@ name is installed first (npm, cached in .tools/npm). Scenarios run `--jobs` at a
 fresh fake engine (fresh: `fault_attempts` counts requests), into a temporary file that replaces the
 committed cassette only once complete: a failed scenario leaves its committed cassette as it was, is
 reported, and the others go on. Then the new cassettes' goldens are written by one `tito replay
---update-goldens` process: read the golden diffs before committing them.
+--update-goldens` process: read the golden diffs before committing them. A scenario in
+`cassettes/targets/scenarios/` is recorded around the target its `client.record_args` name (`--target slime`)
+into `cassettes/targets/<name>.tito`, and skipped, saying why, where that target's code is not installed.
 
     python -m recorder.corpus                    # every scenario (make corpus)
     python -m recorder.corpus --scripted         # the scripted-client ones only (make cassettes)
@@ -34,6 +36,7 @@ from recorder.simulate import SimulateError, simulate, write_goldens
 ROOT = Path(__file__).resolve().parent.parent
 CASSETTES = ROOT / "cassettes"
 SCENARIOS = CASSETTES / "scenarios"
+TARGET_SCENARIOS = CASSETTES / "targets" / "scenarios"  # recorded around another target than tito's adapter
 
 
 class CorpusError(Exception):
@@ -51,7 +54,11 @@ class Recorded:
 def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) -> Recorded:
     """One scenario through `tito simulate`, against its own fresh fake engine, by whoever its `client:` names
     (its golden comes later, with the others')."""
-    out = out_dir / f"{scenario.stem}.tito"
+    folder = out_dir
+    if scenario.parent.resolve() == TARGET_SCENARIOS.resolve():  # recorded around another target: beside its kind
+        folder = out_dir / TARGET_SCENARIOS.parent.name
+        folder.mkdir(exist_ok=True)
+    out = folder / f"{scenario.stem}.tito"
     try:
         done = simulate(scenario, out, replace=True, golden=False, timeout_s=timeout_s)
     except SimulateError as exc:  # named by its file there; here, as everywhere in the corpus, by its name
@@ -108,23 +115,55 @@ def update_goldens(cassettes: list[Path]) -> None:
 
 def scenario_paths(names: list[str]) -> list[Path]:
     if not names:
-        return sorted(SCENARIOS.glob("*.yaml"))
-    paths = [SCENARIOS / f"{n.removesuffix('.yaml')}.yaml" for n in names]
+        return sorted(SCENARIOS.glob("*.yaml")) + sorted(TARGET_SCENARIOS.glob("*.yaml"))
+    paths = []
+    for name in names:
+        file = f"{name.removesuffix('.yaml')}.yaml"
+        paths.append(next((f / file for f in (SCENARIOS, TARGET_SCENARIOS) if (f / file).is_file()), SCENARIOS / file))
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise CorpusError(f"no such scenario: {', '.join(missing)}")
     return paths
 
 
-def record_all(paths: list[Path], jobs: int, out_dir: Path = CASSETTES) -> tuple[list[Recorded], dict[str, str]]:
-    """Every scenario, `jobs` at a time, each reported as it finishes; the recordings and the failures."""
+def target_missing(scenario: Path) -> str | None:
+    """Why the target the scenario is recorded around cannot run here (its code is not installed); None if it can."""
+    from recorder.simulate import record_args_of
+    from recorder.targets.base import TargetError, TargetOptions, TargetUnavailable
+    from recorder.targets.registry import create_driver, parse_target
+
+    args = list(record_args_of(scenario))
+    if "--target" not in args or args.index("--target") + 1 >= len(args):
+        return None
+    name = args[args.index("--target") + 1]
+    try:
+        if parse_target(name).kind == "driver":
+            create_driver(name, TargetOptions())
+    except TargetUnavailable as exc:
+        return str(exc)
+    except TargetError:
+        return None  # tito record says what is wrong with it, as a failure
+    return None
+
+
+def record_all(paths: list[Path], jobs: int, out_dir: Path = CASSETTES,
+               skipped: dict[str, str] | None = None) -> tuple[list[Recorded], dict[str, str]]:
+    """Every scenario, `jobs` at a time, each reported as it finishes; the recordings and the failures. Scenarios
+    around a target not installed here go into `skipped` with why."""
     clients: dict[Path, str] = {}
     failed: dict[str, str] = {}
+    skipped = {} if skipped is None else skipped
     for path in paths:
         try:
             clients[path] = client_of(path)
         except CorpusError as exc:
             failed[path.stem] = str(exc)
+            continue
+        why = target_missing(path)
+        if why is not None:
+            skipped[path.stem] = why
+            del clients[path]
+            print(f"{path.stem}: skipped ({why})", flush=True)
     failed |= install_clis([p for p, c in clients.items() if c != "scripted"])
     todo = [p for p in clients if p.stem not in failed]
     labels = {p: _label(p, clients[p]) for p in todo}
@@ -168,13 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         if not args.out_dir.is_dir():
             raise CorpusError(f"folder {args.out_dir} does not exist")
-        done, failed = record_all(paths, args.jobs, args.out_dir)
+        skipped: dict[str, str] = {}
+        done, failed = record_all(paths, args.jobs, args.out_dir, skipped)
         if done and not args.no_goldens:
             update_goldens([r.cassette for r in done])
     except CorpusError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     print(f"{prog}: {len(done)} of {len(paths)} scenario(s) re-recorded in {time.monotonic() - started:.0f}s"
+          + (f"; skipped: {', '.join(sorted(skipped))}" if skipped else "")
           + (f"; FAILED: {', '.join(sorted(failed))}" if failed else ""), flush=True)
     for name, why in sorted(failed.items()):
         print(f"{prog}: {name}: {why}", file=sys.stderr)

@@ -114,20 +114,21 @@ class CassetteTransport:
         recorded = record.request or {}
         replayed = body or {}
         rec_ids, rep_ids = recorded.get("input_ids") or [], replayed.get("input_ids") or []
+        a = normalize_sampling(recorded.get("sampling_params"))
+        b = normalize_sampling(replayed.get("sampling_params"))
+        sampling = [f"{k}: recorded {a.get(k)!r}, replayed {b.get(k)!r}"
+                    for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
         index = token_divergence(rec_ids, rep_ids)
         if index is not None:
             detail = token_context(rec_ids, rep_ids, index, self.decode)
             where = message_at(rep_ids, index, self.decode, self.message_start)
             if where:
                 detail.append(f"in {where}")
+            detail += [f"sampling params also differ: {line}" for line in sampling]
             return Difference("engine-request", f"engine request differs: input_ids at token {index} "
                               f"(recorded {len(rec_ids)} tokens, replayed {len(rep_ids)})",
                               exchange.index, exchange.turn, detail)
-        a = normalize_sampling(recorded.get("sampling_params"))
-        b = normalize_sampling(replayed.get("sampling_params"))
-        if a != b:
-            keys = sorted(set(a) | set(b))
-            detail = [f"{k}: recorded {a.get(k)!r}, replayed {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
+        if sampling:
             return Difference("engine-request", "engine request differs: sampling params", exchange.index,
-                              exchange.turn, detail)
+                              exchange.turn, sampling)
         return None

@@ -325,6 +325,7 @@ class _SessionRun:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(leg.drained.wait(), self.h.late_calls_s)
         self.result.exchanges += 1
+        self.result.generations_not_made += sum(r.path.endswith("/generate") for r in leg.unserved)
         if self.h.options.on_exchange is not None:
             self.h.options.on_exchange()
         if self.h.cross_target:  # another gateway's bytes: what an agent would notice is the difference
@@ -338,7 +339,7 @@ class _SessionRun:
         if difference is not None:
             self.found(difference)
             return
-        event = wire_event(exchange)
+        event = wire_event(exchange, turns_known=self.h.cassette.header.target is None)
         if event is not None:
             self.result.wire_events.append(event)
 
@@ -418,13 +419,15 @@ def meaning_difference(exchange: PlannedExchange, replayed: Any) -> Difference |
     lines = a.differences(b)
     if not lines:
         return None
-    return Difference("reply", "the reply differs for the agent (recorded vs replayed): " + lines[0].split(":")[0],
+    return Difference("reply", "the reply differs for the agent (recorded vs replayed): "
+                      + ", ".join(line.split(":")[0] for line in lines),
                       exchange.index, exchange.turn, lines)
 
 
-def wire_event(exchange: PlannedExchange) -> str | None:
+def wire_event(exchange: PlannedExchange, turns_known: bool = True) -> str | None:
     """What an exchange did that the tree can not show (a failure, a retry, an abort), as the golden's line;
-    None for a plain answer. Read from the recording, which a clean replay has just reproduced."""
+    None for a plain answer. Read from the recording, which a clean replay has just reproduced. `turns_known`:
+    the recording knows each exchange's turn (tito's adapter); around another target it does not say."""
     record = exchange.record
     generates = [c for c in exchange.engine if c.path.endswith("/generate")]
     failed = [f"engine /generate {c.status or 'no answer'}" for c in generates if c.status != 200]
@@ -443,7 +446,7 @@ def wire_event(exchange: PlannedExchange) -> str | None:
     if not parts:
         return None
     method = "" if record.method == "POST" else f" {record.method} {record.path}"
-    turn = f" -> turn {record.turn_index}" if record.turn_index is not None else ", no turn"
+    turn = f" -> turn {record.turn_index}" if record.turn_index is not None else ", no turn" if turns_known else ""
     return f"#{exchange.index}{method} " + ", ".join(parts) + turn
 
 

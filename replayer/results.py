@@ -28,6 +28,7 @@ class SessionResult:
     cassette: str
     session: str
     exchanges: int = 0  # agent exchanges replayed
+    generations_not_made: int = 0  # recorded /generate calls the replay's target never made (it answered without)
     finishes: list[FinishResult] = field(default_factory=list)
     drops: int = 0
     wire_events: list[str] = field(default_factory=list)  # failed, retried, aborted exchanges (`replay.wire_event`)

@@ -65,7 +65,8 @@ def target_linearization(samples: list[dict[str, Any]], stats: Mapping[str, Any]
         trained, masked = trained + ones, masked + sample.response_length - ones
     forks = stats.get("forks") if isinstance(stats.get("forks"), dict) else {}
     summary = SessionStats(turns=int(stats.get("turns", 0) or 0), samples=len(built), forks=dict(sorted(forks.items())),
-                           realigns=int(stats.get("realigns", 0) or 0), masked_tokens=masked, trained_tokens=trained)
+                           realigns=int(stats.get("realigns", 0) or 0), merges=int(stats.get("merges", 0) or 0),
+                           masked_tokens=masked, trained_tokens=trained)
     return Linearization(built, [], {}, summary, spans)
 
 
@@ -229,6 +230,8 @@ class TargetHarness(HarnessBase):
             data = None
         key = self.attribute(request.path, request.headers, data)
         if key is None:
+            if request.path.endswith("/generate"):
+                self._extra_generation(request.path, request.headers)
             return self._unattributed(request.path)
         token = CURRENT_EXCHANGE.set(key)
         try:
@@ -252,10 +255,7 @@ class TargetHarness(HarnessBase):
         """The replayed exchange an engine call serves: the recording's rule (`recorder.taps.attribution`)."""
         if path.endswith("/abort_request") and isinstance(body, dict) and str(body.get("rid")) in self._rids:
             return self._rids[str(body.get("rid"))]
-        session = None
-        if self.routing_header:
-            wanted = self.routing_header.lower()
-            session = next((v.strip() for k, v in headers.items() if k.lower() == wanted and v.strip()), None)
+        session = self._routed_session(headers)
         candidates = [k for k in sorted(self.inflight, key=self.inflight.__getitem__)
                       if (session is None or k[0] == session) and self._expects(k, request_path=path)]
         if not candidates:
@@ -267,6 +267,28 @@ class TargetHarness(HarnessBase):
             if nxt is not None and isinstance(nxt.request, dict) and nxt.request.get("input_ids") == prompt:
                 return key
         return candidates[0]
+
+    def _extra_generation(self, path: str, headers: Mapping[str, str]) -> None:
+        """A generation the recording has none left to answer with (a target that generates where the recorded one
+        did not, e.g. again for a client's re-send the recorded target answered from its first reply): a difference
+        of the exchange in flight, so a report can tell the reply that follows from the target's own doing."""
+        session = self._routed_session(headers)
+        flights = [k for k in sorted(self.inflight, key=self.inflight.__getitem__) if session in (None, k[0])]
+        if not flights:
+            return
+        key = flights[0]
+        leg = self.transport.legs.get(key)
+        self.report(key[0], Difference(
+            "engine-calls", f"the target called POST {path}, which the recording has no (further) call of for this "
+            "exchange", key[1], leg.planned.turn if leg else None,
+            [f"recorded calls: {', '.join(f'{r.method} {r.path}' for r in leg.planned.engine) or 'none'}"
+             if leg else "recorded calls: unknown"]))
+
+    def _routed_session(self, headers: Mapping[str, str]) -> str | None:
+        if not self.routing_header:
+            return None
+        wanted = self.routing_header.lower()
+        return next((v.strip() for k, v in headers.items() if k.lower() == wanted and v.strip()), None)
 
     def _expects(self, key: Key, request_path: str) -> bool:
         leg = self.transport.legs.get(key)

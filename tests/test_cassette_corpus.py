@@ -12,8 +12,9 @@ import pytest
 from recorder.agents.cli_script import client_agent, load_cli_script
 from recorder.agents.pins import PINS
 from recorder.cassette.format import DropRecord
-from recorder.corpus import CorpusError, scenario_paths
+from recorder.corpus import TARGET_SCENARIOS, CorpusError, scenario_paths, target_missing
 from recorder.scripted.script import load_client_script
+from recorder.targets import slime_env
 from replayer.reader import Cassette, SessionLog, read_cassette
 from tests.scripted_support import (
     SCENARIOS,
@@ -172,5 +173,16 @@ def test_openai_wires_one_finished_one_dropped() -> None:
 
 
 def test_scenario_paths_default_to_every_scenario() -> None:
-    assert [p.stem for p in scenario_paths([])] == ALL
+    around = sorted(p.stem for p in TARGET_SCENARIOS.glob("*.yaml"))
+    assert "slime_mixed" in around
+    assert [p.stem for p in scenario_paths([])] == ALL + around
     assert scenario_paths(["tool_loop.yaml"]) == [Path(SCENARIOS / "tool_loop.yaml")]
+    assert scenario_paths(["slime_mixed"]) == [TARGET_SCENARIOS / "slime_mixed.yaml"]
+
+
+def test_a_scenario_around_a_target_not_installed_is_skipped_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert target_missing(SCENARIOS / "tool_loop.yaml") is None  # tito's adapter: always here
+    monkeypatch.delenv("TITO_SLIME_PATH", raising=False)
+    monkeypatch.setattr(slime_env.importlib.util, "find_spec", lambda name, *a: None)  # no slime on the path
+    why = target_missing(TARGET_SCENARIOS / "slime_mixed.yaml")
+    assert why is not None and "TITO_SLIME_PATH" in why

@@ -109,7 +109,7 @@ async def test_driver_records_a_session_on_every_wire(name: str, extra: dict) ->
                 stats = finished.stats
                 assert stats["turns"] == len(TURNS) and stats["samples"] == len(samples)
                 assert stats["trained_tokens"] == sum(sum(s["loss_mask"]) for s in samples)
-                assert stats["turns_not_trained"] == len(TURNS) - trained
+                assert stats["untrained_turns"] == len(TURNS) - trained
             assert samples_of(await driver.finish(sid, 1.0)) == []  # finished: gone
         gone = await run_script(client_script([("anthropic", True)], max_turns=1, prefix="gone"), url)
         assert gone[0].error is None and gone[0].requests == 1
@@ -141,10 +141,10 @@ async def test_slime_finish_stats_show_its_drift_decisions() -> None:
         await driver.stop()
         engine.server.stop()
     assert isinstance(clean, TargetFinish) and isinstance(drifted, TargetFinish)
-    assert {k: clean.stats[k] for k in ("turns", "samples", "leaves", "forks", "realigns", "turns_not_trained")} \
-        == {"turns": 3, "samples": 1, "leaves": 1, "forks": {}, "realigns": 0, "turns_not_trained": 0}
-    assert {k: drifted.stats[k] for k in ("turns", "samples", "forks", "realigns", "turns_not_trained")} \
-        == {"turns": 3, "samples": 1, "forks": {}, "realigns": 2, "turns_not_trained": 2}
+    assert {k: clean.stats[k] for k in ("turns", "samples", "leaves", "forks", "realigns", "untrained_turns")} \
+        == {"turns": 3, "samples": 1, "leaves": 1, "forks": {}, "realigns": 0, "untrained_turns": 0}
+    assert {k: drifted.stats[k] for k in ("turns", "samples", "forks", "realigns", "untrained_turns")} \
+        == {"turns": 3, "samples": 1, "forks": {}, "realigns": 2, "untrained_turns": 2}
     assert drifted.stats["realigned_tokens"] > 0
     assert drifted.stats["masked_tokens"] == sum(s["response_length"] for s in drifted.samples) \
         - drifted.stats["trained_tokens"]

@@ -134,7 +134,8 @@ def render_session(name: str, finishes: Sequence[GoldenFinish], names: TokenName
         lines.append(f"finish {n} of {len(finishes)}: reward {finish.reward:g}, live samples {live}")
         target = finish.tree.get("target")
         if target:  # a foreign target: its samples, and what its driver says of them; its tree is its own
-            lines.append(f"stats (target {target}): " + _target_stats(finish.linearization.stats))
+            lines.append(f"stats (target {target}): "
+                         + target_stats(finish.linearization.stats, finish.tree.get("untrained_turns")))
         else:
             lines.append("stats: " + _stats(finish.linearization.stats))
             lines.append("tree:")
@@ -160,10 +161,34 @@ def _stats(stats: SessionStats) -> str:
             f"coverage {coverage_text(stats.trained_tokens, stats.emitted_tokens)}")
 
 
-def _target_stats(stats: SessionStats) -> str:
+TARGET_FIGURES = ("turns", "samples", "realigns", "merges", "masked", "trained", "untrained turns")
+
+
+def target_stats(stats: SessionStats, untrained_turns: int | None) -> str:
+    """A foreign target's figures (what its driver says); `parse_target_stats` reads them back."""
     forks = ", ".join(f"{k} {v}" for k, v in stats.forks.items()) or "none"
+    untrained = "" if untrained_turns is None else f", untrained turns {untrained_turns}"
     return (f"turns {stats.turns}, samples {stats.samples}, forks {forks}, realigns {stats.realigns}, "
-            f"masked {stats.masked_tokens}, trained {stats.trained_tokens}")
+            f"merges {stats.merges}, masked {stats.masked_tokens}, trained {stats.trained_tokens}{untrained}")
+
+
+def parse_target_stats(text: str) -> dict[str, Any]:
+    """`target_stats`' line back as figures: the conformance table reads a recorded target's from its golden
+    where the target itself is not installed. `forks` is a dict by reason; absent figures are absent."""
+    figures: dict[str, Any] = {}
+    current = None
+    for item in text.strip().split(", "):
+        name, _, value = item.rpartition(" ")
+        if name in TARGET_FIGURES:
+            current = name
+            figures[name.replace(" ", "_")] = int(value) if value.isdigit() else {}
+            continue
+        if item.startswith("forks "):
+            current, (reason, _, value) = "forks", item[len("forks "):].rpartition(" ")
+            figures["forks"] = {} if value == "none" else {reason: int(value)}
+        elif current == "forks" and value.isdigit():
+            figures["forks"][name] = int(value)
+    return figures
 
 
 def render_tree(nodes: list[dict[str, Any]]) -> list[str]:

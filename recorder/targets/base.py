@@ -55,7 +55,9 @@ class TargetFinish:
     """What a finish returns when the driver can say more than the samples (for goldens and conformance)."""
 
     samples: list[dict[str, Any]]  # tito's layout: `trajectory.records.Sample.to_dict()`
-    stats: dict[str, Any] = field(default_factory=dict)  # e.g. {"forks": {"prefix-mismatch": 1}, "turns": 4}
+    # The gateway's own figures. Goldens and the conformance table read `turns`, `forks` (by reason), `realigns`,
+    # `merges` and `untrained_turns` (turns none of whose output a sample trains); other keys are the driver's.
+    stats: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable

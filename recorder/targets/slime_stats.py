@@ -58,7 +58,7 @@ class DriftLog:
             "realigns": self.kinds["realign"], "realigned_tokens": self.realigned_tokens,
             "dedup_tokens": self.dedup_tokens, "dropped_builders": len(self.builders) - len(kept),
             "trained_tokens": trained, "masked_tokens": sum(s["response_length"] for s in samples) - trained,
-            "turns_not_trained": max(0, turns - trained_turns),
+            "untrained_turns": max(0, turns - trained_turns),
         }
         if leaves is not None:
             stats["leaves"] = leaves

@@ -1,0 +1,99 @@
+"""The conformance page (`docs/conformance.md`, `make conformance`): CI replays the cassettes recorded around slime
+through tito's adapter and checks the page's table is what that replay gives, with no slime installed; and the
+parts of the table that read replays (a foreign target's figures from its golden, divergences, sampling params)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from replayer import conformance
+from replayer.conformance import Side, block, golden_sides, place
+from replayer.differences import Difference
+from replayer.reader import read_cassette
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ROOT / "cassettes" / "targets"
+SLIME_CASSETTE = TARGETS / "slime_mixed.tito"
+PAGE = ROOT / "docs" / "conformance.md"
+
+
+@pytest.fixture(scope="module")
+def through_tito() -> tuple[str, str]:
+    return block([str(TARGETS)], "tito")
+
+
+def test_ci_checks_the_slime_cassettes_table_through_tito_without_slime() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TITO_SLIME_PATH"}
+    run = subprocess.run([sys.executable, "-m", "replayer.conformance", "--target", "tito", "cassettes/targets/",
+                          "--check"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr  # out of date: make conformance, read the diff, commit the page
+    assert run.stdout == ""
+
+
+def test_the_page_holds_that_table_and_a_stale_one_is_caught(through_tito: tuple[str, str]) -> None:
+    marker, text = through_tito
+    assert marker == "slime-through-tito"
+    page = PAGE.read_text(encoding="utf-8")
+    assert place(page, marker, text) == page
+    stale = place(page, marker, text.replace("→", "->", 1))
+    assert stale != page and place(stale, marker, text) == page  # the findings around the markers are kept
+
+
+def test_the_table_through_tito_says_what_slime_did(through_tito: tuple[str, str]) -> None:
+    _, text = through_tito
+    rows = {line.split(" | ")[2]: line for line in text.splitlines() if line.startswith("| slime_mixed |")}
+    assert set(rows) == {"scripted, Anthropic SSE", "scripted, Anthropic JSON", "scripted, Chat SSE",
+                         "scripted, Chat JSON"}
+    # slime capped every request at its own default; the client asked for 32000
+    assert all("max_new_tokens 4096 → 32000" in row for row in rows.values())
+    # the engine's 529: slime answered 500, tito answers 529
+    assert "status: 500 vs 529" in rows["scripted, Anthropic JSON"]
+    # slime replied with the first of two parallel calls and dropped the text before them
+    assert "tool calls 1" in rows["scripted, Chat SSE"] and "text: '' vs 'Reading both files.'" in rows[
+        "scripted, Chat SSE"]
+    # slime's prompt for the second user question lacks the earlier reasoning (Qwen3's template): its fork
+    assert "(message 2, assistant" in rows["scripted, Anthropic SSE"]
+    assert "earlier-response 1 → none" in rows["scripted, Anthropic SSE"]
+    # slime's own figures, from the golden: the chat sessions' realigned turns
+    assert rows["scripted, Chat SSE"].rstrip(" |").split(" | ")[-1].startswith("2 → ")
+
+
+def test_a_foreign_target_s_figures_come_from_its_golden() -> None:
+    sides = golden_sides(str(SLIME_CASSETTE))
+    cassette = read_cassette(SLIME_CASSETTE)
+    assert set(sides) == set(cassette.sessions)
+    for name, log in cassette.sessions.items():  # the golden was written from a replay equal to the live run
+        assert sides[name].samples == len(log.samples)
+        assert sides[name].trained == sum(sum(s["loss_mask"]) for s in log.samples)
+        assert sides[name].untrained_turns is not None
+    assert sum(s.forks["earlier-response"] for s in sides.values()) == 1
+    assert sorted(s.realigns for s in sides.values()) == [0, 0, 2, 2]
+
+
+def test_cells_read_the_replay_s_differences() -> None:
+    difference = Difference("engine-request", "engine request differs: input_ids at token 17 (recorded 280 tokens, "
+                            "replayed 286)", 0, 0, [
+                                "recorded: …'SDK' | '.You are a helpful assistant.'  (ids from 17: [13, 2610])",
+                                "replayed: …'SDK' | '.\\nYou are a helpful assistant.'  (ids from 17: [624, 2610])",
+                                "in rendered message 0 (system): 'You are…'",
+                                "sampling params also differ: max_new_tokens: recorded 32000, replayed 4096"])
+    cell = conformance._divergence_cell(difference)
+    assert cell.startswith("exchange 0, token 17 (message 0, system; 280 → 286 tokens): '.You are a helpful")
+    assert "→ '.\\nYou are a helpful" in cell
+    sampling = conformance._sampling([difference, Difference("engine-request", "engine request differs: sampling "
+                                      "params", 1, 1, ["max_new_tokens: recorded 29000, replayed 4096"])])
+    assert conformance._sampling_text(sampling) == "max_new_tokens 29000–32000 → 4096 (×2)"
+    side = Side(samples=1, forks=Counter(), trained=5, untrained_turns=3, realigns=1, merges=2)
+    assert side.why_untrained() == "1 realign, 2 merges"
+
+
+def test_a_target_that_cannot_be_loaded_is_one_line_and_exit_2() -> None:
+    run = subprocess.run([sys.executable, "-m", "replayer.conformance", "--target", "no-such-target",
+                          "cassettes/tool_loop.tito", "--print"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
