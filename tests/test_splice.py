@@ -125,7 +125,7 @@ def test_no_splice_what_if_shows_what_splicing_changes(drift_cassette, capsys) -
     path, _ = drift_cassette
     assert main(["replay", str(path), "--no-splice"]) == 1  # rendered prompts differ from the recorded ones
     assert "first difference: engine request differs" in capsys.readouterr().out
-    assert main(["replay", str(path), "--tito-no-splice", "--engine-match", "order"]) == 1
+    assert main(["replay", str(path), "--no-splice", "--engine-match", "order"]) == 1
     out = capsys.readouterr().out
     assert "realigns 3" in out and "coverage 0.183" in out  # the three drifted, echoed replies are lost
     assert "-stats: turns 5" in out and "+  realign(divergence inside the response of turn 0) turn=1" in out
@@ -409,6 +409,6 @@ def test_the_pytest_plugin_replays_the_committed_drift_scenario_without_splicing
         shutil.copy(ROOT / "cassettes" / f"drift_spliced{suffix}", tmp_path / "cassettes")
     (tmp_path / "pytest.ini").write_text(INI)
     assert pytest_run(tmp_path, "-q").returncode == 0  # spliced, as recorded: every emitted token trained
-    run = pytest_run(tmp_path, "-q", "--tito-no-splice", "--engine-match", "order")
+    run = pytest_run(tmp_path, "-q", "--tito-no-splice", "--tito-engine-match", "order")
     assert run.returncode == 1 and "1 failed" in run.stdout
     assert "-stats: turns 4" in run.stdout and "coverage 1.0" in run.stdout and "coverage 0.211" in run.stdout
