@@ -10,15 +10,23 @@ while the parsers only need its structural-tag models (`xgrammar.structural_tag`
 `xgrammar.builtin_structural_tag`, plain pydantic). The bare `xgrammar` exports just those names; the
 grammar engine (constrained decoding) is not available through it.
 
+Two libraries the parser modules import only for names the parsers never call are stood in for while they
+load: transformers (`PreTrainedTokenizerBase`, a type annotation in the reasoning parser; importing transformers
+costs about a second) and IPython (`HTML` and `display`, for `sglang.utils`' notebook helpers). The stand-ins are
+removed from `sys.modules` once the parsers are loaded, so a later `import transformers` anywhere in the
+process gets the real library; where it is already imported, it is used as it is.
+
 Both steps rely on the pinned versions' layout, so the installed versions are checked first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
@@ -35,6 +43,10 @@ _XGRAMMAR_EXPORTS = {
     "xgrammar.builtin_structural_tag": ("get_builtin_structural_tag", "get_model_structural_tag",
                                         "normalize_tool_choice", "register_model_structural_tag"),
 }
+
+
+# Modules the parser modules import, with the names they take from them; none is called on a parse.
+_STAND_INS = {"transformers": ("PreTrainedTokenizerBase",), "IPython": (), "IPython.display": ("HTML", "display")}
 
 
 class SglangInstallError(ImportError):
@@ -60,9 +72,29 @@ def sglang_module(name: str) -> ModuleType:
 @cache
 def parsers() -> Parsers:
     """sglang's reasoning and tool-call parsers and the tool models they take; loaded once per process."""
-    protocol = sglang_module("srt.entrypoints.openai.protocol")
-    return Parsers(sglang_module("srt.function_call.function_call_parser").FunctionCallParser,
-                   sglang_module("srt.parser.reasoning_parser").ReasoningParser, protocol.Tool, protocol.Function)
+    with _standing_in(_STAND_INS):
+        protocol = sglang_module("srt.entrypoints.openai.protocol")
+        return Parsers(sglang_module("srt.function_call.function_call_parser").FunctionCallParser,
+                       sglang_module("srt.parser.reasoning_parser").ReasoningParser, protocol.Tool, protocol.Function)
+
+
+@contextlib.contextmanager
+def _standing_in(modules: dict[str, tuple[str, ...]]) -> Iterator[None]:
+    """Placeholder modules for those of `modules` not imported yet, removed again afterwards."""
+    placed: dict[str, ModuleType] = {}
+    for name, attributes in modules.items():
+        if name in sys.modules:
+            continue
+        module = placed[name] = ModuleType(name, f"tito's stand-in while sglang's parsers load ({__name__})")
+        for attribute in attributes:
+            setattr(module, attribute, type(attribute, (), {"__module__": name}))
+        sys.modules[name] = module
+    try:
+        yield
+    finally:
+        for name, module in placed.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
 
 
 def check_version(distribution: str, expected: str) -> None:
