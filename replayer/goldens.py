@@ -90,6 +90,58 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+class GoldenBook:
+    """One cassette's golden file, read once, checked session by session; with `update`, the sections rendered
+    are kept and `write` puts them in the file. Replaying thousands of sessions of one cassette reads and writes
+    the file once, not once per session."""
+
+    def __init__(self, cassette: str | os.PathLike[str], update: bool = False) -> None:
+        self.cassette = str(cassette)
+        self.path = golden_path(cassette)
+        self.update = update
+        self.existed = self.path.is_file()
+        self.sections = parse(self.path.read_text(encoding="utf-8"))[1] if self.existed else {}
+        self.rendered: dict[str, str] = {}
+
+    def check(self, session: SessionResult, names: TokenNames) -> str | None:
+        """Sets the session's `golden` (ok, missing, changed, updated, written) and `golden_diff`; returns the
+        section rendered, or None for a session not checked: one skipped, or (unless updating) one that
+        stopped at a difference, whose replay is incomplete."""
+        if session.skipped or (session.differences and not self.update):
+            return None
+        new = section(session, names)
+        self.add(session, new)
+        return new
+
+    def add(self, session: SessionResult, new: str) -> None:
+        """Judge a section rendered elsewhere (a worker process) as `check` does."""
+        old = self.sections.get(session.session)
+        if self.update:
+            self.rendered[session.session] = new
+        if old == new:
+            session.golden = "ok"
+            return
+        if self.update:
+            session.golden = "written" if old is None else "updated"
+        else:
+            session.golden = "missing" if old is None else "changed"
+        if old is not None:
+            session.golden_diff = bounded_diff(old, new, session.session)
+
+    def write(self, all_sessions: Sequence[str]) -> None:
+        """Write the rendered sections (updating), keep the others of sessions in `all_sessions`, remove the
+        rest. The file is read again under the lock: parallel workers may have written their sections."""
+        if not self.update or not self.rendered:
+            return
+        with _locked(self.path):
+            existed = self.path.is_file()
+            _, sections = parse(self.path.read_text(encoding="utf-8")) if existed else ("", {})
+            kept = {n: t for n, t in sections.items() if n in all_sessions}
+            text = compose(self.cassette, {**kept, **self.rendered}, sorted(all_sessions))
+            if not existed or self.path.read_text(encoding="utf-8") != text:
+                _write(self.path, text)
+
+
 def check(result: CassetteResult, all_sessions: Sequence[str], names: TokenNames, update: bool = False) -> None:
     """Sets each checked session's `golden` (ok, missing, changed, updated, written) and `golden_diff`.
 
@@ -97,33 +149,11 @@ def check(result: CassetteResult, all_sessions: Sequence[str], names: TokenNames
     `all_sessions`: every session of the cassette. The file lists them by name, not in cassette order: that
     order is arrival order, which concurrent sessions change from one recording to the next.
     """
-    path = golden_path(result.path)
-    result.golden_path = str(path)
-    checked = [s for s in result.sessions if not s.skipped and (update or not s.differences)]
-    if not checked:
-        return
-    rendered = {s.session: section(s, names) for s in checked}
-    with _locked(path) if update else contextlib.nullcontext():
-        existed = path.is_file()
-        _, sections = parse(path.read_text(encoding="utf-8")) if existed else ("", {})
-        for s in checked:
-            old, new = sections.get(s.session), rendered[s.session]
-            if old == new:
-                s.golden = "ok"
-                continue
-            if update:
-                s.golden = "written" if old is None else "updated"
-                if old is not None:
-                    s.golden_diff = bounded_diff(old, new, s.session)
-                continue
-            s.golden = "missing" if old is None else "changed"
-            if old is not None:
-                s.golden_diff = bounded_diff(old, new, s.session)
-        if update:
-            kept = {n: t for n, t in sections.items() if n in all_sessions}
-            text = compose(result.path, {**kept, **rendered}, sorted(all_sessions))
-            if not existed or path.read_text(encoding="utf-8") != text:
-                _write(path, text)
+    book = GoldenBook(result.path, update)
+    result.golden_path = str(book.path)
+    for session in result.sessions:
+        book.check(session, names)
+    book.write(all_sessions)
 
 
 def _write(path: Path, text: str) -> None:

@@ -1,10 +1,12 @@
-"""`tito replay CASSETTE... [--session NAME]... [--update-goldens]`: replay, verify, check goldens.
+"""`tito replay CASSETTE... [--session NAME]... [--update-goldens] [-j N] [--shard I/N] [--junit-xml FILE]`:
+replay, verify, check goldens.
 
 Prints one line per session (turns, side turns, samples, forks by reason, realigns, masked and trained
 tokens, result), the first difference of a failing session under it, and a summary. Exit 0 when every
 session matches its recording and its golden; 1 on any difference; 2 when the input cannot be replayed
 (no such file, corrupt cassette, another tokenizer, unknown session). A folder stands for the cassettes
-in it. Nothing printed depends on timing or concurrency: two replays print the same bytes.
+in it. Nothing printed depends on timing, concurrency or `-j`: two replays print the same bytes. Lines are
+printed as sessions finish, in cassette and session order (`replayer.replay_run`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import Any
 
 from replayer import whatif
 from replayer.goldens import CASSETTE_SUFFIX, orphans
-from replayer.report import session_details
 
 EXIT_OK, EXIT_DIFFERENCE, EXIT_UNUSABLE = 0, 1, 2
 
@@ -31,7 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export-samples", metavar="FILE", help="write the replay's samples as JSON Lines")
     parser.add_argument("--export-live-samples", metavar="FILE",
                         help="write the samples the live run stored, in the same shape")
-    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="sessions replayed at once (default 1)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                        help="worker processes replaying sessions in parallel (default 1: this process)")
+    parser.add_argument("--shard", metavar="I/N",
+                        help="replay only the sessions of shard I of N (1 <= I <= N): a stable split by cassette "
+                             "file name and session name, for a CI matrix")
+    parser.add_argument("--junit-xml", metavar="FILE", help="also write a JUnit XML report, a test case per session")
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the recording's)")
     whatif.register(parser.add_argument)
 
@@ -50,57 +56,93 @@ def run(args: argparse.Namespace) -> int:
     cassettes = expand(args.cassettes)
     if not cassettes:
         return _unusable(f"no cassettes in {' '.join(args.cassettes)}")
-    from replayer import exports, goldens
-    from replayer.replay import ReplayInputError, ReplayOptions, replay_cassette_async, run_sync
-    from trajectory.golden import TokenizerNames
-    from trajectory.tokenizer import load_tokenizer
+    from replayer import replay_run
+    from replayer.replay import ReplayInputError, ReplayOptions
 
     try:
         adapter, manager = whatif.overrides(lambda name: getattr(args, name))
+        shard = replay_run.parse_shard(args.shard) if args.shard else None
     except ValueError as exc:
         return _unusable(str(exc))
-    progress = Progress()
     strict = not (args.update_goldens or whatif.engine_match_order(lambda name: getattr(args, name)))
-    options = ReplayOptions(strict=strict, tokenizer=args.tokenizer, adapter=adapter, manager=manager,
-                            jobs=args.jobs, on_total=progress.add_total, on_exchange=progress.step)
-    sessions = args.session or None
-    results = []
+    options = ReplayOptions(strict=strict, tokenizer=args.tokenizer, adapter=adapter, manager=manager)
     try:
-        for cassette in cassettes:
-            result = run_sync(replay_cassette_async(cassette, sessions, options, missing_ok=len(cassettes) > 1))
-            if result.sessions:
-                goldens.check(result, result.all_sessions, TokenizerNames(load_tokenizer(result.tokenizer_dir)),
-                              update=args.update_goldens)
-                results.append(result)
+        works = replay_run.plan_work(cassettes, args.session or None, options, shard)
     except ReplayInputError as exc:
         return _unusable(str(exc))
-    finally:
-        progress.close()
-    found = {s.session for r in results for s in r.sessions}
+    found = {n for w in works for n in w.all_sessions}
     missing = [n for n in args.session if n not in found]
     if missing:
         return _unusable(f"no session {', '.join(map(repr, missing))} in {', '.join(cassettes)}")
 
-    failed = 0
-    for result in results:
-        print(result.path)
-        for session in result.sessions:
-            print("  " + session.line())
-            for line in session_details(session):
-                print("    " + line)
-            failed += not session.ok
-        if result.truncated:
-            print("  note: the cassette ends in a cut record (the recorder stopped mid-write); all before it "
-                  "was replayed")
+    job = replay_run.Job(options, args.update_goldens, bool(args.export_samples), bool(args.export_live_samples))
+    report = Report(works, args)
+    progress = Progress()
+    progress.add_total(replay_run.total_exchanges(works) if progress.bar is not None else 0)
+    try:
+        replay_run.replay_all(works, job, args.jobs, lambda outcome: (progress.step(outcome.exchanges),
+                                                                       report.add(outcome)))
+    except ReplayInputError as exc:
+        return _unusable(str(exc))
+    finally:
+        progress.close()
+        report.close()
     for golden in orphans([Path(c).parent for c in cassettes]):
         print(f"note: {golden} has no cassette beside it ({golden.with_suffix(CASSETTE_SUFFIX).name} is gone)")
-    total = sum(len(r.sessions) for r in results)
-    print(f"{total} session(s): {total - failed} ok, {failed} failed")
-    for flag, rows in ((args.export_samples, exports.replayed_rows), (args.export_live_samples, exports.live_rows)):
-        if flag:
-            with open(flag, "w", encoding="utf-8") as out:
-                exports.write_rows(rows(results), out)
-    return EXIT_DIFFERENCE if failed else EXIT_OK
+    print(f"{report.total} session(s): {report.total - report.failed} ok, {report.failed} failed")
+    if args.junit_xml:
+        from replayer.junit import write_junit
+
+        write_junit(args.junit_xml, report.cases)
+    return EXIT_DIFFERENCE if report.failed else EXIT_OK
+
+
+class Report:
+    """Prints each outcome as it comes (the cassette's path before its first session, its notes after its last),
+    writes the exports, and keeps what the summary and the JUnit report need."""
+
+    def __init__(self, works: list[Any], args: argparse.Namespace) -> None:
+        from replayer.goldens import GoldenBook
+
+        self.works = {w.path: w for w in works}
+        self.left = {w.path: len(w.sessions) for w in works}
+        self.books = {w.path: GoldenBook(w.path, update=True) for w in works} if args.update_goldens else {}
+        self.total = self.failed = 0
+        self.cases: list[Any] = []
+        self.replayed = open(args.export_samples, "w", encoding="utf-8") if args.export_samples else None  # noqa: SIM115
+        self.live = open(args.export_live_samples, "w", encoding="utf-8") if args.export_live_samples else None  # noqa: SIM115
+
+    def add(self, outcome: Any) -> None:
+        work = self.works[outcome.cassette]
+        if self.left[work.path] == len(work.sessions):
+            print(work.path)
+        print("  " + outcome.line)
+        for line in outcome.details:
+            print("    " + line)
+        self.total += 1
+        self.failed += not outcome.ok
+        self.cases.append(outcome)
+        if outcome.section is not None and work.path in self.books:
+            self.books[work.path].rendered[outcome.session] = outcome.section
+        for out, rows in ((self.replayed, outcome.replayed_rows), (self.live, outcome.live_rows)):
+            if out is not None:
+                out.writelines(row + "\n" for row in rows)
+        outcome.replayed_rows = outcome.live_rows = []
+        self.left[work.path] -= 1
+        if self.left[work.path] == 0:
+            self._cassette_done(work)
+
+    def _cassette_done(self, work: Any) -> None:
+        if work.path in self.books:
+            self.books[work.path].write(work.all_sessions)
+        if work.truncated:
+            print("  note: the cassette ends in a cut record (the recorder stopped mid-write); all before it "
+                  "was replayed")
+
+    def close(self) -> None:
+        for out in (self.replayed, self.live):
+            if out is not None:
+                out.close()
 
 
 def _unusable(message: str) -> int:
@@ -125,9 +167,9 @@ class Progress:
             self.bar.total += n
             self.bar.refresh()
 
-    def step(self) -> None:
+    def step(self, n: int = 1) -> None:
         if self.bar is not None:
-            self.bar.update(1)
+            self.bar.update(n)
 
     def close(self) -> None:
         if self.bar is not None:
