@@ -12,6 +12,7 @@ one scan of the file where it has none or where every frame must be checked firs
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,17 @@ class CassetteReader:
             self.truncated = False
             self._file.seek(position)
 
+    def check_frames(self, end: int) -> None:
+        """Every frame's header check and checksum up to byte `end` (the stored index), nothing decoded."""
+        while self._file.tell() < end:
+            offset = self._file.tell()
+            head = self._file.read(FRAME_HEADER.size)
+            if len(head) < FRAME_HEADER.size:
+                raise CorruptCassetteError(f"corrupt cassette: the file ends at byte {offset}, before its index")
+            length, _, crc = decode_frame_header(head, offset)
+            if zlib.crc32(self._file.read(length)) != crc:
+                raise CorruptCassetteError(f"corrupt cassette: checksum mismatch in the record at byte {offset}")
+
     def read_session(self, entry: SessionIndex) -> SessionLog:
         """One session's records, read at its frames' offsets (deltas never cross sessions)."""
         codec = SessionCodec()
@@ -265,13 +277,16 @@ def exchange_count(cassette: Cassette, name: str) -> int:
 
 
 def open_cassette(path: str | os.PathLike[str], verify: bool = True) -> Cassette:
-    """The header and the session index now, each session's records when it is looked up. `verify`: check
-    every frame first (one scan), so that a damaged file is refused before anything is replayed; otherwise
-    the stored index is trusted where there is one (`tito cassette info`, `tito inspect --session`)."""
+    """The header and the session index now, each session's records when it is looked up. `verify`: check every
+    frame's checksum first, so that a damaged file is refused before anything is replayed (a cassette without a
+    stored index is scanned, which checks them anyway); otherwise the stored index is trusted and only the
+    frames read are checked (`tito inspect --session`)."""
     with CassetteReader(path) as reader:
-        index = None if verify else reader.stored_index()
+        index = reader.stored_index()
         if index is None:
             index = reader.scan()
+        elif verify:
+            reader.check_frames(reader._index_end)
         return Cassette(reader.header, StoredSessions(path, index), reader.truncated)
 
 

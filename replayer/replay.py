@@ -470,10 +470,13 @@ def run_sync(replaying: Awaitable[T]) -> T:
     """`asyncio.run`, without handing it the result: on its way out, CPython 3.11's runner asks for the
     SIGINT handler, whose repr holds the main task and so the repr of its result. For a long session's
     result (150k-token samples) that cost a third of a second."""
+    from trajectory.server_process import new_event_loop
+
     box: list[T] = []
 
     async def main() -> None:
         box.append(await replaying)
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:  # uvloop, as tito's servers run on
+        runner.run(main())
     return box[0]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from recorder.cassette.format import FORMAT_VERSION, INDEX_AT_BYTES, CorruptCassetteError
+from recorder.cassette.redaction import session_digest
 from recorder.cassette.writer import CassetteWriter
 from replayer.reader import CassetteReader, StoredSessions, open_cassette, read_cassette, summarize
 from tests.cassette_helpers import BEARER, final_sample, header, play, session_traffic
@@ -89,3 +90,18 @@ def test_version_1_cassettes_read_as_before() -> None:
     lazy = open_cassette(path, verify=False)
     assert list(lazy.sessions) == list(full.sessions) and len(full.sessions) > 5
     assert all(lazy.sessions[n] == full.sessions[n] for n in full.sessions)
+
+
+def test_a_damaged_record_is_found_before_replay_through_the_checksums(three_sessions: Path, tmp_path: Path) -> None:
+    data = bytearray(three_sessions.read_bytes())
+    with CassetteReader(three_sessions) as reader:
+        entry = reader.stored_index()["probe-run"]
+    data[entry.frames[-1] + 20] ^= 0x01  # inside the probe session's last record
+    damaged = tmp_path / "damaged.tito"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(CorruptCassetteError, match=f"checksum mismatch in the record at byte {entry.frames[-1]}"):
+        open_cassette(damaged, verify=True)
+    trusting = open_cassette(damaged, verify=False)  # the index is intact: the other session reads
+    assert trusting.sessions[session_digest(BEARER)] == read_cassette(three_sessions).sessions[session_digest(BEARER)]
+    with pytest.raises(CorruptCassetteError, match="checksum mismatch"):
+        trusting.sessions["probe-run"]

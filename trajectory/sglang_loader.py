@@ -10,11 +10,13 @@ while the parsers only need its structural-tag models (`xgrammar.structural_tag`
 `xgrammar.builtin_structural_tag`, plain pydantic). The bare `xgrammar` exports just those names; the
 grammar engine (constrained decoding) is not available through it.
 
-Two libraries the parser modules import only for names the parsers never call are stood in for while they
-load: transformers (`PreTrainedTokenizerBase`, a type annotation in the reasoning parser; importing transformers
-costs about a second) and IPython (`HTML` and `display`, for `sglang.utils`' notebook helpers). The stand-ins are
-removed from `sys.modules` once the parsers are loaded, so a later `import transformers` anywhere in the
-process gets the real library; where it is already imported, it is used as it is.
+Libraries the parser modules import only for names the parsers never call are stood in for while they load:
+transformers (`PreTrainedTokenizerBase`, a type annotation in the reasoning parser; importing transformers costs
+about a second), and what `sglang.utils` imports for its notebook, HTTP and media helpers (IPython, numpy,
+requests, pybase64, tqdm: a third of a second), of which the parsers call only `convert_json_schema_to_str`.
+The stand-ins are removed from `sys.modules` once the parsers are loaded, so a later `import numpy` anywhere in
+the process gets the real library; one already imported is used as it is. `tests/test_sglang_loader.py` checks
+that only those two modules hold a stand-in.
 
 Both steps rely on the pinned versions' layout, so the installed versions are checked first.
 """
@@ -45,8 +47,10 @@ _XGRAMMAR_EXPORTS = {
 }
 
 
+STAND_IN_DOC = f"tito's stand-in while sglang's parsers load ({__name__})"
 # Modules the parser modules import, with the names they take from them; none is called on a parse.
-_STAND_INS = {"transformers": ("PreTrainedTokenizerBase",), "IPython": (), "IPython.display": ("HTML", "display")}
+_STAND_INS = {"transformers": ("PreTrainedTokenizerBase",), "IPython": (), "IPython.display": ("HTML", "display"),
+              "numpy": (), "requests": (), "pybase64": (), "tqdm": ("tqdm",)}
 
 
 class SglangInstallError(ImportError):
@@ -85,7 +89,7 @@ def _standing_in(modules: dict[str, tuple[str, ...]]) -> Iterator[None]:
     for name, attributes in modules.items():
         if name in sys.modules:
             continue
-        module = placed[name] = ModuleType(name, f"tito's stand-in while sglang's parsers load ({__name__})")
+        module = placed[name] = ModuleType(name, STAND_IN_DOC)
         for attribute in attributes:
             setattr(module, attribute, type(attribute, (), {"__module__": name}))
         sys.modules[name] = module

