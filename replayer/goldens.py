@@ -15,7 +15,7 @@ import fcntl
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from replayer.results import CassetteResult, SessionResult
@@ -24,6 +24,7 @@ from trajectory.golden import GoldenFinish, TokenNames, render_session
 GOLDEN_SUFFIX = ".golden"
 CASSETTE_SUFFIX = ".tito"
 SECTION = "== session "
+_SECTION_BYTES = SECTION.encode()
 MAX_DIFF_LINES = 80
 
 
@@ -49,19 +50,57 @@ def section(result: SessionResult, names: TokenNames) -> str:
 
 
 def parse(text: str) -> tuple[str, dict[str, str]]:
-    """(preamble, sections by session name, in file order)."""
+    """(preamble, sections by session name, in file order). Lines end at newlines only (as `StoredSections`
+    reads them): a section header is a line of its own."""
     head: list[str] = []
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
-    for line in text.splitlines(keepends=True):
+    for line in text.split("\n"):
+        line += "\n"
         if line.startswith(SECTION):
-            name = line[len(SECTION):].strip().removesuffix("==").strip()
+            name = _section_name(line)
             current = sections[name] = [line]
         elif current is None:
             head.append(line)
         else:
             current.append(line)
-    return "".join(head), {k: "".join(v).rstrip("\n") + "\n" for k, v in sections.items()}
+    return "".join(head)[:-1] if not sections else "".join(head), \
+        {k: "".join(v).rstrip("\n") + "\n" for k, v in sections.items()}
+
+
+def _section_name(header: str) -> str:
+    return header[len(SECTION):].strip().removesuffix("==").strip()
+
+
+class StoredSections(Mapping[str, str]):
+    """A golden file's sections by session name, each read from the file when it is looked up (as `parse` gives
+    it): checking thousands of sessions does not hold their golden in memory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._spans: dict[str, tuple[int, int]] = {}
+        name, start, offset = None, 0, 0
+        with open(path, "rb") as handle:
+            for line in handle:
+                if line.startswith(_SECTION_BYTES):
+                    if name is not None:
+                        self._spans[name] = (start, offset)
+                    name, start = _section_name(line.decode("utf-8")), offset
+                offset += len(line)
+        if name is not None:
+            self._spans[name] = (start, offset)
+
+    def __getitem__(self, name: str) -> str:
+        start, end = self._spans[name]
+        with open(self.path, "rb") as handle:
+            handle.seek(start)
+            return handle.read(end - start).decode("utf-8").rstrip("\n") + "\n"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._spans)
+
+    def __len__(self) -> int:
+        return len(self._spans)
 
 
 def compose(cassette: str | os.PathLike[str], sections: dict[str, str], order: Sequence[str]) -> str:
@@ -100,7 +139,7 @@ class GoldenBook:
         self.path = golden_path(cassette)
         self.update = update
         self.existed = self.path.is_file()
-        self.sections = parse(self.path.read_text(encoding="utf-8"))[1] if self.existed else {}
+        self.sections: Mapping[str, str] = StoredSections(self.path) if self.existed else {}
         self.rendered: dict[str, str] = {}
 
     def check(self, session: SessionResult, names: TokenNames) -> str | None:

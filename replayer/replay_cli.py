@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,8 @@ class Report:
         self.left = {w.path: len(w.sessions) for w in works}
         self.books = {w.path: GoldenBook(w.path, update=True) for w in works} if args.update_goldens else {}
         self.total = self.failed = 0
-        self.cases: list[Any] = []
+        self.junit = bool(args.junit_xml)
+        self.cases: list[Any] = []  # kept for the JUnit report only
         self.replayed = open(args.export_samples, "w", encoding="utf-8") if args.export_samples else None  # noqa: SIM115
         self.live = open(args.export_live_samples, "w", encoding="utf-8") if args.export_live_samples else None  # noqa: SIM115
 
@@ -121,7 +123,8 @@ class Report:
             print("    " + line)
         self.total += 1
         self.failed += not outcome.ok
-        self.cases.append(outcome)
+        if self.junit:
+            self.cases.append(replace(outcome, section=None))
         if outcome.section is not None and work.path in self.books:
             self.books[work.path].rendered[outcome.session] = outcome.section
         for out, rows in ((self.replayed, outcome.replayed_rows), (self.live, outcome.live_rows)):
