@@ -30,7 +30,7 @@ from replayer.agent_leg import ReplayTap, exchange_context, request_headers, req
 from replayer.differences import Difference, reply_difference, samples_difference, short, turn_locator
 from replayer.engine_leg import CURRENT_EXCHANGE, CassetteTransport
 from replayer.plan import Drop, End, Finish, PlannedExchange, SessionPlan, Start, plan_session
-from replayer.reader import Cassette, check_tokenizer, exchange_count, open_cassette
+from replayer.reader import Cassette, SessionLog, check_tokenizer, exchange_count, open_cassette
 from replayer.results import CassetteResult, FinishResult, SessionResult
 from trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
 from trajectory.manager import Linearization, TrajectoryManager
@@ -88,7 +88,7 @@ def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None,
     except FileNotFoundError:
         raise ReplayInputError(f"{path}: no such cassette") from None
     except (CassetteError, OSError) as exc:
-        raise ReplayInputError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
+        raise unreadable(path, exc) from None
     folder = tokenizer or cassette.header.adapter.get("tokenizer_dir")
     if folder and not Path(folder).is_dir():
         raise ReplayInputError(f"{path}: recorded with the tokenizer in {folder}, which is not on this machine; "
@@ -100,6 +100,18 @@ def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None,
     except FileNotFoundError as exc:
         raise ReplayInputError(f"{path}: {exc}") from None
     return cassette, folder
+
+
+def unreadable(path: str | os.PathLike[str], exc: Exception) -> ReplayInputError:
+    return ReplayInputError(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+
+
+def read_session(cassette: Cassette, path: str, name: str) -> SessionLog:
+    """A session's records, read from the file now; `ReplayInputError` for a damaged one."""
+    try:
+        return cassette.sessions[name]
+    except (CassetteError, OSError) as exc:
+        raise unreadable(path, exc) from None
 
 
 def adapter_settings(header: Header, tokenizer: str | None, overrides: dict[str, Any]) -> AdapterSettings:
@@ -427,6 +439,12 @@ async def replay_loaded(cassette: Cassette, path: str, tokenizer: str | None, se
     return done
 
 
+def harness_for(cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> Harness:
+    """What replays the cassette's sessions: an async context manager with `replay_session(plan)` and
+    `forget(name)` (drop what it kept of a session once its result is taken)."""
+    return Harness(cassette, path, tokenizer, options)
+
+
 async def replay_each(cassette: Cassette, path: str, tokenizer: str | None, names: list[str],
                       options: ReplayOptions) -> AsyncIterator[SessionResult]:
     """The named sessions replayed, `options.jobs` at once, each yielded in the order named as soon as it and
@@ -436,14 +454,14 @@ async def replay_each(cassette: Cassette, path: str, tokenizer: str | None, name
         return
     if options.on_total is not None:
         options.on_total(sum(exchange_count(cassette, n) for n in names))
-    async with Harness(cassette, path, tokenizer, options) as harness:
+    async with harness_for(cassette, path, tokenizer, options) as harness:
         waiting = iter(names)
         running: deque[asyncio.Task[SessionResult]] = deque()
 
         def start_next() -> None:
             name = next(waiting, None)
             if name is not None:
-                plan = plan_session(cassette.sessions[name])
+                plan = plan_session(read_session(cassette, path, name))
                 running.append(asyncio.ensure_future(harness.replay_session(plan)))
 
         for _ in range(max(1, options.jobs)):

@@ -4,6 +4,7 @@ include it."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,17 @@ from recorder.cassette.writer import CassetteWriter
 from replayer.reader import CassetteReader, StoredSessions, open_cassette, read_cassette, summarize
 from tests.cassette_helpers import BEARER, final_sample, header, play, session_traffic
 from trajectory.adapters.tap import AgentExchange
+from trajectory.tokenizer import fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def three_sessions(tmp_path: Path, qwen_tokenizer: Any) -> Path:
-    """Interleaved sessions, one of them finished twice, one only probed."""
+    """Interleaved sessions, one of them finished twice, one only probed (recorded with the real tokenizer)."""
     path = tmp_path / "three.tito"
     traffic = session_traffic(qwen_tokenizer, turns=3)
-    with CassetteWriter(path, header()) as writer:
+    with CassetteWriter(path, header(fingerprint())) as writer:
         writer.agent_exchange("probe-run", "path", AgentExchange("HEAD", "/s/probe-run/", "", {}, b"", 200, {},
                                                                  side=True))
         play(writer, traffic)
@@ -105,3 +107,24 @@ def test_a_damaged_record_is_found_before_replay_through_the_checksums(three_ses
     assert trusting.sessions[session_digest(BEARER)] == read_cassette(three_sessions).sessions[session_digest(BEARER)]
     with pytest.raises(CorruptCassetteError, match="checksum mismatch"):
         trusting.sessions["probe-run"]
+
+
+def test_a_record_that_does_not_decode_stops_the_replay_with_one_line(three_sessions: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Checksums pass (the bytes are as written) but a record does not decode: found when its session is read."""
+    from recorder.cassette.format import FRAME_HEADER, _header_check
+    from tito_cli import main
+
+    data = bytearray(three_sessions.read_bytes())
+    with CassetteReader(three_sessions) as reader:
+        offset = reader.stored_index()[session_digest(BEARER)].frames[1]
+    length = FRAME_HEADER.unpack_from(data, offset)[0]
+    garbage = b"\xc1" * length  # a byte msgpack never uses
+    data[offset:offset + FRAME_HEADER.size + length] = FRAME_HEADER.pack(
+        length, 0, _header_check(length, 0), zlib.crc32(garbage)) + garbage
+    crafted = tmp_path / "crafted.tito"
+    crafted.write_bytes(bytes(data))
+    assert main(["replay", str(crafted)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"tito replay: {crafted}: corrupt cassette: undecodable record "
+                                                   f"at byte {offset}")
