@@ -112,7 +112,7 @@ def replay_all(works: list[CassetteWork], job: Job, processes: int,
         return
     size = max(1, min(CHUNK_MAX, math.ceil(sessions / (processes * 4))))
     chunks = [(w, w.sessions[i:i + size]) for w in works for i in range(0, len(w.sessions), size)]
-    _preload(works)
+    preload(works)
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     worker_job = replace(job, options=replace(job.options, on_total=None, on_exchange=None))
     with context.Pool(processes, initializer=_start_worker, initargs=(worker_job,)) as pool:
@@ -142,8 +142,9 @@ def _book(work: CassetteWork, update: bool) -> GoldenBook:
     return _BOOKS[work.path]
 
 
-def _preload(works: list[CassetteWork]) -> None:
-    """What every worker needs, loaded before they are forked, so that none loads it again."""
+def preload(works: list[CassetteWork]) -> None:
+    """The tokenizers and the parsers, loaded now: before the workers are forked, so that none loads them again,
+    and while the caller keeps automatic garbage collection off."""
     from trajectory.sglang_loader import parsers
     from trajectory.tokenizer import load_tokenizer
 

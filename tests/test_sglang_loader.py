@@ -90,3 +90,22 @@ def test_stand_ins_are_held_only_where_the_parsers_never_call_them() -> None:
     assert done.stdout.splitlines() == [
         "['sglang.srt.parser.reasoning_parser', 'sglang.utils']", "[]",
         "[0.0, 0.0] True transformers.tokenization_utils_base", "('a', 'b')"]
+
+
+def test_openai_runs_its_init_only_when_a_name_of_it_is_asked_for() -> None:
+    done = run_python(
+        "import sys\n"
+        "from trajectory.sglang_loader import parsers\n"
+        "parsers()\n"
+        "print('openai._client' in sys.modules, 'OpenAI' in vars(sys.modules['openai']))\n"
+        "import openai\n"
+        "from openai import OpenAI\n"
+        "from openai.types import Batch\n"
+        "from openai.types.chat import ChatCompletionChunk\n"
+        "from importlib.metadata import version\n"
+        "print(OpenAI is openai.OpenAI, openai.__version__ == version('openai'), Batch.__module__,"
+        " openai.types.responses.ResponseOutputText.__module__)\n"
+        "print(getattr(openai, 'no_such_name', 'missing'))\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "False False", "True True openai.types.batch openai.types.responses.response_output_text", "missing"]
