@@ -106,5 +106,14 @@ class ReplayTap:
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
         self.finished.setdefault(session, []).append((reward, samples))
 
+    def forget(self, session: str) -> None:
+        """Drop what was kept of a session whose replay is over."""
+        for key in [k for k in self.exchanges if k[0] == session]:
+            del self.exchanges[key]
+        for key in [k for k in self._waiters if k[0] == session]:
+            del self._waiters[key]
+        self.finished.pop(session, None)
+        self.dropped.pop(session, None)
+
     def session_dropped(self, session: str, source: str) -> None:
         self.dropped[session] = self.dropped.get(session, 0) + 1

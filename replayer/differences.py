@@ -56,7 +56,7 @@ def short(value: Any) -> str:
 
 def token_divergence(recorded: Sequence[int], replayed: Sequence[int]) -> int | None:
     """First index where two id lists differ (a length difference counts); None when equal."""
-    if list(recorded) == list(replayed):  # the usual case, at C speed
+    if recorded == replayed or list(recorded) == list(replayed):  # the usual case, at C speed (no copy for lists)
         return None
     return packed_prefix_len(pack_u32(list(recorded)), pack_u32(list(replayed)))
 

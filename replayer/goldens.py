@@ -19,7 +19,7 @@ import fcntl
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from trajectory.golden import GoldenFinish, TokenNames, render_session
 GOLDEN_SUFFIX = ".golden"
 CASSETTE_SUFFIX = ".tito"
 SECTION = "== session "
+_SECTION_BYTES = SECTION.encode()
 
 
 def golden_path(cassette: str | os.PathLike[str]) -> Path:
@@ -53,19 +54,57 @@ def section(result: SessionResult, names: TokenNames) -> str:
 
 
 def parse(text: str) -> tuple[str, dict[str, str]]:
-    """(preamble, sections by session name, in file order)."""
+    """(preamble, sections by session name, in file order). Lines end at newlines only (as `StoredSections`
+    reads them): a section header is a line of its own."""
     head: list[str] = []
     sections: dict[str, list[str]] = {}
     current: list[str] | None = None
-    for line in text.splitlines(keepends=True):
+    for line in text.split("\n"):
+        line += "\n"
         if line.startswith(SECTION):
-            name = line[len(SECTION):].strip().removesuffix("==").strip()
+            name = _section_name(line)
             current = sections[name] = [line]
         elif current is None:
             head.append(line)
         else:
             current.append(line)
-    return "".join(head), {k: "".join(v).rstrip("\n") + "\n" for k, v in sections.items()}
+    return "".join(head)[:-1] if not sections else "".join(head), \
+        {k: "".join(v).rstrip("\n") + "\n" for k, v in sections.items()}
+
+
+def _section_name(header: str) -> str:
+    return header[len(SECTION):].strip().removesuffix("==").strip()
+
+
+class StoredSections(Mapping[str, str]):
+    """A golden file's sections by session name, each read from the file when it is looked up (as `parse` gives
+    it): checking thousands of sessions does not hold their golden in memory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._spans: dict[str, tuple[int, int]] = {}
+        name, start, offset = None, 0, 0
+        with open(path, "rb") as handle:
+            for line in handle:
+                if line.startswith(_SECTION_BYTES):
+                    if name is not None:
+                        self._spans[name] = (start, offset)
+                    name, start = _section_name(line.decode("utf-8")), offset
+                offset += len(line)
+        if name is not None:
+            self._spans[name] = (start, offset)
+
+    def __getitem__(self, name: str) -> str:
+        start, end = self._spans[name]
+        with open(self.path, "rb") as handle:
+            handle.seek(start)
+            return handle.read(end - start).decode("utf-8").rstrip("\n") + "\n"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._spans)
+
+    def __len__(self) -> int:
+        return len(self._spans)
 
 
 def compose(cassette: str | os.PathLike[str], sections: dict[str, str], order: Sequence[str]) -> str:
@@ -91,6 +130,63 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+class GoldenBook:
+    """One cassette's golden file, read once, checked session by session; with `update`, the sections rendered
+    are kept and `write` puts them in the file. Replaying thousands of sessions of one cassette reads and writes
+    the file once, not once per session."""
+
+    def __init__(self, cassette: str | os.PathLike[str], update: bool = False) -> None:
+        self.cassette = str(cassette)
+        self.path = golden_path(cassette)
+        self.update = update
+        self.existed = self.path.is_file()
+        self.sections: Mapping[str, str] = StoredSections(self.path) if self.existed else {}
+        self.rendered: dict[str, str] = {}
+
+    def check(self, session: SessionResult, names: TokenNames) -> str | None:
+        """Sets the session's `golden` (ok, missing, changed, updated, written) and `golden_diff`; returns the
+        section rendered, or None for a session not checked: one skipped, or (unless updating) one that
+        stopped at a difference, whose replay is incomplete."""
+        if session.skipped or (session.differences and not self.update):
+            return None
+        new = section(session, names)
+        self.add(session, new)
+        return new
+
+    def add(self, session: SessionResult, new: str) -> None:
+        """Judge a section rendered elsewhere (a worker process) as `check` does."""
+        old = self.sections.get(session.session)
+        if self.update:
+            self.rendered[session.session] = new
+        if old == new:
+            session.golden = "ok"
+            return
+        if self.update:
+            session.golden = "written" if old is None else "updated"
+        else:
+            session.golden = "missing" if old is None else "changed"
+        if old is not None:
+            session.golden_diff = unified_diff(old, new, session.session)
+
+    def unused(self, all_sessions: Sequence[str]) -> list[str]:
+        """The file's sections for sessions the cassette (`all_sessions`) no longer has, in file order."""
+        wanted = set(all_sessions)
+        return [n for n in self.sections if n not in wanted]
+
+    def write(self, all_sessions: Sequence[str]) -> None:
+        """Write the rendered sections (updating), keep the others of sessions in `all_sessions`, remove the
+        rest. The file is read again under the lock: parallel workers may have written their sections."""
+        if not self.update or not (self.rendered or (self.existed and self.unused(all_sessions))):
+            return
+        with _locked(self.path):
+            existed = self.path.is_file()
+            _, sections = parse(self.path.read_text(encoding="utf-8")) if existed else ("", {})
+            kept = {n: t for n, t in sections.items() if n in all_sessions}
+            text = compose(self.cassette, {**kept, **self.rendered}, sorted(all_sessions))
+            if not existed or self.path.read_text(encoding="utf-8") != text:
+                _write(self.path, text)
+
+
 def check(result: CassetteResult, all_sessions: Sequence[str], names: TokenNames, update: bool = False) -> None:
     """Sets each checked session's `golden` (ok, missing, changed, updated, written) and `golden_diff`, and
     the result's `unused_sections` (sections for sessions the cassette no longer has; an update drops them).
@@ -99,30 +195,12 @@ def check(result: CassetteResult, all_sessions: Sequence[str], names: TokenNames
     `all_sessions`: every session of the cassette. The file lists them by name, not in cassette order: that
     order is arrival order, which concurrent sessions change from one recording to the next.
     """
-    path = golden_path(result.path)
-    result.golden_path = str(path)
-    checked = [s for s in result.sessions if not s.skipped and (update or not s.differences)]
-    rendered = {s.session: section(s, names) for s in checked}
-    with _locked(path) if update else contextlib.nullcontext():
-        existed = path.is_file()
-        _, sections = parse(path.read_text(encoding="utf-8")) if existed else ("", {})
-        result.unused_sections = [n for n in sections if n not in all_sessions]
-        for s in checked:
-            old, new = sections.get(s.session), rendered[s.session]
-            if old == new:
-                s.golden = "ok"
-                continue
-            if update:
-                s.golden = "written" if old is None else "updated"
-            else:
-                s.golden = "missing" if old is None else "changed"
-            if old is not None:
-                s.golden_diff = unified_diff(old, new, s.session)
-        if update and (checked or (existed and result.unused_sections)):
-            kept = {n: t for n, t in sections.items() if n in all_sessions}
-            text = compose(result.path, {**kept, **rendered}, sorted(all_sessions))
-            if not existed or path.read_text(encoding="utf-8") != text:
-                _write(path, text)
+    book = GoldenBook(result.path, update)
+    result.golden_path = str(book.path)
+    result.unused_sections = book.unused(all_sessions)
+    for session in result.sessions:
+        book.check(session, names)
+    book.write(all_sessions)
 
 
 def _write(path: Path, text: str) -> None:

@@ -113,7 +113,7 @@ def inspect_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | Non
     from replayer.replay import ReplayOptions, load_cassette, replay_loaded, run_sync
     from trajectory.tokenizer import load_tokenizer
 
-    cassette, folder = load_cassette(path, tokenizer)
+    cassette, folder = load_cassette(path, tokenizer, verify=False)  # the stored index: read only those sessions
     result = run_sync(replay_loaded(cassette, str(path), folder, sessions, ReplayOptions(strict=False)))
     views = []
     for session in result.sessions:

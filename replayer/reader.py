@@ -3,33 +3,49 @@
 An incomplete last frame is what a crash of the recorder leaves behind: the reader stops there, sets
 `truncated`, and everything before it replays. Anything else that is wrong (bad magic, checksums, a header
 cut short, another format version, another tokenizer) raises its own `CassetteError` subclass.
+
+`open_cassette` gives a cassette whose sessions are read from the file one at a time, when asked for: each
+session's frames are found through the cassette's index (`recorder.cassette.format`, version 2), or through
+one scan of the file where it has none or where every frame must be checked first (`verify`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import msgpack
+
 from recorder.cassette.format import (
     FRAME_HEADER,
+    INDEX,
+    INDEX_AT,
+    INDEX_AT_BYTES,
     MAGIC,
     AgentRecord,
+    CassetteError,
     CorruptCassetteError,
     EngineRecord,
     Header,
     Record,
     SamplesRecord,
     SessionCodec,
+    SessionIndex,
     SessionStart,
     TokenizerMismatchError,
     TruncatedHeaderError,
     decode_frame_header,
     decode_header,
+    decode_index,
+    decode_index_at,
     decode_payload,
 )
+
+_INDEX_TYPES = (INDEX, INDEX_AT)
 
 
 class CassetteReader:
@@ -38,6 +54,7 @@ class CassetteReader:
     def __init__(self, source: str | os.PathLike[str] | BinaryIO, tokenizer_fingerprint: str | None = None) -> None:
         """`source`: a path, or an open binary stream (which `close()` leaves open)."""
         self.truncated = False
+        self._index_end = 0
         if isinstance(source, str | os.PathLike):
             self.path: Path | str = Path(source)
             self._owned = True
@@ -63,8 +80,9 @@ class CassetteReader:
             raise TruncatedHeaderError(f"{self.path}: truncated cassette header (the file ends inside it)")
         return decode_header(frame)
 
-    def _read_frame(self) -> dict[str, Any] | None:
-        """The next record map; None at a clean end or at a truncated tail (then `truncated` is set)."""
+    def _read_frame(self, raw: bool = False) -> dict[str, Any] | None:
+        """The next record map; None at a clean end or at a truncated tail (then `truncated` is set).
+        `raw`: extension values (token arrays, deltas) left undecoded, for a scan that only reads the keys."""
         offset = self._file.tell()
         head = self._file.read(FRAME_HEADER.size)
         if not head:
@@ -77,12 +95,103 @@ class CassetteReader:
         if len(payload) < length:
             self.truncated = True
             return None
-        return decode_payload(payload, flags, crc, offset)
+        return decode_payload(payload, flags, crc, offset, ext_hook=_raw_ext if raw else None)
 
     def records(self) -> Iterator[Record]:
         codec = SessionCodec()
         while (frame := self._read_frame()) is not None:
-            yield codec.decode(frame)
+            if frame["t"] not in _INDEX_TYPES:  # the index at the end holds no session's record
+                yield codec.decode(frame)
+
+    def scan(self) -> dict[str, SessionIndex]:
+        """Every frame after the header read and checked (checksums, record maps), each session's frame offsets
+        and counts kept, nothing decoded beyond the keys: the index of a cassette that has none."""
+        sessions: dict[str, SessionIndex] = {}
+        while True:
+            offset = self._file.tell()
+            frame = self._read_frame(raw=True)
+            if frame is None:
+                return sessions
+            kind = frame["t"]
+            if kind in _INDEX_TYPES:
+                continue
+            name = frame.get("session")
+            if not isinstance(name, str):
+                raise CorruptCassetteError(f"corrupt cassette: the {kind} record at byte {offset} has no session")
+            entry = sessions.get(name)
+            if entry is None:
+                entry = sessions[name] = SessionIndex(name)
+            entry.frames.append(offset)
+            if kind == "agent":
+                entry.agent += 1
+            elif kind == "engine":
+                entry.engine += 1
+            elif kind == "samples" and isinstance(frame.get("samples"), list):
+                entry.samples += len(frame["samples"])
+
+    def records_end(self) -> int:
+        """Where the records end: at the stored index, or at the end of the file when there is none."""
+        position = self._file.tell()
+        if self.stored_index() is not None:
+            return self._index_end
+        self._file.seek(0, os.SEEK_END)
+        end = self._file.tell()
+        self._file.seek(position)
+        return end
+
+    def stored_index(self) -> dict[str, SessionIndex] | None:
+        """The index a clean close wrote at the end of the file; None when there is none (or it does not check
+        out: then the cassette is read by scanning). Leaves the file position where it was."""
+        position = self._file.tell()
+        try:
+            self._file.seek(0, os.SEEK_END)
+            size = self._file.tell()
+            if size < position + INDEX_AT_BYTES:
+                return None
+            self._file.seek(size - INDEX_AT_BYTES)
+            at = self._read_frame()
+            end = None if at is None else decode_index_at(at)
+            if end is None or not position <= end < size - INDEX_AT_BYTES:
+                return None
+            self._file.seek(end)
+            index = self._read_frame()
+            if index is None or self._file.tell() != size - INDEX_AT_BYTES:
+                return None
+            entries = decode_index(index, end)
+            self._index_end = end
+            return None if entries is None else {e.session: e for e in entries}
+        except CassetteError:
+            return None
+        finally:
+            self.truncated = False
+            self._file.seek(position)
+
+    def check_frames(self, end: int) -> None:
+        """Every frame's header check and checksum up to byte `end` (the stored index), nothing decoded."""
+        while self._file.tell() < end:
+            offset = self._file.tell()
+            head = self._file.read(FRAME_HEADER.size)
+            if len(head) < FRAME_HEADER.size:
+                raise CorruptCassetteError(f"corrupt cassette: the file ends at byte {offset}, before its index")
+            length, _, crc = decode_frame_header(head, offset)
+            if zlib.crc32(self._file.read(length)) != crc:
+                raise CorruptCassetteError(f"corrupt cassette: checksum mismatch in the record at byte {offset}")
+
+    def read_session(self, entry: SessionIndex) -> SessionLog:
+        """One session's records, read at its frames' offsets (deltas never cross sessions)."""
+        codec = SessionCodec()
+        log = SessionLog(entry.session)
+        for offset in entry.frames:
+            self._file.seek(offset)
+            frame = self._read_frame()
+            if frame is None or frame.get("session") != entry.session:
+                raise CorruptCassetteError(f"corrupt cassette: no record of session {entry.session!r} at byte "
+                                           f"{offset}, where its index says one is")
+            record = codec.decode(frame)
+            if isinstance(record, SessionStart):
+                log.source = record.source
+            log.records.append(record)
+        return log
 
     def close(self) -> None:
         if self._owned:
@@ -136,12 +245,53 @@ class SessionLog:
 @dataclass
 class Cassette:
     header: Header
-    sessions: dict[str, SessionLog]
+    sessions: Mapping[str, SessionLog]  # in cassette order (of each session's first record)
     truncated: bool
 
 
+class StoredSessions(Mapping[str, SessionLog]):
+    """A cassette's sessions by name, each read from the file when it is looked up (never kept)."""
+
+    def __init__(self, path: str | os.PathLike[str], index: dict[str, SessionIndex]) -> None:
+        self.path = path
+        self.index = index
+
+    def __getitem__(self, name: str) -> SessionLog:
+        entry = self.index[name]
+        with CassetteReader(self.path) as reader:
+            return reader.read_session(entry)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+def exchange_count(cassette: Cassette, name: str) -> int:
+    """How many agent exchanges session `name` holds, from the index where the cassette is read lazily."""
+    sessions = cassette.sessions
+    if isinstance(sessions, StoredSessions):
+        return sessions.index[name].agent
+    return len(sessions[name].agent)
+
+
+def open_cassette(path: str | os.PathLike[str], verify: bool = True) -> Cassette:
+    """The header and the session index now, each session's records when it is looked up. `verify`: check every
+    frame's checksum first, so that a damaged file is refused before anything is replayed (a cassette without a
+    stored index is scanned, which checks them anyway); otherwise the stored index is trusted and only the
+    frames read are checked (`tito inspect --session`)."""
+    with CassetteReader(path) as reader:
+        index = reader.stored_index()
+        if index is None:
+            index = reader.scan()
+        elif verify:
+            reader.check_frames(reader._index_end)
+        return Cassette(reader.header, StoredSessions(path, index), reader.truncated)
+
+
 def read_cassette(path: str | os.PathLike[str], tokenizer_fingerprint: str | None = None) -> Cassette:
-    """Everything in memory, grouped by session: for tests and small cassettes; stream `records()` otherwise."""
+    """Everything in memory, grouped by session: for tests and small cassettes; `open_cassette` otherwise."""
     sessions: dict[str, SessionLog] = {}
     with CassetteReader(path, tokenizer_fingerprint) as reader:
         for record in reader.records():
@@ -175,16 +325,15 @@ class CassetteSummary:
                 "truncated": self.truncated}
 
 
-def summarize(path: str | os.PathLike[str]) -> CassetteSummary:
-    """Counts per session in first-seen order, holding no records."""
-    counts: dict[str, SessionSummary] = {}
+def summarize(path: str | os.PathLike[str], verify: bool = True) -> CassetteSummary:
+    """Counts per session in first-seen order, holding no records; `verify=False` trusts a stored index."""
     with CassetteReader(path) as reader:
-        for record in reader.records():
-            summary = counts.setdefault(record.session, SessionSummary(record.session))
-            if isinstance(record, AgentRecord):
-                summary.agent_exchanges += 1
-            elif isinstance(record, EngineRecord):
-                summary.engine_exchanges += 1
-            elif isinstance(record, SamplesRecord):
-                summary.samples += len(record.samples)
-        return CassetteSummary(reader.header, list(counts.values()), reader.truncated)
+        index = None if verify else reader.stored_index()
+        if index is None:
+            index = reader.scan()
+        sessions = [SessionSummary(e.session, e.agent, e.engine, e.samples) for e in index.values()]
+        return CassetteSummary(reader.header, sessions, reader.truncated)
+
+
+def _raw_ext(code: int, data: bytes) -> msgpack.ExtType:
+    return msgpack.ExtType(code, data)

@@ -16,10 +16,11 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Iterable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -31,15 +32,16 @@ from replayer.agent_leg import ReplayTap, exchange_context, request_headers, req
 from replayer.differences import Difference, reply_difference, samples_difference, short, turn_locator
 from replayer.engine_leg import CURRENT_EXCHANGE, CassetteTransport
 from replayer.plan import Drop, End, Finish, PlannedExchange, SessionPlan, Start, plan_session
-from replayer.reader import Cassette, check_tokenizer, read_cassette
+from replayer.reader import Cassette, SessionLog, check_tokenizer, exchange_count, open_cassette
 from replayer.results import CassetteResult, FinishResult, SessionResult
-from trajectory.adapters.app import AdapterSettings, create_app
+from trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
 from trajectory.manager import Linearization, TrajectoryManager
 from trajectory.tokenizer import fingerprint, load_tokenizer
 
 STEP_TIMEOUT_S = 60.0  # a step that takes this long is a hang: reported as a difference, never waited out
 LOCAL_SETTINGS = frozenset({"client_session_factory", "rid_factory", "clock", "disconnect_poll_s"})
 _CREATED = re.compile(rb'"created(?:_at)?":\s*(\d+)')
+T = TypeVar("T")
 
 
 class ReplayInputError(Exception):
@@ -56,7 +58,7 @@ class ReplayOptions:
     tokenizer: str | None = None  # tokenizer folder; default: the header's, else the embedded Qwen3 one
     adapter: dict[str, Any] = field(default_factory=dict)  # AdapterSettings fields over the header's
     manager: dict[str, Any] = field(default_factory=dict)  # TrajectoryManager settings over the header's
-    jobs: int = 1  # sessions replayed at once
+    jobs: int = 1  # sessions replayed at once (in this process: `tito replay -j` runs processes)
     on_total: Callable[[int], None] | None = None  # progress: the agent exchanges about to be replayed
     on_exchange: Callable[[], None] | None = None  # progress: called once per replayed agent exchange
     target: str | None = None  # the system to replay through (`--target`); None: the one the header names
@@ -85,14 +87,16 @@ class CapturingManager(TrajectoryManager):
         return result.samples
 
 
-def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None) -> tuple[Cassette, str | None]:
-    """The cassette and the tokenizer folder to replay it with; `ReplayInputError` when it cannot be."""
+def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None,
+                  verify: bool = True) -> tuple[Cassette, str | None]:
+    """The cassette (its sessions read from the file as they are replayed) and the tokenizer folder to replay it
+    with; `ReplayInputError` when it cannot be. `verify`: every frame checked first (`open_cassette`)."""
     try:
-        cassette = read_cassette(path)
+        cassette = open_cassette(path, verify)
     except FileNotFoundError:
         raise ReplayInputError(f"{path}: no such cassette") from None
     except (CassetteError, OSError) as exc:
-        raise ReplayInputError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
+        raise unreadable(path, exc) from None
     folder = tokenizer or cassette.header.adapter.get("tokenizer_dir")
     if folder and not Path(folder).is_dir():
         raise ReplayInputError(f"{path}: recorded with the tokenizer in {folder}, which is not on this machine; "
@@ -104,6 +108,18 @@ def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None) ->
     except FileNotFoundError as exc:
         raise ReplayInputError(f"{path}: {exc}") from None
     return cassette, folder
+
+
+def unreadable(path: str | os.PathLike[str], exc: Exception) -> ReplayInputError:
+    return ReplayInputError(str(exc) if str(path) in str(exc) else f"{path}: {exc}")
+
+
+def read_session(cassette: Cassette, path: str, name: str) -> SessionLog:
+    """A session's records, read from the file now; `ReplayInputError` for a damaged one."""
+    try:
+        return cassette.sessions[name]
+    except (CassetteError, OSError) as exc:
+        raise unreadable(path, exc) from None
 
 
 def adapter_settings(header: Header, tokenizer: str | None, overrides: dict[str, Any]) -> AdapterSettings:
@@ -184,6 +200,7 @@ class Harness(HarnessBase):
         self.tap = ReplayTap()
         self.transport = CassetteTransport(self.settings.engine_url, self.decode, self._message_start(),
                                            self.report, strict=options.strict)
+        self.adapter: Any = None
         self._dir = ""
         self._runner: web.AppRunner | None = None
         self.client: aiohttp.ClientSession | None = None
@@ -208,6 +225,7 @@ class Harness(HarnessBase):
             app = create_app(self.settings, self.manager, self.tap, self.transport)
         except ValueError as exc:  # an unknown parser name, a template the tokenizer rejects
             raise ReplayInputError(f"{self.path}: {exc}") from None
+        self.adapter = app[ADAPTER_KEY]
         app.middlewares.append(exchange_context)
         self._dir = tempfile.mkdtemp(prefix="tito-replay-")
         socket_path = os.path.join(self._dir, "adapter.sock")
@@ -224,6 +242,18 @@ class Harness(HarnessBase):
         if self._runner is not None:
             await self._runner.cleanup()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    def forget(self, name: str) -> None:
+        """Drop everything kept of a replayed session (its records, replies, samples, the adapter's and the
+        manager's state), so that replaying many sessions holds only those in flight."""
+        plan = self.plans.pop(name, None)
+        self.results.pop(name, None)
+        self.manager.captured.pop(name, None)
+        self.manager.drop(name)
+        self.adapter.sessions.pop(name, None)
+        self.tap.forget(name)
+        for exchange in plan.exchanges if plan is not None else ():
+            self.transport.legs.pop((name, exchange.index), None)
 
     async def request(self, method: str, target: str, **kwargs: Any) -> tuple[int, bytes]:
         assert self.client is not None
@@ -484,22 +514,10 @@ async def replay_loaded(cassette: Cassette, path: str, tokenizer: str | None, se
                         options: ReplayOptions, missing_ok: bool = False) -> CassetteResult:
     """Replay a cassette already read by `load_cassette` (which checked its tokenizer)."""
     names = select_sessions(cassette, path, sessions, missing_ok)
-    plans = [plan_session(cassette.sessions[n]) for n in names]
     spec = replay_target(cassette.header, options.target, path)
     done = CassetteResult(path, cassette.header, [], cassette.truncated, all_sessions=list(cassette.sessions),
                           tokenizer_dir=tokenizer, target=spec.text, recorded_target=recorded_target(cassette.header))
-    if not plans:
-        return done
-    if options.on_total is not None:
-        options.on_total(sum(len(p.exchanges) for p in plans))
-    async with harness_for(cassette, path, tokenizer, options, spec) as harness:
-        gate = asyncio.Semaphore(max(1, options.jobs))
-
-        async def one(plan: SessionPlan) -> SessionResult:
-            async with gate:
-                return await harness.replay_session(plan)
-
-        done.sessions = list(await asyncio.gather(*(one(p) for p in plans)))
+    done.sessions = [result async for result in replay_each(cassette, path, tokenizer, names, options, spec)]
     return done
 
 
@@ -519,7 +537,9 @@ def replay_target(header: Header, chosen: str | None, path: str) -> TargetSpec:
 
 def harness_for(cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions,
                 spec: TargetSpec) -> Any:
-    """tito's own adapter in-process, or the harness around a foreign target (`target_replay`)."""
+    """What replays the cassette's sessions: tito's own adapter in-process, or the harness around a foreign
+    target (`target_replay`). An async context manager with `replay_session(plan)` and `forget(name)` (drop
+    what it kept of a session once its result is taken)."""
     if spec.kind == TITO:
         return Harness(cassette, path, tokenizer, options)
     from replayer.target_replay import TargetHarness
@@ -552,20 +572,57 @@ class _GuardedTarget:
         await self.harness.__aexit__(*exc)
 
 
+async def replay_each(cassette: Cassette, path: str, tokenizer: str | None, names: list[str],
+                      options: ReplayOptions, spec: TargetSpec | None = None) -> AsyncIterator[SessionResult]:
+    """The named sessions replayed, `options.jobs` at once, each yielded in the order named as soon as it and
+    those before it are done. A session's records are read from the file when its replay starts and forgotten
+    once it is yielded: memory holds the sessions in flight, however many the cassette has."""
+    if not names:
+        return
+    if options.on_total is not None:
+        options.on_total(sum(exchange_count(cassette, n) for n in names))
+    spec = spec or replay_target(cassette.header, options.target, path)
+    async with harness_for(cassette, path, tokenizer, options, spec) as harness:
+        waiting = iter(names)
+        running: deque[asyncio.Task[SessionResult]] = deque()
+
+        def start_next() -> None:
+            name = next(waiting, None)
+            if name is not None:
+                plan = plan_session(read_session(cassette, path, name))
+                running.append(asyncio.ensure_future(harness.replay_session(plan)))
+
+        for _ in range(max(1, options.jobs)):
+            start_next()
+        try:
+            while running:
+                result = await running.popleft()
+                harness.forget(result.session)
+                start_next()
+                yield result
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+
 def replay_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | None = None,
                     options: ReplayOptions | None = None) -> CassetteResult:
     """Replay and verify; sessions in cassette order (or as named). Raises `ReplayInputError`."""
     return run_sync(replay_cassette_async(path, sessions, options))
 
 
-def run_sync(replaying: Awaitable[CassetteResult]) -> CassetteResult:
+def run_sync(replaying: Awaitable[T]) -> T:
     """`asyncio.run`, without handing it the result: on its way out, CPython 3.11's runner asks for the
     SIGINT handler, whose repr holds the main task and so the repr of its result. For a long session's
     result (150k-token samples) that cost a third of a second."""
-    box: list[CassetteResult] = []
+    from trajectory.server_process import new_event_loop
+
+    box: list[T] = []
 
     async def main() -> None:
         box.append(await replaying)
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:  # uvloop, as tito's servers run on
+        runner.run(main())
     return box[0]

@@ -1,26 +1,28 @@
-"""`tito replay CASSETTE... [--session NAME]... [--update-goldens]`: replay, verify, check goldens.
+"""`tito replay CASSETTE... [--session NAME]... [--update-goldens] [-j N] [--shard I/N] [--junit-xml FILE]
+[--target TARGET]`: replay, verify, check goldens.
 
 Prints one line per session (turns, side turns, samples, forks by reason, realigns, masked and trained
-tokens, result), the first difference of a failing session under it, and a summary (`-q`: failing sessions
-and the summary only; `-v`: every difference). Exit 0 when every session matches its recording and its
-golden; 1 on any difference or unused golden; 2 when the input cannot be replayed (no such file, corrupt
-cassette, another tokenizer, unknown session). A folder stands for the cassettes in it, and a golden in it
-whose cassette is gone is unused, as is a golden section for a session its cassette no longer has.
-Nothing printed depends on timing or concurrency: two replays print the same bytes.
+tokens, coverage, result), the first difference of a failing session under it, and a summary (`-q`: failing
+sessions and the summary only; `-v`: every difference). Exit 0 when every session matches its recording and
+its golden; 1 on any difference or unused golden; 2 when the input cannot be replayed (no such file, corrupt
+cassette, another tokenizer, unknown session, a target that cannot start). A folder stands for the cassettes
+in it, and a golden in it whose cassette is gone is unused, as is a golden section for a session its cassette
+no longer has. Nothing printed depends on timing, concurrency or `-j`: two replays print the same bytes.
+Lines are printed as sessions finish, in cassette and session order (`replayer.replay_run`).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from replayer import whatif
 from replayer.golden_diff import DiffStyle, use_color
 from replayer.goldens import CASSETTE_SUFFIX, Unused, fix_unused, orphans
-from replayer.report import session_details
-from replayer.results import CassetteResult
 
 EXIT_OK, EXIT_DIFFERENCE, EXIT_UNUSABLE = 0, 1, 2
 
@@ -42,7 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export-samples", metavar="FILE", help="write the replay's samples as JSON Lines")
     parser.add_argument("--export-live-samples", metavar="FILE",
                         help="write the samples the live run stored, in the same shape")
-    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="sessions replayed at once (default 1)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                        help="worker processes replaying sessions in parallel (default 1: this process)")
+    parser.add_argument("--shard", metavar="I/N",
+                        help="replay only the sessions of shard I of N (1 <= I <= N): a stable split by cassette "
+                             "file name and session name, for a CI matrix")
+    parser.add_argument("--junit-xml", metavar="FILE", help="also write a JUnit XML report, a test case per session")
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the recording's)")
     parser.add_argument("--target", metavar="TARGET",
                         help="replay through tito (tito's adapter app), a driver (slime, an entry point of "
@@ -65,84 +72,79 @@ def expand(paths: list[str]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         return _unusable("--jobs must be >= 1")
+    # Loading the tokenizer and the parsers makes hundreds of thousands of objects that automatic collections
+    # would walk again and again as they grow (a tenth of the start-up); none of them is garbage.
+    gc.disable()
+    try:
+        return _replay(args)
+    finally:
+        gc.enable()
+
+
+def _replay(args: argparse.Namespace) -> int:
     cassettes = expand(args.cassettes)
     if not cassettes:
         return _unusable(f"no cassettes in {' '.join(args.cassettes)}")
-    from replayer import exports, goldens
-    from replayer.replay import ReplayInputError, ReplayOptions, replay_cassette_async, run_sync
-    from trajectory.golden import TokenizerNames
-    from trajectory.tokenizer import load_tokenizer
+    from replayer import replay_run
+    from replayer.replay import ReplayInputError, ReplayOptions
 
     try:
         adapter, manager = whatif.overrides(lambda name: getattr(args, name))
+        shard = replay_run.parse_shard(args.shard) if args.shard else None
     except ValueError as exc:
         return _unusable(str(exc))
-    progress = Progress()
     strict = not (args.update_goldens or whatif.engine_match_order(lambda name: getattr(args, name)))
     options = ReplayOptions(strict=strict, tokenizer=args.tokenizer, adapter=adapter, manager=manager,
-                            jobs=args.jobs, on_total=progress.add_total, on_exchange=progress.step,
                             target=args.target, engine_listen=args.engine_listen)
-    sessions = args.session or None
-    results = []
     try:
-        for cassette in cassettes:
-            result = run_sync(replay_cassette_async(cassette, sessions, options, missing_ok=len(cassettes) > 1))
-            if result.sessions:
-                if result.goldens_apply:
-                    goldens.check(result, result.all_sessions, TokenizerNames(load_tokenizer(result.tokenizer_dir)),
-                                  update=args.update_goldens)
-                results.append(result)
+        works = replay_run.plan_work(cassettes, args.session or None, options, shard)
     except ReplayInputError as exc:
         return _unusable(str(exc))
-    finally:
-        progress.close()
-    found = {s.session for r in results for s in r.sessions}
+    found = {n for w in works for n in w.all_sessions}
     missing = [n for n in args.session if n not in found]
     if missing:
         return _unusable(f"no session {', '.join(map(repr, missing))} in {', '.join(cassettes)}")
 
+    replay_run.preload(works)
+    gc.enable()
     verbosity = -1 if args.quiet else 1 if args.verbose else 0
     style = DiffStyle(color=use_color(sys.stdout), full=args.full_diff)
-    failed = print_results(results, verbosity, style)
+    job = replay_run.Job(options, args.update_goldens, bool(args.export_samples), bool(args.export_live_samples),
+                         verbosity, style)
+    # A running gateway's engine leg is one port: one process serves it.
+    processes = 1 if any(w.target.startswith(("http://", "https://")) for w in works) else args.jobs
+    report = Report(works, args, verbosity)
+    progress = Progress()
+    progress.add_total(replay_run.total_exchanges(works) if progress.bar is not None else 0)
+    try:
+        replay_run.replay_all(works, job, processes, lambda outcome: (progress.step(outcome.exchanges),
+                                                                       report.add(outcome)))
+    except ReplayInputError as exc:
+        return _unusable(str(exc))
+    finally:
+        progress.close()
+        report.close()
     folders = [Path(p) for p in args.cassettes if Path(p).is_dir()]
-    failed_unused = report_unused(unused_goldens(results, folders), args.update_goldens, args.allow_unused_goldens)
+    failed_unused = report_unused(unused_goldens(works, folders), args.update_goldens, args.allow_unused_goldens)
     beside = [Path(c).parent for c in cassettes if Path(c).parent not in folders]  # not this run's to judge
     for golden in orphans(beside) if verbosity >= 0 else []:
         print(f"note: {golden} has no cassette beside it ({golden.with_suffix(CASSETTE_SUFFIX).name} is gone)")
-    total = sum(len(r.sessions) for r in results)
-    print(f"{total} session(s): {total - failed} ok, {failed} failed"
+    print(f"{report.total} session(s): {report.total - report.failed} ok, {report.failed} failed"
           + (f"; {failed_unused} unused golden(s)" if failed_unused else ""))
-    for flag, rows in ((args.export_samples, exports.replayed_rows), (args.export_live_samples, exports.live_rows)):
-        if flag:
-            with open(flag, "w", encoding="utf-8") as out:
-                exports.write_rows(rows(results), out)
-    return EXIT_DIFFERENCE if failed or failed_unused else EXIT_OK
+    if args.junit_xml:
+        from replayer.junit import write_junit
+
+        write_junit(args.junit_xml, report.cases)
+    return EXIT_DIFFERENCE if report.failed or failed_unused else EXIT_OK
 
 
-def print_results(results: list[CassetteResult], verbosity: int, style: DiffStyle) -> int:
-    """Each cassette's sessions, lines and details (verbosity -1: failing sessions only); the failed count."""
-    failed = 0
-    for result in results:
-        shown = result.sessions if verbosity >= 0 else [s for s in result.sessions if not s.ok]
-        if shown:
-            print(result.path + ("" if result.goldens_apply else
-                                 f"  (recorded around {result.recorded_target}, replayed through {result.target}: "
-                                 "compared with the recording, goldens not checked)"))
-        for session in shown:
-            print("  " + session.line())
-            for line in session_details(session, verbosity, style):
-                print("    " + line)
-        failed += sum(not s.ok for s in result.sessions)
-        if result.truncated and verbosity >= 0:
-            print("  note: the cassette ends in a cut record (the recorder stopped mid-write); all before it "
-                  "was replayed")
-    return failed
-
-
-def unused_goldens(results: list[CassetteResult], folders: list[Path]) -> list[Unused]:
+def unused_goldens(works: list[Any], folders: list[Path]) -> list[Unused]:
     """Goldens nobody checked: sections of the replayed cassettes' goldens for sessions they no longer have,
     and goldens in the folders named whose cassette is gone."""
-    found = [Unused(Path(r.golden_path), name) for r in results if r.golden_path for name in r.unused_sections]
+    from replayer.goldens import GoldenBook
+
+    found = [Unused(book.path, name) for w in works if w.sessions and w.goldens_apply
+             for book in [GoldenBook(w.path)] for name in book.unused(w.all_sessions)]
     return found + [Unused(g) for g in orphans(folders)]
 
 
@@ -157,6 +159,63 @@ def report_unused(unused: list[Unused], update: bool, allow: bool) -> int:
         else:
             print(f"FAIL: {item.describe()} ({fix_unused()})")
     return 0 if update or allow else len(unused)
+
+
+class Report:
+    """Prints each outcome as it comes (the cassette's path before its first session, its notes after its last),
+    writes the exports, and keeps what the summary and the JUnit report need."""
+
+    def __init__(self, works: list[Any], args: argparse.Namespace, verbosity: int = 0) -> None:
+        from replayer.goldens import GoldenBook
+
+        self.works = {w.path: w for w in works}
+        self.left = {w.path: len(w.sessions) for w in works}
+        self.books = {w.path: GoldenBook(w.path, update=True) for w in works
+                      if w.goldens_apply} if args.update_goldens else {}
+        self.verbosity = verbosity
+        self.headed: set[str] = set()
+        self.total = self.failed = 0
+        self.junit = bool(args.junit_xml)
+        self.cases: list[Any] = []  # kept for the JUnit report only
+        self.replayed = open(args.export_samples, "w", encoding="utf-8") if args.export_samples else None  # noqa: SIM115
+        self.live = open(args.export_live_samples, "w", encoding="utf-8") if args.export_live_samples else None  # noqa: SIM115
+
+    def add(self, outcome: Any) -> None:
+        work = self.works[outcome.cassette]
+        if self.verbosity >= 0 or not outcome.ok:
+            if work.path not in self.headed:  # the cassette's path before its first session shown
+                self.headed.add(work.path)
+                print(work.path + ("" if work.goldens_apply else
+                                   f"  (recorded around {work.recorded_target}, replayed through {work.target}: "
+                                   "compared with the recording, goldens not checked)"))
+            print("  " + outcome.line)
+            for line in outcome.details:
+                print("    " + line)
+        self.total += 1
+        self.failed += not outcome.ok
+        if self.junit:
+            self.cases.append(replace(outcome, section=None))
+        if outcome.section is not None and work.path in self.books:
+            self.books[work.path].rendered[outcome.session] = outcome.section
+        for out, rows in ((self.replayed, outcome.replayed_rows), (self.live, outcome.live_rows)):
+            if out is not None:
+                out.writelines(row + "\n" for row in rows)
+        outcome.replayed_rows = outcome.live_rows = []
+        self.left[work.path] -= 1
+        if self.left[work.path] == 0:
+            self._cassette_done(work)
+
+    def _cassette_done(self, work: Any) -> None:
+        if work.path in self.books:
+            self.books[work.path].write(work.all_sessions)
+        if work.truncated and self.verbosity >= 0:
+            print("  note: the cassette ends in a cut record (the recorder stopped mid-write); all before it "
+                  "was replayed")
+
+    def close(self) -> None:
+        for out in (self.replayed, self.live):
+            if out is not None:
+                out.close()
 
 
 def _unusable(message: str) -> int:
@@ -181,9 +240,9 @@ class Progress:
             self.bar.total += n
             self.bar.refresh()
 
-    def step(self) -> None:
+    def step(self, n: int = 1) -> None:
         if self.bar is not None:
-            self.bar.update(1)
+            self.bar.update(n)
 
     def close(self) -> None:
         if self.bar is not None:

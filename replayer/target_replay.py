@@ -189,6 +189,18 @@ class TargetHarness(HarnessBase):
             self._replies[key] = reply
             self.answered(key).set()
 
+    def forget(self, name: str) -> None:
+        """Drop what was kept of a replayed session (see `replay.Harness.forget`)."""
+        plan = self.plans.pop(name, None)
+        self.results.pop(name, None)
+        self._attempts.pop(name, None)
+        for exchange in plan.exchanges if plan is not None else ():
+            key = (name, exchange.index)
+            self.transport.legs.pop(key, None)
+            self._replies.pop(key, None)
+            self._events.pop(key, None)
+        self._rids = {rid: key for rid, key in self._rids.items() if key[0] != name}
+
     def answered(self, key: Key) -> asyncio.Event:
         return self._events.setdefault(key, asyncio.Event())
 

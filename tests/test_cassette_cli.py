@@ -10,6 +10,7 @@ import pytest
 
 from recorder.cassette.redaction import session_digest
 from recorder.cassette.writer import CassetteWriter
+from replayer.reader import CassetteReader
 from tests.cassette_helpers import BEARER, final_sample, header, play, session_traffic
 from tito_cli import main
 from trajectory.adapters.tap import AgentExchange
@@ -42,13 +43,34 @@ def test_info_json_has_the_documented_shape(two_sessions: Path, capsys: pytest.C
 def test_info_reports_a_truncated_tail(two_sessions: Path, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     cut = tmp_path / "cut.tito"
-    cut.write_bytes(two_sessions.read_bytes()[:-10])  # loses the samples record
+    with CassetteReader(two_sessions) as reader:  # a killed recorder leaves no index: its records, cut
+        cut.write_bytes(two_sessions.read_bytes()[:reader.records_end() - 10])  # loses the samples record
     assert main(["cassette", "info", str(cut), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["truncated"] is True and out["sessions"][0]["samples"] == 0
     assert main(["cassette", "info", str(cut)]) == 0
     text = capsys.readouterr().out
     assert "truncated: yes" in text and "claude-code" in text and session_digest(BEARER) in text
+
+
+def test_info_reads_the_index_of_a_closed_cassette_and_scans_one_without(
+        two_sessions: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["cassette", "info", str(two_sessions), "--json"]) == 0
+    scanned = json.loads(capsys.readouterr().out)
+    no_index = tmp_path / "no-index.tito"  # what a recorder killed right after its last record leaves
+    with CassetteReader(two_sessions) as reader:
+        no_index.write_bytes(two_sessions.read_bytes()[:reader.records_end()])
+
+    def no_scan(self: CassetteReader) -> None:
+        raise AssertionError("scanned a cassette that has an index")
+
+    monkeypatch.setattr(CassetteReader, "scan", no_scan)
+    assert main(["cassette", "info", str(two_sessions), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == scanned
+    monkeypatch.undo()
+    assert main(["cassette", "info", str(no_index), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == scanned  # the same counts; complete records, no cut
 
 
 def test_info_on_a_broken_file_is_an_error_not_a_traceback(tmp_path: Path,

@@ -104,7 +104,8 @@ def test_configurable_patterns_catch_keys_no_header_showed(tmp_path: Path) -> No
 def test_hand_truncated_tail_keeps_every_complete_record(recorded: Path, tmp_path: Path) -> None:
     full = read_cassette(recorded)
     n_records = len(next(iter(full.sessions.values())).records)
-    data = recorded.read_bytes()
+    with CassetteReader(recorded) as reader:
+        data = recorded.read_bytes()[:reader.records_end()]  # a killed recorder writes no index
     for cut in (1, 5, FRAME_HEADER.size + 3):  # inside the last payload, inside its frame header
         cut_path = tmp_path / f"cut{cut}.tito"
         cut_path.write_bytes(data[:-cut])

@@ -16,10 +16,10 @@ from fake_engine.app import create_app as create_engine
 from fake_engine.scripted import ScriptedPolicy, load_scenario
 from recorder import cli as record_cli
 from recorder.cassette.format import DropRecord
-from recorder.scripted.client import COMPACTION_PREFIX
+from recorder.scripted.client import COMPACTION_PREFIX, generated_output
 from recorder.scripted.runs import unapplied_record_args
 from recorder.scripted.script import parse_client_script
-from replayer.reader import read_cassette
+from replayer.reader import CassetteReader, read_cassette
 from tests.cassette_helpers import serve
 from tests.process_helpers import free_port
 from tests.scripted_support import (
@@ -173,6 +173,32 @@ async def test_json_replies_on_all_three_wires_concurrently(tmp_path: Path) -> N
     for wire, log in zip(("anthropic", "chat", "responses"), (a, c, r), strict=True):  # the token stays in the header
         assert all(session_digest(f"json-{wire}").encode() not in x.body for x in log.agent)
     assert all(s["reward"] == 0.5 for s in a.samples + c.samples)
+
+
+async def test_concurrency_runs_sessions_in_turn_and_generated_outputs_differ_per_session(tmp_path: Path) -> None:
+    turns = [{"reasoning": "Read it.", "text": "Reading.", "tool_calls": [{"name": "shell",
+                                                                            "arguments": {"command": "cat a"}}]},
+             {"reasoning": "Done.", "text": "Read."}]
+    ids = [f"gen-{i}" for i in range(3)]
+    scenario = {"name": "generated", "after_last": "error", "turns": turns, "client": {"concurrency": 1, "sessions": [
+        {"id": sid, "wire": "chat", "stream": False, "system": "You are agent G.", "tools": ["run_shell_command"],
+         "results": {"run_shell_command": {"lines": 30}}, "steps": [{"prompt": "Read a."}, {"finish": 1.0}]}
+        for sid in ids]}}
+    cassette, results = await record_scenario(scenario, tmp_path / "g.tito")
+    assert [r.ok for r in results] == [True] * 3, [r.line() for r in results]
+    order = [session_digest(sid) for sid in ids]
+    assert list(cassette.sessions) == order
+    outputs = [bodies(session_log(cassette, sid))[1]["messages"][-1]["content"] for sid in ids]
+    assert outputs == [generated_output(f"{sid}/run_shell_command/0", 30) for sid in ids]
+    assert len(set(outputs)) == 3 and all(o.count("\n") == 29 for o in outputs)
+    assert len(load_tokenizer().encode(outputs[0])) > 300  # about as many tokens a line as real output
+    with CassetteReader(tmp_path / "g.tito") as reader:  # one session at a time: each one's records after the last's
+        written = [r.session for r in reader.records()]
+    assert written == sorted(written, key=order.index)
+    with pytest.raises(ValueError, match="client.concurrency"):
+        parse_client_script({**scenario["client"], "concurrency": 0})
+    with pytest.raises(ValueError, match="lines"):
+        parse_client_script({"sessions": [{**scenario["client"]["sessions"][0], "results": {"Bash": {"lines": 0}}}]})
 
 
 def test_client_scripts_are_parsed_strictly() -> None:

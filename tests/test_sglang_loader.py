@@ -69,3 +69,43 @@ def test_the_pins_installed_are_the_pins_checked() -> None:
     assert pins == [f"sglang=={SGLANG_VERSION}", f"xgrammar=={XGRAMMAR_VERSION}"]
     assert importlib.metadata.version("sglang") == SGLANG_VERSION
     assert importlib.metadata.version("xgrammar") == XGRAMMAR_VERSION
+
+
+def test_stand_ins_are_held_only_where_the_parsers_never_call_them() -> None:
+    done = run_python(
+        "import sys, types\n"
+        "from trajectory.sglang_loader import STAND_IN_DOC, parsers\n"
+        "p = parsers()\n"
+        "def stand_in(v):\n"
+        "    return (isinstance(v, types.ModuleType) and v.__doc__ == STAND_IN_DOC) or (\n"
+        "        isinstance(v, type) and v.__module__ in ('transformers', 'IPython.display', 'tqdm')\n"
+        "        and v.__module__ not in sys.modules)\n"
+        "print(sorted(n for n, m in list(sys.modules.items()) if n != 'trajectory.sglang_loader'\n"
+        "             and any(stand_in(v) for v in vars(m).values())))\n"
+        "print([n for n in ('transformers', 'IPython', 'numpy', 'requests', 'pybase64', 'tqdm') if n in sys.modules])\n"
+        "import numpy, requests, tqdm, transformers, IPython.display\n"
+        "print(numpy.zeros(2).tolist(), callable(tqdm.tqdm), transformers.PreTrainedTokenizerBase.__module__)\n"
+        "print(p.ReasoningParser('qwen3').parse_non_stream('<think>a</think>b'))\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "['sglang.srt.parser.reasoning_parser', 'sglang.utils']", "[]",
+        "[0.0, 0.0] True transformers.tokenization_utils_base", "('a', 'b')"]
+
+
+def test_openai_runs_its_init_only_when_a_name_of_it_is_asked_for() -> None:
+    done = run_python(
+        "import sys\n"
+        "from trajectory.sglang_loader import parsers\n"
+        "parsers()\n"
+        "print('openai._client' in sys.modules, 'OpenAI' in vars(sys.modules['openai']))\n"
+        "import openai\n"
+        "from openai import OpenAI\n"
+        "from openai.types import Batch\n"
+        "from openai.types.chat import ChatCompletionChunk\n"
+        "from importlib.metadata import version\n"
+        "print(OpenAI is openai.OpenAI, openai.__version__ == version('openai'), Batch.__module__,"
+        " openai.types.responses.ResponseOutputText.__module__)\n"
+        "print(getattr(openai, 'no_such_name', 'missing'))\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "False False", "True True openai.types.batch openai.types.responses.response_output_text", "missing"]

@@ -249,8 +249,9 @@ def _snippet(value: Any, limit: int = SNIPPET_CHARS) -> str:
     if value is None or value == "":
         return ""
     text = value if isinstance(value, str) else _compact(value)
-    text = text.translate(VISIBLE_BREAKS)
-    return '"' + (text if len(text) <= limit else text[: limit - 1] + "…") + '"'
+    # Cut, then translate: the translation maps characters one to one, and a long message costs no more.
+    text = text.translate(VISIBLE_BREAKS) if len(text) <= limit else text[: limit - 1].translate(VISIBLE_BREAKS) + "…"
+    return '"' + text + '"'
 
 
 def render_sample_runs(index: int, sample: Sample, spans: Sequence[Span], names: TokenNames) -> list[str]:

@@ -10,18 +10,35 @@ while the parsers only need its structural-tag models (`xgrammar.structural_tag`
 `xgrammar.builtin_structural_tag`, plain pydantic). The bare `xgrammar` exports just those names; the
 grammar engine (constrained decoding) is not available through it.
 
+Libraries the parser modules import only for names the parsers never call are stood in for while they load:
+transformers (`PreTrainedTokenizerBase`, a type annotation in the reasoning parser; importing transformers costs
+about a second), and what `sglang.utils` imports for its notebook, HTTP and media helpers (IPython, numpy,
+requests, pybase64, tqdm: a third of a second), of which the parsers call only `convert_json_schema_to_str`.
+The stand-ins are removed from `sys.modules` once the parsers are loaded, so a later `import numpy` anywhere in
+the process gets the real library; one already imported is used as it is. `tests/test_sglang_loader.py` checks
+that only those two modules hold a stand-in.
+
+sglang's OpenAI protocol models subclass and reference openai's type models, so those load for real; but
+`openai/__init__.py` (the whole HTTP client) and `openai/types/__init__.py` (every type of the API) need not run
+for that. While the parsers load, `openai` and `openai.types` are registered as packages whose `__init__` runs
+the first time something asks them for a name they have not loaded (`import openai; openai.OpenAI` works as
+ever): a fifth of the parsers' load.
+
 Both steps rely on the pinned versions' layout, so the installed versions are checked first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
+from typing import Any
 
 from trajectory.quiet_imports import quiet_transformers
 
@@ -35,6 +52,14 @@ _XGRAMMAR_EXPORTS = {
     "xgrammar.builtin_structural_tag": ("get_builtin_structural_tag", "get_model_structural_tag",
                                         "normalize_tool_choice", "register_model_structural_tag"),
 }
+
+
+STAND_IN_DOC = f"tito's stand-in while sglang's parsers load ({__name__})"
+# Packages whose __init__ runs only when a name it defines is first asked for (see the module docstring).
+_DEFERRED_INITS = ("openai", "openai.types")
+# Modules the parser modules import, with the names they take from them; none is called on a parse.
+_STAND_INS = {"transformers": ("PreTrainedTokenizerBase",), "IPython": (), "IPython.display": ("HTML", "display"),
+              "numpy": (), "requests": (), "pybase64": (), "tqdm": ("tqdm",)}
 
 
 class SglangInstallError(ImportError):
@@ -60,9 +85,32 @@ def sglang_module(name: str) -> ModuleType:
 @cache
 def parsers() -> Parsers:
     """sglang's reasoning and tool-call parsers and the tool models they take; loaded once per process."""
-    protocol = sglang_module("srt.entrypoints.openai.protocol")
-    return Parsers(sglang_module("srt.function_call.function_call_parser").FunctionCallParser,
-                   sglang_module("srt.parser.reasoning_parser").ReasoningParser, protocol.Tool, protocol.Function)
+    _prepare()
+    for name in _DEFERRED_INITS:
+        _deferred_package(name)
+    with _standing_in(_STAND_INS):
+        protocol = sglang_module("srt.entrypoints.openai.protocol")
+        return Parsers(sglang_module("srt.function_call.function_call_parser").FunctionCallParser,
+                       sglang_module("srt.parser.reasoning_parser").ReasoningParser, protocol.Tool, protocol.Function)
+
+
+@contextlib.contextmanager
+def _standing_in(modules: dict[str, tuple[str, ...]]) -> Iterator[None]:
+    """Placeholder modules for those of `modules` not imported yet, removed again afterwards."""
+    placed: dict[str, ModuleType] = {}
+    for name, attributes in modules.items():
+        if name in sys.modules:
+            continue
+        module = placed[name] = ModuleType(name, STAND_IN_DOC)
+        for attribute in attributes:
+            setattr(module, attribute, type(attribute, (), {"__module__": name}))
+        sys.modules[name] = module
+    try:
+        yield
+    finally:
+        for name, module in placed.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
 
 
 def check_version(distribution: str, expected: str) -> None:
@@ -90,6 +138,29 @@ def _prepare() -> None:
             module = importlib.import_module(module_name)
             for name in names:
                 setattr(xgrammar, name, getattr(module, name))
+
+
+def _deferred_package(name: str) -> None:
+    """Register package `name` (unless imported) with its `__init__` run on the first name it is asked for
+    that it does not hold yet: a module `__getattr__` (PEP 562) that runs it into the module, then answers."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+
+    def complete(attribute: str) -> Any:
+        if module.__dict__.get("__getattr__") is complete:
+            del module.__dict__["__getattr__"]
+            spec.loader.exec_module(module)
+        try:
+            return module.__dict__[attribute]
+        except KeyError:
+            raise AttributeError(f"module {name!r} has no attribute {attribute!r}") from None
+
+    module.__getattr__ = complete  # type: ignore[method-assign]
+    sys.modules[name] = module
 
 
 def _bare_package(name: str) -> ModuleType | None:

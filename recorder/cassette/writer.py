@@ -3,17 +3,20 @@
 Crash safety comes from the layout, not from cleanup: the file is opened for appending, each record is
 one self-checking frame handed to the OS in a single unbuffered write as soon as its exchange is complete,
 so a `kill -9` loses at most the exchange in flight and leaves a tail the reader recognizes as truncated.
-Nothing is written before redaction (`recorder.cassette.redaction`).
+Nothing is written before redaction (`recorder.cassette.redaction`). A clean `close()` appends the index
+(each session's frame offsets and counts, `recorder.cassette.format`); a cassette without one reads as well.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from recorder.cassette.format import (
+    FORMAT_VERSION,
     MAGIC,
     AgentRecord,
     DropRecord,
@@ -22,9 +25,11 @@ from recorder.cassette.format import (
     Record,
     SamplesRecord,
     SessionCodec,
+    SessionIndex,
     SessionStart,
     encode_frame,
     encode_header,
+    encode_index,
 )
 from recorder.cassette.redaction import Redactor
 from trajectory.adapters.tap import AgentExchange, EngineExchange
@@ -46,7 +51,10 @@ class CassetteWriter:
         self._names: dict[str, str] = {}
         self._started: set[str] = set()
         self._lock = threading.Lock()
+        self._offset = 0  # bytes written so far: where the next frame starts
+        self._index: dict[str, SessionIndex] = {}
         self.header = header if header_redacted else Header(**self.redactor.scrub_json(header.to_dict()))
+        self.header = dataclasses.replace(self.header, format_version=FORMAT_VERSION)  # what this writer writes
         if isinstance(target, str | os.PathLike):
             self.path: Path | None = Path(target)
             # "xb": never append to, or clobber, someone else's cassette; buffering=0: one write() per frame.
@@ -126,8 +134,11 @@ class CassetteWriter:
         self._append(record)
 
     def close(self) -> None:
+        """Write the index, and close the file (a stream target is left open, without an index: vcrpy takes
+        its bytes as they are)."""
         with self._lock:
             if self.path is not None and not self._file.closed:
+                self._write(encode_index(list(self._index.values()), self._offset))
                 self._file.close()
 
     def __enter__(self) -> CassetteWriter:
@@ -160,11 +171,18 @@ class CassetteWriter:
 
     def _append(self, record: Record) -> None:
         with self._lock:
-            self._write(encode_frame(self._codec.encode(record)))
+            frame = encode_frame(self._codec.encode(record))
+            entry = self._index.get(record.session)
+            if entry is None:
+                entry = self._index[record.session] = SessionIndex(record.session)
+            entry.frames.append(self._offset)
+            entry.count(record)
+            self._write(frame)
 
     def _write(self, data: bytes) -> None:
         if self._file.closed:
             raise ValueError(f"cassette {self.path} is closed")
+        self._offset += len(data)
         view = memoryview(data)
         while view:  # an unbuffered write may be partial; loop until the whole frame is handed over
             written = self._file.write(view)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,14 @@ import aiohttp
 from recorder.scripted.script import RETRY_STATUSES, AgentSpec, ClientScript, ClientSession, Disconnect, Step
 from recorder.scripted.wires import WIRE_CODECS, AssistantReply, ToolCallOut, Wire
 
+# Words of generated tool output (`{lines: N}` results): code-ish, so a line costs about as many tokens as a
+# line of real output.
+OUTPUT_WORDS = ("def", "return", "self", "value", "request", "context", "handler", "module", "config", "path",
+                "error", "result", "items", "index", "parse", "build", "cache", "token", "session", "state",
+                "import", "class", "async", "await", "None", "True", "False", "list", "dict", "str", "int",
+                "update", "check", "write", "read", "open", "close", "data", "name", "key", "=", "(", ")", ":",
+                "[", "]", "{", "}", ",", ".", "+", "-", "#", "0", "1", "2", "16", "42", "256", "src/", "tests/",
+                "_test", ".py", "assert", "raise", "yield", "lambda", "for", "in", "if", "else", "while", "with")
 COMPACTION_PREFIX = ("This session is being continued from a previous conversation that ran out of context. "
                      "The conversation is summarized below:\n")
 USER_AGENT = "tito-scripted-client/1"
@@ -127,13 +136,15 @@ class SessionRunner:
 
     async def tool_result(self, conv: Conversation, call: ToolCallOut) -> str:
         canned = conv.agent.results.get(call.name)
-        if isinstance(canned, dict):
+        if isinstance(canned, dict) and "subagent" in canned:
             sub = self.session.subagents[canned["subagent"]]
             task = call.arguments.get("prompt") or sub.prompt or "Do the task."
             return await self.prompt(Conversation(sub), str(task), 12)
-        if isinstance(canned, list):
+        if isinstance(canned, list) or (isinstance(canned, dict) and "lines" in canned):
             n = conv.used.get(call.name, 0)
             conv.used[call.name] = n + 1
+            if isinstance(canned, dict):
+                return generated_output(f"{self.session.id}/{call.name}/{n}", canned["lines"])
             return str(canned[min(n, len(canned) - 1)]) if canned else ""
         return "(no output)" if canned is None else str(canned)
 
@@ -181,8 +192,21 @@ class SessionRunner:
         await asyncio.sleep(plan.resend_after_ms / 1000)
 
 
+def generated_output(seed: str, lines: int) -> str:
+    """`lines` lines of code-ish words, the same for the same seed in every run and process."""
+    rng = random.Random(seed)
+    return "\n".join(f"{i}: " + " ".join(rng.choice(OUTPUT_WORDS) for _ in range(10)) for i in range(lines))
+
+
 async def run_script(script: ClientScript, base_url: str, timeout_s: float = 300.0) -> list[SessionResult]:
-    """Every session of the script at once; results in script order (a failed session does not stop others)."""
+    """Every session of the script, `script.concurrency` at once (default all); results in script order (a
+    failed session does not stop others). `timeout_s` bounds each request."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
+    gate = asyncio.Semaphore(script.concurrency or max(1, len(script.sessions)))
+
+    async def run(http: aiohttp.ClientSession, session: ClientSession) -> SessionResult:
+        async with gate:
+            return await SessionRunner(http, base_url, session).run()
+
     async with aiohttp.ClientSession(timeout=timeout) as http:
-        return list(await asyncio.gather(*(SessionRunner(http, base_url, s).run() for s in script.sessions)))
+        return list(await asyncio.gather(*(run(http, s) for s in script.sessions)))

@@ -23,6 +23,7 @@ script (`fake_engine/scripted.py`, which ignores `client:`) and what the client 
             - finish: 1.0                      # POST /tito/sessions/<id>/finish {"reward": 1.0}
             - drop: true                       # DELETE /tito/sessions/<id>
 
+`client.concurrency: N` runs at most N sessions at once (default: all of them), as a training step's rollouts.
 Parsing is strict (unknown keys are errors) so a typo cannot silently record the wrong scenario.
 """
 
@@ -71,7 +72,8 @@ class AgentSpec:
 
     system: str
     tools: tuple[ToolSpec, ...] = ()
-    results: dict[str, Any] = field(default_factory=dict)  # tool name -> str | [str, ...] | {subagent: name}
+    # tool name -> str | [str, ...] | {subagent: name} | {lines: n}
+    results: dict[str, Any] = field(default_factory=dict)
     prompt: str | None = None  # a sub-agent's task when the Agent call carries no `prompt` argument
 
 
@@ -113,6 +115,7 @@ class ClientSession:
 class ClientScript:
     sessions: tuple[ClientSession, ...]
     record_args: tuple[str, ...] = ()
+    concurrency: int | None = None  # sessions at once (None: all)
 
 
 def _keys(where: str, data: Any, allowed: set[str], required: frozenset[str] | set[str] = frozenset()
@@ -143,10 +146,15 @@ def _agent(where: str, d: dict[str, Any]) -> AgentSpec:
     if not isinstance(results, dict):
         raise ValueError(f"{where}.results: expected a mapping of tool name to result")
     for name, value in results.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and "lines" in value:
+            lines = _keys(f"{where}.results.{name}", value, {"lines"}, {"lines"})["lines"]
+            if not isinstance(lines, int) or isinstance(lines, bool) or lines < 1:
+                raise ValueError(f"{where}.results.{name}.lines: a number of lines >= 1")
+        elif isinstance(value, dict):
             _keys(f"{where}.results.{name}", value, {"subagent"}, {"subagent"})
         elif not isinstance(value, str | list):
-            raise ValueError(f"{where}.results.{name}: a string, a list of strings or {{subagent: NAME}}")
+            raise ValueError(f"{where}.results.{name}: a string, a list of strings, {{subagent: NAME}} or "
+                             "{lines: N}")
     prompt = d.get("prompt")
     return AgentSpec(str(d.get("system", "")), _tools(f"{where}.tools", d.get("tools")), dict(results),
                      None if prompt is None else str(prompt))
@@ -188,7 +196,7 @@ def _session(where: str, raw: Any) -> ClientSession:
         raise ValueError(f"{where}.steps: needs at least one step")
     agent = _agent(where, d)
     for name, value in [*agent.results.items(), *(i for s in subagents.values() for i in s.results.items())]:
-        if isinstance(value, dict) and value["subagent"] not in subagents:
+        if isinstance(value, dict) and "subagent" in value and value["subagent"] not in subagents:
             raise ValueError(f"{where}: result of {name} names an unknown sub-agent {value['subagent']!r}")
     return ClientSession(
         id=str(d["id"]), wire=d["wire"], agent=agent, steps=steps, stream=bool(d.get("stream", True)),
@@ -198,7 +206,7 @@ def _session(where: str, raw: Any) -> ClientSession:
 
 
 def parse_client_script(data: Any) -> ClientScript:
-    d = _keys("client", data, {"sessions", "record_args"}, {"sessions"})
+    d = _keys("client", data, {"sessions", "record_args", "concurrency"}, {"sessions"})
     sessions = tuple(_session(f"client.sessions[{i}]", s) for i, s in enumerate(d["sessions"] or []))
     if not sessions:
         raise ValueError("client.sessions: needs at least one session")
@@ -208,7 +216,11 @@ def parse_client_script(data: Any) -> ClientScript:
     record_args = d.get("record_args") or []
     if not isinstance(record_args, list) or not all(isinstance(a, str) for a in record_args):
         raise ValueError("client.record_args: a list of strings (tito record flags)")
-    return ClientScript(sessions, tuple(record_args))
+    concurrency = d.get("concurrency")
+    if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
+                                    or concurrency < 1):
+        raise ValueError("client.concurrency: a number of sessions >= 1")
+    return ClientScript(sessions, tuple(record_args), concurrency)
 
 
 def load_scenario_file(path: str | Path) -> dict[str, Any]:

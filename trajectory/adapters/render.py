@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trajectory.adapters import qwen3_template
+from trajectory.adapters.line_cache import shared_line_cache
 from trajectory.untracked import untrack
 
 # Qwen3-style templates drop reasoning of assistant turns before the last user query; this is the test.
@@ -22,7 +23,12 @@ _REASONING_WINDOW = "loop.index0 > ns.last_query_index"
 
 
 class ChatRenderer:
-    """Renders canonical messages with a Hugging Face tokenizer's chat template (generation prompt added)."""
+    """Renders canonical messages with a Hugging Face tokenizer's chat template (generation prompt added).
+
+    Jinja templates render in transformers' sandboxed environment, rebuilt in `trajectory.chat_template` (Jinja is
+    imported only when a template needs it: the Qwen3 one renders natively). A Jinja template is checked here: one
+    that does not parse, or that reaches for Python internals on a plain conversation, is refused (ValueError);
+    one that does so only on some input fails that render with `SecurityError`."""
 
     def __init__(self, tokenizer: Any, preserve_reasoning: bool = False,
                  template_kwargs: dict[str, Any] | None = None, template: str | None = None) -> None:
@@ -42,7 +48,11 @@ class ChatRenderer:
             self.preserves_reasoning = True
         # The exact Python transcription of the template, when it is the Qwen3 one (Jinja otherwise).
         self.native = qwen3_template.is_qwen3_template(original)
+        self.special_tokens: dict[str, str] = dict(getattr(tokenizer, "special_tokens_map", None) or {})
+        if template is not None or not self.native:
+            self._check_template()
         self._backend = getattr(tokenizer, "_tokenizer", None)  # the Rust tokenizer: no Python per-call cost
+        self._lines = shared_line_cache(tokenizer)  # lines already encoded in this process, where exact
         # transformers' decode is the Rust one plus input conversion and, where a tokenizer asks for it, a
         # clean-up of spaces; without the clean-up, the Rust call alone gives the same text at half the cost.
         self._decoder = None if getattr(tokenizer, "clean_up_tokenization_spaces", True) else self._backend
@@ -57,11 +67,29 @@ class ChatRenderer:
         return self.render_jinja(messages, tools)
 
     def render_jinja(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, chat_template=self.template, tokenize=False,
-            add_generation_prompt=True, **self.template_kwargs)
+        from trajectory import chat_template
+
+        return chat_template.render(self.template, messages, tools or None, add_generation_prompt=True,
+                                    special_tokens=self.special_tokens, **self.template_kwargs)
+
+    def _check_template(self) -> None:
+        from trajectory import chat_template
+
+        try:
+            chat_template.compile_template(self.template)
+        except chat_template.TemplateError as exc:
+            raise ValueError(f"the chat template does not parse: {exc}") from None
+        try:
+            self.render_jinja([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], None)
+        except chat_template.SecurityError as exc:
+            raise ValueError(f"the chat template reaches for Python internals, which its sandbox refuses: "
+                             f"{exc}") from None
+        except Exception:  # noqa: BLE001 - a template may refuse this conversation; real requests will show
+            pass
 
     def encode(self, text: str) -> list[int]:
+        if self._lines is not None:
+            return untrack(self._lines.encode(text))
         if self._backend is not None:
             return untrack(self._backend.encode(text, add_special_tokens=False).ids)
         return untrack(self.tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,75 @@
+"""Encoding line by line, each line's ids kept for the whole process: sessions share what they all send.
+
+Agents of one kind send the same system prompt and tool definitions in every session (Claude Code's are ~50k
+characters), and tool results and messages come back in every later turn. Qwen's pre-tokenizer is a regex
+whose cost dominates an encode (~0.3 s for 50k characters on the CI VM), so a session's first prompt was the
+most expensive step of a replay, paid again by every session.
+
+Cutting is exact where no token can straddle the cut: right after a newline that is followed by a printable
+ASCII character other than a space. Every alternative of Qwen's split regex that can hold a newline ends with
+newlines or whitespace (`\\s*[\\r\\n]+`, ` ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*`, `\\s+(?!\\S)`, `\\s+`), so no match runs
+on into that character; letter runs cannot start with a newline; NFC composes nothing onto a newline; and no
+added token holds a newline (`LightTokenizer.splits_at_lines` checks it). `tests/test_line_cache.py` holds
+the cut against whole-text encoding on generated text.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from array import array
+from collections import OrderedDict
+from typing import Any
+
+_CUT = re.compile(r"\n(?=[!-~])")
+MIN_CACHED_CHARS = 16  # shorter lines are cheap to encode and too many to keep
+MAX_CACHED_TOKENS = 4_000_000  # ~16 MB of packed ids
+
+
+class LineCache:
+    """Encodes text as its lines' ids, each line encoded once per process while it stays in the cache."""
+
+    def __init__(self, backend: Any, max_tokens: int = MAX_CACHED_TOKENS) -> None:
+        self.backend = backend  # the Rust tokenizer
+        self.max_tokens = max_tokens
+        self._lines: OrderedDict[str, array] = OrderedDict()
+        self._tokens = 0
+        self.hits = self.misses = 0
+
+    def encode(self, text: str) -> list[int]:
+        out = array("I")
+        start = 0
+        for cut in _CUT.finditer(text):
+            out.extend(self._line(text[start:cut.end()]))
+            start = cut.end()
+        out.extend(self._line(text[start:]))
+        return out.tolist()
+
+    def _line(self, line: str) -> array:
+        ids = self._lines.get(line)
+        if ids is not None:
+            self._lines.move_to_end(line)
+            self.hits += 1
+            return ids
+        ids = array("I", self.backend.encode(line, add_special_tokens=False).ids)
+        self.misses += 1
+        if len(line) >= MIN_CACHED_CHARS and len(ids) < self.max_tokens:
+            self._lines[line] = ids
+            self._tokens += len(ids)
+            while self._tokens > self.max_tokens:
+                _, dropped = self._lines.popitem(last=False)
+                self._tokens -= len(dropped)
+        return ids
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, LineCache] = weakref.WeakKeyDictionary()
+
+
+def shared_line_cache(tokenizer: Any) -> LineCache | None:
+    """The process's cache for `tokenizer`, or None where cutting at lines is not known to be exact for it."""
+    if not getattr(tokenizer, "splits_at_lines", False):
+        return None
+    cache = _SHARED.get(tokenizer)
+    if cache is None:
+        cache = _SHARED[tokenizer] = LineCache(tokenizer._tokenizer)
+    return cache
