@@ -113,6 +113,8 @@ def _replay(args: argparse.Namespace) -> int:
                          verbosity, style)
     # A running gateway's engine leg is one port: one process serves it.
     processes = 1 if any(w.target.startswith(("http://", "https://")) for w in works) else args.jobs
+    folders = [Path(p) for p in args.cassettes if Path(p).is_dir()]
+    unused = unused_goldens(works, folders)  # before the replay: an update rewrites the goldens it checks
     report = Report(works, args, verbosity)
     progress = Progress()
     progress.add_total(replay_run.total_exchanges(works) if progress.bar is not None else 0)
@@ -124,8 +126,7 @@ def _replay(args: argparse.Namespace) -> int:
     finally:
         progress.close()
         report.close()
-    folders = [Path(p) for p in args.cassettes if Path(p).is_dir()]
-    failed_unused = report_unused(unused_goldens(works, folders), args.update_goldens, args.allow_unused_goldens)
+    failed_unused = report_unused(unused, args.update_goldens, args.allow_unused_goldens)
     beside = [Path(c).parent for c in cassettes if Path(c).parent not in folders]  # not this run's to judge
     for golden in orphans(beside) if verbosity >= 0 else []:
         print(f"note: {golden} has no cassette beside it ({golden.with_suffix(CASSETTE_SUFFIX).name} is gone)")

@@ -51,27 +51,31 @@ def test_the_default_tokenizer_loads_without_transformers_and_keeps_its_fingerpr
 
 def test_every_committed_prompt_renders_and_encodes_as_with_transformers(
         reference: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[tuple[Any, list[dict[str, Any]], Any, list[int]]] = []
-    prepare = Adapter.prepare
+    seen: list[tuple[Any, list[dict[str, Any]], Any, list[int], bool]] = []
+    prompt = Adapter.prompt
 
-    def capture(self: Adapter, state: Any, request: Any) -> tuple[list[dict[str, Any]], list[int]]:
-        messages, ids = prepare(self, state, request)
-        seen.append((self.renderer, messages, request.tools, list(ids)))
-        return messages, ids
+    def capture(self: Adapter, state: Any, request: Any) -> Any:
+        made = prompt(self, state, request)
+        # a spliced prompt's ids are the turn it continues plus the new text's: not an encode of the render
+        seen.append((self.renderer, made.messages, request.tools, list(made.ids), made.splice.ids is not None))
+        return made
 
-    monkeypatch.setattr(Adapter, "prepare", capture)
+    monkeypatch.setattr(Adapter, "prompt", capture)
     for path in CASSETTES:
         before = len(seen)
         result = replay_cassette(path, options=ReplayOptions())
         assert result.ok and len(seen) > before, path  # the recorded prompts' ids, reproduced
-    assert len(seen) > 100
-    for renderer, messages, tools, ids in seen:
+    assert len(seen) > 100 and sum(not spliced for *_, spliced in seen) > 40
+    for renderer, messages, tools, ids, spliced in seen:
         expected = reference.apply_chat_template(
             messages, tools=tools or None, chat_template=renderer.template, tokenize=False,
             add_generation_prompt=True, **renderer.template_kwargs)
         assert renderer.render(messages, tools) == expected
         assert renderer.render_jinja(messages, tools) == expected  # the Jinja path, not only the native one
-        assert ids == reference.encode(expected, add_special_tokens=False)
+        if spliced:  # the same text, in the tokens the model sampled where it continues a turn
+            assert reference.decode(ids) == expected
+        else:
+            assert ids == reference.encode(expected, add_special_tokens=False)
 
 
 def test_tokens_vocabulary_and_decoding_agree_with_transformers(reference: Any) -> None:
