@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fake-engine": ("fake_engine.cli", "run the SGLang-compatible fake engine"),
     "record": ("recorder.cli", "record agent and engine traffic into a cassette"),
     "simulate": ("recorder.simulate", "a scenario: fake engine, recording proxy, the real CLI; cassette and golden"),
+    "scenario": ("recorder.scenario_cli", "check scenario files against their model (check), print its JSON Schema"),
     "replay": ("replayer.replay_cli", "replay cassettes through the adapter and manager, verify, check goldens"),
     "diff": ("replayer.diff", "compare the training data of two cassettes, or of one under a candidate change"),
     "cassette": ("replayer.cassette_cli", "a cassette's summary (info), records as JSON (export), cut and merge"),

@@ -86,7 +86,7 @@ def install_clis(paths: list[Path]) -> dict[str, str]:
             for agent in load_cli_script(path).agents:
                 needs.setdefault(agent, []).append(path.stem)
         except (OSError, ValueError) as exc:
-            broken[path.stem] = str(exc)
+            broken[path.stem] = str(exc).removeprefix(f"{path}: ")
     for agent, users in needs.items():
         pin = pin_for(agent)
         if not is_installed(pin):

@@ -21,7 +21,15 @@ from typing import Any
 
 import aiohttp
 
-from recorder.scripted.script import RETRY_STATUSES, AgentSpec, ClientScript, ClientSession, Disconnect, Step
+from recorder.scripted.script import (
+    RETRY_STATUSES,
+    AgentSpec,
+    ClientScript,
+    ClientSession,
+    Disconnect,
+    Step,
+    SubagentResult,
+)
 from recorder.scripted.wires import WIRE_CODECS, AssistantReply, ToolCallOut, Wire
 
 COMPACTION_PREFIX = ("This session is being continued from a previous conversation that ran out of context. "
@@ -127,8 +135,8 @@ class SessionRunner:
 
     async def tool_result(self, conv: Conversation, call: ToolCallOut) -> str:
         canned = conv.agent.results.get(call.name)
-        if isinstance(canned, dict):
-            sub = self.session.subagents[canned["subagent"]]
+        if isinstance(canned, SubagentResult):
+            sub = self.session.subagents[canned.subagent]
             task = call.arguments.get("prompt") or sub.prompt or "Do the task."
             return await self.prompt(Conversation(sub), str(task), 12)
         if isinstance(canned, list):
