@@ -18,6 +18,7 @@ from recorder.cassette.format import (
     MAGIC,
     AgentRecord,
     CorruptCassetteError,
+    DecodeBudget,
     EngineRecord,
     Header,
     Record,
@@ -29,6 +30,7 @@ from recorder.cassette.format import (
     decode_frame_header,
     decode_header,
     decode_payload,
+    located,
 )
 
 
@@ -38,6 +40,8 @@ class CassetteReader:
     def __init__(self, source: str | os.PathLike[str] | BinaryIO, tokenizer_fingerprint: str | None = None) -> None:
         """`source`: a path, or an open binary stream (which `close()` leaves open)."""
         self.truncated = False
+        self.budget = DecodeBudget()  # a hostile file's bombs stop early (recorder/cassette/format.py)
+        self._offset = 0
         if isinstance(source, str | os.PathLike):
             self.path: Path | str = Path(source)
             self._owned = True
@@ -77,12 +81,14 @@ class CassetteReader:
         if len(payload) < length:
             self.truncated = True
             return None
-        return decode_payload(payload, flags, crc, offset)
+        self.budget.read(FRAME_HEADER.size + length)
+        self._offset = offset
+        return decode_payload(payload, flags, crc, offset, self.budget)
 
     def records(self) -> Iterator[Record]:
-        codec = SessionCodec()
+        codec = SessionCodec(self.budget)
         while (frame := self._read_frame()) is not None:
-            yield codec.decode(frame)
+            yield decode_at(codec, frame, self._offset)
 
     def close(self) -> None:
         if self._owned:
@@ -93,6 +99,14 @@ class CassetteReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def decode_at(codec: SessionCodec, frame: dict[str, Any], offset: int) -> Record:
+    """The frame's record; a record the format does not allow names its byte offset, as a bad frame does."""
+    try:
+        return codec.decode(frame)
+    except CorruptCassetteError as exc:
+        raise located(exc, offset) from None
 
 
 def check_tokenizer(header: Header, fingerprint: str, path: Path | str = "cassette") -> None:

@@ -19,9 +19,11 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
+from urllib.parse import quote
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
 from recorder.cassette.format import CassetteError, Header, TokenizerMismatchError
@@ -85,6 +87,9 @@ def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None) ->
         raise ReplayInputError(f"{path}: no such cassette") from None
     except (CassetteError, OSError) as exc:
         raise ReplayInputError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
+    problem = settings_problem(cassette.header)
+    if problem:
+        raise ReplayInputError(f"{path}: header {problem}")
     folder = tokenizer or cassette.header.adapter.get("tokenizer_dir")
     if folder and not Path(folder).is_dir():
         raise ReplayInputError(f"{path}: recorded with the tokenizer in {folder}, which is not on this machine; "
@@ -96,6 +101,34 @@ def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None) ->
     except FileNotFoundError as exc:
         raise ReplayInputError(f"{path}: {exc}") from None
     return cassette, folder
+
+
+def settings_problem(header: Header) -> str | None:
+    """What is wrong with the settings a header gives the adapter and the manager (a cassette can come from a
+    pull request): a value of another type than the setting's, or a manager setting that does not exist."""
+    adapter_types = get_type_hints(AdapterSettings)
+    manager_types = {k: v for k, v in get_type_hints(TrajectoryManager.__init__).items() if k != "return"}
+    manager = header.adapter.get("manager", {})
+    if not isinstance(manager, dict):
+        return f"adapter.manager: expected a map, got {type(manager).__name__}"
+    checks = [(f"adapter.{k}", v, adapter_types[k]) for k, v in header.adapter.items()
+              if k in adapter_types and k not in LOCAL_SETTINGS]
+    for key, value in manager.items():
+        if key not in manager_types:
+            return f"adapter.manager.{key}: not a setting of this tito's manager"
+        checks.append((f"adapter.manager.{key}", value, manager_types[key]))
+    checks += [(f"parsers.{k}", header.parsers[k], str | None) for k in ("tool_call", "reasoning")
+               if k in header.parsers]
+    for where, value, hint in checks:
+        try:
+            msgspec.convert(value, hint)
+        except msgspec.ValidationError as exc:
+            return f"{where}: {exc}"
+    try:
+        TrajectoryManager(**manager)
+    except ValueError as exc:
+        return f"adapter.manager: {exc}"
+    return None
 
 
 def adapter_settings(header: Header, tokenizer: str | None, overrides: dict[str, Any]) -> AdapterSettings:
@@ -283,7 +316,8 @@ class _SessionRun:
 
     async def finish(self, reward: float, live: list[dict[str, Any]] | None) -> None:
         name = self.plan.name
-        status, body = await self.h.request("POST", f"/tito/sessions/{name}/finish", json={"reward": reward})
+        status, body = await self.h.request("POST", f"/tito/sessions/{quote(name, safe='')}/finish",
+                                            json={"reward": reward})
         if status != 200:
             self.found(Difference(
                 "samples", f"finish answered {status}: {short(body.decode(errors='replace'))}"))
@@ -305,7 +339,7 @@ class _SessionRun:
                                   turn=turn, detail=detail))
 
     async def drop(self) -> None:
-        status, body = await self.h.request("DELETE", f"/tito/sessions/{self.plan.name}")
+        status, body = await self.h.request("DELETE", f"/tito/sessions/{quote(self.plan.name, safe='')}")
         self.result.drops += 1
         if status != 200:
             self.found(Difference("error", f"drop answered {status}: {short(body.decode())}"))
