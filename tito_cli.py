@@ -12,7 +12,8 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("trajectory.demo", "replay a built-in synthetic session through the manager"),
+    "demo": ("replayer.demo", "replay a committed real Claude Code cassette with no engine: verified, its decisions, "
+                              "an HTML page (--synthetic: the manager alone)"),
     "serve": ("trajectory.adapters.serve", "run the adapter app in front of an SGLang engine"),
     "fake-engine": ("fake_engine.cli", "run the SGLang-compatible fake engine"),
     "record": ("recorder.cli", "record agent and engine traffic into a cassette"),
