@@ -18,8 +18,10 @@ import pytest
 
 from recorder.cassette.format import (
     DECODE_FLOOR,
+    EXT_F64,
     EXT_MASK_RLE,
     EXT_TOKEN_DELTA,
+    EXT_U32,
     FLAG_ZLIB,
     MAX_INFLATE_RATIO,
     CorruptCassetteError,
@@ -200,3 +202,18 @@ def test_header_settings_of_another_type_are_one_line_before_a_replay(
         code, out, err = run(tool, str(path))
         assert (code, out) == (2, "") and err.startswith(f"tito {tool}: {path}: {message}"), err
         assert len(err.splitlines()) == 1
+
+
+def test_a_packed_list_is_only_taken_where_its_numbers_belong() -> None:
+    """Lists the decoder unpacks itself skip the per-item walk, but only where their item type is declared."""
+    floats = msgpack.ExtType(EXT_F64, struct.pack("<2d", 1.5, 2.5))
+    sample = {"tokens": floats, "response_length": 0, "loss_mask": [], "rollout_log_probs": []}
+    samples = {"t": "samples", "session": "s", "seq": 1, "reward": 1.0, "samples": [sample]}
+    with pytest.raises(CorruptCassetteError, match=r"sample 0 'tokens': expected list\[int\], got list \[1.5, 2.5\]"):
+        read(cassette_of(fuzz.frame(fuzz.pack(samples))))
+    events = fuzz.agent_record(1, b"{}") | {"reply_events": msgpack.ExtType(EXT_U32, pack_u32([1, 2]))}
+    with pytest.raises(CorruptCassetteError, match=r"agent record field 'reply_events': expected list\[str\] \| None"):
+        read(cassette_of(fuzz.frame(fuzz.pack(events))))
+    sample["tokens"], sample["rollout_log_probs"] = [1, 2], floats  # numbers where numbers go: read
+    sample["response_length"], sample["loss_mask"] = 2, msgpack.ExtType(EXT_MASK_RLE, b"\1" + pack_u32([2]))
+    read(cassette_of(fuzz.frame(fuzz.pack(samples))))

@@ -246,7 +246,7 @@ def _ext_hook(code: int, data: bytes, budget: DecodeBudget | None = None) -> Any
     if code in (EXT_U32, EXT_F64, EXT_MASK_RLE):
         values = unpack_u32(data) if code == EXT_U32 else unpack_f64(data) if code == EXT_F64 else mask_unrle(
             data, budget)
-        return values if budget is None else budget.built_here(values)
+        return values if budget is None else budget.built_here(values, float if code == EXT_F64 else int)
     if code == EXT_TOKEN_DELTA:
         if len(data) < 4:
             raise CorruptCassetteError("short token delta")
@@ -349,15 +349,16 @@ class DecodeBudget:
 
     stored: int = 0
     decoded: int = 0
-    built: set[int] = field(default_factory=set)  # ids of the number lists this frame's decoding built
+    built: dict[int, Any] = field(default_factory=dict)  # id of a list this frame's decoding built -> its items
 
     def read(self, n: int) -> None:
         self.stored += n
-        self.built = set()
+        self.built = {}
 
-    def built_here(self, values: list[Any]) -> list[Any]:
-        """`values`, a list the decoder made from packed bytes: known to hold numbers, not checked again."""
-        self.built.add(id(values))
+    def built_here(self, values: list[Any], items: Any) -> list[Any]:
+        """`values`, a list the decoder made from packed bytes, all of type `items` (int, float, or Any for
+        data such as logprob triples): known, so not walked again by the record checks."""
+        self.built[id(values)] = items
         return values
 
     def left(self) -> int:
@@ -512,9 +513,11 @@ SAMPLE_KEYS: dict[str, Any] = {"tokens": list[int], "response_length": int, "los
                                "rollout_log_probs": list[float], "reward": float, "metadata": dict[str, Any]}
 
 
-def check_fields(record: Any, kind: str, built: set[int] | frozenset[int] = frozenset()) -> None:
+def check_fields(record: Any, kind: str, built: Built | None = None) -> None:
     """A CorruptCassetteError naming the first field of `record` (a dataclass) that has another type than
-    declared, or breaks a value rule of the format. `built`: ids of lists the decoder made (numbers)."""
+    declared, or breaks a value rule of the format. `built`: the lists the decoder made, by id, with the type
+    of their items."""
+    built = built or {}
     for name, hint in _hints(type(record)).items():
         value = getattr(record, name)
         if not _fits(value, hint, 0, built):
@@ -550,11 +553,12 @@ def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
-def _fits(value: Any, hint: Any, depth: int, built: set[int] | frozenset[int]) -> bool:
+Built = dict[int, Any]
+Check = Callable[[Any, int, Built], bool]
+
+
+def _fits(value: Any, hint: Any, depth: int, built: Built) -> bool:
     return _checker(hint)(value, depth, built)
-
-
-Check = Callable[[Any, int, "set[int] | frozenset[int]"], bool]
 
 
 @functools.cache
@@ -576,12 +580,13 @@ def _checker(hint: Any) -> Check:
             key(k, d, b) and item(x, d + 1, b) for k, x in v.items())
     if origin is list:
         item, number = _checker(args[0]), args[0] if args[0] in (int, float) else None
+        known = {int: (int,), float: (int, float)}.get(args[0], ())  # built lists whose items fit
         return lambda v, d, b: type(v) is list and d < MAX_NESTING and (
-            id(v) in b or (number is not None and _numbers(v, number)) or all(item(x, d + 1, b) for x in v))
+            b.get(id(v)) in known or (number is not None and _numbers(v, number)) or all(item(x, d + 1, b) for x in v))
     return lambda v, d, b: type(v) is hint
 
 
-def _is_data(value: Any, depth: int, built: set[int] | frozenset[int]) -> bool:
+def _is_data(value: Any, depth: int, built: Built) -> bool:
     kind = type(value)
     if kind in (str, int, float, bool, bytes) or value is None:
         return True
@@ -722,7 +727,7 @@ class SessionCodec:
                 if isinstance(sample, dict) and isinstance(sample.get("tokens"), TokenDelta):
                     sample["tokens"] = self._built(unpack_u32(self._spent(sample["tokens"].apply(state.context),
                                                                           "a sample")))
-        check_fields(record, data["t"], self.budget.built if self.budget is not None else frozenset())
+        check_fields(record, data["t"], self.budget.built if self.budget is not None else None)
         return record
 
     def _spent(self, data: bytes, what: str) -> bytes:
@@ -730,8 +735,8 @@ class SessionCodec:
             self.budget.spend(len(data), what)
         return data
 
-    def _built(self, values: list[Any]) -> list[Any]:
-        return values if self.budget is None else self.budget.built_here(values)
+    def _built(self, values: list[Any], items: Any = int) -> list[Any]:
+        return values if self.budget is None else self.budget.built_here(values, items)
 
     def _decode_engine(self, state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:
         resolved = False
@@ -746,7 +751,8 @@ class SessionCodec:
                 state.context = state.context + packed_out
             meta = response.get("meta_info")
             if isinstance(meta, dict) and isinstance(meta.get("output_token_logprobs"), LogprobColumn):
-                meta["output_token_logprobs"] = self._built(meta["output_token_logprobs"].apply(response["output_ids"]))
+                triples = meta["output_token_logprobs"].apply(response["output_ids"])
+                meta["output_token_logprobs"] = self._built(triples, Any)
         return request, response
 
 
