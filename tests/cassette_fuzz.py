@@ -15,6 +15,7 @@ import argparse
 import io
 import json
 import math
+import os
 import random
 import re
 import resource
@@ -31,6 +32,7 @@ from typing import Any
 
 import msgpack
 
+from benchmarks.host_steal import steal_watch
 from recorder.cassette.format import (
     EXT_BYTES_DELTA,
     EXT_F64,
@@ -351,6 +353,8 @@ class Report:
     seconds: float = 0.0
     rss_start_mib: float = 0.0  # the process's peak resident memory before the first case, and after the last
     rss_peak_mib: float = 0.0
+    steal_pct: float = 0.0  # the most any one CPU was stolen by the hypervisor during the run (benchmarks/)
+    load: float = 0.0  # the 1-minute load average at the end
 
     @property
     def total(self) -> int:
@@ -359,7 +363,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "cases": self.total, "findings": self.findings, "seconds": self.seconds,
                 "slowest_s": self.slowest_s, "slowest_case": self.slowest_case, "rss_start_mib": self.rss_start_mib,
-                "rss_peak_mib": self.rss_peak_mib,
+                "rss_peak_mib": self.rss_peak_mib, "steal_pct": self.steal_pct, "load": self.load,
                 "outcomes": [[kind, outcome, n] for (kind, outcome), n in sorted(self.outcomes.items())]}
 
 
@@ -371,7 +375,16 @@ def fuzz(n: int = CASES, seed: int = SEED) -> Report:
     report = Report(seed)
     zlib_bomb(1 << 30)  # built before the memory baseline: it is the input, not what reading it costs
     report.rss_start_mib = peak_rss_mib()
-    started = time.perf_counter()
+    started, steal = time.perf_counter(), []
+    with steal_watch(steal):
+        run_cases(report, n, seed)
+    report.seconds = time.perf_counter() - started
+    report.rss_peak_mib = peak_rss_mib()
+    report.steal_pct, report.load = steal[0], os.getloadavg()[0]
+    return report
+
+
+def run_cases(report: Report, n: int, seed: int) -> None:
     for case in cases(n, seed):
         t = time.perf_counter()
         try:
@@ -384,9 +397,6 @@ def fuzz(n: int = CASES, seed: int = SEED) -> Report:
         if elapsed > report.slowest_s:
             report.slowest_s, report.slowest_case = elapsed, f"case {case.number} ({case.kind}, {case.base})"
         report.outcomes[(case.kind, outcome)] += 1
-    report.seconds = time.perf_counter() - started
-    report.rss_peak_mib = peak_rss_mib()
-    return report
 
 
 def figures(report: Report) -> str:
@@ -404,7 +414,8 @@ def figures(report: Report) -> str:
         f"one `CassetteError` line): **{len(report.findings)}**. Peak resident memory of the fuzzing process: "
         f"**{report.rss_peak_mib:.0f} MiB**, {report.rss_peak_mib - report.rss_start_mib:.0f} MiB above its "
         f"{report.rss_start_mib:.0f} MiB before the first case; slowest case **{report.slowest_s:.2f} s** "
-        f"({report.slowest_case}).", "", *lines])
+        f"({report.slowest_case}). Host steal up to {report.steal_pct:.1f}%, load average {report.load:.2f}.",
+        "", *lines])
 
 
 def write_docs(path: Path, block: str) -> None:

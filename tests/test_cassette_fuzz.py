@@ -217,3 +217,29 @@ def test_a_packed_list_is_only_taken_where_its_numbers_belong() -> None:
     sample["tokens"], sample["rollout_log_probs"] = [1, 2], floats  # numbers where numbers go: read
     sample["response_length"], sample["loss_mask"] = 2, msgpack.ExtType(EXT_MASK_RLE, b"\1" + pack_u32([2]))
     read(cassette_of(fuzz.frame(fuzz.pack(samples))))
+
+
+def test_a_recorded_request_whose_sampling_params_are_not_a_map_is_refused() -> None:
+    """Replay compares a /generate with its recorded twin's input_ids and sampling params: both are typed."""
+    record = fuzz.engine_record(1, {"input_ids": [1, 2], "sampling_params": 7})
+    with pytest.raises(CorruptCassetteError, match=r"engine record request 'sampling_params': expected dict"):
+        read(cassette_of(fuzz.frame(fuzz.pack(record))))
+    record = fuzz.engine_record(1, {"input_ids": ["a"]})
+    with pytest.raises(CorruptCassetteError, match=r"engine record request 'input_ids': expected list\[int\]"):
+        read(cassette_of(fuzz.frame(fuzz.pack(record))))
+
+
+@pytest.mark.parametrize("meta", [
+    {"output_token_logprobs": [{"lp": -0.1}]}, {"output_token_logprobs": [], "prompt_tokens": [3]},
+    {"output_token_logprobs": [], "cached_tokens": "many"},
+])
+def test_a_malformed_engine_answer_is_an_engine_error_in_the_adapter(meta: dict[str, object]) -> None:
+    """A replay serves the recorded engine answers to the real adapter: whatever their shape, the adapter
+    answers its client 502 (an engine error), never fails in its handler."""
+    from trajectory.adapters.engine import EngineError, parse_generation
+
+    with pytest.raises(EngineError) as info:
+        parse_generation("rid", {"meta_info": meta})
+    assert info.value.status == 502
+    odd_reason = {"meta_info": {"output_token_logprobs": [], "finish_reason": "stop"}}  # a str, not SGLang's map
+    assert parse_generation("rid", odd_reason).finish_reason == "stop"

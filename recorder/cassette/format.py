@@ -509,6 +509,7 @@ TIMINGS = ("started_s", "duration_s")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _LINE_BREAK = re.compile(r"[\r\n\x00]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # in a session name: it is printed to terminals as it is
+REQUEST_KEYS: dict[str, Any] = {"input_ids": list[int], "sampling_params": dict[str, Any]}  # what replay compares
 SAMPLE_KEYS: dict[str, Any] = {"tokens": list[int], "response_length": int, "loss_mask": list[int],
                                "rollout_log_probs": list[float], "reward": float, "metadata": dict[str, Any]}
 
@@ -533,11 +534,14 @@ def check_fields(record: Any, kind: str, built: Built | None = None) -> None:
             raise CorruptCassetteError(f"corrupt cassette: a session name holds control characters: {value!r}"[:160])
         if name in ("headers", "reply_headers"):
             _check_headers(value, f"{kind} record field {name!r}")
-    for i, sample in enumerate(getattr(record, "samples", None) or []):
-        for key, hint in SAMPLE_KEYS.items():
-            if key in sample and not _fits(sample[key], hint, 1, built):
-                raise CorruptCassetteError(f"corrupt cassette: samples record sample {i} {key!r}: expected "
-                                           f"{_named(hint)}, got {_shown(sample[key])}")
+    parts = [(f"sample {i}", sample, SAMPLE_KEYS) for i, sample in enumerate(getattr(record, "samples", None) or [])]
+    if isinstance(getattr(record, "request", None), dict):
+        parts.append(("request", record.request, REQUEST_KEYS))
+    for where, part, keys in parts:
+        for key, hint in keys.items():
+            if key in part and not _fits(part[key], hint, 1, built):
+                raise CorruptCassetteError(f"corrupt cassette: {kind} record {where} {key!r}: expected "
+                                           f"{_named(hint)}, got {_shown(part[key])}")
 
 
 def _check_headers(headers: dict[str, Any], where: str) -> None:
