@@ -263,6 +263,10 @@ def mutate_wrong_type(rng: random.Random, name: str) -> bytes:
 def mutate_bad_value(rng: random.Random, name: str) -> bytes:
     """Values of the right type that the format does not allow (or that later code could trip on)."""
     frames = frames_of(name)
+    ids = [f.record["request"] for f in frames if isinstance(f.record.get("request"), dict)]
+    if ids and rng.random() < 0.15:  # token ids a tokenizer cannot decode
+        rng.choice(ids)["input_ids"] = rng.choice([[-1], [2**32], [1, 2**40], [0.5]])
+        return assemble(frames)
     candidates = [(f, k) for f in frames for k in f.record if k in BAD_VALUES]
     target, key = rng.choice(candidates)
     value = rng.choice(BAD_VALUES[key])

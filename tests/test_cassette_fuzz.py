@@ -209,7 +209,7 @@ def test_a_packed_list_is_only_taken_where_its_numbers_belong() -> None:
     floats = msgpack.ExtType(EXT_F64, struct.pack("<2d", 1.5, 2.5))
     sample = {"tokens": floats, "response_length": 0, "loss_mask": [], "rollout_log_probs": []}
     samples = {"t": "samples", "session": "s", "seq": 1, "reward": 1.0, "samples": [sample]}
-    with pytest.raises(CorruptCassetteError, match=r"sample 0 'tokens': expected list\[int\], got list \[1.5, 2.5\]"):
+    with pytest.raises(CorruptCassetteError, match=r"sample 0 'tokens': expected list\[TokenId\], got list \[1.5, 2.5"):
         read(cassette_of(fuzz.frame(fuzz.pack(samples))))
     events = fuzz.agent_record(1, b"{}") | {"reply_events": msgpack.ExtType(EXT_U32, pack_u32([1, 2]))}
     with pytest.raises(CorruptCassetteError, match=r"agent record field 'reply_events': expected list\[str\] \| None"):
@@ -219,13 +219,18 @@ def test_a_packed_list_is_only_taken_where_its_numbers_belong() -> None:
     read(cassette_of(fuzz.frame(fuzz.pack(samples))))
 
 
-def test_a_recorded_request_whose_sampling_params_are_not_a_map_is_refused() -> None:
-    """Replay compares a /generate with its recorded twin's input_ids and sampling params: both are typed."""
+def test_the_request_and_response_fields_replay_reads_are_typed() -> None:
+    """Replay compares a /generate with its recorded twin's input_ids and sampling params, and decodes token ids
+    to show a difference: those are typed, ids as uint32."""
     record = fuzz.engine_record(1, {"input_ids": [1, 2], "sampling_params": 7})
     with pytest.raises(CorruptCassetteError, match=r"engine record request 'sampling_params': expected dict"):
         read(cassette_of(fuzz.frame(fuzz.pack(record))))
-    record = fuzz.engine_record(1, {"input_ids": ["a"]})
-    with pytest.raises(CorruptCassetteError, match=r"engine record request 'input_ids': expected list\[int\]"):
+    for ids in (["a"], [-1], [2**32]):  # a tokenizer cannot decode an id outside uint32 (difference reports do)
+        record = fuzz.engine_record(1, {"input_ids": ids})
+        with pytest.raises(CorruptCassetteError, match=r"engine record request 'input_ids': expected list\[TokenId\]"):
+            read(cassette_of(fuzz.frame(fuzz.pack(record))))
+    record = fuzz.engine_record(1, {"input_ids": [1]}) | {"response": {"output_ids": [2**40]}}
+    with pytest.raises(CorruptCassetteError, match=r"engine record response 'output_ids': expected list\[TokenId\]"):
         read(cassette_of(fuzz.frame(fuzz.pack(record))))
 
 

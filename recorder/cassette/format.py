@@ -509,8 +509,16 @@ TIMINGS = ("started_s", "duration_s")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _LINE_BREAK = re.compile(r"[\r\n\x00]")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # in a session name: it is printed to terminals as it is
-REQUEST_KEYS: dict[str, Any] = {"input_ids": list[int], "sampling_params": dict[str, Any]}  # what replay compares
-SAMPLE_KEYS: dict[str, Any] = {"tokens": list[int], "response_length": int, "loss_mask": list[int],
+
+
+class TokenId(int):
+    """A token id in the record checks: a uint32, as the format packs them (a tokenizer refuses others)."""
+
+
+# Keys of a /generate request and response, and of a sample, that replay and inspect read: typed too.
+REQUEST_KEYS: dict[str, Any] = {"input_ids": list[TokenId], "sampling_params": dict[str, Any]}
+RESPONSE_KEYS: dict[str, Any] = {"output_ids": list[TokenId]}
+SAMPLE_KEYS: dict[str, Any] = {"tokens": list[TokenId], "response_length": int, "loss_mask": list[int],
                                "rollout_log_probs": list[float], "reward": float, "metadata": dict[str, Any]}
 
 
@@ -535,8 +543,9 @@ def check_fields(record: Any, kind: str, built: Built | None = None) -> None:
         if name in ("headers", "reply_headers"):
             _check_headers(value, f"{kind} record field {name!r}")
     parts = [(f"sample {i}", sample, SAMPLE_KEYS) for i, sample in enumerate(getattr(record, "samples", None) or [])]
-    if isinstance(getattr(record, "request", None), dict):
-        parts.append(("request", record.request, REQUEST_KEYS))
+    for name, keys in (("request", REQUEST_KEYS), ("response", RESPONSE_KEYS)):
+        if isinstance(getattr(record, name, None), dict):
+            parts.append((name, getattr(record, name), keys))
     for where, part, keys in parts:
         for key, hint in keys.items():
             if key in part and not _fits(part[key], hint, 1, built):
@@ -578,13 +587,15 @@ def _checker(hint: Any) -> Check:
         return lambda v, d, b: v is None
     if hint is float:
         return lambda v, d, b: type(v) is float or type(v) is int
+    if hint is TokenId:
+        return lambda v, d, b: type(v) is int and 0 <= v <= _U32_MAX
     if origin is dict:
         key, item = _checker(args[0]), _checker(args[1])
         return lambda v, d, b: type(v) is dict and d < MAX_NESTING and all(
             key(k, d, b) and item(x, d + 1, b) for k, x in v.items())
     if origin is list:
-        item, number = _checker(args[0]), args[0] if args[0] in (int, float) else None
-        known = {int: (int,), float: (int, float)}.get(args[0], ())  # built lists whose items fit
+        item, number = _checker(args[0]), args[0] if args[0] in (int, float, TokenId) else None
+        known = {int: (int,), TokenId: (int,), float: (int, float)}.get(args[0], ())  # built lists whose items fit
         return lambda v, d, b: type(v) is list and d < MAX_NESTING and (
             b.get(id(v)) in known or (number is not None and _numbers(v, number)) or all(item(x, d + 1, b) for x in v))
     return lambda v, d, b: type(v) is hint
@@ -604,7 +615,7 @@ def _is_data(value: Any, depth: int, built: Built) -> bool:
 def _numbers(values: list[Any], item: Any) -> bool:
     """A list of ints (or, for floats, of numbers) checked at C speed: token lists hold 150k of them."""
     try:
-        array("q" if item is int else "d", values)
+        array({int: "q", TokenId: "I", float: "d"}[item], values)
     except (TypeError, OverflowError):
         return False
     return True
@@ -613,7 +624,7 @@ def _numbers(values: list[Any], item: Any) -> bool:
 def _named(hint: Any) -> str:
     if get_origin(hint) is None and isinstance(hint, type):
         return hint.__name__
-    return str(hint).replace("typing.", "")
+    return str(hint).replace("typing.", "").replace(f"{__name__}.", "")
 
 
 def _shown(value: Any) -> str:
