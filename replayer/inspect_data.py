@@ -162,14 +162,16 @@ def _read_generate(row: ExchangeRow, call: EngineRecord) -> None:
     ids = request.get("input_ids")
     response = call.response if isinstance(call.response, dict) else {}
     meta = response.get("meta_info") or {}
-    row.prompt_tokens = len(ids) if isinstance(ids, list) else meta.get("prompt_tokens")
+    prompt_tokens = meta.get("prompt_tokens")
+    row.prompt_tokens = len(ids) if isinstance(ids, list) else prompt_tokens if type(prompt_tokens) is int else None
     if call.status != 200:
         row.finish = f"engine {call.status}"
         return
     row.output_ids = list(response.get("output_ids") or [])
     row.output_tokens = len(row.output_ids)
     reason = meta.get("finish_reason")
-    row.finish = reason.get("type") if isinstance(reason, dict) else reason
+    reason = reason.get("type") if isinstance(reason, dict) else reason
+    row.finish = reason if isinstance(reason, str) else None  # the recorded engine's answer: any shape
 
 
 # --- decisions on tokens -----------------------------------------------------------------------------------

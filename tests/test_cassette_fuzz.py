@@ -293,3 +293,19 @@ def test_every_field_of_every_record_type_takes_only_its_type(kind: str) -> None
                 assert outcome in ("CorruptCassetteError", "UnsupportedVersionError"), (kind, field, value, outcome)
                 refused += 1
     assert refused >= len(hints) * 6, refused  # most values are of another type than most fields'
+
+
+def test_inspect_shows_an_engine_answer_of_any_shape() -> None:
+    """The exchanges table reads each recorded /generate answer as it is: a finish reason or token count of
+    another shape than SGLang's is shown as unknown, never used as text or a number."""
+    from recorder.cassette.format import AgentRecord, EngineRecord
+    from replayer.inspect_data import exchange_row
+    from replayer.plan import PlannedExchange
+
+    agent = AgentRecord("s", 2, "POST", "/v1/messages", "", {}, b"{}", 200, {})
+    for meta, finish in (({"finish_reason": {"type": "length"}, "prompt_tokens": 9}, "length"),
+                         ({"finish_reason": 5, "prompt_tokens": "many"}, None), ({"finish_reason": ["stop"]}, None)):
+        call = EngineRecord("s", 1, "POST", "/generate", {}, 200, {"output_ids": [1, 2], "meta_info": meta})
+        row = exchange_row(PlannedExchange(0, agent, [call]))
+        assert (row.finish, row.output_tokens) == (finish, 2)
+        assert row.prompt_tokens == (9 if finish else None)

@@ -517,7 +517,7 @@ class TokenId(int):
 
 # Keys of a /generate request and response, and of a sample, that replay and inspect read: typed too.
 REQUEST_KEYS: dict[str, Any] = {"input_ids": list[TokenId], "sampling_params": dict[str, Any]}
-RESPONSE_KEYS: dict[str, Any] = {"output_ids": list[TokenId]}
+RESPONSE_KEYS: dict[str, Any] = {"output_ids": list[TokenId], "meta_info": dict[str, Any]}
 SAMPLE_KEYS: dict[str, Any] = {"tokens": list[TokenId], "response_length": int, "loss_mask": list[int],
                                "rollout_log_probs": list[float], "reward": float, "metadata": dict[str, Any]}
 
