@@ -29,11 +29,15 @@ class Subcommand:
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "demo": Subcommand(
-        "trajectory.demo", "replay a built-in synthetic session through the manager",
-        "Replays a small built-in synthetic session (a tool loop, a sub-agent, a client echo that drops "
-        "reasoning, a new user message) through the trajectory manager and prints the message tree, every "
-        "decision with its reason, the statistics and each sample as the goldens render it.",
-        ("0: the demo ran",)),
+        "replayer.demo", "replay a committed real Claude Code cassette with no engine: verified, its decisions, "
+                         "an HTML page (--synthetic: the manager alone)",
+        "Replays a committed recording of the real Claude Code CLI (or CASSETTE) through the adapter app and the "
+        "trajectory manager with no engine and no GPU, and prints what was recorded, the verification (engine "
+        "requests, replies, samples, then the golden), the message tree, every decision, the samples and the "
+        "path of its inspect --html page. --synthetic replays a built-in synthetic session through the manager "
+        "alone.",
+        ("0: the replay matches its recording", "1: a difference",
+         "2: the cassette cannot be replayed")),
     "serve": Subcommand(
         "trajectory.adapters.serve", "run the adapter app in front of an SGLang engine",
         "Serves the adapter app (Anthropic Messages, OpenAI Chat and Responses, Gemini API, rendered to "
@@ -62,6 +66,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "pinned real CLI (installed with npm on first use) or the scripted client against it, and the "
         "cassette's golden is written.",
         ("0: the cassette (and its golden) was written", "1: the recording or the golden failed")),
+    "scenario": Subcommand(
+        "recorder.scenario_cli", "check scenario files against their model (check), print its JSON Schema",
+        "Checks scenario files without running them (every section against its typed model, one line per file "
+        "saying ok or what is wrong and where), or prints a scenario file's JSON Schema for editors.",
+        ("0: every file is valid, or the schema was printed", "2: a file is invalid or cannot be read")),
     "replay": Subcommand(
         "replayer.replay_cli", "replay cassettes through the adapter and manager, verify, check goldens",
         "Replays cassettes offline through the current adapter and manager: each engine request, reply and "

@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+import msgspec
+
 from fake_engine.faults import ALLOWED_STATUSES, FaultSchedule, FaultSpec
 from fake_engine.responses import DEFAULT_PROFILE, PROFILES
+from fake_engine.scenario_model import ScenarioError, validate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,11 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def fault_schedule(args: argparse.Namespace) -> FaultSchedule:
-    spec = FaultSpec(
-        latency_ms=args.fault_latency_ms, token_delay_ms=args.fault_token_delay_ms, status=args.fault_status,
-        drop_connection=args.fault_drop_connection, cut_stream_after=args.fault_cut_stream_after,
-        finish_length=args.fault_finish_length, abort_after=args.fault_abort_after,
-        restart_s=args.fault_restart_s, drift=args.fault_drift)
+    """The --fault-* flags as a FaultSpec, checked by the model a scenario's `faults:` is (one-line errors)."""
+    flags = {f.name: getattr(args, f"fault_{f.name}") for f in msgspec.structs.fields(FaultSpec)
+             if hasattr(args, f"fault_{f.name}")}
+    try:
+        spec = validate(flags, FaultSpec)
+    except ScenarioError as exc:
+        flag, _, problem = str(exc).partition(": ")
+        raise ScenarioError(f"--fault-{flag.replace('_', '-')}: {problem}") from None
     return FaultSchedule(spec=spec, first=args.fault_first, every=max(1, args.fault_every))
 
 
@@ -64,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
     from fake_engine.app import EngineOptions, create_app
     from fake_engine.cassette_policy import CassettePolicy
     from fake_engine.demo import demo_policy
-    from fake_engine.scripted import ScriptedPolicy, load_scenario
+    from fake_engine.scripted import ScriptedPolicy
     from recorder.cassette.format import CassetteError
+    from recorder.scenario_file import check_scenario
     from trajectory.adapters.serve import parse_listen
     from trajectory.server_process import new_event_loop, prepare_to_serve
     from trajectory.tokenizer import load_tokenizer
@@ -73,9 +80,14 @@ def run(args: argparse.Namespace) -> int:
     if args.listen:
         args.host, args.port = parse_listen(args.listen)
 
+    try:  # the whole file, checked before the tokenizer loads: the same errors as tito record and simulate
+        faults = fault_schedule(args)
+        scenario = check_scenario(args.script).engine if args.script else None
+    except (OSError, ValueError) as e:
+        print(f"tito fake-engine: {e}", file=sys.stderr)
+        return 2
     tokenizer = load_tokenizer(args.tokenizer)
     try:
-        faults = fault_schedule(args)
         if args.cassette:
             policy = CassettePolicy.load(args.cassette, args.tokenizer)
             if policy.truncated:
@@ -85,7 +97,6 @@ def run(args: argparse.Namespace) -> int:
         elif args.demo:
             policy, what = demo_policy(tokenizer), "demo scenario"
         else:
-            scenario = load_scenario(args.script)
             policy, what = ScriptedPolicy(scenario, tokenizer), f"scenario {scenario.name!r}"
     except (OSError, ValueError, CassetteError) as e:
         print(f"tito fake-engine: {e}", file=sys.stderr)

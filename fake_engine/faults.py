@@ -6,57 +6,40 @@ CLI flag use the same vocabulary and the app applies them in one place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import msgspec
+
+from fake_engine.scenario_model import NonNegFloat, NonNegInt, Strict
 
 # 529 is not an SGLang status, but agent CLIs treat it as "overloaded, retry": tests need it.
-ALLOWED_STATUSES = frozenset({500, 502, 503, 504, 529})
+FaultStatus = Literal[500, 502, 503, 504, 529]
+ALLOWED_STATUSES = frozenset(get_args(FaultStatus))
 
 
-@dataclass(frozen=True)
-class FaultSpec:
+class FaultSpec(Strict, frozen=True):
     """What goes wrong with one generation. Every field defaults to "nothing"."""
 
-    latency_ms: float = 0.0  # added before the first byte of the answer
-    token_delay_ms: float = 0.0  # paid per generated token, so aborts and stream cuts land mid-generation
-    status: int | None = None  # answer with this HTTP status instead of generating
+    latency_ms: NonNegFloat = 0.0  # added before the first byte of the answer
+    token_delay_ms: NonNegFloat = 0.0  # paid per generated token, so aborts and stream cuts land mid-generation
+    status: FaultStatus | None = None  # answer with this HTTP status instead of generating
     message: str = "Internal server error (injected fault)"
     drop_connection: bool = False  # close the socket without an answer
-    cut_stream_after: int | None = None  # streaming: close the socket after N data events
-    finish_length: int | None = None  # keep N output tokens, finish_reason length
-    abort_after: int | None = None  # keep N output tokens, finish_reason abort
-    restart_s: float | None = None  # engine restart: drop in-flight work, unhealthy for this long
+    cut_stream_after: NonNegInt | None = None  # streaming: close the socket after N data events
+    finish_length: NonNegInt | None = None  # keep N output tokens, finish_reason length
+    abort_after: NonNegInt | None = None  # keep N output tokens, finish_reason abort
+    restart_s: NonNegFloat | None = None  # engine restart: drop in-flight work, unhealthy for this long
     drift: bool = False  # emit one token as a non-canonical two-token split
-
-    def __post_init__(self) -> None:
-        if self.status is not None and self.status not in ALLOWED_STATUSES:
-            raise ValueError(f"fault status must be one of {sorted(ALLOWED_STATUSES)}, got {self.status}")
-        for name in ("latency_ms", "token_delay_ms"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"fault {name} must be >= 0")
-        for name in ("cut_stream_after", "finish_length", "abort_after"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"fault {name} must be a non-negative integer, got {value!r}")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> FaultSpec:
-        if not data:
-            return cls()
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown fault keys {unknown}; known: {sorted(known)}")
-        return cls(**data)
 
     def merged(self, other: FaultSpec | None) -> FaultSpec:
         """`other`'s non-default fields win: a turn's faults refine the command-line ones."""
         if other is None:
             return self
         default = FaultSpec()
-        changes = {f.name: getattr(other, f.name) for f in fields(other)
+        changes = {f.name: getattr(other, f.name) for f in msgspec.structs.fields(other)
                    if getattr(other, f.name) != getattr(default, f.name)}
-        return replace(self, **changes)
+        return msgspec.structs.replace(self, **changes)
 
     @property
     def active(self) -> bool:

@@ -22,137 +22,118 @@ reasoning) gets the whole turn. Sessions are matched in order; the first whose `
 `prompt_contains` looks at the prompt's opening (system prompt and first user message); `last_user_contains`
 at the last user message, for a request that is told apart by what it asks last (Claude Code's compaction
 request is the whole history plus "summarise"): such a session counts its turns from that message on.
-A top-level `client:` key is ignored here: a corpus scenario (`cassettes/scenarios/`) keeps the scripted
-agent client's side in the same file (`recorder/scripted/script.py`).
+A top-level `client:` key is ignored here: a corpus scenario (`cassettes/scenarios/`) keeps the client's
+side in the same file (`recorder/scenario_file.py` checks the whole file). The model below is the format: an
+unknown key or a wrong type is an error with its path (`fake_engine/scenario_model.py`).
 """
 
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
 
 from fake_engine.faults import FaultSpec
 from fake_engine.logprobs import logprobs_for
 from fake_engine.policy import GenerateRequest, Generation, PolicyError
 from fake_engine.prompt_tools import WORKDIR, offered_tools, resolve_call, with_workdir, workdir_of
 from fake_engine.qwen3_output import EOS_ID, ToolCall, render_ids
+from fake_engine.scenario_model import NonNegInt, PosInt, ScenarioError, Strict, validate
 from fake_engine.sessions import IM_END, assistant_turns_after, last_user_start, opening_end, prompt_digest
 
-TURN_KEYS = {"reasoning", "text", "tool_calls", "ids", "finish", "length", "faults", "fault_attempts"}
-SESSION_KEYS = {"match", "turns"}
-MATCH_KEYS = {"routing_key", "prompt_contains", "last_user_contains"}
-SCENARIO_KEYS = {"name", "seed", "after_last", "sessions", "turns", "description", "client"}
+
+class ToolCallSpec(Strict, frozen=True):
+    """A tool call: a role (`shell`, `read`, ...) or one client's tool name, with Claude Code's argument names."""
+
+    name: str
+    arguments: dict[str, Any] = {}
 
 
-@dataclass(frozen=True)
-class ScriptedTurn:
+class ScriptedTurn(Strict):
+    """What the model says in one turn (a bare string is shorthand for `text:`)."""
+
     reasoning: str | None = None
     text: str = ""
-    tool_calls: tuple[ToolCall, ...] = ()
-    ids: tuple[int, ...] | None = None
-    finish: str = "stop"
-    length: int | None = None  # finish length / abort: how many tokens are kept
+    tool_calls: tuple[ToolCallSpec, ...] = ()
+    ids: tuple[NonNegInt, ...] | None = None  # raw token ids instead of reasoning, text and calls
+    finish: Literal["stop", "length", "abort"] = "stop"
+    length: NonNegInt | None = None  # finish length / abort: how many tokens are kept
     faults: FaultSpec | None = None
-    fault_attempts: int | None = None  # faults and a cut finish only on the turn's first N requests (None: all)
+    fault_attempts: PosInt | None = None  # faults and a cut finish only on the turn's first N requests (None: all)
 
 
-@dataclass(frozen=True)
-class ScriptedSession:
-    turns: tuple[ScriptedTurn, ...]
-    routing_key: str | None = None
-    prompt_contains: str | None = None
-    last_user_contains: str | None = None
+Turns = Annotated[tuple[str | ScriptedTurn, ...], msgspec.Meta(min_length=1)]
 
 
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    sessions: tuple[ScriptedSession, ...]
+class SessionMatch(Strict, frozen=True):
+    """When a scripted session plays a request (every given key must hold; none: any request)."""
+
+    routing_key: str | None = None  # X-SMG-Routing-Key
+    prompt_contains: str | None = None  # in the prompt's opening (system prompt and first user message)
+    last_user_contains: str | None = None  # in the last user message; turns then count from it
+
+
+class ScriptedSession(Strict):
+    turns: Turns
+    match: SessionMatch = msgspec.field(default_factory=SessionMatch)
+
+    def __post_init__(self) -> None:
+        self.turns = tuple(ScriptedTurn(text=t) if isinstance(t, str) else t for t in self.turns)
+
+
+class Scenario(Strict):
+    """The engine's script: what the model says, per session and turn."""
+
+    name: str = ""  # default: the file's stem; also seeds the logprobs unless `seed:` is given
+    description: str = ""
     seed: str = ""
-    after_last: str = "repeat"  # repeat the last turn, or "error"
-    extra: dict[str, Any] = field(default_factory=dict)
+    after_last: Literal["repeat", "error"] = "repeat"  # a turn past the script: repeat the last one, or a 400
+    sessions: Annotated[tuple[ScriptedSession, ...], msgspec.Meta(min_length=1)] | None = None
+    turns: Turns | None = None  # shorthand for one session that matches every prompt
+    client: dict[str, Any] | None = None  # the client's side of a corpus scenario: not the engine's
 
-
-def strict_mapping(where: str, data: Any, allowed: set[str]) -> dict[str, Any]:
-    """`data` as a mapping with only `allowed` keys, else a ValueError naming `where`: scenario files (the
-    engine's script and the client: sections in recorder/) are parsed strictly, so a typo is an error."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a mapping, got {type(data).__name__}")
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
-    return data
-
-
-def _parse_turn(where: str, data: Any) -> ScriptedTurn:
-    if isinstance(data, str):
-        data = {"text": data}
-    d = strict_mapping(where, data, TURN_KEYS)
-    calls = []
-    for j, c in enumerate(d.get("tool_calls") or []):
-        c = strict_mapping(f"{where}.tool_calls[{j}]", c, {"name", "arguments"})
-        if not isinstance(c.get("name"), str):
-            raise ValueError(f"{where}.tool_calls[{j}]: name must be a string")
-        args = c.get("arguments") or {}
-        if not isinstance(args, dict):
-            raise ValueError(f"{where}.tool_calls[{j}]: arguments must be a mapping")
-        calls.append(ToolCall(c["name"], args))
-    ids = d.get("ids")
-    if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, int) and i >= 0 for i in ids)):
-        raise ValueError(f"{where}.ids: must be a list of non-negative integers")
-    finish = d.get("finish", "stop")
-    if finish not in ("stop", "length", "abort"):
-        raise ValueError(f"{where}.finish: must be stop, length or abort, got {finish!r}")
-    reasoning = d.get("reasoning")
-    attempts = d.get("fault_attempts")
-    if attempts is not None and (not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1):
-        raise ValueError(f"{where}.fault_attempts: must be a positive integer, got {attempts!r}")
-    return ScriptedTurn(
-        reasoning=None if reasoning is None else str(reasoning), text=str(d.get("text") or ""),
-        tool_calls=tuple(calls), ids=None if ids is None else tuple(ids), finish=finish,
-        length=d.get("length"), faults=FaultSpec.from_dict(d.get("faults")) if d.get("faults") else None,
-        fault_attempts=attempts,
-    )
+    def __post_init__(self) -> None:
+        if self.turns is not None:
+            if self.sessions is not None:
+                raise ValueError("either `sessions` or a top-level `turns` list, not both")
+            self.sessions, self.turns = (ScriptedSession(turns=self.turns),), None
+        if self.sessions is None:
+            raise ValueError("needs `sessions` (or a top-level `turns` list)")
+        self.seed = self.seed or self.name
 
 
 def parse_scenario(data: Any, default_name: str = "scenario") -> Scenario:
-    d = strict_mapping("scenario", data, SCENARIO_KEYS)
-    raw_sessions = d.get("sessions")
-    if raw_sessions is None and "turns" in d:
-        raw_sessions = [{"turns": d["turns"]}]
-    if not raw_sessions:
-        raise ValueError("scenario: needs `sessions` (or a top-level `turns` list)")
-    sessions = []
-    for i, s in enumerate(raw_sessions):
-        s = strict_mapping(f"sessions[{i}]", s, SESSION_KEYS)
-        match = strict_mapping(f"sessions[{i}].match", s.get("match") or {}, MATCH_KEYS)
-        turns = s.get("turns")
-        if not isinstance(turns, list) or not turns:
-            raise ValueError(f"sessions[{i}].turns: needs at least one turn")
-        sessions.append(ScriptedSession(
-            turns=tuple(_parse_turn(f"sessions[{i}].turns[{j}]", t) for j, t in enumerate(turns)),
-            routing_key=match.get("routing_key"), prompt_contains=match.get("prompt_contains"),
-            last_user_contains=match.get("last_user_contains")))
-    after_last = d.get("after_last", "repeat")
-    if after_last not in ("repeat", "error"):
-        raise ValueError(f"scenario.after_last: must be repeat or error, got {after_last!r}")
-    name = str(d.get("name") or default_name)
-    return Scenario(name=name, sessions=tuple(sessions), seed=str(d.get("seed") or name), after_last=after_last)
+    """The engine's side of a scenario (its `client:` section is only checked to be a mapping here)."""
+    if isinstance(data, dict) and not data.get("name"):
+        data = {**data, "name": default_name}
+    return validate(data, Scenario)
 
 
 def load_scenario(path: str | Path) -> Scenario:
+    try:
+        return parse_scenario(read_scenario_data(path), default_name=Path(path).stem)
+    except ScenarioError as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+
+
+def read_scenario_data(path: str | Path) -> Any:
+    """A scenario file's data (YAML, or JSON by its suffix); a file that does not parse is a ScenarioError."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
-        data = json.loads(text)
-    else:
-        import yaml
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise ScenarioError(f"not valid JSON: {exc}") from None
+    import yaml
 
-        data = yaml.safe_load(text)
-    return parse_scenario(data, default_name=path.stem)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"not valid YAML: {' '.join(str(exc).split())}") from None
 
 
 class ScriptedPolicy:
@@ -181,13 +162,14 @@ class ScriptedPolicy:
     def _session(self, req: GenerateRequest, opening: str) -> tuple[int, ScriptedSession, int]:
         """The session, its index and the request's turn in it."""
         for i, s in enumerate(self.scenario.sessions):
-            if s.routing_key is not None and s.routing_key != req.routing_key:
+            match = s.match
+            if match.routing_key is not None and match.routing_key != req.routing_key:
                 continue
-            if s.prompt_contains is not None and s.prompt_contains not in opening:
+            if match.prompt_contains is not None and match.prompt_contains not in opening:
                 continue
-            if s.last_user_contains is not None:
+            if match.last_user_contains is not None:
                 start = last_user_start(req.input_ids)
-                if start is None or s.last_user_contains not in self._last_user_text(req.input_ids, start):
+                if start is None or match.last_user_contains not in self._last_user_text(req.input_ids, start):
                     continue
                 return i, s, assistant_turns_after(req.input_ids, start)
             return i, s, req.turn_index

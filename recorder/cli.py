@@ -81,15 +81,17 @@ def check(args: argparse.Namespace) -> str | None:
     elif not out.parent.exists():
         return f"--out {out}: folder {out.parent} does not exist"
     named = args.agent  # a CLI named here runs every session, even of a mixed scenario
-    if args.scenario and not args.agent:
-        from recorder.agents.cli_script import client_agent
+    if args.scenario:
+        from recorder.scenario_file import ScenarioError, check_scenario
 
-        try:
-            args.agent = client_agent(args.scenario)
-        except (OSError, ValueError) as exc:
-            return f"--scenario {args.scenario}: {exc}"
-        if args.agent is None:
-            return f"--scenario {args.scenario} has no client: section: name the CLI with --agent"
+        try:  # the whole file first: the same errors as tito fake-engine --script and tito simulate
+            checked = check_scenario(args.scenario)
+        except ScenarioError as exc:
+            return str(exc)
+        if not args.agent:
+            args.agent = checked.client.agent if checked.client is not None else None
+            if args.agent is None:
+                return f"--scenario {args.scenario} has no client: section: name the CLI with --agent"
     if args.agent == "scripted":
         if not args.scenario:
             return "--agent scripted needs --scenario FILE"
@@ -97,15 +99,15 @@ def check(args: argparse.Namespace) -> str | None:
 
         try:
             load_client_script(args.scenario)
-        except (OSError, ValueError) as exc:
-            return f"--scenario {args.scenario}: {exc}"
+        except ValueError as exc:
+            return str(exc)
     elif args.agent and args.scenario:
         from recorder.agents.cli_script import load_cli_script
 
         try:
             args.cli_script = load_cli_script(args.scenario, named, args.task)
-        except (OSError, ValueError) as exc:
-            return f"--scenario {args.scenario}: {exc}"
+        except ValueError as exc:
+            return str(exc)
     elif args.agent and not args.task:
         return "--agent needs --task (or --scenario)"
     try:

@@ -93,7 +93,7 @@ def install_clis(paths: list[Path]) -> dict[str, str]:
             for agent in load_cli_script(path).agents:
                 needs.setdefault(agent, []).append(path.stem)
         except (OSError, ValueError) as exc:
-            broken[path.stem] = str(exc)
+            broken[path.stem] = str(exc).removeprefix(f"{path}: ")
     for agent, users in needs.items():
         pin = pin_for(agent)
         if not is_installed(pin):
@@ -128,11 +128,14 @@ def scenario_paths(names: list[str]) -> list[Path]:
 
 def target_missing(scenario: Path) -> str | None:
     """Why the target the scenario is recorded around cannot run here (its code is not installed); None if it can."""
-    from recorder.simulate import record_args_of
+    from recorder.scenario_file import ScenarioError, check_scenario
     from recorder.targets.base import TargetError, TargetOptions, TargetUnavailable
     from recorder.targets.registry import create_driver, parse_target
 
-    args = list(record_args_of(scenario))
+    try:
+        args = list(check_scenario(scenario).record_args)
+    except ScenarioError:
+        return None  # recording it says what is wrong with the file, as a failure
     if "--target" not in args or args.index("--target") + 1 >= len(args):
         return None
     name = args[args.index("--target") + 1]

@@ -30,6 +30,10 @@ class SimulateError(Exception):
     """The scenario could not be recorded; the message says why."""
 
 
+class InvalidScenario(SimulateError):
+    """The scenario file does not fit its model (exit 2, as tito record and tito fake-engine give)."""
+
+
 @dataclass(frozen=True)
 class Simulated:
     cassette: Path
@@ -39,15 +43,6 @@ class Simulated:
 
 def tito(*args: str) -> list[str]:
     return [sys.executable, "-m", "tito_cli", *args]
-
-
-def record_args_of(scenario: Path) -> tuple[str, ...]:
-    from recorder.scripted.script import load_scenario_file
-
-    data = load_scenario_file(scenario)
-    client = data.get("client") if isinstance(data, dict) else None
-    args = client.get("record_args") if isinstance(client, dict) else None
-    return tuple(args or ())
 
 
 def install_clis(scenario: Path, agent: str | None, task: str | None) -> list[str]:
@@ -73,10 +68,16 @@ def simulate(scenario: Path, out: Path, agent: str | None = None, task: str | No
         raise SimulateError(f"{out} exists: pass --replace to re-record it")
     if not out.parent.is_dir():
         raise SimulateError(f"folder {out.parent} does not exist")
+    from recorder.scenario_file import ScenarioError, check_scenario
+
+    try:  # the whole file before anything starts: the same errors as tito record and tito fake-engine
+        record_args = check_scenario(scenario).record_args
+    except ScenarioError as exc:
+        raise InvalidScenario(str(exc)) from None
     try:
         install_clis(scenario, agent, task)
     except (OSError, ValueError, RuntimeError) as exc:
-        raise SimulateError(f"{scenario}: {exc}") from None
+        raise SimulateError(str(exc) if str(scenario) in str(exc) else f"{scenario}: {exc}") from None
     partial = out.with_name(out.name + ".partial")
     partial.unlink(missing_ok=True)
     started = time.monotonic()
@@ -92,7 +93,7 @@ def simulate(scenario: Path, out: Path, agent: str | None = None, task: str | No
                    "--out", str(partial), "--scenario", str(scenario), "--quiet"]
         command += ["--agent", agent] if agent else []
         command += ["--task", task] if task else []
-        proc = subprocess.run(tito(*command, *record_args_of(scenario)), cwd=ROOT, capture_output=True, text=True,
+        proc = subprocess.run(tito(*command, *record_args), cwd=ROOT, capture_output=True, text=True,
                               timeout=timeout_s)
     finally:
         stop(engine)
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                         golden=not args.no_golden, timeout_s=args.timeout)
     except SimulateError as exc:
         print(f"tito simulate: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, InvalidScenario) else 1
     print(done.log, file=sys.stderr)
     golden = "" if args.no_golden else f" and {done.cassette.with_suffix('.golden')}"
     print(f"tito simulate: wrote {done.cassette} ({done.cassette.stat().st_size} bytes){golden} in "

@@ -2,8 +2,9 @@
 
 A request goes back as it was recorded (method, path with any `/s/<sid>` prefix, query, headers, body
 bytes), with the session's name where the credential was: the cassette redacted the live token, and the
-name is what the adapter derives everything from. One header, `X-Tito-Replay: <session> <exchange>`, tells
-the replay's middleware which exchange a request is, so engine calls and the reply are attributed exactly.
+name is what the adapter derives everything from. One header, `X-Tito-Replay: <exchange> <session>` (the name
+percent-quoted: any name a cassette holds survives a header), tells the replay's middleware which exchange a
+request is, so engine calls and the reply are attributed exactly.
 The adapter's answer is read off its tap (`ReplayTap`): the reply bytes or SSE events it sent, its status,
 turn index and flags, exactly as a recorder would have seen them.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 from aiohttp import web
 
@@ -41,7 +42,7 @@ def request_headers(record: AgentRecord, source: str, name: str, index: int) -> 
                 headers[key] = name
             continue
         headers[key] = value
-    headers[REPLAY_HEADER] = f"{name} {index}"
+    headers[REPLAY_HEADER] = f"{index} {quote(name, safe='')}"
     return headers
 
 
@@ -58,9 +59,9 @@ def request_target(record: AgentRecord, source: str = "", name: str = "") -> str
 def exchange_of(headers: dict[str, str]) -> tuple[str, int] | None:
     for key, value in headers.items():
         if key.lower() == REPLAY_HEADER.lower():
-            name, _, index = value.rpartition(" ")
-            if name and index.isdigit():
-                return name, int(index)
+            index, _, name = value.strip().partition(" ")
+            if index.isdigit():
+                return unquote(name), int(index)
     return None
 
 

@@ -27,7 +27,7 @@ def export(path: str | os.PathLike[str], out: TextIO, sessions: Collection[str] 
     """Write `path` as JSON to `out`, only the named sessions' records when `sessions` is given; returns
     whether the cassette ends in a cut record (then `truncated` is true and every record listed is whole)."""
     with CassetteReader(path) as reader:
-        out.write('{"header": ' + _dumps(reader.header.to_dict(), indent=2) + ',\n"records": [')
+        out.write('{"header": ' + _dumps(jsonable(reader.header.to_dict()), indent=2) + ',\n"records": [')
         separator = "\n"
         for record in reader.records():
             if sessions is None or record.session in sessions:

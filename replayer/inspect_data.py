@@ -16,7 +16,8 @@ from typing import Any
 
 from recorder.cassette.format import EngineRecord, Header
 from replayer.plan import PlannedExchange, plan_session
-from replayer.results import FinishResult
+from replayer.reader import Cassette
+from replayer.results import CassetteResult, FinishResult
 from trajectory.golden import TokenizerNames, TokenNames, span_runs
 from trajectory.linearize import Span
 from trajectory.manager import Linearization
@@ -111,10 +112,16 @@ def inspect_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | Non
     """Replay (not strict: differences are noted, the linearizations kept) and gather the views' facts.
     Raises `ReplayInputError` for unusable input, as `tito replay` does."""
     from replayer.replay import ReplayOptions, load_cassette, replay_loaded, run_sync
-    from trajectory.tokenizer import load_tokenizer
 
     cassette, folder = load_cassette(path, tokenizer, verify=False)  # the stored index: read only those sessions
     result = run_sync(replay_loaded(cassette, str(path), folder, sessions, ReplayOptions(strict=False)))
+    return inspection_of(cassette, result, folder)
+
+
+def inspection_of(cassette: Cassette, result: CassetteResult, folder: str | None) -> Inspection:
+    """The views' facts from a replay already made (not strict) of `cassette`."""
+    from trajectory.tokenizer import load_tokenizer
+
     views = []
     for session in result.sessions:
         plan = plan_session(cassette.sessions[session.session])
@@ -123,7 +130,7 @@ def inspect_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | Non
             session.session, [exchange_row(e) for e in plan.exchanges], session.finishes, session.drops,
             session.skipped, [f"{d.summary}" + (f" ({d.where()})" if d.where() else "") for d in found],
             plan.unanswered_engine_calls))
-    return Inspection(str(path), cassette.header, cassette.truncated, views, TokenizerNames(load_tokenizer(folder)))
+    return Inspection(result.path, cassette.header, cassette.truncated, views, TokenizerNames(load_tokenizer(folder)))
 
 
 def exchange_row(exchange: PlannedExchange) -> ExchangeRow:
@@ -155,14 +162,16 @@ def _read_generate(row: ExchangeRow, call: EngineRecord) -> None:
     ids = request.get("input_ids")
     response = call.response if isinstance(call.response, dict) else {}
     meta = response.get("meta_info") or {}
-    row.prompt_tokens = len(ids) if isinstance(ids, list) else meta.get("prompt_tokens")
+    prompt_tokens = meta.get("prompt_tokens")
+    row.prompt_tokens = len(ids) if isinstance(ids, list) else prompt_tokens if type(prompt_tokens) is int else None
     if call.status != 200:
         row.finish = f"engine {call.status}"
         return
     row.output_ids = list(response.get("output_ids") or [])
     row.output_tokens = len(row.output_ids)
     reason = meta.get("finish_reason")
-    row.finish = reason.get("type") if isinstance(reason, dict) else reason
+    reason = reason.get("type") if isinstance(reason, dict) else reason
+    row.finish = reason if isinstance(reason, str) else None  # the recorded engine's answer: any shape
 
 
 # --- decisions on tokens -----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from recorder.cassette.format import (
     AgentRecord,
     CassetteError,
     CorruptCassetteError,
+    DecodeBudget,
     EngineRecord,
     Header,
     Record,
@@ -43,6 +44,7 @@ from recorder.cassette.format import (
     decode_index,
     decode_index_at,
     decode_payload,
+    located,
 )
 
 _INDEX_TYPES = (INDEX, INDEX_AT)
@@ -55,6 +57,8 @@ class CassetteReader:
         """`source`: a path, or an open binary stream (which `close()` leaves open)."""
         self.truncated = False
         self._index_end = 0
+        self.budget = DecodeBudget()  # a hostile file's bombs stop early (recorder/cassette/format.py)
+        self._offset = 0
         if isinstance(source, str | os.PathLike):
             self.path: Path | str = Path(source)
             self._owned = True
@@ -95,13 +99,15 @@ class CassetteReader:
         if len(payload) < length:
             self.truncated = True
             return None
-        return decode_payload(payload, flags, crc, offset, ext_hook=_raw_ext if raw else None)
+        self.budget.read(FRAME_HEADER.size + length)
+        self._offset = offset
+        return decode_payload(payload, flags, crc, offset, self.budget, ext_hook=_raw_ext if raw else None)
 
     def records(self) -> Iterator[Record]:
-        codec = SessionCodec()
+        codec = SessionCodec(self.budget)
         while (frame := self._read_frame()) is not None:
             if frame["t"] not in _INDEX_TYPES:  # the index at the end holds no session's record
-                yield codec.decode(frame)
+                yield decode_at(codec, frame, self._offset)
 
     def scan(self) -> dict[str, SessionIndex]:
         """Every frame after the header read and checked (checksums, record maps), each session's frame offsets
@@ -166,20 +172,25 @@ class CassetteReader:
             self.truncated = False
             self._file.seek(position)
 
-    def check_frames(self, end: int) -> None:
-        """Every frame's header check and checksum up to byte `end` (the stored index), nothing decoded."""
+    def check_frames(self, end: int, index: dict[str, SessionIndex] | None = None) -> None:
+        """Every frame's header check and checksum up to byte `end` (the stored index), nothing decoded; with
+        `index`, also that its offsets are the frames' starts (a file re-framed under an old index is refused)."""
+        starts = []
         while self._file.tell() < end:
             offset = self._file.tell()
+            starts.append(offset)
             head = self._file.read(FRAME_HEADER.size)
             if len(head) < FRAME_HEADER.size:
                 raise CorruptCassetteError(f"corrupt cassette: the file ends at byte {offset}, before its index")
             length, _, crc = decode_frame_header(head, offset)
             if zlib.crc32(self._file.read(length)) != crc:
                 raise CorruptCassetteError(f"corrupt cassette: checksum mismatch in the record at byte {offset}")
+        if index is not None and sorted(o for e in index.values() for o in e.frames) != starts:
+            raise CorruptCassetteError("corrupt cassette: its index does not match its records")
 
     def read_session(self, entry: SessionIndex) -> SessionLog:
         """One session's records, read at its frames' offsets (deltas never cross sessions)."""
-        codec = SessionCodec()
+        codec = SessionCodec(self.budget)
         log = SessionLog(entry.session)
         for offset in entry.frames:
             self._file.seek(offset)
@@ -187,7 +198,7 @@ class CassetteReader:
             if frame is None or frame.get("session") != entry.session:
                 raise CorruptCassetteError(f"corrupt cassette: no record of session {entry.session!r} at byte "
                                            f"{offset}, where its index says one is")
-            record = codec.decode(frame)
+            record = decode_at(codec, frame, offset)
             if isinstance(record, SessionStart):
                 log.source = record.source
             log.records.append(record)
@@ -202,6 +213,14 @@ class CassetteReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def decode_at(codec: SessionCodec, frame: dict[str, Any], offset: int) -> Record:
+    """The frame's record; a record the format does not allow names its byte offset, as a bad frame does."""
+    try:
+        return codec.decode(frame)
+    except CorruptCassetteError as exc:
+        raise located(exc, offset) from None
 
 
 def check_tokenizer(header: Header, fingerprint: str, path: Path | str = "cassette") -> None:
@@ -286,7 +305,7 @@ def open_cassette(path: str | os.PathLike[str], verify: bool = True) -> Cassette
         if index is None:
             index = reader.scan()
         elif verify:
-            reader.check_frames(reader._index_end)
+            reader.check_frames(reader._index_end, index)
         return Cassette(reader.header, StoredSessions(path, index), reader.truncated)
 
 
@@ -326,13 +345,25 @@ class CassetteSummary:
 
 
 def summarize(path: str | os.PathLike[str], verify: bool = True) -> CassetteSummary:
-    """Counts per session in first-seen order, holding no records; `verify=False` trusts a stored index."""
+    """Counts per session in first-seen order, holding no records. Every record is decoded (a record the format
+    does not allow is refused), except with `verify=False` on a cassette with a stored index: then the index
+    answers, after every frame's checksum and its offsets are checked (`tito cassette info` on a large file)."""
     with CassetteReader(path) as reader:
         index = None if verify else reader.stored_index()
-        if index is None:
-            index = reader.scan()
-        sessions = [SessionSummary(e.session, e.agent, e.engine, e.samples) for e in index.values()]
-        return CassetteSummary(reader.header, sessions, reader.truncated)
+        if index is not None:
+            reader.check_frames(reader._index_end, index)
+            sessions = [SessionSummary(e.session, e.agent, e.engine, e.samples) for e in index.values()]
+            return CassetteSummary(reader.header, sessions, reader.truncated)
+        counts: dict[str, SessionSummary] = {}
+        for record in reader.records():
+            entry = counts.setdefault(record.session, SessionSummary(record.session))
+            if isinstance(record, AgentRecord):
+                entry.agent_exchanges += 1
+            elif isinstance(record, EngineRecord):
+                entry.engine_exchanges += 1
+            elif isinstance(record, SamplesRecord):
+                entry.samples += len(record.samples)
+        return CassetteSummary(reader.header, list(counts.values()), reader.truncated)
 
 
 def _raw_ext(code: int, data: bytes) -> msgpack.ExtType:

@@ -20,9 +20,11 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_type_hints
+from urllib.parse import quote
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
 from recorder.cassette.format import ABSENT_ADAPTER_SETTINGS, CassetteError, Header, TokenizerMismatchError
@@ -97,6 +99,9 @@ def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None,
         raise ReplayInputError(f"{path}: no such cassette") from None
     except (CassetteError, OSError) as exc:
         raise unreadable(path, exc) from None
+    problem = settings_problem(cassette.header)
+    if problem:
+        raise ReplayInputError(f"{path}: header {problem}")
     folder = tokenizer or cassette.header.adapter.get("tokenizer_dir")
     if folder and not Path(folder).is_dir():
         raise ReplayInputError(f"{path}: recorded with the tokenizer in {folder}, which is not on this machine; "
@@ -120,6 +125,34 @@ def read_session(cassette: Cassette, path: str, name: str) -> SessionLog:
         return cassette.sessions[name]
     except (CassetteError, OSError) as exc:
         raise unreadable(path, exc) from None
+
+
+def settings_problem(header: Header) -> str | None:
+    """What is wrong with the settings a header gives the adapter and the manager (a cassette can come from a
+    pull request): a value of another type than the setting's, or a manager setting that does not exist."""
+    adapter_types = get_type_hints(AdapterSettings)
+    manager_types = {k: v for k, v in get_type_hints(TrajectoryManager.__init__).items() if k != "return"}
+    manager = header.adapter.get("manager", {})
+    if not isinstance(manager, dict):
+        return f"adapter.manager: expected a map, got {type(manager).__name__}"
+    checks = [(f"adapter.{k}", v, adapter_types[k]) for k, v in header.adapter.items()
+              if k in adapter_types and k not in LOCAL_SETTINGS]
+    for key, value in manager.items():
+        if key not in manager_types:
+            return f"adapter.manager.{key}: not a setting of this tito's manager"
+        checks.append((f"adapter.manager.{key}", value, manager_types[key]))
+    checks += [(f"parsers.{k}", header.parsers[k], str | None) for k in ("tool_call", "reasoning")
+               if k in header.parsers]
+    for where, value, hint in checks:
+        try:
+            msgspec.convert(value, hint)
+        except msgspec.ValidationError as exc:
+            return f"{where}: {exc}"
+    try:
+        TrajectoryManager(**manager)
+    except ValueError as exc:
+        return f"adapter.manager: {exc}"
+    return None
 
 
 def adapter_settings(header: Header, tokenizer: str | None, overrides: dict[str, Any]) -> AdapterSettings:
@@ -276,7 +309,8 @@ class Harness(HarnessBase):
         return self.tap.exchanges[key]
 
     async def finish_session(self, name: str, reward: float) -> FinishResult | Difference:
-        status, body = await self.request("POST", f"/tito/sessions/{name}/finish", json={"reward": reward})
+        status, body = await self.request("POST", f"/tito/sessions/{quote(name, safe='')}/finish",
+                                          json={"reward": reward})
         if status != 200:
             return Difference("samples", f"finish answered {status}: {short(body.decode(errors='replace'))}")
         captured = self.manager.captured[name][-1]
@@ -284,7 +318,7 @@ class Harness(HarnessBase):
         return FinishResult(reward, None, samples, captured.linearization, captured.tree)
 
     async def drop_session(self, name: str) -> Difference | None:
-        status, body = await self.request("DELETE", f"/tito/sessions/{name}")
+        status, body = await self.request("DELETE", f"/tito/sessions/{quote(name, safe='')}")
         if status != 200:
             return Difference("error", f"drop answered {status}: {short(body.decode())}")
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -48,7 +48,8 @@ def session_traffic(tokenizer: Any, turns: int = 4, session: str = BEARER) -> li
     events: list[tuple[str, Any]] = []
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "List the files, then read README."}],
                                            tokenize=True, add_generation_prompt=True)
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    # transformers 5 gives a BatchEncoding (a Mapping, not a dict): list() of it would be its keys
+    prompt = list(prompt["input_ids"] if isinstance(prompt, Mapping) else prompt)
     for turn in range(turns):
         output = tokenizer.encode(f"<tool_call>\n{{\"name\": \"Bash\", \"arguments\": {{\"command\": \"ls {turn}\"}}}}"
                                   "\n</tool_call>") + [EOS]

@@ -359,3 +359,37 @@ def test_every_action_is_deterministic_and_never_overwrites(tmp_path: Path, caps
         assert outs[0].read_bytes() == before
     assert run_cli(capsys, "export", WIRES)[1].encode() == (tmp_path / "export-1").read_bytes()
     assert run_cli(capsys, "export", WIRES)[1] == run_cli(capsys, "export", WIRES)[1]
+
+
+# ---- hostile session names ----
+
+def renamed(source: Path, out: Path, names: dict[str, str]) -> Path:
+    """`source` with its sessions renamed: a cassette from a pull request can name them anything."""
+    with CassetteReader(source) as reader, CassetteWriter(out, reader.header, header_redacted=True) as writer:
+        for r in reader.records():
+            r.session = names.get(r.session, r.session)
+            writer.append_redacted(r)
+    return out
+
+
+def test_cut_and_merge_write_only_their_out_file_whatever_the_session_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Session names are data, never paths: `../`, an absolute path or a separator in one changes no file but
+    `--out` (the tools open exactly that path, exclusively), here or anywhere the names point."""
+    work = tmp_path / "work"
+    work.mkdir()
+    escape = tmp_path / "escaped"
+    hostile = ["../escaped/chat", str(escape / "responses")]
+    names = dict(zip(sessions_of(WIRES), hostile, strict=True))
+    source = renamed(WIRES, work / "source.tito", names)
+    other = renamed(WIRES, work / "other.tito", {s: f"../../{i}\\..\\x" for i, s in enumerate(sessions_of(WIRES))})
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    cut = run_cli(capsys, "cut", source, "--session", hostile[0], "--session", hostile[1], "--out", work / "cut.tito")
+    merged = run_cli(capsys, "merge", source, other, "--out", work / "merged.tito")
+    assert cut[0] == 0 and merged[0] == 0, (cut, merged)
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert sorted(set(after) - set(before)) == [Path("work/cut.tito"), Path("work/merged.tito")]
+    assert not escape.exists()
+    assert sessions_of(work / "cut.tito") == hostile and len(sessions_of(work / "merged.tito")) == 4
+    assert f"wrote {work / 'cut.tito'}: 2 session(s): {hostile[0]}, {hostile[1]}" in cut[1]

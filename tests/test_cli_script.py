@@ -32,42 +32,42 @@ def write(tmp_path: Path, client: Any = None, name: str = "demo", **top: Any) ->
 
 
 @pytest.mark.parametrize(("client", "message"), [
-    ("claude-code", "client: expected a mapping, got str"),
-    ({"agent": "claude-code", "task": "t", "tsk": "x"}, "client: unknown keys ['tsk']; allowed: "),
-    ({"agent": "claude", "task": "t"}, "client.agent: 'claude' is not a pinned CLI; one of ['claude-code', 'codex', "
-                                       "'gemini-cli', 'opencode', 'qwen-code']"),
-    ({"agent": "codex"}, "client.task: the task text is required"),
-    ({"agent": "codex", "task": "   "}, "client.task: the task text is required"),
-    ({"agent": "codex", "task": "t", "timeout_s": 0}, "client.timeout_s: a positive number of seconds"),
-    ({"agent": "codex", "task": "t", "timeout_s": True}, "client.timeout_s: a positive number of seconds"),
-    ({"agent": "codex", "task": "t", "record_args": "--reward 1"}, "client.record_args: a list of strings"),
-    ({"agent": "codex", "task": "t", "args": ["--x", 1]}, "client.args: a list of strings"),
-    ({"agent": "codex", "task": "t", "kill_after_s": -1}, "client.kill_after_s: a positive number of seconds"),
-    ({"agent": "codex", "task": "t", "kill_after_s": "5"}, "client.kill_after_s: a positive number of seconds"),
+    ("claude-code", "client: expected object, got string"),
+    ({"agent": "claude-code", "task": "t", "tsk": "x"}, "client: unknown key 'tsk'; allowed: agent, args, "),
+    ({"agent": "claude", "task": "t"}, "client.agent: 'claude' is not one of 'claude-code', 'codex', 'gemini-cli', "
+                                       "'opencode', 'qwen-code'"),
+    ({"agent": "codex"}, "client: missing key 'task' (the task text), or 'runs'"),
+    ({"agent": "codex", "task": "   "}, "client: the task text is empty"),
+    ({"agent": "codex", "task": "t", "timeout_s": 0}, "client.timeout_s: expected number > 0.0, got 0"),
+    ({"agent": "codex", "task": "t", "timeout_s": True}, "client.timeout_s: expected number, got boolean"),
+    ({"agent": "codex", "task": "t", "record_args": "--reward 1"}, "client.record_args: expected array, got string"),
+    ({"agent": "codex", "task": "t", "args": ["--x", 1]}, "client.args[1]: expected string, got integer"),
+    ({"agent": "codex", "task": "t", "kill_after_s": -1}, "client.kill_after_s: expected number > 0.0, got -1"),
+    ({"agent": "codex", "task": "t", "kill_after_s": "5"}, "client.kill_after_s: expected number | null, got string"),
     ({"agent": "codex", "task": "t", "sessions": [{"task": "u"}]},
      "client: either sessions or ['task'], not both"),
-    ({"agent": "codex", "sessions": []}, "client.sessions: needs at least one session"),
-    ({"agent": "codex", "sessions": {"task": "t"}}, "client.sessions: needs at least one session"),
+    ({"agent": "codex", "sessions": []}, "client.sessions: expected array of length >= 1"),
+    ({"agent": "codex", "sessions": {"task": "t"}}, "client.sessions: expected array | null, got object"),
     ({"agent": "codex", "sessions": [{"agent": "vim", "task": "t"}]},
-     "client.sessions[0].agent: 'vim' is not a pinned CLI"),
+     "client.sessions[0].agent: 'vim' is not one of 'claude-code', "),
     ({"agent": "codex", "sessions": [{"task": "t"}, {"runs": [{"task": "a"}], "task": "b"}]},
      "client.sessions[1]: either runs or ['task'], not both"),
-    ({"agent": "codex", "sessions": [{"runs": []}]}, "client.sessions[0].runs: needs at least one run"),
+    ({"agent": "codex", "sessions": [{"runs": []}]}, "client.sessions[0].runs: expected array of length >= 1"),
     ({"agent": "codex", "sessions": [{"runs": [{"task": "a"}, {"task": "b", "env": {}}]}]},
-     "client.sessions[0].runs[1]: unknown keys ['env']; allowed: ['args', 'kill_after_s', 'task']"),
+     "client.sessions[0].runs[1]: unknown key 'env'; allowed: args, kill_after_s, task"),
     ({"agent": "codex", "sessions": [{"task": "t", "env": {"BAD-NAME": "1"}}]},
-     "client.sessions[0].env: names must be identifiers and values strings or numbers (['BAD-NAME'])"),
+     "client.sessions[0].env: key 'BAD-NAME': expected string matching regex '^[A-Za-z_][A-Za-z0-9_]*$'"),
     ({"agent": "codex", "sessions": [{"task": "t", "env": {"FLAG": True}}]},
-     "client.sessions[0].env: names must be identifiers"),
+     "client.sessions[0].env.FLAG: expected integer | number | string, got boolean"),
     ({"agent": "codex", "sessions": [{"task": "t", "env": ["A=1"]}]},
-     "client.sessions[0].env: expected a mapping, got list"),
-    ({"agent": "codex", "task": "t", "cut_streams": {"request": 1}}, "client.cut_streams: a list of"),
+     "client.sessions[0].env: expected object, got array"),
+    ({"agent": "codex", "task": "t", "cut_streams": {"request": 1}}, "client.cut_streams: expected array, got object"),
     ({"agent": "codex", "task": "t", "cut_streams": [{"request": 1}]},
-     "client.cut_streams[0]: request and after_events are integers"),
+     "client.cut_streams[0]: missing key 'after_events'"),
     ({"agent": "codex", "task": "t", "cut_streams": [{"request": 1, "after_events": 0}]},
      "client.cut_streams[0]: a stream cut needs request >= 0 and after_events >= 1"),
     ({"agent": "codex", "task": "t", "cut_streams": [{"request": 1, "after": 2}]},
-     "client.cut_streams[0]: unknown keys ['after']; allowed: ['after_events', 'request']"),
+     "client.cut_streams[0]: unknown key 'after'; allowed: after_events, request"),
 ])
 def test_each_mistake_is_one_clear_error(client: Any, message: str) -> None:
     with pytest.raises(ValueError) as info:
@@ -113,7 +113,7 @@ def test_agent_override_runs_every_session() -> None:
     script = parse_cli_script(client, "demo", agent="opencode")
     assert [s.agent for s in script.sessions] == ["opencode", "opencode"] and script.agent == "opencode"
     assert [s.id for s in script.sessions] == ["demo-opencode-0000", "demo-opencode-0001"]
-    with pytest.raises(ValueError, match="client.agent: 'nope' is not a pinned CLI"):
+    with pytest.raises(ValueError, match="client.agent: 'nope' is not one of 'claude-code', "):
         parse_cli_script(client, "demo", agent="nope")
 
 

@@ -30,7 +30,7 @@ def test_install_clis_names_what_can_not_run(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"turns": [{"text": "x"}], "client": {"agent": "codex", "task": "t", "oops": 1}}))
     (why,) = corpus.install_clis([bad]).values()
-    assert list(corpus.install_clis([bad])) == ["bad"] and why.startswith("client: unknown keys ['oops']; allowed: [")
+    assert list(corpus.install_clis([bad])) == ["bad"] and why.startswith("client: unknown key 'oops'; allowed: ")
 
 
 def test_a_failed_scenario_is_reported_and_leaves_its_cassette_the_others_are_recorded(

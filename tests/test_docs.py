@@ -19,7 +19,7 @@ README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 SET_UP = [
-    "make demo   # installs into .venv, then replays a built-in synthetic session through the manager",
+    "make demo   # installs into .venv, then replays a recorded Claude Code session: no engine, no GPU",
     "make test   # installs into .venv, then runs ruff and the whole test suite",
 ]
 

@@ -8,6 +8,7 @@ skipped, with the reason, where either is missing. `.ci/run` installs chromium w
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -192,6 +193,44 @@ def chromium() -> str:
     return path
 
 
+# Script-bearing text where a cassette puts text: a prompt, the model's reasoning, text and tool call, a tool's
+# output, the session's name. Each payload would set window.__pwned (or open a dialog) if it ever ran.
+PWN = {
+    "prompt": "<script>window.__pwned='prompt'</script>Fix it.",
+    "reasoning": "</script><script>window.__pwned='reasoning'</script>",
+    "text": "<img src=x onerror=\"window.__pwned='text'\">Done.",
+    "command": "echo '</script><svg onload=alert(1)>'",
+    "tool": "</script><script>window.__pwned='tool'</script><img src=x onerror=\"window.__pwned='img'\">",
+    "session": "\"><img src=x onerror=\"window.__pwned='name'\">'<script>alert('name')</script>",
+}
+
+
+def hostile_cassette(folder: Path) -> Path:
+    """A scripted recording carrying PWN's payloads, and a copy of its session named as a pull request could
+    name it (a name it was not recorded under replays with differences, and its page shows them)."""
+    from recorder.cassette.writer import CassetteWriter
+    from replayer.reader import CassetteReader, read_header
+    from tests.scripted_support import record_scenario
+
+    scenario = {"name": "pwn", "turns": [
+        {"reasoning": PWN["reasoning"], "text": PWN["text"],
+         "tool_calls": [{"name": "Bash", "arguments": {"command": PWN["command"], "description": "x"}}]},
+        {"text": PWN["text"]}],
+        "client": {"sessions": [{"id": "pwn-0000", "wire": "anthropic", "system": "You are an agent.",
+                                 "tools": ["Bash"], "results": {"Bash": [PWN["tool"]]},
+                                 "steps": [{"prompt": PWN["prompt"]}, {"finish": 1.0}]}]}}
+    recorded = folder / "recorded.tito"
+    asyncio.run(record_scenario(scenario, recorded))
+    out = folder / "pwn.tito"
+    with CassetteWriter(out, read_header(recorded), header_redacted=True) as writer:
+        for name in (None, PWN["session"]):
+            with CassetteReader(recorded) as reader:
+                for record in reader.records():
+                    record.session = name or record.session
+                    writer.append_redacted(record)
+    return out
+
+
 @pytest.fixture(scope="module")
 def pages(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The pages, written before the browser starts: Playwright's sync API keeps an event loop running in
@@ -199,6 +238,8 @@ def pages(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     folder = tmp_path_factory.mktemp("pages")
     for name in ("drift_realign", "reasoning_drop_fork"):
         (folder / f"{name}.html").write_text(render_html(inspected(name)), encoding="utf-8")
+    done = tito_inspect(str(hostile_cassette(folder)), "--html", str(folder / "pwn.html"))
+    assert done.returncode == 0, done.stderr
     return {p.stem: p for p in folder.glob("*.html")}
 
 
@@ -285,4 +326,30 @@ def test_a_decision_inside_a_folded_prompt_stays_visible(pages: dict[str, Path],
     token = page.locator("#s0f1x1 .tok[data-i='271']")
     assert token.is_visible() and token.inner_text() == "<tool_call>"
     assert page.locator("#s0f1x1 details.fold").count() >= 1  # the rest of the prompt is folded
+    page.close()
+
+
+def test_script_in_a_cassette_never_runs_or_leaves_its_element(pages: dict[str, Path], browser: Any) -> None:
+    """Prompts, reasoning, model text, tool calls, tool output and the session name carrying `<script>`,
+    `</script>`, `<img onerror>` and quotes are shown as text where they belong, and nothing of theirs runs."""
+    page = browser.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(pages["pwn"].as_uri())
+    page.wait_for_load_state("load")
+    assert page.evaluate("typeof window.__pwned") == "undefined" and dialogs == []
+    assert page.locator("script").count() == 1 and page.locator("img, svg, [onerror], [onload]").count() == 0
+    assert page.locator("section.session h2").all_inner_texts()[1] == f"session {PWN['session']}"
+    assert page.locator("nav a").all_inner_texts()[1] == PWN["session"]
+    labels = "\n".join(page.locator(".tree .node .label").all_inner_texts())
+    for key in ("tool", "prompt"):  # the tree shows each message's start as its text
+        assert PWN[key][:40] in labels, (key, labels)
+    strips = page.locator(".strip").first
+    text = strips.inner_text().replace("·", " ").replace("↵", "\n")
+    assert PWN["reasoning"] in text.replace("\n", "") and "onerror=" in text
+    # every token of the hostile text is a text node in its own span: no element came from the cassette
+    tags = page.evaluate("[...new Set([...document.body.querySelectorAll('*')].map(e => e.tagName.toLowerCase()))]")
+    assert set(tags) <= {"h1", "h2", "h3", "h4", "div", "dl", "dt", "dd", "ul", "ol", "li", "span", "a", "nav",
+                         "section", "table", "thead", "tbody", "tr", "th", "td", "p", "code", "aside", "details",
+                         "summary", "br", "script"}, tags
     page.close()

@@ -16,6 +16,7 @@ import pytest
 
 from tests.process_helpers import ROOT
 from tests.replay_support import Live, record, tool_loop, tool_loop_scenario
+from tito_cli import main as tito_main
 from trajectory.adapters.session import session_digest
 
 SIDS = ("plugin-token-a-000001", "plugin-token-b-000002")
@@ -164,13 +165,12 @@ def test_vcr_mode(tito_vcr, request):
 '''
 
 
-def test_fixtures_serve_users_own_tests(project: Path) -> None:
-    (project / "test_mine.py").write_text(USER_TEST)
-    try:
-        run = pytest_run(project, "-q", "test_mine.py", "--record-mode", "once")
-        assert run.returncode == 0 and "3 passed" in run.stdout, run.stdout + run.stderr
-    finally:
-        (project / "test_mine.py").unlink()
+def test_fixtures_serve_users_own_tests(project: Path, tmp_path: Path) -> None:
+    copy = copy_project(project, tmp_path / "p")  # its own goldens: not those another test (or worker) writes
+    assert tito_main(["replay", str(copy / "cassettes"), "-q", "--update-goldens"]) == 0
+    (copy / "test_mine.py").write_text(USER_TEST)
+    run = pytest_run(copy, "-q", "test_mine.py", "--record-mode", "once")
+    assert run.returncode == 0 and "3 passed" in run.stdout, run.stdout + run.stderr
 
 
 PYPROJECT = """

@@ -66,7 +66,7 @@ def test_replayed_requests_carry_the_session_name_where_the_credential_was() -> 
         "Content-Length": "12", "anthropic-version": "2023-06-01"}, b"{}", 200, {})
     headers = request_headers(record, "bearer", "sid-0123456789abcdef", 4)
     assert headers == {"Authorization": "Bearer sid-0123456789abcdef", "anthropic-version": "2023-06-01",
-                       REPLAY_HEADER: "sid-0123456789abcdef 4"}
+                       REPLAY_HEADER: "4 sid-0123456789abcdef"}
     assert request_headers(record, "x-api-key", "sid-0123456789abcdef", 0)["x-api-key"] == "sid-0123456789abcdef"
 
 

@@ -204,16 +204,24 @@ async def test_concurrency_runs_sessions_in_turn_and_generated_outputs_differ_pe
 def test_client_scripts_are_parsed_strictly() -> None:
     good = {"sessions": [{"id": "x", "wire": "chat", "steps": [{"prompt": "hi"}]}]}
     assert parse_client_script(good).sessions[0].stream is True
-    bad = [({"sessions": [{"id": "x", "wire": "grpc", "steps": [{"prompt": "hi"}]}]}, "wire"),
-           ({"sessions": [{"id": "x", "wire": "chat", "steps": [{"prompt": "a", "finish": 1}]}]}, "exactly one"),
-           ({"sessions": [{"id": "x", "wire": "chat", "tools": ["Nope"], "steps": [{"prompt": "a"}]}]}, "unknown tool"),
+    bad = [({"sessions": [{"id": "x", "wire": "grpc", "steps": [{"prompt": "hi"}]}]},
+            "client.sessions[0].wire: 'grpc' is not one of 'anthropic', 'chat', 'responses'"),
+           ({"sessions": [{"id": "x", "wire": "chat", "steps": [{"prompt": "a", "finish": 1}]}]},
+            "client.sessions[0].steps[0]: exactly one of prompt, compact, finish, drop (got ['prompt', 'finish'])"),
+           ({"sessions": [{"id": "x", "wire": "chat", "tools": ["Nope"], "steps": [{"prompt": "a"}]}]},
+            "client.sessions[0]: unknown tool 'Nope' in tools; catalog: Agent, Bash, Read, "),
            ({"sessions": [{"id": "x", "wire": "chat", "results": {"Agent": {"subagent": "ghost"}},
-                           "steps": [{"prompt": "a"}]}]}, "unknown sub-agent"),
-           ({"sessions": [{"id": "x", "wire": "chat", "steps": [{"prompt": "a"}]}] * 2}, "unique"),
-           ({"sessions": [{"id": "x", "wire": "chat", "step": []}]}, "unknown keys")]
+                           "steps": [{"prompt": "a"}]}]},
+            "client.sessions[0]: the result of Agent names an unknown sub-agent 'ghost'"),
+           ({"sessions": [{"id": "x", "wire": "chat", "steps": [{"prompt": "a"}]}] * 2},
+            "client: session ids must be unique, got ['x', 'x']"),
+           ({"sessions": [{"id": "x", "wire": "chat", "step": []}]}, "client.sessions[0]: unknown key 'step'; "),
+           ({"sessions": [{"id": "x", "wire": "chat", "results": {"Bash": [1]}, "steps": [{"prompt": "a"}]}]},
+            "client.sessions[0].results.Bash[0]: expected string, got integer")]
     for script, message in bad:
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ValueError) as info:
             parse_client_script(script)
+        assert str(info.value).startswith(message), str(info.value)
 
 
 def test_record_cli_checks_the_scripted_flags(tmp_path: Path) -> None:

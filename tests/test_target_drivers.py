@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import dataclasses
 import logging
 import os
 import subprocess
@@ -21,10 +20,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 
 from recorder.scripted.client import run_script
-from recorder.scripted.script import TOOL_CATALOG, Disconnect
+from recorder.scripted.script import TOOL_CATALOG, Disconnect, Step
 from recorder.scripted.wires import WIRE_CODECS
 from recorder.targets import slime_env
 from recorder.targets.base import ENTRY_POINT_GROUP, ROUTING_HEADER, TargetError, TargetFinish, TargetOptions
@@ -183,7 +183,7 @@ async def test_slime_aborts_the_engine_when_the_client_walks_away(stream: bool) 
     engine = start_logged_engine([sid], turns)
     driver = create_driver("slime", TargetOptions())
     script = client_script([("anthropic", stream)])
-    script = dataclasses.replace(script, sessions=(dataclasses.replace(
+    script = msgspec.structs.replace(script, sessions=(msgspec.structs.replace(
         script.sessions[0], disconnects=(Disconnect(request=1, after_ms=300, resend_after_ms=300),)),))
     try:
         url = await driver.start(engine.url)
@@ -375,9 +375,8 @@ async def test_gateway_double_process_serves_the_session_api(routing_key: bool) 
         assert line.startswith("gateway double listening on http://127.0.0.1:"), line
         url = line.split()[4]
         script = client_script(wires)
-        with_finish = dataclasses.replace(script, sessions=tuple(
-            dataclasses.replace(s, steps=(*s.steps, dataclasses.replace(s.steps[0], kind="finish", reward=0.5)))
-            for s in script.sessions))
+        with_finish = msgspec.structs.replace(script, sessions=tuple(
+            msgspec.structs.replace(s, steps=(*s.steps, Step(finish=0.5))) for s in script.sessions))
         results = await run_script(with_finish, url)
         # The chat client echoes without reasoning: each later prompt does not extend the double's held tokens,
         # so its simple linearization forks at every turn.

@@ -22,7 +22,8 @@ CLI (`recorder/agents/pins.py`), described here:
 
 Session ids are `<scenario>-<agent>-<NNNN>` (numbered across the script), never random, so a re-recording
 sends the same credentials and its sandboxes sit at the same paths (the CLIs put the path into the prompt).
-Parsing is strict: a typo can not silently record another scenario.
+The Structs below are the format (`fake_engine/scenario_model.py`): a typo can not silently record another
+scenario.
 """
 
 from __future__ import annotations
@@ -30,27 +31,70 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fake_engine.scripted import strict_mapping
+import msgspec
+
+from fake_engine.scenario_model import PosFloat, ScenarioError, Strict, validate
+from fake_engine.scripted import read_scenario_data
 from recorder.agents.pins import PINS
 from recorder.agents.stream_cut import StreamCut
-from recorder.scripted.script import load_scenario_file
 
 SCRIPTED = "scripted"
-RUN_KEYS = {"task", "args", "kill_after_s"}
-SESSION_KEYS = {"agent", "env", "runs", "cut_streams"} | RUN_KEYS
-CUT_KEYS = {"request", "after_events"}
-CLIENT_KEYS = {"agent", "record_args", "timeout_s", "sessions"} | SESSION_KEYS - {"agent"}
+PinnedCli = Literal[tuple(sorted(PINS))]  # type: ignore[valid-type]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+RUN_KEYS = ("task", "args", "kill_after_s")
+SESSION_KEYS = ("env", "runs", "cut_streams", *RUN_KEYS)
 
 
-@dataclass(frozen=True)
-class CliRun:
+class CliRun(Strict, frozen=True):
     """One CLI process: its task, extra flags, and when (if ever) it is killed mid-turn."""
 
     task: str
-    args: tuple[str, ...] = ()
-    kill_after_s: float | None = None
+    args: tuple[str, ...] = ()  # appended to the launcher's command line
+    kill_after_s: PosFloat | None = None  # kill the CLI's process group this long after it started
+
+    def __post_init__(self) -> None:
+        if not self.task.strip():
+            raise ValueError("the task text is empty")
+
+
+class CliSessionSpec(Strict, kw_only=True):
+    """A session as the file gives it: its runs, or one run's `task`/`args`/`kill_after_s` as shorthand."""
+
+    agent: PinnedCli | None = None  # default: the client's `agent`
+    env: dict[EnvName, str | int | float] = {}  # added to the launcher's environment
+    runs: Annotated[tuple[CliRun, ...], msgspec.Meta(min_length=1)] | None = None  # in order, in one sandbox
+    task: str | None = None
+    args: tuple[str, ...] | None = None
+    kill_after_s: PosFloat | None = None
+    cut_streams: Annotated[tuple[StreamCut, ...], msgspec.Meta(min_length=1)] = ()  # agents/stream_cut.py
+
+    def __post_init__(self) -> None:
+        own = [k for k in RUN_KEYS if getattr(self, k) is not None]
+        if self.runs is not None and own:
+            raise ValueError(f"either runs or {own}, not both")
+        if self.runs is None:
+            if self.task is None:
+                raise ValueError("missing key 'task' (the task text), or 'runs'")
+            self.runs = (CliRun(self.task, self.args or (), self.kill_after_s),)
+
+
+class CliClient(CliSessionSpec, kw_only=True):
+    """A real CLI's `client:` section: the pinned CLI, and one session's keys (shorthand) or `sessions`."""
+
+    agent: PinnedCli  # the pinned CLI every session runs (a session may name another)
+    record_args: tuple[str, ...] = ()  # extra `tito record` flags (tito simulate and make corpus apply them)
+    timeout_s: PosFloat = 180.0  # per CLI run
+    sessions: Annotated[tuple[CliSessionSpec, ...], msgspec.Meta(min_length=1)] | None = None  # run at once
+
+    def __post_init__(self) -> None:
+        if self.sessions is None:
+            super().__post_init__()
+            return
+        clash = [k for k in SESSION_KEYS if getattr(self, k) not in (None, (), {})]
+        if clash:
+            raise ValueError(f"either sessions or {clash}, not both")
 
 
 @dataclass(frozen=True)
@@ -75,125 +119,50 @@ class CliScript:
         return list(dict.fromkeys(s.agent for s in self.sessions))
 
 
-def _strings(where: str, value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{where}: a list of strings")
-    return tuple(value)
-
-
-def _agent(where: str, value: Any) -> str:
-    if value not in PINS:
-        raise ValueError(f"{where}: {value!r} is not a pinned CLI; one of {sorted(PINS)}")
-    return str(value)
-
-
-def _run(where: str, data: Any) -> CliRun:
-    d = strict_mapping(where, data, RUN_KEYS)
-    task = d.get("task")
-    if not isinstance(task, str) or not task.strip():
-        raise ValueError(f"{where}.task: the task text is required")
-    kill = d.get("kill_after_s")
-    if kill is not None and (isinstance(kill, bool) or not isinstance(kill, int | float) or kill <= 0):
-        raise ValueError(f"{where}.kill_after_s: a positive number of seconds")
-    return CliRun(task, _strings(f"{where}.args", d.get("args")), None if kill is None else float(kill))
-
-
-def _runs(where: str, d: dict[str, Any]) -> tuple[CliRun, ...]:
-    """A session's `runs:`, or the one run its own task/args/kill_after_s describe."""
-    own = {k: d[k] for k in RUN_KEYS if k in d}
-    if "runs" in d:
-        if own:
-            raise ValueError(f"{where}: either runs or {sorted(own)}, not both")
-        raw = d["runs"]
-        if not isinstance(raw, list) or not raw:
-            raise ValueError(f"{where}.runs: needs at least one run")
-        return tuple(_run(f"{where}.runs[{i}]", r) for i, r in enumerate(raw))
-    return (_run(where, own),)
-
-
-def _env(where: str, value: Any) -> dict[str, str]:
-    env = strict_mapping(where, value or {}, set(value or {}))
-    bad = [k for k, v in env.items() if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) or
-           not isinstance(v, str | int | float) or isinstance(v, bool)]
-    if bad:
-        raise ValueError(f"{where}: names must be identifiers and values strings or numbers ({bad})")
-    return {str(k): str(v) for k, v in env.items()}
-
-
-def _cuts(where: str, value: Any) -> tuple[StreamCut, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not value:
-        raise ValueError(f"{where}: a list of {{request, after_events}}")
-    cuts = []
-    for i, raw in enumerate(value):
-        d = strict_mapping(f"{where}[{i}]", raw, CUT_KEYS)
-        numbers = [d.get(k) for k in sorted(CUT_KEYS)]
-        if any(isinstance(n, bool) or not isinstance(n, int) for n in numbers):
-            raise ValueError(f"{where}[{i}]: request and after_events are integers")
-        try:
-            cuts.append(StreamCut(d["request"], d["after_events"]))
-        except ValueError as exc:
-            raise ValueError(f"{where}[{i}]: {exc}") from exc
-    return tuple(cuts)
-
-
 def session_id(scenario: str, agent: str, number: int) -> str:
     return f"{re.sub(r'[^A-Za-z0-9.-]', '-', scenario)}-{agent}-{number:04d}"
 
 
 def parse_cli_script(data: Any, name: str, agent: str | None = None) -> CliScript:
-    """`agent` (from `--agent`) overrides `client.agent`, so one scenario can be run by another CLI."""
-    d = strict_mapping("client", data, CLIENT_KEYS)
-    default_agent = _agent("client.agent", agent or d.get("agent"))
-    timeout = d.get("timeout_s", 180.0)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ValueError("client.timeout_s: a positive number of seconds")
-    if "sessions" in d:
-        clash = set(d) & (SESSION_KEYS - {"agent"})  # client.agent is the sessions' default
-        if clash:
-            raise ValueError(f"client: either sessions or {sorted(clash)}, not both")
-        raw = d["sessions"]
-        if not isinstance(raw, list) or not raw:
-            raise ValueError("client.sessions: needs at least one session")
-    else:
-        raw = [{k: d[k] for k in SESSION_KEYS if k in d}]
+    """`agent` (from `--agent`) overrides `client.agent` and every session's, so one scenario can be run by
+    another CLI."""
+    if agent is not None and isinstance(data, dict):
+        data = {**data, "agent": agent}
+    client = validate(data, CliClient, where="client")
     sessions = []
-    for i, s in enumerate(raw):
-        where = f"client.sessions[{i}]" if "sessions" in d else "client"
-        s = strict_mapping(where, s, SESSION_KEYS)
-        who = _agent(f"{where}.agent", s["agent"]) if "agent" in s and agent is None else default_agent
-        sessions.append(CliSession(session_id(name, who, i), who, _runs(where, s), _env(f"{where}.env", s.get("env")),
-                                   _cuts(f"{where}.cut_streams", s.get("cut_streams"))))
-    return CliScript(name, default_agent, tuple(sessions), _strings("client.record_args", d.get("record_args")),
-                     float(timeout))
+    for i, spec in enumerate(client.sessions or (client,)):
+        who = agent or spec.agent or client.agent
+        env = {k: str(v) for k, v in spec.env.items()}
+        sessions.append(CliSession(session_id(name, who, i), who, spec.runs or (), env, spec.cut_streams))
+    return CliScript(name, client.agent, tuple(sessions), client.record_args, client.timeout_s)
 
 
 def client_agent(path: str | Path) -> str | None:
     """Who plays a scenario's client: `scripted`, a pinned CLI's name, or None (no `client:` section)."""
-    data = load_scenario_file(path)
+    data = read_scenario_data(path)
     if not isinstance(data, dict) or not isinstance(data.get("client"), dict):
         return None
     return str(data["client"].get("agent", SCRIPTED))
 
 
 def scenario_name(path: str | Path, data: Any = None) -> str:
-    data = load_scenario_file(path) if data is None else data
+    data = read_scenario_data(path) if data is None else data
     return str(data.get("name") or Path(path).stem) if isinstance(data, dict) else Path(path).stem
 
 
 def load_cli_script(path: str | Path, agent: str | None = None, task: str | None = None) -> CliScript:
     """The CLI script of a scenario file. Without one (an engine script only, as in fake_engine/examples/, or
     a scripted client's), `agent` and `task` make a one-run script; `task` also replaces the script's runs."""
-    data = load_scenario_file(path)
+    data = read_scenario_data(path)
     name = scenario_name(path, data)
     client = data.get("client") if isinstance(data, dict) else None
     if not isinstance(client, dict) or client.get("agent", SCRIPTED) == SCRIPTED:
         if not agent or not task:
-            raise ValueError(f"{path}: no CLI `client:` section, so --agent and --task are needed")
-        return parse_cli_script({"agent": agent, "task": task}, name)
-    if task is not None:
-        client = {k: v for k, v in client.items() if k not in ("sessions", "runs", *RUN_KEYS)} | {"task": task}
-    return parse_cli_script(client, name, agent)
+            raise ScenarioError(f"{path}: no CLI `client:` section, so --agent and --task are needed")
+        client = {"agent": agent, "task": task}
+    elif task is not None:
+        client = {k: v for k, v in client.items() if k not in ("sessions", *SESSION_KEYS)} | {"task": task}
+    try:
+        return parse_cli_script(client, name, agent)
+    except ScenarioError as exc:
+        raise ScenarioError(f"{path}: {exc}") from None

@@ -11,20 +11,20 @@ relay in front of the proxy for that session only. Everything else passes throug
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+
+from fake_engine.scenario_model import Strict
 
 # Per connection, or set by aiohttp itself from the bytes it sends: never copied across the relay.
 HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
                          "proxy-connection", "host", "content-length"})
 
 
-@dataclass(frozen=True)
-class StreamCut:
+class StreamCut(Strict, frozen=True):
     """Cut the session's `request`-th request (0-based, in arrival order, counting every request) after
-    `after_events` server-sent events of its reply, by closing the connection."""
+    `after_events` server-sent events of its reply, by closing the connection (`cut_streams:` entries)."""
 
     request: int
     after_events: int

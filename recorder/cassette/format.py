@@ -19,13 +19,19 @@ Spec for humans: `cassettes/FORMAT.md` (keep the two in step).
 
 from __future__ import annotations
 
+import functools
+import math
+import re
+import reprlib
 import struct
 import sys
+import types
 import zlib
 from array import array
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import msgpack
 
@@ -35,8 +41,13 @@ READABLE_VERSIONS = (1, 2)  # 2 = 1 + the optional index at the end
 # Frame header: payload length (u32), flags (u8), header check (u16), payload CRC32 (u32), little-endian.
 FRAME_HEADER = struct.Struct("<IBHI")
 FLAG_ZLIB = 0x01
-MAX_FRAME_BYTES = 1 << 30
+MAX_FRAME_BYTES = 1 << 30  # a payload, stored or decompressed
 COMPRESS_MIN_BYTES = 512
+# A cassette is untrusted input (it can come from a pull request): what its bytes may decode to is bounded.
+DECODE_RATIO = 256  # decoded bytes per stored byte (the committed corpus: under 20; a delta or zlib bomb: more)
+DECODE_FLOOR = 16 << 20  # decoded bytes any cassette may reach, whatever its size
+MAX_INFLATE_RATIO = 64  # a compressed payload's decompressed size over its stored size (the corpus: under 7)
+MAX_NESTING = 64  # lists and maps inside a record (JSON bodies: about a dozen; Python recurses ~1000 deep)
 
 # msgpack ext type codes.
 EXT_U32 = 1  # packed uint32 array -> list[int]
@@ -206,11 +217,14 @@ def mask_rle(mask: list[int]) -> bytes:
     return bytes([mask[0] if mask else 0]) + pack_u32(runs)
 
 
-def mask_unrle(data: bytes) -> list[int]:
+def mask_unrle(data: bytes, budget: DecodeBudget | None = None) -> list[int]:
     if not data or data[0] not in (0, 1):
         raise CorruptCassetteError("bad run-length mask")
+    runs = unpack_u32(data[1:])
+    if budget is not None:
+        budget.spend(4 * sum(runs), "a run-length mask")  # checked before the mask is built
     value, out = data[0], []
-    for run in unpack_u32(data[1:]):
+    for run in runs:
         out.extend([value] * run)
         value ^= 1
     return out
@@ -234,13 +248,11 @@ class _Packed:
     data: bytes
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code == EXT_U32:
-        return unpack_u32(data)
-    if code == EXT_F64:
-        return unpack_f64(data)
-    if code == EXT_MASK_RLE:
-        return mask_unrle(data)
+def _ext_hook(code: int, data: bytes, budget: DecodeBudget | None = None) -> Any:
+    if code in (EXT_U32, EXT_F64, EXT_MASK_RLE):
+        values = unpack_u32(data) if code == EXT_U32 else unpack_f64(data) if code == EXT_F64 else mask_unrle(
+            data, budget)
+        return values if budget is None else budget.built_here(values, float if code == EXT_F64 else int)
     if code == EXT_TOKEN_DELTA:
         if len(data) < 4:
             raise CorruptCassetteError("short token delta")
@@ -274,10 +286,12 @@ def _header_check(length: int, flags: int) -> int:
 
 def encode_frame(record: dict[str, Any]) -> bytes:
     payload = msgpack.packb(record, default=_default, use_bin_type=True)
+    if len(payload) > MAX_FRAME_BYTES:
+        raise ValueError(f"record of {len(payload)} bytes exceeds the {MAX_FRAME_BYTES}-byte frame limit")
     flags = 0
     if len(payload) >= COMPRESS_MIN_BYTES:
         packed = zlib.compress(payload, 6)
-        if len(packed) < len(payload) * 0.9:
+        if len(packed) < len(payload) * 0.9 and len(payload) <= MAX_INFLATE_RATIO * len(packed):
             payload, flags = packed, FLAG_ZLIB
     if len(payload) > MAX_FRAME_BYTES:
         raise ValueError(f"record of {len(payload)} bytes exceeds the {MAX_FRAME_BYTES}-byte frame limit")
@@ -292,21 +306,77 @@ def decode_frame_header(data: bytes, offset: int) -> tuple[int, int, int]:
     return length, flags, crc
 
 
-def decode_payload(payload: bytes, flags: int, crc: int, offset: int, ext_hook: Any = None) -> dict[str, Any]:
-    """`ext_hook`: how to decode extension values (default: this format's, into lists and deltas)."""
+def decode_payload(payload: bytes, flags: int, crc: int, offset: int,
+                   budget: DecodeBudget | None = None, ext_hook: Any = None) -> dict[str, Any]:
+    """The record map of one frame. `budget` bounds what it decompresses to (a zlib bomb fails, it is never
+    inflated whole); without one, a frame may decompress to `MAX_FRAME_BYTES`. `ext_hook`: how to decode
+    extension values (default: this format's, into lists and deltas)."""
     if zlib.crc32(payload) != crc:
         raise CorruptCassetteError(f"corrupt cassette: checksum mismatch in the record at byte {offset}")
     try:
         if flags & FLAG_ZLIB:
-            payload = zlib.decompress(payload)
-        record = msgpack.unpackb(payload, ext_hook=ext_hook or _ext_hook, raw=False, strict_map_key=False)
-    except CorruptCassetteError:
-        raise
+            limit = min(MAX_INFLATE_RATIO * len(payload), MAX_FRAME_BYTES if budget is None else budget.left())
+            payload = inflate(payload, limit)
+        if budget is not None:
+            budget.spend(len(payload), "a record")
+        hook = ext_hook or (_ext_hook if budget is None else functools.partial(_ext_hook, budget=budget))
+        record = msgpack.unpackb(payload, ext_hook=hook, raw=False, strict_map_key=False)
+    except CorruptCassetteError as exc:
+        raise located(exc, offset) from None
     except Exception as exc:  # zlib.error, msgpack's several exception types
         raise CorruptCassetteError(f"corrupt cassette: undecodable record at byte {offset}: {exc}") from exc
     if not isinstance(record, dict) or not isinstance(record.get("t"), str):
         raise CorruptCassetteError(f"corrupt cassette: the record at byte {offset} has no type")
     return record
+
+
+def located(exc: CorruptCassetteError, offset: int) -> CorruptCassetteError:
+    """The same error, saying so and naming the record's byte offset (each message is one line)."""
+    text = str(exc) if str(exc).startswith("corrupt cassette") else f"corrupt cassette: {exc}"
+    return CorruptCassetteError(f"{text} (the record at byte {offset})")
+
+
+def inflate(payload: bytes, limit: int) -> bytes:
+    """zlib-decompressed `payload`, or a CorruptCassetteError as soon as it passes `limit` bytes."""
+    inflater = zlib.decompressobj()
+    data = inflater.decompress(payload, limit + 1)
+    if len(data) > limit:
+        raise CorruptCassetteError(f"corrupt cassette: a compressed record decompresses to more than {limit} bytes")
+    if not inflater.eof:
+        raise CorruptCassetteError("corrupt cassette: a compressed record ends early")
+    return data
+
+
+@dataclass
+class DecodeBudget:
+    """How much one reader's cassette may decode to: `DECODE_RATIO` bytes per byte read so far (and at least
+    `DECODE_FLOOR`), counting decompressed records, delta-resolved prompts and bodies and expanded masks. A
+    zlib bomb or a delta bomb (many tiny records each re-using a huge context) stops with one error early,
+    in bounded memory and time, instead of decoding without end."""
+
+    stored: int = 0
+    decoded: int = 0
+    built: dict[int, Any] = field(default_factory=dict)  # id of a list this frame's decoding built -> its items
+
+    def read(self, n: int) -> None:
+        self.stored += n
+        self.built = {}
+
+    def built_here(self, values: list[Any], items: Any) -> list[Any]:
+        """`values`, a list the decoder made from packed bytes, all of type `items` (int, float, or Any for
+        data such as logprob triples): known, so not walked again by the record checks."""
+        self.built[id(values)] = items
+        return values
+
+    def left(self) -> int:
+        return max(0, max(DECODE_FLOOR, DECODE_RATIO * self.stored) - self.decoded)
+
+    def spend(self, n: int, what: str) -> None:
+        if n > self.left():
+            raise CorruptCassetteError(
+                f"corrupt cassette: {what} decodes past {DECODE_RATIO}x the {self.stored} bytes read "
+                f"({self.decoded + n} bytes; a decompression bomb?)")
+        self.decoded += n
 
 
 # --- records ---------------------------------------------------------------------------------------------
@@ -390,7 +460,7 @@ class EngineRecord:
     status: int
     response: Any = None
     error: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str | list[str]] = field(default_factory=dict)  # a list: vcrpy's repeated header
     started_s: float = 0.0
     duration_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. vcrpy's url and response headers
@@ -441,9 +511,146 @@ def decode_header(record: dict[str, Any]) -> Header:
         )
     known = {f.name for f in fields(Header)}
     try:
-        return Header(**{k: v for k, v in record.items() if k in known})
+        header = Header(**{k: v for k, v in record.items() if k in known})
     except TypeError as exc:
         raise CorruptCassetteError(f"corrupt cassette: bad header: {exc}") from exc
+    check_fields(header, "header")
+    return header
+
+
+# --- what a decoded record may hold ----------------------------------------------------------------------
+# Checked once its deltas are resolved, so the code that reads records never meets another type than the
+# dataclasses declare; `Any` is msgpack data (str-keyed maps, lists, str, bytes, numbers, bool, nil) nested at
+# most MAX_NESTING deep. The values below are the format's own invariants (FORMAT.md).
+
+NON_NEGATIVE = ("seq", "retry_of", "turn_index", "response_length")
+TIMINGS = ("started_s", "duration_s")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_LINE_BREAK = re.compile(r"[\r\n\x00]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # in a session name: it is printed to terminals as it is
+
+
+class TokenId(int):
+    """A token id in the record checks: a uint32, as the format packs them (a tokenizer refuses others)."""
+
+
+# Keys of a /generate request and response, and of a sample, that replay and inspect read: typed too.
+REQUEST_KEYS: dict[str, Any] = {"input_ids": list[TokenId], "sampling_params": dict[str, Any]}
+RESPONSE_KEYS: dict[str, Any] = {"output_ids": list[TokenId], "meta_info": dict[str, Any]}
+SAMPLE_KEYS: dict[str, Any] = {"tokens": list[TokenId], "response_length": int, "loss_mask": list[int],
+                               "rollout_log_probs": list[float], "reward": float, "metadata": dict[str, Any]}
+
+
+def check_fields(record: Any, kind: str, built: Built | None = None) -> None:
+    """A CorruptCassetteError naming the first field of `record` (a dataclass) that has another type than
+    declared, or breaks a value rule of the format. `built`: the lists the decoder made, by id, with the type
+    of their items."""
+    built = built or {}
+    for name, hint in _hints(type(record)).items():
+        value = getattr(record, name)
+        if not _fits(value, hint, 0, built):
+            raise CorruptCassetteError(f"corrupt cassette: {kind} record field {name!r}: expected {_named(hint)}, "
+                                       f"got {_shown(value)}")
+        if name in NON_NEGATIVE and value is not None and value < 0:
+            raise CorruptCassetteError(f"corrupt cassette: {kind} record field {name!r} is negative ({value})")
+        if name in TIMINGS and not (math.isfinite(value) and value >= 0):
+            raise CorruptCassetteError(f"corrupt cassette: {kind} record field {name!r} is not a time ({value})")
+        if name == "status" and not 0 <= value <= 999:
+            raise CorruptCassetteError(f"corrupt cassette: {kind} record status {value} is not an HTTP status")
+        if name == "session" and _CONTROL.search(value):
+            raise CorruptCassetteError(f"corrupt cassette: a session name holds control characters: {value!r}"[:160])
+        if name in ("headers", "reply_headers"):
+            _check_headers(value, f"{kind} record field {name!r}")
+    parts = [(f"sample {i}", sample, SAMPLE_KEYS) for i, sample in enumerate(getattr(record, "samples", None) or [])]
+    for name, keys in (("request", REQUEST_KEYS), ("response", RESPONSE_KEYS)):
+        if isinstance(getattr(record, name, None), dict):
+            parts.append((name, getattr(record, name), keys))
+    for where, part, keys in parts:
+        for key, hint in keys.items():
+            if key in part and not _fits(part[key], hint, 1, built):
+                raise CorruptCassetteError(f"corrupt cassette: {kind} record {where} {key!r}: expected "
+                                           f"{_named(hint)}, got {_shown(part[key])}")
+
+
+def _check_headers(headers: dict[str, Any], where: str) -> None:
+    """HTTP header names are tokens and values hold no line break: what was on the wire (replay re-sends them)."""
+    for key, value in headers.items():
+        values = value if isinstance(value, list) else [value]
+        if not _HEADER_NAME.match(key) or any(_LINE_BREAK.search(v) for v in values):
+            raise CorruptCassetteError(f"corrupt cassette: {where}: {key!r} is not an HTTP header"[:200])
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+Built = dict[int, Any]
+Check = Callable[[Any, int, Built], bool]
+
+
+def _fits(value: Any, hint: Any, depth: int, built: Built) -> bool:
+    return _checker(hint)(value, depth, built)
+
+
+@functools.cache
+def _checker(hint: Any) -> Check:
+    """A function telling whether a value is of type `hint`, built once per annotation (reading is hot)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is Any:
+        return _is_data
+    if origin in (Union, types.UnionType):
+        options = tuple(_checker(option) for option in args)
+        return lambda v, d, b: any(fits(v, d, b) for fits in options)
+    if hint is type(None):
+        return lambda v, d, b: v is None
+    if hint is float:
+        return lambda v, d, b: type(v) is float or type(v) is int
+    if hint is TokenId:
+        return lambda v, d, b: type(v) is int and 0 <= v <= _U32_MAX
+    if origin is dict:
+        key, item = _checker(args[0]), _checker(args[1])
+        return lambda v, d, b: type(v) is dict and d < MAX_NESTING and all(
+            key(k, d, b) and item(x, d + 1, b) for k, x in v.items())
+    if origin is list:
+        item, number = _checker(args[0]), args[0] if args[0] in (int, float, TokenId) else None
+        known = {int: (int,), TokenId: (int,), float: (int, float)}.get(args[0], ())  # built lists whose items fit
+        return lambda v, d, b: type(v) is list and d < MAX_NESTING and (
+            b.get(id(v)) in known or (number is not None and _numbers(v, number)) or all(item(x, d + 1, b) for x in v))
+    return lambda v, d, b: type(v) is hint
+
+
+def _is_data(value: Any, depth: int, built: Built) -> bool:
+    kind = type(value)
+    if kind in (str, int, float, bool, bytes) or value is None:
+        return True
+    if depth >= MAX_NESTING:
+        return False
+    if kind is list:
+        return id(value) in built or _numbers(value, float) or all(_is_data(v, depth + 1, built) for v in value)
+    return kind is dict and all(type(k) is str and _is_data(v, depth + 1, built) for k, v in value.items())
+
+
+def _numbers(values: list[Any], item: Any) -> bool:
+    """A list of ints (or, for floats, of numbers) checked at C speed: token lists hold 150k of them."""
+    try:
+        array({int: "q", TokenId: "I", float: "d"}[item], values)
+    except (TypeError, OverflowError):
+        return False
+    return True
+
+
+def _named(hint: Any) -> str:
+    if get_origin(hint) is None and isinstance(hint, type):
+        return hint.__name__
+    return str(hint).replace("typing.", "").replace(f"{__name__}.", "")
+
+
+def _shown(value: Any) -> str:
+    """A short, safe picture of a value: a hostile one can be nested too deep for repr()."""
+    shown = reprlib.Repr()
+    shown.maxlevel, shown.maxstring, shown.maxother = 3, 40, 40
+    return f"{type(value).__name__} {shown.repr(value)}"
 
 
 def _record_from_dict(record: dict[str, Any]) -> Record:
@@ -544,8 +751,10 @@ class SessionCodec:
     reordering frames, and a reader that skips a frame cannot resolve later deltas of that session.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, budget: DecodeBudget | None = None) -> None:
+        """`budget`: what decoding may resolve deltas to (a reader's; none for the writer's own records)."""
         self._sessions: dict[str, _SessionState] = {}
+        self.budget = budget
 
     def _state(self, session: str) -> _SessionState:
         return self._sessions.setdefault(session, _SessionState())
@@ -607,28 +816,37 @@ class SessionCodec:
 
     def decode(self, data: dict[str, Any]) -> Record:
         record = _record_from_dict(data)
-        if not isinstance(getattr(record, "session", None), str):
-            raise CorruptCassetteError("corrupt cassette: a record without a session name")
+        if not isinstance(getattr(record, "session", None), str) or type(record.seq) is not int:
+            raise CorruptCassetteError("corrupt cassette: a record without a session name or seq")
         state = self._state(record.session)
-        state.seq = max(state.seq, int(record.seq) + 1)
+        state.seq = max(state.seq, record.seq + 1)
         if isinstance(record, AgentRecord):
             if isinstance(record.body, BytesDelta):
-                record.body = record.body.apply(state.agent_body)
-            state.agent_body = record.body
+                record.body = self._spent(record.body.apply(state.agent_body), "an agent body")
+            state.agent_body = record.body if isinstance(record.body, bytes) else b""
         elif isinstance(record, EngineRecord):
             record.request, record.response = self._decode_engine(state, record.request, record.response)
-        elif isinstance(record, SamplesRecord):
+        elif isinstance(record, SamplesRecord) and isinstance(record.samples, list):
             for sample in record.samples:
-                if isinstance(sample.get("tokens"), TokenDelta):
-                    sample["tokens"] = unpack_u32(sample["tokens"].apply(state.context))
+                if isinstance(sample, dict) and isinstance(sample.get("tokens"), TokenDelta):
+                    sample["tokens"] = self._built(unpack_u32(self._spent(sample["tokens"].apply(state.context),
+                                                                          "a sample")))
+        check_fields(record, data["t"], self.budget.built if self.budget is not None else None)
         return record
 
-    @staticmethod
-    def _decode_engine(state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:
+    def _spent(self, data: bytes, what: str) -> bytes:
+        if self.budget is not None:
+            self.budget.spend(len(data), what)
+        return data
+
+    def _built(self, values: list[Any], items: Any = int) -> list[Any]:
+        return values if self.budget is None else self.budget.built_here(values, items)
+
+    def _decode_engine(self, state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:
         resolved = False
         if isinstance(request, dict) and isinstance(request.get("input_ids"), TokenDelta):
-            state.context = request["input_ids"].apply(state.context)
-            request["input_ids"] = unpack_u32(state.context)
+            state.context = self._spent(request["input_ids"].apply(state.context), "a prompt")
+            request["input_ids"] = self._built(unpack_u32(state.context))
             resolved = True
         # Packable exactly when the writer packed them (and extended its context with them).
         packed_out = packed_token_list(response.get("output_ids")) if isinstance(response, dict) else None
@@ -637,7 +855,8 @@ class SessionCodec:
                 state.context = state.context + packed_out
             meta = response.get("meta_info")
             if isinstance(meta, dict) and isinstance(meta.get("output_token_logprobs"), LogprobColumn):
-                meta["output_token_logprobs"] = meta["output_token_logprobs"].apply(response["output_ids"])
+                triples = meta["output_token_logprobs"].apply(response["output_ids"])
+                meta["output_token_logprobs"] = self._built(triples, Any)
         return request, response
 
 

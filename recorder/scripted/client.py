@@ -22,7 +22,15 @@ from typing import Any
 
 import aiohttp
 
-from recorder.scripted.script import RETRY_STATUSES, AgentSpec, ClientScript, ClientSession, Disconnect, Step
+from recorder.scripted.script import (
+    RETRY_STATUSES,
+    AgentSpec,
+    CannedResult,
+    ClientScript,
+    ClientSession,
+    Disconnect,
+    Step,
+)
 from recorder.scripted.wires import WIRE_CODECS, AssistantReply, ToolCallOut, Wire
 
 # Words of generated tool output (`{lines: N}` results): code-ish, so a line costs about as many tokens as a
@@ -136,15 +144,15 @@ class SessionRunner:
 
     async def tool_result(self, conv: Conversation, call: ToolCallOut) -> str:
         canned = conv.agent.results.get(call.name)
-        if isinstance(canned, dict) and "subagent" in canned:
-            sub = self.session.subagents[canned["subagent"]]
+        if isinstance(canned, CannedResult) and canned.subagent is not None:
+            sub = self.session.subagents[canned.subagent]
             task = call.arguments.get("prompt") or sub.prompt or "Do the task."
             return await self.prompt(Conversation(sub), str(task), 12)
-        if isinstance(canned, list) or (isinstance(canned, dict) and "lines" in canned):
+        if isinstance(canned, list | CannedResult):
             n = conv.used.get(call.name, 0)
             conv.used[call.name] = n + 1
-            if isinstance(canned, dict):
-                return generated_output(f"{self.session.id}/{call.name}/{n}", canned["lines"])
+            if isinstance(canned, CannedResult):
+                return generated_output(f"{self.session.id}/{call.name}/{n}", canned.lines or 0)
             return str(canned[min(n, len(canned) - 1)]) if canned else ""
         return "(no output)" if canned is None else str(canned)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from recorder.scripted.client import run_script
-from recorder.scripted.script import load_client_script, load_scenario_file
+from recorder.scripted.script import load_client_script
 
 
 def unapplied_record_args(args: argparse.Namespace, record_args: tuple[str, ...]) -> list[str]:
@@ -30,10 +30,10 @@ def unapplied_record_args(args: argparse.Namespace, record_args: tuple[str, ...]
 
 
 def scripted_header(scenario: str | Path) -> dict[str, Any]:
+    from recorder.agents.cli_script import scenario_name
     from recorder.cassette.format import tito_version
 
-    data = load_scenario_file(scenario)
-    name = str(data.get("name") or Path(scenario).stem) if isinstance(data, dict) else Path(scenario).stem
+    name = scenario_name(scenario)
     return {"client": "scripted", "scenario": name, "version": tito_version()}
 
 

@@ -8,6 +8,7 @@ Its engine URL must be tito's `--engine-listen`. Samples come from its own sessi
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -30,7 +31,8 @@ class HttpTarget:
     async def finish(self, session: str, reward: float) -> TargetFinish | None:
         assert self._http is not None
         try:
-            async with self._http.post(f"{self.url}/tito/sessions/{session}/finish", json={"reward": reward}) as resp:
+            url = f"{self.url}/tito/sessions/{quote(session, safe='')}/finish"
+            async with self._http.post(url, json={"reward": reward}) as resp:
                 data = await resp.json(content_type=None) if resp.status == 200 else None
         except (aiohttp.ClientError, ValueError, TimeoutError):
             return None
@@ -43,7 +45,7 @@ class HttpTarget:
     async def drop(self, session: str) -> bool:
         assert self._http is not None
         try:
-            async with self._http.delete(f"{self.url}/tito/sessions/{session}") as resp:
+            async with self._http.delete(f"{self.url}/tito/sessions/{quote(session, safe='')}") as resp:
                 data: Any = await resp.json(content_type=None) if resp.status == 200 else None
         except (aiohttp.ClientError, ValueError, TimeoutError):
             return False

@@ -227,12 +227,16 @@ def parse_generation(rid: str, data: Any) -> Generation:
     try:
         output_ids = untrack([int(t[1]) for t in triples])
         logprobs = untrack([float(t[0]) if t[0] is not None else 0.0 for t in triples])
-    except (TypeError, IndexError, ValueError) as exc:
-        raise EngineError(502, f"engine /generate returned malformed logprobs: {exc}") from exc
+    except (TypeError, IndexError, KeyError, ValueError) as exc:
+        raise EngineError(502, f"engine /generate returned malformed logprobs: {exc!r}") from exc
     if isinstance(data.get("output_ids"), list) and data["output_ids"] != output_ids:
         raise EngineError(502, "engine /generate output_ids disagree with output_token_logprobs")
-    finish = (meta.get("finish_reason") or {}).get("type", "stop")
+    reason = meta.get("finish_reason")
+    finish = reason.get("type", "stop") if isinstance(reason, dict) else "stop"
     if finish not in ("stop", "length", "abort"):
         finish = "stop"
-    return Generation(rid, output_ids, logprobs, finish, int(meta.get("prompt_tokens") or 0),
-                      int(meta.get("cached_tokens") or 0), data)
+    try:  # a malformed body (or a hostile cassette's, in a replay) is the engine's error, not the adapter's
+        prompt_tokens, cached_tokens = int(meta.get("prompt_tokens") or 0), int(meta.get("cached_tokens") or 0)
+    except (TypeError, ValueError) as exc:
+        raise EngineError(502, f"engine /generate returned malformed token counts: {exc}") from exc
+    return Generation(rid, output_ids, logprobs, finish, prompt_tokens, cached_tokens, data)

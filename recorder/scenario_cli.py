@@ -1,0 +1,40 @@
+"""`tito scenario ACTION`: scenario files without running them.
+
+`check FILE...`: every section of each file against its model (`recorder/scenario_file.py`); one line per
+file, `ok` or what is wrong and where. Exit 0 when all are valid, 2 otherwise. `schema`: the JSON Schema of a
+scenario file, for editors (YAML language servers read `# yaml-language-server: $schema=scenario.schema.json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXIT_OK, EXIT_INVALID = 0, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="scenario_command", required=True, metavar="ACTION")
+    check = sub.add_parser("check", help="check scenario files against their model; exit 2 if any is invalid")
+    check.add_argument("paths", nargs="+", metavar="FILE", help="scenario files (YAML or JSON)")
+    sub.add_parser("schema", help="print the JSON Schema of a scenario file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from recorder.scenario_file import ScenarioError, check_scenario, scenario_schema
+
+    if args.scenario_command == "schema":
+        print(json.dumps(scenario_schema(), indent=2, sort_keys=True))
+        return EXIT_OK
+    invalid = 0
+    for path in args.paths:
+        try:
+            checked = check_scenario(path)
+        except ScenarioError as exc:
+            print(f"tito scenario check: {exc}", file=sys.stderr)
+            invalid += 1
+            continue
+        client = "no client" if checked.client is None else f"client {checked.client.agent}"
+        print(f"{path}: ok ({len(checked.engine.sessions or ())} engine session(s), {client})")
+    return EXIT_INVALID if invalid else EXIT_OK

@@ -1,0 +1,323 @@
+"""Hostile cassettes: the seeded fuzz run (`tests/cassette_fuzz.py`) finds nothing, a sample of its files goes
+through `tito cassette info`, `tito replay` and `tito inspect --html` with exit 2 and one line (or a replay
+result), and each limit of the reader holds on its own: zlib and delta bombs, nesting, types, values."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from recorder.cassette.format import (
+    DECODE_FLOOR,
+    EXT_F64,
+    EXT_MASK_RLE,
+    EXT_TOKEN_DELTA,
+    EXT_U32,
+    FLAG_ZLIB,
+    MAX_INFLATE_RATIO,
+    RECORD_TYPES,
+    CorruptCassetteError,
+    Header,
+    SamplesRecord,
+    encode_frame,
+    pack_u32,
+)
+from recorder.cassette.writer import CassetteWriter
+from replayer.reader import CassetteReader, read_cassette
+from tests import cassette_fuzz as fuzz
+from tests.cassette_helpers import header
+from tests.process_helpers import ROOT
+from tito_cli import main
+
+
+def test_the_seeded_fuzz_run_finds_nothing_in_bounded_time_and_memory() -> None:
+    """A few thousand cases in a process of their own (so its peak memory is theirs), well under a minute."""
+    done = subprocess.run([sys.executable, "-m", "tests.cassette_fuzz", "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    report = json.loads(done.stdout)
+    assert report["findings"] == [] and done.returncode == 0, report["findings"][:5]
+    assert report["cases"] == fuzz.CASES >= 3000
+    outcomes: dict[str, dict[str, int]] = {}
+    for kind, outcome, n in report["outcomes"]:
+        outcomes.setdefault(kind, {})[outcome] = n
+    assert set(outcomes) == set(fuzz.MUTATIONS)
+    for kind in ("flip bytes", "msgpack length", "deep nesting", "zlib bomb", "delta bomb", "wrong type",
+                 "bad value", "frames", "ext type"):  # each reaches a check that refuses it
+        assert outcomes[kind].get("CorruptCassetteError", 0) > 0, (kind, outcomes[kind])
+    assert outcomes["bad value"].get("read", 0) > 0  # a name like `../x` is data: read, then replayed below
+    assert report["slowest_s"] < 5, report["slowest_case"]
+    assert report["rss_peak_mib"] - report["rss_start_mib"] < 512, report
+    assert report["seconds"] < 120, report["seconds"]
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def sample(per_kind: int = 2) -> list[fuzz.Case]:
+    """From each mutation, its first cases the reader refuses and its first it reads: both paths of each tool."""
+    picked: dict[tuple[str, bool], list[fuzz.Case]] = {}
+    for case in fuzz.cases(600):
+        try:
+            readable = fuzz.read_all(case.data) in ("read", "truncated tail")
+        except Exception:  # a finding: its case fails below, through the tools, not the collection
+            readable = True
+        chosen = picked.setdefault((case.kind, readable), [])
+        if len(chosen) < per_kind:
+            chosen.append(case)
+    return [c for cases in picked.values() for c in cases]
+
+
+@pytest.mark.parametrize("case", sample(), ids=lambda c: f"{c.number}-{c.kind.replace(' ', '-')}")
+def test_a_mutated_file_through_every_tool_is_a_result_or_one_line(case: fuzz.Case, tmp_path: Path) -> None:
+    path = tmp_path / "hostile.tito"
+    path.write_bytes(case.data)
+    refused = fuzz.read_all(case.data) not in ("read", "truncated tail")  # a finding fails here
+    tools = {"tito cassette info": ["cassette", "info", str(path)], "tito cassette export": ["cassette", "export",
+             str(path)], "tito replay": ["replay", str(path)],
+             "tito inspect": ["inspect", str(path), "--html", str(tmp_path / "page.html")]}
+    for name, argv in tools.items():
+        code, out, err = run(*argv)
+        assert "Traceback" not in out + err, (name, err)
+        if refused:  # export streams the records it read before the bad one: its output is cut, its exit 2
+            assert code == 2 and (out == "" or name.endswith("export")) and len(err.splitlines()) == 1, (name, err)
+            assert err.startswith(f"{name}: "), err
+        else:
+            assert code in (0, 1, 2), (name, code, err)
+            assert code != 2 or len(err.splitlines()) == 1, (name, err)
+
+
+def test_export_writes_a_header_value_json_has_no_number_for_as_its_text(tmp_path: Path) -> None:
+    from recorder.cassette.format import Header
+
+    path = tmp_path / "nan.tito"
+    with CassetteWriter(path, Header(tokenizer_fingerprint="x", adapter={"odd": float("nan")}), header_redacted=True):
+        pass
+    code, out, _ = run("cassette", "export", str(path))
+    assert code == 0 and json.loads(out)["header"]["adapter"] == {"odd": "nan"}
+
+
+# --- each limit on its own ----------------------------------------------------------------------------------
+
+def cassette_of(*frames: bytes) -> bytes:
+    start = {"t": "session", "session": "s", "source": "bearer", "seq": 0}
+    return fuzz.MAGIC + encode_frame({"t": "header", **header().to_dict()}) + encode_frame(start) + b"".join(frames)
+
+
+def read(data: bytes) -> None:
+    with CassetteReader(io.BytesIO(data)) as reader:
+        for _ in reader.records():
+            pass
+
+
+def test_a_zlib_bomb_is_refused_before_it_is_inflated() -> None:
+    bomb = fuzz.zlib_bomb(1 << 30)  # 1 GiB of zeros in about 1 MiB
+    limit = MAX_INFLATE_RATIO * len(bomb)
+    with pytest.raises(CorruptCassetteError, match=rf"decompresses to more than {limit} bytes \(the record at byte"):
+        read(cassette_of(fuzz.frame(bomb, FLAG_ZLIB)))
+
+
+def test_a_delta_bomb_stops_at_the_budget() -> None:
+    """One 16k-token context, then tiny records each resolving all of it: refused once the resolved tokens pass
+    256 bytes per byte read (and the 16 MiB floor), long before 2000 x 64 KB."""
+    tail = msgpack.ExtType(EXT_TOKEN_DELTA, struct.pack("<I", 0) + pack_u32(list(range(16_000))))
+    again = msgpack.ExtType(EXT_TOKEN_DELTA, struct.pack("<I", 16_000))
+    frames = [fuzz.frame(fuzz.pack(fuzz.engine_record(1, {"input_ids": tail})))]
+    frames += [fuzz.frame(fuzz.pack(fuzz.engine_record(n, {"input_ids": again}))) for n in range(2, 2000)]
+    with pytest.raises(CorruptCassetteError, match=r"a prompt decodes past 256x the \d+ bytes read"):
+        read(cassette_of(*frames))
+    assert DECODE_FLOOR < 2000 * 64_000
+
+
+def test_a_mask_of_2_to_the_40_entries_is_refused_before_it_is_built() -> None:
+    mask = msgpack.ExtType(EXT_MASK_RLE, b"\1" + pack_u32([0xFFFFFFFF] * 256))
+    record = {"t": "samples", "session": "s", "seq": 1, "reward": 1.0,
+              "samples": [{"tokens": [1], "response_length": 1, "loss_mask": mask, "rollout_log_probs": [0.0]}]}
+    with pytest.raises(CorruptCassetteError, match="a run-length mask decodes past"):
+        read(cassette_of(fuzz.frame(fuzz.pack(record))))
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("status", "200", "engine record field 'status': expected int, got str '200'"),
+    ("headers", {"x": 1}, "engine record field 'headers': expected dict[str, str | list[str]], got dict"),
+    ("request", [1, 2], "engine record field 'request': expected dict[str, Any] | None, got list [1, 2]"),
+    ("response", {b"key": 1}, "engine record field 'response': expected Any, got dict"),
+    ("seq", -1, "engine record field 'seq' is negative (-1)"),
+    ("started_s", float("nan"), "engine record field 'started_s' is not a time (nan)"),
+    ("status", 1000, "engine record status 1000 is not an HTTP status"),
+    ("session", "a\x1b[2Jb", "a session name holds control characters: 'a\\x1b[2Jb'"),
+])
+def test_a_field_of_another_type_or_value_is_one_error_naming_it(field: str, value: object, message: str) -> None:
+    record = fuzz.engine_record(1, {"input_ids": [1, 2, 3]}) | {field: value}
+    with pytest.raises(CorruptCassetteError) as info:
+        read(cassette_of(fuzz.frame(fuzz.pack(record))))
+    assert str(info.value).startswith(f"corrupt cassette: {message}"), str(info.value)
+    assert "(the record at byte " in str(info.value) and "\n" not in str(info.value)
+
+
+def test_nesting_past_the_limit_is_refused_and_under_it_read() -> None:
+    for depth, ok in ((60, True), (65, False), (100_000, False)):
+        record = fuzz.engine_record(1, {})
+        payload = fuzz.with_raw(record, "extra", b"\x81\xa1k" * depth + b"\x80")
+        if ok:
+            read(cassette_of(fuzz.frame(payload)))
+        else:
+            with pytest.raises(CorruptCassetteError):
+                read(cassette_of(fuzz.frame(payload)))
+
+
+def test_the_writer_keeps_a_record_that_compresses_too_well_uncompressed(tmp_path: Path) -> None:
+    """The inflate limit is a rule of the format, so tito's own writer never breaks it: a record 64 times
+    more compressible than the limit allows is stored as it is, and reads back."""
+    samples = [{"tokens": [7] * 300_000, "response_length": 0, "loss_mask": [], "rollout_log_probs": [],
+                "reward": 0.0, "metadata": {"note": "x" * 100_000}}]
+    frame = encode_frame({"t": "samples", "session": "s", "seq": 1, "reward": 0.0, "samples": samples})
+    _, flags, _, _ = fuzz.FRAME_HEADER.unpack(frame[:fuzz.FRAME_HEADER.size])
+    payload = frame[fuzz.FRAME_HEADER.size:]
+    assert flags == 0 and len(payload) > MAX_INFLATE_RATIO * len(zlib.compress(payload, 6))
+    path = tmp_path / "flat.tito"
+    with CassetteWriter(path, header()) as writer:
+        writer.append_redacted(SamplesRecord("s", 0, 0.0, samples))
+    (record,) = read_cassette(path).sessions["s"].records
+    assert record.samples[0]["metadata"]["note"] == "x" * 100_000 and record.samples[0]["tokens"] == [7] * 300_000
+
+
+@pytest.mark.parametrize(("section", "key", "value", "message"), [
+    ("adapter", "context_length", "40960", "header adapter.context_length: Expected `int`, got `str`"),
+    ("adapter", "chat_template", 5, "header adapter.chat_template: Expected `str | null`, got `int`"),
+    ("adapter", "manager", {"bogus": 1}, "header adapter.manager.bogus: not a setting of this tito's manager"),
+    ("adapter", "manager", {"reward_policy": "all"}, "header adapter.manager: reward_policy must be one of"),
+    ("parsers", "tool_call", 5, "header parsers.tool_call: Expected `str | null`, got `int`"),
+])
+def test_header_settings_of_another_type_are_one_line_before_a_replay(
+        section: str, key: str, value: object, message: str, tmp_path: Path) -> None:
+    """The header's adapter and manager settings build the replay's adapter app: each is checked against the
+    setting's type first (a cassette's settings are as untrusted as its records)."""
+    from recorder.cassette.format import Header
+
+    source = ROOT / "cassettes" / "drift_realign.tito"
+    path = tmp_path / "settings.tito"
+    with CassetteReader(source) as reader:
+        values = reader.header.to_dict()
+        values[section] = {**values[section], key: value}
+        with CassetteWriter(path, Header(**values), header_redacted=True) as writer:
+            for record in reader.records():
+                writer.append_redacted(record)
+    for tool in ("replay", "inspect"):
+        code, out, err = run(tool, str(path))
+        assert (code, out) == (2, "") and err.startswith(f"tito {tool}: {path}: {message}"), err
+        assert len(err.splitlines()) == 1
+
+
+def test_a_packed_list_is_only_taken_where_its_numbers_belong() -> None:
+    """Lists the decoder unpacks itself skip the per-item walk, but only where their item type is declared."""
+    floats = msgpack.ExtType(EXT_F64, struct.pack("<2d", 1.5, 2.5))
+    sample = {"tokens": floats, "response_length": 0, "loss_mask": [], "rollout_log_probs": []}
+    samples = {"t": "samples", "session": "s", "seq": 1, "reward": 1.0, "samples": [sample]}
+    with pytest.raises(CorruptCassetteError, match=r"sample 0 'tokens': expected list\[TokenId\], got list \[1.5, 2.5"):
+        read(cassette_of(fuzz.frame(fuzz.pack(samples))))
+    events = fuzz.agent_record(1, b"{}") | {"reply_events": msgpack.ExtType(EXT_U32, pack_u32([1, 2]))}
+    with pytest.raises(CorruptCassetteError, match=r"agent record field 'reply_events': expected list\[str\] \| None"):
+        read(cassette_of(fuzz.frame(fuzz.pack(events))))
+    sample["tokens"], sample["rollout_log_probs"] = [1, 2], floats  # numbers where numbers go: read
+    sample["response_length"], sample["loss_mask"] = 2, msgpack.ExtType(EXT_MASK_RLE, b"\1" + pack_u32([2]))
+    read(cassette_of(fuzz.frame(fuzz.pack(samples))))
+
+
+def test_the_request_and_response_fields_replay_reads_are_typed() -> None:
+    """Replay compares a /generate with its recorded twin's input_ids and sampling params, and decodes token ids
+    to show a difference: those are typed, ids as uint32."""
+    record = fuzz.engine_record(1, {"input_ids": [1, 2], "sampling_params": 7})
+    with pytest.raises(CorruptCassetteError, match=r"engine record request 'sampling_params': expected dict"):
+        read(cassette_of(fuzz.frame(fuzz.pack(record))))
+    for ids in (["a"], [-1], [2**32]):  # a tokenizer cannot decode an id outside uint32 (difference reports do)
+        record = fuzz.engine_record(1, {"input_ids": ids})
+        with pytest.raises(CorruptCassetteError, match=r"engine record request 'input_ids': expected list\[TokenId\]"):
+            read(cassette_of(fuzz.frame(fuzz.pack(record))))
+    record = fuzz.engine_record(1, {"input_ids": [1]}) | {"response": {"output_ids": [2**40]}}
+    with pytest.raises(CorruptCassetteError, match=r"engine record response 'output_ids': expected list\[TokenId\]"):
+        read(cassette_of(fuzz.frame(fuzz.pack(record))))
+
+
+@pytest.mark.parametrize("meta", [
+    {"output_token_logprobs": [{"lp": -0.1}]}, {"output_token_logprobs": [], "prompt_tokens": [3]},
+    {"output_token_logprobs": [], "cached_tokens": "many"},
+])
+def test_a_malformed_engine_answer_is_an_engine_error_in_the_adapter(meta: dict[str, object]) -> None:
+    """A replay serves the recorded engine answers to the real adapter: whatever their shape, the adapter
+    answers its client 502 (an engine error), never fails in its handler."""
+    from trajectory.adapters.engine import EngineError, parse_generation
+
+    with pytest.raises(EngineError) as info:
+        parse_generation("rid", {"meta_info": meta})
+    assert info.value.status == 502
+    odd_reason = {"meta_info": {"output_token_logprobs": [], "finish_reason": "stop"}}  # a str, not SGLang's map
+    assert parse_generation("rid", odd_reason).finish_reason == "stop"
+
+
+PALETTE = [None, True, 7, -3, 1.5, "text", b"bytes", [], [1, "x"], {}, {"k": "v"}, {"k": {"deeper": [b"\0"]}}]
+
+
+def allowed_types(hint: object) -> set[type] | None:
+    """The Python types a declared field takes (None: anything msgpack holds): the test's own reading of the
+    record dataclasses' annotations, independent of the format's checker."""
+    import types as pytypes
+    import typing
+
+    if hint is typing.Any:
+        return None
+    if typing.get_origin(hint) in (typing.Union, pytypes.UnionType):
+        parts = [allowed_types(h) for h in typing.get_args(hint)]
+        return None if None in parts else set().union(*parts)
+    origin = typing.get_origin(hint) or hint
+    return {int, float} if origin is float else {type(None)} if hint is type(None) else {origin}
+
+
+@pytest.mark.parametrize("kind", ["header", *RECORD_TYPES])
+def test_every_field_of_every_record_type_takes_only_its_type(kind: str) -> None:
+    """Each field of each record type set to values of every msgpack type: a value of another type than the
+    field's is refused with one line; none gets past the reader to fail later; none raises anything else."""
+    from typing import get_type_hints
+
+    cls = Header if kind == "header" else RECORD_TYPES[kind]
+    hints = get_type_hints(cls)
+    refused = 0
+    for field, hint in hints.items():
+        allowed = allowed_types(hint)
+        for value in PALETTE:
+            frames = fuzz.frames_of("openai_wires")
+            target = next(f for f in frames if f.record["t"] == kind)
+            target.record[field] = value
+            outcome = fuzz.read_all(fuzz.assemble(frames))  # raises on anything but one CassetteError line
+            if allowed is not None and type(value) not in allowed:  # True is not an int here, as msgpack tells
+                assert outcome in ("CorruptCassetteError", "UnsupportedVersionError"), (kind, field, value, outcome)
+                refused += 1
+    assert refused >= len(hints) * 6, refused  # most values are of another type than most fields'
+
+
+def test_inspect_shows_an_engine_answer_of_any_shape() -> None:
+    """The exchanges table reads each recorded /generate answer as it is: a finish reason or token count of
+    another shape than SGLang's is shown as unknown, never used as text or a number."""
+    from recorder.cassette.format import AgentRecord, EngineRecord
+    from replayer.inspect_data import exchange_row
+    from replayer.plan import PlannedExchange
+
+    agent = AgentRecord("s", 2, "POST", "/v1/messages", "", {}, b"{}", 200, {})
+    for meta, finish in (({"finish_reason": {"type": "length"}, "prompt_tokens": 9}, "length"),
+                         ({"finish_reason": 5, "prompt_tokens": "many"}, None), ({"finish_reason": ["stop"]}, None)):
+        call = EngineRecord("s", 1, "POST", "/generate", {}, 200, {"output_ids": [1, 2], "meta_info": meta})
+        row = exchange_row(PlannedExchange(0, agent, [call]))
+        assert (row.finish, row.output_tokens) == (finish, 2)
+        assert row.prompt_tokens == (9 if finish else None)
