@@ -21,8 +21,9 @@ demo: install
 
 test: install
 	$(BIN)/ruff check .
-	# -rs: every skipped test with its reason (a CLI or browser not installed) in the summary
-	$(BIN)/python -m pytest -q -rs
+	# -rs: every skipped test with its reason (a CLI or browser not installed) in the summary. -n 4 on two
+	# cores: many tests wait on servers, agent CLIs and subprocesses (benchmarks/README.md: the suite's time).
+	$(BIN)/python -m pytest -q -rs -n 4
 
 lint: install
 	$(BIN)/ruff check .

@@ -10,6 +10,7 @@ import json
 import struct
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -89,7 +90,9 @@ def test_a_mutated_file_through_every_tool_is_a_result_or_one_line(case: fuzz.Ca
              str(path)], "tito replay": ["replay", str(path)],
              "tito inspect": ["inspect", str(path), "--html", str(tmp_path / "page.html")]}
     for name, argv in tools.items():
+        started = time.monotonic()
         code, out, err = run(*argv)
+        assert time.monotonic() - started < 30, (name, "a stall: the replay waits 60 s for an answer")
         assert "Traceback" not in out + err, (name, err)
         if refused:  # export streams the records it read before the bad one: its output is cut, its exit 2
             assert code == 2 and (out == "" or name.endswith("export")) and len(err.splitlines()) == 1, (name, err)

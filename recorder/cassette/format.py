@@ -561,6 +561,9 @@ def check_fields(record: Any, kind: str, built: Built | None = None) -> None:
             raise CorruptCassetteError(f"corrupt cassette: a session name holds control characters: {value!r}"[:160])
         if name in ("headers", "reply_headers"):
             _check_headers(value, f"{kind} record field {name!r}")
+        if name == "method" and not _HEADER_NAME.match(value):  # replay sends it: an HTTP method is a token
+            raise CorruptCassetteError(f"corrupt cassette: {kind} record field 'method': not an HTTP method: "
+                                       f"{value!r}"[:200])
     parts = [(f"sample {i}", sample, SAMPLE_KEYS) for i, sample in enumerate(getattr(record, "samples", None) or [])]
     for name, keys in (("request", REQUEST_KEYS), ("response", RESPONSE_KEYS)):
         if isinstance(getattr(record, name, None), dict):
