@@ -97,7 +97,9 @@ def test_openai_runs_its_init_only_when_a_name_of_it_is_asked_for() -> None:
         "import sys\n"
         "from trajectory.sglang_loader import parsers\n"
         "parsers()\n"
-        "print('openai._client' in sys.modules, 'OpenAI' in vars(sys.modules['openai']))\n"
+        "from pydantic._internal import _config\n"
+        "print('openai._client' in sys.modules, 'OpenAI' in vars(sys.modules['openai']),"
+        " 'openai.types.responses.response_create_params' in sys.modules, _config.config_defaults['defer_build'])\n"
         "import openai\n"
         "from openai import OpenAI\n"
         "from openai.types import Batch\n"
@@ -108,4 +110,5 @@ def test_openai_runs_its_init_only_when_a_name_of_it_is_asked_for() -> None:
         "print(getattr(openai, 'no_such_name', 'missing'))\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "False False", "True True openai.types.batch openai.types.responses.response_output_text", "missing"]
+        "False False False False", "True True openai.types.batch openai.types.responses.response_output_text",
+        "missing"]

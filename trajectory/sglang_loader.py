@@ -33,6 +33,7 @@ import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ _XGRAMMAR_EXPORTS = {
 
 STAND_IN_DOC = f"tito's stand-in while sglang's parsers load ({__name__})"
 # Packages whose __init__ runs only when a name it defines is first asked for (see the module docstring).
-_DEFERRED_INITS = ("openai", "openai.types")
+_DEFERRED_INITS = ("openai", "openai.types", "openai.types.responses", "openai.types.chat", "openai.types.shared")
 # Modules the parser modules import, with the names they take from them; none is called on a parse.
 _STAND_INS = {"transformers": ("PreTrainedTokenizerBase",), "IPython": (), "IPython.display": ("HTML", "display"),
               "numpy": (), "requests": (), "pybase64": (), "tqdm": ("tqdm",)}
@@ -88,10 +89,32 @@ def parsers() -> Parsers:
     _prepare()
     for name in _DEFERRED_INITS:
         _deferred_package(name)
-    with _standing_in(_STAND_INS):
+    with _standing_in(_STAND_INS), _deferred_model_builds():
         protocol = sglang_module("srt.entrypoints.openai.protocol")
         return Parsers(sglang_module("srt.function_call.function_call_parser").FunctionCallParser,
                        sglang_module("srt.parser.reasoning_parser").ReasoningParser, protocol.Tool, protocol.Function)
+
+
+@contextlib.contextmanager
+def _deferred_model_builds() -> Iterator[None]:
+    """pydantic models defined meanwhile build their validators when first used, not when defined: the
+    parsers' modules define hundreds (sglang's protocol, openai's types) and a parse uses a handful. The
+    models behave the same; only when their build runs moves. pydantic's default is restored afterwards."""
+    try:
+        from pydantic._internal import _config
+    except ImportError:  # another pydantic layout: models build as they are defined
+        yield
+        return
+    defaults = getattr(_config, "config_defaults", None)
+    if not isinstance(defaults, dict) or "defer_build" not in defaults:
+        yield
+        return
+    before = defaults["defer_build"]
+    defaults["defer_build"] = True
+    try:
+        yield
+    finally:
+        defaults["defer_build"] = before
 
 
 @contextlib.contextmanager
@@ -142,15 +165,24 @@ def _prepare() -> None:
 
 def _deferred_package(name: str) -> None:
     """Register package `name` (unless imported) with its `__init__` run on the first name it is asked for
-    that it does not hold yet: a module `__getattr__` (PEP 562) that runs it into the module, then answers."""
+    that it does not hold yet: a module `__getattr__` (PEP 562) that runs it into the module, then answers.
+    A name the `__init__` only re-exports from a submodule (`from .mod import Name as Name`) is answered by
+    importing that submodule alone: `from openai.types.responses import ResponseOutputText` need not load the
+    two hundred other response types."""
     if name in sys.modules:
         return
     spec = importlib.util.find_spec(name)
     if spec is None or spec.loader is None or spec.submodule_search_locations is None:
         return
     module = importlib.util.module_from_spec(spec)
+    exports = _reexports(spec.origin)
 
     def complete(attribute: str) -> Any:
+        if attribute in exports and module.__dict__.get("__getattr__") is complete:
+            submodule, original = exports[attribute]
+            value = getattr(importlib.import_module(f"{name}.{submodule}"), original)
+            module.__dict__[attribute] = value
+            return value
         if module.__dict__.get("__getattr__") is complete:
             del module.__dict__["__getattr__"]
             spec.loader.exec_module(module)
@@ -161,6 +193,24 @@ def _deferred_package(name: str) -> None:
 
     module.__getattr__ = complete  # type: ignore[method-assign]
     sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules:  # as the import system binds a submodule to its package
+        setattr(sys.modules[parent], child, module)
+
+
+_REEXPORT = re.compile(r"^from \.(\w+) import (\w+) as (\w+)$", re.M)
+
+
+def _reexports(init_file: str | None) -> dict[str, tuple[str, str]]:
+    """exported name -> (submodule, its name there), for the `__init__`'s plain re-export lines."""
+    if not init_file:
+        return {}
+    try:
+        with open(init_file, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    return {alias: (submodule, original) for submodule, original, alias in _REEXPORT.findall(text)}
 
 
 def _bare_package(name: str) -> ModuleType | None:
