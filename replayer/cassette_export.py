@@ -50,6 +50,8 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
+        if all(type(v) is int for v in value):  # token ids and masks (150k of them): nothing to convert
+            return value
         return [jsonable(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)  # 'nan', 'inf', '-inf'

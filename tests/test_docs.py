@@ -83,7 +83,7 @@ def test_readme_example_test_runs(tmp_path: Path) -> None:
     example = next(b for b in blocks if "def test_" in b)
     test_file = tmp_path / "test_readme_example.py"
     test_file.write_text(example, encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
                            str(test_file), "--rootdir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
