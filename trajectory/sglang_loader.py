@@ -157,10 +157,11 @@ def _prepare() -> None:
     _bare_package("sglang")
     xgrammar = _bare_package("xgrammar")
     if xgrammar is not None:
-        for module_name, names in _XGRAMMAR_EXPORTS.items():
-            module = importlib.import_module(module_name)
-            for name in names:
-                setattr(xgrammar, name, getattr(module, name))
+        with _deferred_model_builds():  # its structural-tag models too (see parsers())
+            for module_name, names in _XGRAMMAR_EXPORTS.items():
+                module = importlib.import_module(module_name)
+                for name in names:
+                    setattr(xgrammar, name, getattr(module, name))
 
 
 def _deferred_package(name: str) -> None:
