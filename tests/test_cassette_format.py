@@ -14,9 +14,12 @@ from recorder.cassette.format import (
     FLAG_ZLIB,
     FRAME_HEADER,
     MAGIC,
+    AgentRecord,
     CorruptCassetteError,
+    DropRecord,
     EngineRecord,
     Header,
+    SamplesRecord,
     SessionCodec,
     bytes_delta,
     decode_frame_header,
@@ -100,6 +103,41 @@ def test_engine_records_store_prompts_as_deltas_against_the_previous_context() -
         rec = reader.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
         assert rec.request["input_ids"] == (p1 if seq == 0 else p2)
         assert rec.response["meta_info"]["output_token_logprobs"][0] == [-0.5, rec.response["output_ids"][0], None]
+
+
+def test_a_finished_session_s_delta_bases_are_let_go_and_a_later_record_still_decodes() -> None:
+    """A recorder running for days must not hold every finished session's context (about 1 MB each); a record of
+    the session after its finish is stored whole and decodes with a reader that kept the old context."""
+    codec, reader = SessionCodec(), SessionCodec()
+    rng = random.Random(1)
+
+    def engine(session: str, seq: int, prompt: list[int]) -> EngineRecord:
+        return EngineRecord(session, seq, "POST", "/generate", {"input_ids": prompt}, 200,
+                            {"output_ids": [5, 151645], "meta_info": {}})
+
+    def agent(session: str, seq: int, body: bytes) -> AgentRecord:
+        return AgentRecord(session, seq, "POST", "/v1/messages", "", {}, body, 200, {})
+
+    prompts = {name: [rng.randrange(151000) for _ in range(5000)] for name in ("a", "b", "c")}
+    records: list[Any] = []
+    for name, prompt in prompts.items():
+        records += [engine(name, 0, prompt), agent(name, 1, b"x" * 20000)]
+    sample = {"tokens": prompts["a"] + [5, 151645], "response_length": 2, "loss_mask": [1, 1],
+              "rollout_log_probs": [-0.1, -0.2], "reward": 1.0, "metadata": {}}
+    records += [SamplesRecord("a", 2, 1.0, [sample]), DropRecord("b", 2)]
+    encoded = [codec.encode(r) for r in records]
+    assert codec.held_bytes() == 4 * (5000 + 2) + 20000  # only session c's, which has not ended
+    later = [engine("a", 3, prompts["a"] + [5, 151645, 9]), agent("a", 4, b"x" * 20001)]
+    encoded += [codec.encode(r) for r in later]
+    assert encoded[-2]["request"]["input_ids"].prefix == 0  # whole: its base was let go
+    decoded = [reader.decode(decode_payload(encode_frame(e)[FRAME_HEADER.size:], *_frame_bits(encode_frame(e)), 0))
+               for e in encoded]
+    assert decoded[-2].request["input_ids"] == prompts["a"] + [5, 151645, 9] and decoded[-1].body == b"x" * 20001
+
+
+def _frame_bits(frame: bytes) -> tuple[int, int]:
+    _, flags, crc = decode_frame_header(frame[: FRAME_HEADER.size], 0)
+    return flags, crc
 
 
 def test_irregular_logprobs_are_stored_verbatim() -> None:

@@ -782,7 +782,16 @@ class SessionCodec:
             data["request"], data["response"] = self._encode_engine(state, record.request, record.response)
         elif isinstance(record, SamplesRecord):
             data["samples"] = [self._encode_sample(state, s) for s in record.samples]
+        if isinstance(record, SamplesRecord | DropRecord):
+            # The session ended: its delta bases (a long session's context and last body, ~1 MB) are let go, so a
+            # recorder running for days holds only what its live sessions need. A record of the session after
+            # this one is stored whole (a delta on an empty base), which any reader resolves as before.
+            state.context, state.agent_body = b"", b""
         return data
+
+    def held_bytes(self) -> int:
+        """The delta bases held for all sessions, in bytes."""
+        return sum(len(s.context) + len(s.agent_body) for s in self._sessions.values())
 
     @staticmethod
     def _encode_engine(state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:
