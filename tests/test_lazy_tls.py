@@ -1,0 +1,83 @@
+"""aiohttp imported through `trajectory.lazy_tls`: no certificate store loaded at import, the same store as
+`ssl.create_default_context()` by the first TLS handshake, and contexts made by anything else left whole.
+Each check runs in a fresh interpreter: this one has imported aiohttp already."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.process_helpers import ROOT
+
+
+def run_fresh(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_certificates_load_at_the_first_handshake_of_an_https_request() -> None:
+    out = run_fresh("""
+import asyncio, ssl
+from trajectory.lazy_tls import defer_aiohttp_tls
+defer_aiohttp_tls()
+import aiohttp, aiohttp.connector as c
+expected = ssl.create_default_context().cert_store_stats()
+assert expected["x509_ca"] > 0, expected  # the machine has a CA bundle, or this test shows nothing
+verified, unverified = c._SSL_CONTEXT_VERIFIED, c._SSL_CONTEXT_UNVERIFIED
+assert verified.cert_store_stats()["x509_ca"] == 0 and unverified.cert_store_stats()["x509_ca"] == 0
+assert verified.verify_mode == ssl.CERT_REQUIRED and verified.check_hostname
+assert "set_default_verify_paths" not in ssl.SSLContext.__dict__  # ssl itself is as it was
+
+async def attempt(**kwargs):
+    async def drop(reader, writer):
+        writer.close()
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with aiohttp.ClientSession() as session:
+        try:
+            await session.get(f"https://127.0.0.1:{port}/", **kwargs)
+        except aiohttp.ClientError:
+            pass  # the server hangs up during the handshake: what matters is that one started
+    server.close()
+
+asyncio.run(attempt())
+assert verified.cert_store_stats() == expected, (verified.cert_store_stats(), expected)
+assert unverified.cert_store_stats()["x509_ca"] == 0
+asyncio.run(attempt(ssl=False))
+assert unverified.cert_store_stats() == expected
+print("ok")
+""")
+    assert out == "ok"
+
+
+def test_a_context_made_by_another_module_during_the_import_is_completed_at_once() -> None:
+    out = run_fresh("""
+import ssl, sys, types
+made = []
+class Hook:  # an import aiohttp triggers that makes a default context of its own
+    def find_spec(self, name, path=None, target=None):
+        if name == "aiohttp.connector" and not made:
+            made.append(ssl.create_default_context())
+        return None
+sys.meta_path.insert(0, Hook())
+from trajectory.lazy_tls import defer_aiohttp_tls
+defer_aiohttp_tls()
+assert made and made[0].cert_store_stats() == ssl.create_default_context().cert_store_stats()
+assert type(made[0]) is ssl.SSLContext
+print("ok")
+""")
+    assert out == "ok"
+
+
+def test_aiohttp_imported_before_is_left_alone() -> None:
+    out = run_fresh("""
+import ssl
+import aiohttp.connector as c
+from trajectory.lazy_tls import defer_aiohttp_tls
+defer_aiohttp_tls()
+assert type(c._SSL_CONTEXT_VERIFIED) is ssl.SSLContext
+assert c._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509_ca"] > 0
+print("ok")
+""")
+    assert out == "ok"
