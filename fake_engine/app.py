@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from fake_engine.drift import inject_split
+from fake_engine.drift import inject_splits
 from fake_engine.faults import FaultSchedule, FaultSpec
 from fake_engine.logprobs import logprobs_for, token_logprob
 from fake_engine.policy import GenerateRequest, Generation, Policy, PolicyError
@@ -215,12 +215,13 @@ class Engine:
             self.options.logprob_seed, greq.session_key, greq.turn_index, ids)
         finish, matched = gen.finish, gen.matched
         if faults.drift and self.options.tokenizer is not None:
-            split = inject_split(self.options.tokenizer, ids)
+            split = inject_splits(self.options.tokenizer, ids, faults.drift_splits)
             if split is not None:
-                ids, pos = split
-                extra = token_logprob(self.options.logprob_seed, greq.session_key, greq.turn_index, pos + 1,
-                                      ids[pos + 1])
-                lps = lps[:pos + 1] + [extra] + lps[pos + 1:]
+                ids, positions = split
+                for pos in positions:  # in order: each earlier split has already shifted the logprobs
+                    extra = token_logprob(self.options.logprob_seed, greq.session_key, greq.turn_index, pos + 1,
+                                          ids[pos + 1])
+                    lps = lps[:pos + 1] + [extra] + lps[pos + 1:]
         for keep, kind in ((faults.finish_length, "length"), (faults.abort_after, "abort")):
             if keep is not None and (keep < len(ids) or kind == "abort"):
                 ids, lps, finish = ids[:keep], lps[:keep], kind

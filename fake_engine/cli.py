@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--fault-abort-after", type=int, metavar="N")
     f.add_argument("--fault-restart-s", type=float, metavar="SECONDS")
     f.add_argument("--fault-drift", action="store_true", help="emit a non-canonical token split")
+    f.add_argument("--fault-drift-splits", type=int, default=1, metavar="N",
+                   help="with --fault-drift: split N tokens, spread over the output")
     f.add_argument("--fault-first", type=int, default=0, metavar="N", help="only the first N requests")
     f.add_argument("--fault-every", type=int, default=1, metavar="K", help="only every K-th request")
 

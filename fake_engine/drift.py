@@ -1,7 +1,10 @@
-"""Drift injection: spell one output token as two ids that decode to the same text.
+"""Drift injection: spell output tokens as two ids each that decode to the same text.
 
 A real model may sample such a non-canonical split; re-encoding the decoded text then gives different
-ids. Emitting it on purpose checks that nothing downstream re-tokenises generated text.
+ids. Emitting it on purpose checks that nothing downstream re-tokenises generated text. One split lands on the
+first splittable token (in practice the reasoning's first word); several are spread over the whole output,
+first and last splittable tokens included, so they also fall inside tool-call JSON, the answer's text and
+right before the end of the turn.
 """
 
 from __future__ import annotations
@@ -32,10 +35,33 @@ def split_token(tokenizer: Any, token_id: int) -> tuple[int, int] | None:
 
 def inject_split(tokenizer: Any, output_ids: list[int]) -> tuple[list[int], int] | None:
     """Split the first splittable token; returns the new ids and the split position (or None)."""
+    split = inject_splits(tokenizer, output_ids, 1)
+    return None if split is None else (split[0], split[1][0])
+
+
+def inject_splits(tokenizer: Any, output_ids: list[int], count: int) -> tuple[list[int], list[int]] | None:
+    """Split `count` splittable tokens spread evenly over the output (all of them when there are fewer);
+    returns the new ids and, per split, the position of its first piece in them (None: nothing splits)."""
+    splittable = []
     for pos, tid in enumerate(output_ids):
         if tid >= 151643:  # special and template tokens (<think>, <tool_call>, ...) stay whole
             continue
         pair = split_token(tokenizer, tid)
         if pair is not None:
-            return output_ids[:pos] + list(pair) + output_ids[pos + 1:], pos
-    return None
+            splittable.append((pos, pair))
+            if count == 1:
+                break
+    if not splittable or count < 1:
+        return None
+    n = len(splittable)
+    chosen = splittable if count >= n else [splittable[round(i * (n - 1) / (count - 1))] if count > 1
+                                             else splittable[0] for i in range(count)]
+    ids: list[int] = []
+    positions: list[int] = []
+    last = 0
+    for pos, pair in chosen:
+        ids += output_ids[last:pos]
+        positions.append(len(ids))
+        ids += pair
+        last = pos + 1
+    return ids + output_ids[last:], positions

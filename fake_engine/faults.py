@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 import msgspec
 
-from fake_engine.scenario_model import NonNegFloat, NonNegInt, Strict
+from fake_engine.scenario_model import NonNegFloat, NonNegInt, PosInt, Strict
 
 # 529 is not an SGLang status, but agent CLIs treat it as "overloaded, retry": tests need it.
 FaultStatus = Literal[500, 502, 503, 504, 529]
@@ -31,6 +31,7 @@ class FaultSpec(Strict, frozen=True):
     abort_after: NonNegInt | None = None  # keep N output tokens, finish_reason abort
     restart_s: NonNegFloat | None = None  # engine restart: drop in-flight work, unhealthy for this long
     drift: bool = False  # emit one token as a non-canonical two-token split
+    drift_splits: PosInt = 1  # with drift: split this many tokens, spread over the output (drift.py)
 
     def merged(self, other: FaultSpec | None) -> FaultSpec:
         """`other`'s non-default fields win: a turn's faults refine the command-line ones."""

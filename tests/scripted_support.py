@@ -10,16 +10,16 @@ from typing import Any
 from fake_engine.app import EngineOptions
 from fake_engine.app import create_app as create_engine
 from fake_engine.scripted import ScriptedPolicy, load_scenario, parse_scenario
-from recorder.cassette.format import AgentRecord, EngineRecord, Header
+from recorder.cassette.format import AgentRecord, EngineRecord
 from recorder.cassette.writer import CassetteWriter
 from recorder.scripted.client import SessionResult, run_script
 from recorder.scripted.script import load_client_script, parse_client_script
-from recorder.taps.proxy import create_recording_app
+from recorder.taps.proxy import build_header, create_recording_app
 from replayer.reader import Cassette, SessionLog, read_cassette
 from tests.cassette_helpers import serve
 from trajectory.adapters.app import AdapterSettings
 from trajectory.adapters.session import session_digest
-from trajectory.tokenizer import fingerprint, load_tokenizer
+from trajectory.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "cassettes" / "scenarios"
@@ -33,8 +33,8 @@ async def record_scenario(scenario: Path | dict[str, Any], out: Path) -> tuple[C
     else:
         engine_script, client = parse_scenario(scenario), parse_client_script(scenario["client"])
     tokenizer = load_tokenizer()
-    writer = CassetteWriter(out, Header(tokenizer_fingerprint=fingerprint()))
     settings = AdapterSettings(preserve_reasoning="--no-preserve-reasoning" not in client.record_args)
+    writer = CassetteWriter(out, build_header(settings, None, {"client": "scripted"}))  # as `tito record` writes
     async with serve(create_engine(ScriptedPolicy(engine_script, tokenizer),
                                    EngineOptions(tokenizer=tokenizer))) as engine_url:
         settings.engine_url = engine_url

@@ -16,7 +16,7 @@ import pytest
 
 from fake_engine.drift import inject_split
 from recorder.cassette.format import Header
-from replayer.replay import adapter_settings
+from replayer.replay import adapter_settings, replay_cassette_async
 from tests.adapter_double import EOS, qwen3_output
 from tests.adapter_support import HTTP_SCENARIOS, load_capture, running_stack, script_for
 from tests.gemini_support import GeminiConversation
@@ -162,6 +162,64 @@ async def _loop_and_finish(live: Live) -> None:
     await tool_loop(live.conversation(SID))
     await live.finish(SID, 1.0)
 
+
+
+# ---- the issue's scenario: drift on some turns of several concurrent Claude-Code-like sessions ------------------
+
+def _drifting_sessions_scenario(sessions: int = 6) -> dict[str, Any]:
+    """Each session a tool loop of 7 or 8 model turns over two user prompts (thinking, text, one parallel call),
+    on the Anthropic wire, streamed or not; the engine splits tokens on some turns: one token (the reasoning's
+    first word) or several spread over the output, so also inside tool-call JSON, the text and the last token."""
+    engine, client = [], []
+    for k in range(sessions):
+        turns: list[dict[str, Any]] = []
+        for t in range(5 + k % 2):
+            calls = [{"name": "shell", "arguments": {"command": f"ls part{k}/dir{t}", "description": f"List {t}"}}]
+            if t == 2:
+                calls.append({"name": "read", "arguments": {"file_path": f"/work/part{k}/notes{t}.md"}})
+            turns.append({"reasoning": f"Session {k}, step {t}: I need to see what part{k}/dir{t} holds.",
+                          "text": f"Looking at dir{t}.", "tool_calls": calls})
+        turns.append({"reasoning": "I have seen every folder.", "text": f"Part {k} holds {len(turns)} folders."})
+        turns.append({"reasoning": "The user asks for a summary.", "text": f"In short: part {k} is all folders."})
+        for t, turn in enumerate(turns):
+            if (t + k) % 3 == 0:
+                turn["faults"] = {"drift": True}
+            elif (t + k) % 3 == 1:
+                turn["faults"] = {"drift": True, "drift_splits": 4}
+        engine.append({"match": {"prompt_contains": f"part {k} of the repository"}, "turns": turns})
+        client.append({"id": f"drift-session-{k}", "wire": "anthropic", "stream": k % 2 == 0,
+                       "system": "You are a coding agent working in /work. Be brief.", "tools": ["Bash", "Read"],
+                       "results": {"Bash": [f"file{n}.py" for n in range(6)], "Read": "# notes"},
+                       "steps": [{"prompt": f"What is in part {k} of the repository?"},
+                                 {"prompt": "Summarise it in one line."}, {"finish": 1.0}]})
+    return {"name": "drifting_sessions", "sessions": engine, "client": {"sessions": client}}
+
+
+async def test_drift_on_some_turns_of_concurrent_sessions_trains_every_emitted_token_once(tmp_path: Path) -> None:
+    from tests.scripted_support import generations, record_scenario, session_log
+    from trajectory.tokenizer import load_tokenizer
+
+    cassette, results = await record_scenario(_drifting_sessions_scenario(), tmp_path / "drifting.tito")
+    tokenizer = load_tokenizer()
+    assert len(results) == 6 and all(r.ok and r.samples == 1 for r in results), [r.line() for r in results]
+    outputs_seen, drifted = 0, 0
+    for result in results:
+        log = session_log(cassette, result.session_id)
+        outputs = [e.response["output_ids"] for e in generations(log)]
+        outputs_seen += len(outputs)
+        drifted += sum(tokenizer.encode(tokenizer.decode(o[:-1]), add_special_tokens=False) != o[:-1]
+                       for o in outputs)
+        (sample,) = log.samples
+        trained = [t for t, m in zip(sample["tokens"][-sample["response_length"]:], sample["loss_mask"], strict=True)
+                   if m]
+        assert trained == [t for o in outputs for t in o], result.session_id  # each emitted token, once, in order
+    assert outputs_seen == 45 and drifted >= 25  # the fault really split tokens on most turns
+    replayed = await replay_cassette_async(tmp_path / "drifting.tito")  # no golden: the recording is the check
+    assert len(replayed.sessions) == 6 and all(not s.differences for s in replayed.sessions)
+    for session in replayed.sessions:
+        c = session.counts()
+        assert (c["samples"], c["realigns"], c["forks"], c["trained"]) == (1, 0, {}, c["emitted"]), session.line()
+        assert "coverage 1.0" in session.line()
 
 # ---- what the spliced prompt is ---------------------------------------------------------------------------------
 
@@ -341,6 +399,79 @@ async def test_sub_agents_splice_onto_their_own_chains(qwen_tokenizer) -> None:
     assert p[2][:len(p[1])] == p[1] and p[3][:len(p[0])] == p[0]  # each continues its own chain's ids
 
 
+
+async def test_a_rewritten_reply_is_rendered_after_the_turns_before_it_stay_spliced(qwen_tokenizer) -> None:
+    """Turns 0 and 1 drift; the client rewrites turn 1's reasoning. The prompt keeps turn 0's ids and renders
+    from turn 1 on: the one change the manager sees is inside turn 1, the reply the client changed (a realign
+    named as not spliced), never a false fork inside turn 0, which came back unchanged."""
+    async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
+        emitted = drifting(stack, qwen_tokenizer)
+        stack.double.script += [qwen3_output("", "I list.", [("Bash", {"command": "ls"})]),
+                                qwen3_output("", "I look closer.", [("Bash", {"command": "ls -la"})]), "Done."]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        reply = await ask(http, stack.url, "r", messages)
+        messages.append(result_for(reply))
+        reply = await ask(http, stack.url, "r", messages)
+        thinking = next(b for b in messages[-1]["content"] if b["type"] == "thinking")
+        thinking["thinking"] = "I look closer, as the client remembers it."
+        messages.append(result_for(reply))
+        await ask(http, stack.url, "r", messages)
+    p0, p1, p2 = (r["input_ids"] for r in stack.double.requests)
+    held = p0 + emitted[0] + [NEWLINE]
+    assert p1[:len(held)] == held and p2[:len(held)] == held  # turn 0's drifted ids, in both later prompts
+    assert p2[:len(p1) + len(emitted[1])] != p1 + emitted[1]  # turn 1 rendered as the client rewrote it
+    assert "as the client remembers it" in qwen_tokenizer.decode(p2[len(held):])
+    stats = stack.manager.stats("r")
+    assert (stats.samples, sum(stats.forks.values()), stats.realigns) == (1, 0, 1)
+    unspliced, realign = kinds(stack, "r")[:2]
+    assert unspliced == ("unspliced(the client's echo of turn 1's reply differs from the reply sent; spliced onto "
+                         "turn 0, rendered after it) turn=2")
+    assert realign.startswith("realign(divergence inside the response of turn 1, prompt rendered: not spliced) turn=2")
+
+
+async def test_a_long_sub_agent_leaves_the_main_thread_spliced(qwen_tokenizer) -> None:
+    """Ten sub-agent turns between two main-thread turns: more than the memory holds, but the main thread's tip
+    is kept before the sub-agent's superseded turns, so it resumes spliced; every emitted token trained once."""
+    async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
+        drifting(stack, qwen_tokenizer)
+        call = qwen3_output("", "Delegate.", [("Bash", {"command": "ls"})])
+        stack.double.script += [call] * 11 + ["Sub done.", "Main done."]
+        main_thread: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
+        sub: list[dict[str, Any]] = [{"role": "user", "content": "explore"}]
+        main_reply = await ask(http, stack.url, "l", main_thread)
+        for _ in range(10):
+            sub_reply = await ask(http, stack.url, "l", sub, system="You explore.")
+            sub.append(result_for(sub_reply))
+        await ask(http, stack.url, "l", sub, system="You explore.")
+        main_thread.append(result_for(main_reply, "sub done"))
+        await ask(http, stack.url, "l", main_thread)
+    p = [r["input_ids"] for r in stack.double.requests]
+    assert p[-1][:len(p[0])] == p[0] and len(p) == 13
+    stats = stack.manager.stats("l")
+    assert (stats.samples, stats.realigns, sum(stats.forks.values()), coverage(stats)) == (2, 0, 0, "1.0")
+    assert not [e for e in kinds(stack, "l") if e.startswith("unspliced")]
+
+
+async def test_a_turn_let_go_is_named_when_a_prompt_continues_it(qwen_tokenizer) -> None:
+    """More chains than the memory holds: the oldest tip is let go, and the prompt that continues it says so
+    (then the realign its drift costs is named), instead of a silent render."""
+    async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
+        drifting(stack, qwen_tokenizer)
+        call = qwen3_output("", "Delegate.", [("Bash", {"command": "ls"})])
+        stack.double.script += [call] * 10 + ["Main done."]
+        main_thread: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
+        main_reply = await ask(http, stack.url, "g", main_thread)
+        for k in range(9):  # nine one-turn sub-agents: nine more tips than the main thread's
+            await ask(http, stack.url, "g", [{"role": "user", "content": f"explore part {k}"}], system="You explore.")
+        main_thread.append(result_for(main_reply, "parts explored"))
+        await ask(http, stack.url, "g", main_thread)
+    capacity = stack.adapter.state("g").splices.capacity
+    assert capacity == 8
+    unspliced, realign = [e for e in kinds(stack, "g") if e.endswith("turn=10") or " turn=10 " in e][:2]
+    assert unspliced == (f"unspliced(turn 0's ids are no longer held (the session holds its last {capacity} turns, "
+                         "chain tips first)) turn=10")
+    assert realign.startswith("realign(divergence inside the response of turn 0, prompt rendered: not spliced) turn=10")
+
 # ---- every wire: the real CLIs' echoes are spliced ----------------------------------------------------------------
 
 async def _replay_capture(tokenizer: Any, scenario: str, splice: bool) -> Any:
@@ -383,8 +514,10 @@ async def test_gemini_echoes_are_spliced(qwen_tokenizer) -> None:
 
 
 def test_coverage_is_one_only_when_every_emitted_token_is_trained() -> None:
-    assert [coverage_text(*c) for c in ((5, 5), (0, 0), (9996, 10000), (21, 64), (0, 3))] == \
-        ["1.0", "-", "0.999", "0.328", "0.000"]
+    cases = ((5, 5), (0, 0), (9996, 10000), (21, 64), (0, 3), (10001, 10000), (6, 5))
+    assert [coverage_text(*c) for c in cases] == ["1.0", "-", "0.999", "0.328", "0.000",
+                                                  "1.001 (trained more than emitted)",
+                                                  "1.200 (trained more than emitted)"]
 
 
 def test_tito_serve_and_record_take_no_splice() -> None:

@@ -85,9 +85,12 @@ class SessionStats:
 
 
 def coverage_text(trained: int, emitted: int) -> str:
-    """`1.0` only when every emitted token is trained; otherwise rounded down (0.9996 shows as 0.999)."""
+    """`1.0` only when every emitted token is trained; otherwise rounded down (0.9996 shows as 0.999). More
+    trained than emitted (a token trained twice) is never shown as 1.0: it is rounded up and flagged."""
     if not emitted:
         return "-"
-    if trained >= emitted:
+    if trained == emitted:
         return "1.0"
+    if trained > emitted:
+        return f"{-int(-1000 * trained // emitted) / 1000:.3f} (trained more than emitted)"
     return f"{int(1000 * trained / emitted) / 1000:.3f}"

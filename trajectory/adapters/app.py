@@ -358,7 +358,7 @@ class Adapter:
             index = self.manager.record_turn(ref.sid, messages, reply.message, record)
             state.echoes.remember(reply.message)
             state.splices.remember(PriorTurn(index, messages, reply.message, prompt.text, record.prompt_ids,
-                                             record.output_ids))
+                                             record.output_ids), prompt.splice.continues)
         headers = SSE_HEADERS if events is not None else JSON_HEADERS
         seq = self._report(ref, state, request, body, 200, headers, started, digest, side=side, turn_index=index,
                            reply_body=payload, reply_events=events)

@@ -53,33 +53,69 @@ class PriorTurn:
 
 @dataclass(frozen=True)
 class Splice:
-    """One prompt's splice decision: the spliced ids, or None with the reason an earlier turn was refused."""
+    """One prompt's splice decision: the spliced ids, or None; with the reason a turn was refused, if one was."""
 
     ids: list[int] | None = None
-    onto: int | None = None  # the turn spliced onto, or refused
-    refused: str = ""  # "" when spliced, or when no earlier turn is continued at all
+    onto: int | None = None  # the turn spliced onto (or, with no ids, the one refused)
+    refused: str = ""  # why the deepest turn this prompt continues was not spliced onto ("": it was, or none)
+    continues: int | None = None  # the deepest held turn this prompt continues
 
 
 NONE = Splice()
 
 
+@dataclass
+class _Held:
+    turn: PriorTurn
+    superseded: bool = False  # a later remembered turn continues it: not the tip of its chain
+
+
+@dataclass(frozen=True)
+class _LetGo:
+    """A turn no longer held, by what a prompt continuing it shows: its reply after as many messages, and its
+    render as the render's start (by length and hash: the text itself is let go)."""
+
+    index: int
+    messages: int
+    reply: dict[str, Any]
+    prompt_chars: int
+    prompt_hash: int
+
+
 class SpliceMemory:
-    """Per session: the last trained turns (sub-agents and the main thread alternate, so more than one). Their
+    """Per session: the trained turns a later prompt may continue. The tip of every chain (a turn no later turn
+    continues: the main thread's last turn while a sub-agent runs, say) is let go only after every superseded
+    turn, so a long sub-agent does not push the main thread out. Superseded turns stay while there is room: a
+    prompt whose deepest turn cannot be spliced falls back to an earlier one. A turn let go is remembered by its
+    reply alone, so a prompt that continues it is named as not spliced rather than silently rendered. The held
     renders replace the ones the incremental encoder would otherwise have cached: about the same memory."""
 
-    def __init__(self, capacity: int = 8) -> None:
-        self._turns: deque[PriorTurn] = deque(maxlen=capacity)
+    def __init__(self, capacity: int = 8, let_go: int = 256) -> None:
+        self.capacity = capacity
+        self._held: list[_Held] = []  # newest first
+        self._let_go: deque[_LetGo] = deque(maxlen=let_go)
 
-    def remember(self, turn: PriorTurn) -> None:
-        self._turns.appendleft(turn)
+    def remember(self, turn: PriorTurn, continues: int | None = None) -> None:
+        """`continues`: the index of the deepest held turn `turn`'s prompt continued (it is now superseded)."""
+        for held in self._held:
+            if held.turn.index == continues:
+                held.superseded = True
+        self._held.insert(0, _Held(turn))
+        while len(self._held) > self.capacity:
+            victim = next((h for h in reversed(self._held) if h.superseded), self._held[-1])
+            self._held.remove(victim)
+            gone = victim.turn
+            self._let_go.appendleft(_LetGo(gone.index, len(gone.messages), gone.reply, len(gone.prompt_text),
+                                           hash(gone.prompt_text)))
 
-    def continued(self, messages: list[dict[str, Any]]) -> tuple[PriorTurn, bool] | None:
-        """The latest turn whose prompt messages, then an assistant message where its reply was, open
-        `messages` (the deepest such turn); with whether that message is the reply exactly as sent."""
-        best: tuple[PriorTurn, bool] | None = None
-        for turn in self._turns:
+    def continued(self, messages: list[dict[str, Any]]) -> list[tuple[PriorTurn, bool]]:
+        """The held turns whose prompt messages, then an assistant message where their reply was, open
+        `messages`, deepest first; each with whether that message is the reply exactly as sent."""
+        found: list[tuple[PriorTurn, bool]] = []
+        for held in self._held:
+            turn = held.turn
             n = len(turn.messages)
-            if n >= len(messages) or (best is not None and n <= len(best[0].messages)):
+            if n >= len(messages):
                 continue
             echo = messages[n]
             exact = echo is turn.reply or echo == turn.reply
@@ -87,8 +123,21 @@ class SpliceMemory:
                               or canonical_message(echo) != canonical_message(turn.reply)):
                 continue
             if messages[:n] == turn.messages:
-                best = (turn, exact)
-        return best
+                found.append((turn, exact))
+        found.sort(key=lambda f: len(f[0].messages), reverse=True)
+        return found
+
+    def let_go(self, messages: list[dict[str, Any]], text: str) -> int | None:
+        """The deepest turn no longer held that `messages` (rendered as `text`) continue (None: none)."""
+        best: _LetGo | None = None
+        for gone in self._let_go:
+            if gone.messages >= len(messages) or (best is not None and gone.messages <= best.messages):
+                continue
+            echo = messages[gone.messages]
+            if (echo is gone.reply or echo == gone.reply) and len(text) > gone.prompt_chars \
+                    and hash(text[:gone.prompt_chars]) == gone.prompt_hash:
+                best = gone
+        return None if best is None else best.index
 
 
 class Splicer:
@@ -104,17 +153,29 @@ class Splicer:
     def splice(self, memory: SpliceMemory, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                text: str) -> Splice:
         """`text`: the render of `messages` (what the prompt is when splicing is refused)."""
-        found = memory.continued(messages)
-        if found is None or self.eos_id is None or not self.eos_text:
+        if self.eos_id is None or not self.eos_text:
             return NONE
-        turn, exact = found
-        refused = self._refusal(turn, exact, tools, text)
-        if refused:
-            return Splice(None, turn.index, refused)
-        end = text.index(self.eos_text, len(turn.prompt_text)) + len(self.eos_text)
-        body = _without_eos(turn.output_ids, self.eos_id)
-        tail = self.renderer.encode(text[end:])
-        return Splice(untrack(turn.prompt_ids + body + [self.eos_id] + tail), turn.index)
+        found = memory.continued(messages)
+        if not found:
+            gone = memory.let_go(messages, text)
+            if gone is None:
+                return NONE
+            return Splice(None, gone, f"turn {gone}'s ids are no longer held (the session holds its last "
+                                      f"{memory.capacity} turns, chain tips first)", gone)
+        deepest = found[0][0].index
+        refused = ""
+        for turn, exact in found:  # deepest first: the next is an earlier turn of the same history
+            why = self._refusal(turn, exact, tools, text)
+            if why:
+                refused = refused or why
+                continue
+            end = text.index(self.eos_text, len(turn.prompt_text)) + len(self.eos_text)
+            body = _without_eos(turn.output_ids, self.eos_id)
+            tail = self.renderer.encode(text[end:])
+            if refused:  # the rest, from the refused turn on, is the render
+                refused = f"{refused}; spliced onto turn {turn.index}, rendered after it"
+            return Splice(untrack(turn.prompt_ids + body + [self.eos_id] + tail), turn.index, refused, deepest)
+        return Splice(None, deepest, refused, deepest)
 
     def _refusal(self, turn: PriorTurn, exact: bool, tools: list[dict[str, Any]] | None, text: str) -> str:
         """Why splicing onto `turn` is not safe; "" when it is."""
