@@ -123,13 +123,25 @@ def _wrapped(text: str) -> str:
 
 
 def epilog(command: Subcommand) -> str:
-    codes = [*command.exits, *(() if any(e.startswith("2:") for e in command.exits) else (USAGE_ERROR,))]
+    return exit_codes(command.exits)
+
+
+def exit_codes(exits: tuple[str, ...]) -> str:
+    codes = [*exits, *(() if any(e.startswith("2:") for e in exits) else (USAGE_ERROR,))]
     lines = ["exit codes:"]
     for entry in codes:
         code, _, meaning = entry.partition(": ")
         lines += textwrap.wrap(meaning, width=78, initial_indent=f"  {code:>3}  ", subsequent_indent=" " * 7,
                                break_on_hyphens=False)
     return "\n".join(lines)
+
+
+def action_parser(sub: Any, name: str, summary: str, description: str, exits: tuple[str, ...]
+                  ) -> argparse.ArgumentParser:
+    """A subcommand's action (`tito cassette cut`): its help says what it does and its exit codes, as a
+    subcommand's does."""
+    return sub.add_parser(name, help=summary, description=_wrapped(description), epilog=exit_codes(exits),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

@@ -23,21 +23,48 @@ from replayer.reader import CassetteSummary, summarize
 EXIT_OK, EXIT_UNUSABLE = 0, 2
 
 
+UNUSABLE = "2: the input cannot be used (no such file, not a cassette, corrupt)"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tito_cli import action_parser
+
     sub = parser.add_subparsers(dest="cassette_command", required=True, metavar="ACTION")
-    info = sub.add_parser("info", help="print the header and per-session counts")
+    info = action_parser(
+        sub, "info", "print the header and per-session counts",
+        "Prints a cassette's header (format, tito version, tokenizer, parsers, target, agent, engine) and each "
+        "session's agent exchanges, engine calls, samples and drops, without replaying it; says whether the file "
+        "was cut short (a killed recording). --json prints the same for machines.",
+        ("0: printed", UNUSABLE))
     info.add_argument("path", help="cassette file")
     info.add_argument("--json", action="store_true", help="machine-readable output")
-    exporting = sub.add_parser("export", help="print the records as JSON (token ids resolved, bodies parsed)")
+    exporting = action_parser(
+        sub, "export", "print the records as JSON (token ids resolved, bodies parsed)",
+        "Prints a cassette's header and records as one JSON document, every delta resolved to its token ids and "
+        "every request and reply body parsed (a jq-friendly view); --session keeps some sessions, --out writes a "
+        "new file instead of printing.",
+        ("0: exported", "2: the input cannot be used (no such file, not a cassette, corrupt, unknown session), "
+                        "or --out exists"))
     exporting.add_argument("path", help="cassette file")
     exporting.add_argument("--session", action="append", metavar="NAME", help="only this session (repeatable)")
     exporting.add_argument("--out", metavar="FILE", help="write here instead of stdout (a new file)")
-    cutting = sub.add_parser("cut", help="write some sessions into a cassette of their own")
+    cutting = action_parser(
+        sub, "cut", "write some sessions into a cassette of their own",
+        "Writes the named sessions, with the cassette's header, into a new cassette (a bug report's one session, "
+        "say). Never overwrites --out, and writes nowhere else.",
+        ("0: written", "2: the input cannot be used (no such file, not a cassette, corrupt, unknown session), "
+                       "or --out exists"))
     cutting.add_argument("path", help="cassette file")
     cutting.add_argument("--session", action="append", required=True, metavar="NAME",
                          help="a session to keep (repeatable)")
     cutting.add_argument("--out", required=True, metavar="FILE", help="the new cassette (never overwritten)")
-    merging = sub.add_parser("merge", help="join cassettes recorded with the same tokenizer and settings")
+    merging = action_parser(
+        sub, "merge", "join cassettes recorded with the same tokenizer and settings",
+        "Joins several recordings into a new cassette, their sessions in the order given; they must share the "
+        "tokenizer and the settings replay depends on, and no session name. Never overwrites --out, and writes "
+        "nowhere else.",
+        ("0: written", "2: an input cannot be used (no such file, not a cassette, corrupt), they differ in "
+                       "tokenizer or settings or share a session, or --out exists"))
     merging.add_argument("paths", nargs="+", metavar="CASSETTE", help="cassette files, merged in this order")
     merging.add_argument("--out", required=True, metavar="FILE", help="the new cassette (never overwritten)")
 

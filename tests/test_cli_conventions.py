@@ -40,6 +40,22 @@ def test_every_subcommand_help_says_what_it_does_and_its_exit_codes(name: str, c
     assert codes[0] == "0" and "2" in codes and codes == sorted(codes, key=int)
 
 
+@pytest.mark.parametrize("command", [("cassette", "info"), ("cassette", "export"), ("cassette", "cut"),
+                                     ("cassette", "merge"), ("scenario", "check"), ("scenario", "schema")])
+def test_every_action_help_says_what_it_does_and_its_exit_codes(command: tuple[str, str], capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    usage, _, rest = out.partition("\n\n")
+    assert usage.startswith(f"usage: tito {' '.join(command)} ")
+    description = rest.split("\n\n")[0]
+    assert len(description.split()) >= 12 and not description.startswith(("positional", "options"))  # a purpose
+    exits = out[out.index("\nexit codes:\n"):].splitlines()[1:]
+    codes = [line.split()[0] for line in exits if line.startswith("  ") and line.split()[0].isdigit()]
+    assert codes[0] == "0" and "2" in codes and codes == sorted(codes, key=int)
+
+
 class Stream(io.StringIO):
     def __init__(self, tty: bool) -> None:
         super().__init__()

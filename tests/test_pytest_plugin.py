@@ -81,6 +81,29 @@ def test_sessions_are_items_that_replay_in_parallel_and_write_goldens_on_request
     assert pasted.returncode == 0 and "1 passed" in pasted.stdout and "deselected" not in pasted.stdout
 
 
+def test_ids_of_sessions_with_odd_names_paste_back(tmp_path: Path) -> None:
+    """Session names come from the cassette (untrusted): one holding `::` would read as two parts of an id; its id
+    percent-encodes it (and `%`), so what `pytest -v` prints selects exactly that session, and no two collide."""
+    from recorder.cassette.writer import CassetteWriter
+    from tests.cassette_helpers import header, play, session_traffic
+    from trajectory.tokenizer import fingerprint, load_tokenizer
+
+    (tmp_path / "pytest.ini").write_text(INI)
+    (tmp_path / "cassettes").mkdir()
+    names = ("odd::name [1]", "odd%3A%3Aname [1]", "100% ok", "plain-name")
+    writer = CassetteWriter(tmp_path / "cassettes" / "odd.tito", header(fingerprint()))
+    for name in names:
+        play(writer, session_traffic(load_tokenizer(), 2, session=name), session=name, source="path")
+    writer.close()
+    listed = pytest_run(tmp_path, "--collect-only", "-q")
+    ids = [line for line in listed.stdout.splitlines() if line.startswith("cassettes/odd.tito::")]
+    assert ids == ["cassettes/odd.tito::odd%3A%3Aname [1]", "cassettes/odd.tito::odd%253A%253Aname [1]",
+                   "cassettes/odd.tito::100%25 ok", "cassettes/odd.tito::plain-name"], listed.stdout
+    for shown in ids:
+        pasted = pytest_run(tmp_path, "--collect-only", "-q", shown)
+        assert pasted.returncode == 0 and [line for line in pasted.stdout.splitlines() if "::" in line] == [shown]
+
+
 def test_a_failing_session_shows_its_report_not_a_traceback(project: Path, tmp_path: Path) -> None:
     copy = copy_project(project, tmp_path / "p")
     assert pytest_run(copy, "-q", "--update-goldens").returncode == 0
