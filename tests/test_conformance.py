@@ -36,6 +36,21 @@ def test_ci_checks_the_slime_cassettes_table_through_tito_without_slime() -> Non
     assert run.stdout == ""
 
 
+def test_the_slime_table_is_what_the_committed_corpus_gives_through_slime() -> None:
+    """Where slime is installed (TITO_SLIME_PATH), the first table is checked too: a cassette added to the corpus
+    (or a change in how it replays) without `make conformance` fails here."""
+    from recorder.targets import slime_env
+    from recorder.targets.base import TargetError
+
+    try:
+        slime_env.locate()
+    except TargetError as exc:
+        pytest.skip(f"needs slime: {exc}")
+    run = subprocess.run([sys.executable, "-m", "replayer.conformance", "--target", "slime", "cassettes/", "--check"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]  # out of date: make conformance, read the diff, commit the page
+
+
 def test_the_page_holds_that_table_and_a_stale_one_is_caught(through_tito: tuple[str, str]) -> None:
     marker, text = through_tito
     assert marker == "slime-through-tito"

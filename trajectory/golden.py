@@ -97,7 +97,7 @@ def render_samples(samples: Sequence[Sample], names: TokenNames, **options: Any)
         turns = s.metadata.get("trained_turns")
         header = f"#{i} reward={s.reward:g} response={s.response_length} trained={trained}"
         if turns is not None:
-            header += f" turns={','.join(map(str, turns))}"
+            header += f" turns={_turns_text(turns)}"
         lines += [header, render_sample(s, names, **options)]
     return "\n".join(lines)
 
@@ -241,6 +241,13 @@ def _node_line(node: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _turns_text(turns: Any) -> str:
+    """tito's manager lists turn indices; another target's metadata may hold anything (a count): as it is."""
+    if isinstance(turns, list | tuple):
+        return ",".join(map(str, turns)) or "-"
+    return _compact(turns)
+
+
 def _compact(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
@@ -265,7 +272,7 @@ def render_sample_runs(index: int, sample: Sample, spans: Sequence[Span], names:
               f"response {sample.response_length} from token {first} "
               f"(trained {trained}, masked {sample.response_length - trained})")
     if turns is not None:
-        header += f", turns {','.join(map(str, turns)) or '-'}"
+        header += f", turns {_turns_text(turns)}"
     lines = [header]
     for kind, start, end, turn in span_runs(sample, spans):
         ids = sample.tokens[start:end]
