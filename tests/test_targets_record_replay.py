@@ -158,7 +158,8 @@ def test_a_grpo_group_gets_each_session_its_own_output_back_on_replay(tmp_path: 
         (call,) = [e for e in log.engine if e.path == "/generate"]
         word = next(w for w in WORDS if w in tokenizer.decode(call.response["output_ids"]))
         (exchange,) = log.agent
-        assert word in "".join(exchange.reply_events or [])  # each session's reply carries its own output
+        reply = "".join(exchange.reply_events or [])
+        assert word in reply and not [w for w in WORDS if w != word and w in reply]  # its own output, no other
         assert f"My word is {word}." in tokenizer.decode(log.samples[0]["tokens"])
         prompts.add((tuple(call.request["input_ids"][-40:]), exchange.path))
     assert len({p for p, _ in prompts}) <= 2  # the first prompts were identical (one per wire)
