@@ -111,10 +111,14 @@ def inspect_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | Non
                      tokenizer: str | None = None) -> Inspection:
     """Replay (not strict: differences are noted, the linearizations kept) and gather the views' facts.
     Raises `ReplayInputError` for unusable input, as `tito replay` does."""
-    from replayer.replay import ReplayOptions, load_cassette, replay_loaded, run_sync
+    from replayer.reader import exchange_count
+    from replayer.replay import ReplayOptions, load_cassette, replay_loaded, run_sync, select_sessions
+    from trajectory.adapters import parser_process
 
     cassette, folder = load_cassette(path, tokenizer, verify=False)  # the stored index: read only those sessions
-    result = run_sync(replay_loaded(cassette, str(path), folder, sessions, ReplayOptions(strict=False)))
+    names = select_sessions(cassette, str(path), sessions)
+    parser_process.settle(sum(exchange_count(cassette, n) for n in names))
+    result = run_sync(replay_loaded(cassette, str(path), folder, names, ReplayOptions(strict=False)))
     return inspection_of(cassette, result, folder)
 
 

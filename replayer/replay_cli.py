@@ -23,6 +23,7 @@ from typing import Any
 from replayer import whatif
 from replayer.golden_diff import DiffStyle, use_color
 from replayer.goldens import CASSETTE_SUFFIX, Unused, fix_unused, orphans
+from trajectory.adapters import parser_process
 
 EXIT_OK, EXIT_DIFFERENCE, EXIT_UNUSABLE = 0, 1, 2
 
@@ -75,10 +76,13 @@ def run(args: argparse.Namespace) -> int:
     # Loading the tokenizer and the parsers makes hundreds of thousands of objects that automatic collections
     # would walk again and again as they grow (a tenth of the start-up); none of them is garbage.
     gc.disable()
+    if args.jobs == 1:  # sglang's parsers load on the other core meanwhile (replay_run.preload decides)
+        parser_process.start()
     try:
         return _replay(args)
     finally:
         gc.enable()
+        parser_process.stop()
 
 
 def _replay(args: argparse.Namespace) -> int:

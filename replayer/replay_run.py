@@ -163,13 +163,14 @@ def _book(work: CassetteWork, update: bool) -> GoldenBook:
 
 def preload(works: list[CassetteWork]) -> None:
     """The tokenizers and the parsers, loaded now: before the workers are forked, so that none loads them again,
-    and while the caller keeps automatic garbage collection off."""
-    from trajectory.sglang_loader import parsers
+    and while the caller keeps automatic garbage collection off. A short run keeps parsing through the parser
+    helper, if one was started."""
+    from trajectory.adapters import parser_process
     from trajectory.tokenizer import load_tokenizer
 
     for folder in dict.fromkeys(w.tokenizer for w in works):
         load_tokenizer(folder)
-    parsers()
+    parser_process.settle(total_exchanges(works) if parser_process.active() is not None else 0)
 
 
 def _start_worker(job: Job) -> None:

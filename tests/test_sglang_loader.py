@@ -112,3 +112,38 @@ def test_openai_runs_its_init_only_when_a_name_of_it_is_asked_for() -> None:
     assert done.stdout.splitlines() == [
         "False False False False", "True True openai.types.batch openai.types.responses.response_output_text",
         "missing"]
+
+
+def test_a_bare_model_rebuild_while_the_parsers_load_waits_for_first_use() -> None:
+    """xgrammar completes 11 structural-tag models with a bare `model_rebuild()` at import (a third of its load):
+    deferred, they build on first use from their module's names, recursive references included, and give the
+    same schema and validation; pydantic's own `model_rebuild` is back afterwards."""
+    done = run_python(
+        "import pydantic\n"
+        "original = pydantic.BaseModel.__dict__['model_rebuild']\n"
+        "from trajectory.sglang_loader import parsers\n"
+        "parsers()\n"
+        "import xgrammar.structural_tag as st\n"
+        "print(pydantic.BaseModel.__dict__['model_rebuild'] is original, st.SequenceFormat.__pydantic_complete__)\n"
+        "tag = {'type': 'structural_tag', 'format': {'type': 'sequence', 'elements': [\n"
+        "    {'type': 'const_string', 'value': 'a'},\n"
+        "    {'type': 'sequence', 'elements': [{'type': 'const_string', 'value': 'b'}]}]}}\n"
+        "parsed = st.StructuralTag.model_validate(tag)\n"
+        "print(type(parsed.format.elements[1]).__name__, parsed.format.elements[1].elements[0].value)\n"
+        "import json, hashlib\n"
+        "schema = json.dumps(st.StructuralTag.model_json_schema(), sort_keys=True)\n"
+        "print(hashlib.sha256(schema.encode()).hexdigest())\n")
+    assert done.returncode == 0, done.stderr
+    deferred = done.stdout.splitlines()
+    eager = run_python(  # xgrammar imported on its own, its models built at import as it means them to be
+        "import sys, types, importlib.util\n"
+        "spec = importlib.util.find_spec('xgrammar')\n"
+        "sys.modules['xgrammar'] = importlib.util.module_from_spec(spec)\n"
+        "import xgrammar.structural_tag as st\n"
+        "print(st.SequenceFormat.__pydantic_complete__)\n"
+        "import json, hashlib\n"
+        "schema = json.dumps(st.StructuralTag.model_json_schema(), sort_keys=True)\n"
+        "print(hashlib.sha256(schema.encode()).hexdigest())\n")
+    assert eager.returncode == 0, eager.stderr
+    assert deferred[:2] == ["True False", "SequenceFormat b"]
+    assert eager.stdout.splitlines() == ["True", deferred[2]]  # the same schema, built later

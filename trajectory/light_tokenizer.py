@@ -19,8 +19,6 @@ from typing import Any
 
 from tokenizers import Tokenizer as RustTokenizer
 
-from trajectory import chat_template as templates
-
 CLASSES = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
 # The split transformers' Qwen2Tokenizer always installs, whatever the folder's tokenizer.json says.
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
@@ -182,6 +180,8 @@ class LightTokenizer:
             raise ValueError("the tokenizer has no chat template")
         if not conversation:
             raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
+        from trajectory import chat_template as templates  # Jinja, imported only by those who render with it
+
         text = templates.render(template, conversation, tools, add_generation_prompt=add_generation_prompt,
                                 special_tokens=self.special_tokens_map, **kwargs)
         if not tokenize:

@@ -99,22 +99,38 @@ def parsers() -> Parsers:
 def _deferred_model_builds() -> Iterator[None]:
     """pydantic models defined meanwhile build their validators when first used, not when defined: the
     parsers' modules define hundreds (sglang's protocol, openai's types) and a parse uses a handful. The
-    models behave the same; only when their build runs moves. pydantic's default is restored afterwards."""
+    models behave the same; only when their build runs moves. pydantic's default is restored afterwards.
+
+    A module may also complete its models itself with a bare `Model.model_rebuild()` (xgrammar's structural
+    tags do for 11, to resolve their forward references: a third of its import); such a call is skipped, and
+    the model is completed by pydantic's own rebuild on first use, as any deferred model is, from the module's
+    names, which hold those references by then. A call with arguments (pydantic's own, or a caller's
+    namespace) runs as ever."""
     try:
+        from pydantic import BaseModel
         from pydantic._internal import _config
     except ImportError:  # another pydantic layout: models build as they are defined
         yield
         return
     defaults = getattr(_config, "config_defaults", None)
-    if not isinstance(defaults, dict) or "defer_build" not in defaults:
+    rebuild = BaseModel.__dict__.get("model_rebuild")
+    if not isinstance(defaults, dict) or "defer_build" not in defaults or not isinstance(rebuild, classmethod):
         yield
         return
+
+    def model_rebuild(cls: type[BaseModel], *args: Any, **kwargs: Any) -> bool | None:
+        if args or kwargs or cls.__pydantic_complete__:
+            return rebuild.__func__(cls, *args, **kwargs)
+        return None  # built on first use
+
     before = defaults["defer_build"]
     defaults["defer_build"] = True
+    BaseModel.model_rebuild = classmethod(model_rebuild)  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
         defaults["defer_build"] = before
+        BaseModel.model_rebuild = rebuild  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

@@ -1,9 +1,10 @@
 """Engine text -> reasoning, content and tool calls, with sglang's own parsers.
 
 sglang is loaded lazily and once, through `trajectory.sglang_loader` (without sglang's serving runtime): its
-import costs seconds, and only the servers and the adapter tests need it. Using the production parsers (not a
-re-implementation) keeps the adapter's view of model output identical to what an SGLang OpenAI server would
-report.
+import costs half a second, and only the servers and the adapter tests need it. A short replay has it loaded by
+a helper process meanwhile and parses there (`parser_process`): the same code, on the same text. Using the
+production parsers (not a re-implementation) keeps the adapter's view of model output identical to what an
+SGLang OpenAI server would report.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from trajectory.adapters import parser_process
 from trajectory.adapters.value_cache import ValueCache
 from trajectory.sglang_loader import parsers
 
@@ -45,6 +47,8 @@ class OutputParser:
         self._tool_models: ValueCache[list[Any]] = ValueCache()  # validating Claude Code's tools: ~0.1 ms
 
     def _check_names(self) -> None:
+        if parser_process.ask(("check", self.reasoning_parser, self.tool_parser))[0]:
+            return  # the helper made an OutputParser of these names: they are known
         sglang = parsers()
         known_tools, known_reasoning = sglang.FunctionCallParser.ToolCallParserEnum, sglang.ReasoningParser.DetectorMap
         if self.tool_parser and self.tool_parser not in known_tools:
@@ -53,6 +57,13 @@ class OutputParser:
             raise ValueError(f"unknown reasoning parser {self.reasoning_parser!r}; known: {sorted(known_reasoning)}")
 
     def parse(self, text: str, tools: list[dict[str, Any]]) -> ParsedOutput:
+        if self.reasoning_parser or (self.tool_parser and tools):
+            helped, parsed = parser_process.ask(("parse", self.reasoning_parser, self.tool_parser, text, tools))
+            if helped:
+                return parsed
+        return self._parse_here(text, tools)
+
+    def _parse_here(self, text: str, tools: list[dict[str, Any]]) -> ParsedOutput:
         sglang = parsers()
         reasoning, normal = "", text
         if self.reasoning_parser:

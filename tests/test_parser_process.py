@@ -1,0 +1,114 @@
+"""The parser helper (`trajectory/adapters/parser_process.py`): parses answered by a forked process give what the
+parsers in process give, on every engine output of the committed corpus; errors come back as the same
+exceptions; a helper that dies is replaced by the parsers in process with no result changed; `tito replay` ends
+its helper, and a long run loads the parsers in process instead. Each check runs in a fresh interpreter (a fork
+of this multi-threaded test process would be unsafe, and this one has loaded the parsers already)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.process_helpers import ROOT
+
+
+def run_fresh(code: str, timeout_s: float = 300.0) -> str:
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.strip()
+
+
+def test_the_helper_parses_every_corpus_output_as_the_parsers_in_process_do() -> None:
+    out = run_fresh("""
+import json, sys
+from pathlib import Path
+from trajectory.adapters import parser_process
+from trajectory.adapters.parsing import OutputParser
+
+helper = parser_process.start()
+assert helper is not None and "sglang.srt.function_call.function_call_parser" not in sys.modules
+from replayer.reader import read_cassette
+from trajectory.tokenizer import load_tokenizer
+tokenizer = load_tokenizer()
+cases = []
+for path in sorted(Path("cassettes").glob("*.tito")):
+    for log in read_cassette(path).sessions.values():
+        tools = []
+        for a in log.agent:
+            body = json.loads(a.body) if a.body else {}
+            tools = [{"type": "function", "function": {"name": t.get("name") or t.get("function", {}).get("name"),
+                      "parameters": {"type": "object", "properties": {}}}} for t in body.get("tools") or []
+                     if isinstance(t, dict) and (t.get("name") or t.get("function", {}).get("name"))] or tools
+        for e in log.engine:
+            if e.path.endswith("/generate") and isinstance(e.response, dict) and e.response.get("output_ids"):
+                cases.append((tokenizer.decode(e.response["output_ids"]), tools))
+helped = [OutputParser().parse(text, tools) for text, tools in cases]
+assert "sglang.srt.function_call.function_call_parser" not in sys.modules  # every one answered by the helper
+parser_process.load_here()
+here = [OutputParser().parse(text, tools) for text, tools in cases]
+assert helped == here
+print(len(cases), sum(bool(p.tool_calls) for p in here), sum(bool(p.reasoning) for p in here))
+""")
+    outputs, with_calls, with_reasoning = map(int, out.split())
+    assert outputs > 100 and with_calls > 50 and with_reasoning > 50  # the corpus's outputs, of every kind
+
+
+def test_errors_come_back_as_the_same_exceptions_and_a_dead_helper_is_replaced() -> None:
+    out = run_fresh("""
+import os, signal, sys
+from trajectory.adapters import parser_process
+from trajectory.adapters.parsing import OutputParser
+
+helper = parser_process.start()
+try:
+    OutputParser("qwen3", "no-such-parser")
+except ValueError as exc:
+    through_helper = str(exc)
+else:
+    raise AssertionError("an unknown parser name was accepted")
+assert "unknown tool parser 'no-such-parser'" in through_helper and parser_process.active() is helper
+tools = [{"type": "function", "function": {"name": "Bash", "parameters": {"type": "object", "properties": {}}}}]
+text = '<think>\\nLook.\\n</think>\\n\\n<tool_call>\\n{"name": "Bash", "arguments": {"command": "ls"}}\\n</tool_call>'
+first = OutputParser().parse(text, tools)
+os.kill(helper.pid, signal.SIGKILL)
+os.waitpid(helper.pid, 0)
+second = OutputParser().parse(text, tools)  # the helper is gone: parsed here, the same result
+assert parser_process.active() is None and first == second and second.tool_calls[0].name == "Bash"
+assert "sglang.srt.function_call.function_call_parser" in sys.modules
+try:
+    OutputParser("qwen3", "no-such-parser")
+except ValueError as exc:
+    assert str(exc) == through_helper
+print("ok")
+""")
+    assert out == "ok"
+
+
+def test_a_replay_ends_its_helper_and_a_long_one_parses_in_process() -> None:
+    out = run_fresh("""
+import os, sys
+import tito_cli
+from trajectory.adapters import parser_process
+
+forked = []
+start = parser_process.start
+parser_process.start = lambda: forked.append(start()) or forked[-1]
+assert tito_cli.main(["replay", "-q", "cassettes/plain_chat.tito"]) == 0
+assert forked and forked[0] is not None and parser_process.active() is None
+assert "sglang.srt.function_call.function_call_parser" not in sys.modules  # parsed by the helper alone
+try:
+    os.waitpid(forked[0].pid, 0)  # it exits once the replay closed its pipe
+except ChildProcessError:
+    pass
+try:
+    os.kill(forked[0].pid, 0)
+except ProcessLookupError:
+    pass
+else:
+    raise AssertionError("the helper outlived its replay")
+parser_process.SHORT_RUN_PARSES = 1  # plain_chat has two exchanges: a long run now
+assert tito_cli.main(["replay", "-q", "cassettes/plain_chat.tito"]) == 0
+assert "sglang.srt.function_call.function_call_parser" in sys.modules and parser_process.active() is None
+print("ok")
+""")
+    assert out.splitlines()[-1] == "ok"

@@ -1,0 +1,158 @@
+"""sglang's parsers loaded by a helper process while this one loads the tokenizer, so start-up uses both cores.
+
+Importing the parsers (hundreds of pydantic models) is about as long as loading the tokenizer, and each holds the
+GIL: a thread cannot overlap them. `start()` forks a helper before either begins; it imports the parsers on the
+other core and answers this process's parses over a pipe, running the same `OutputParser` code on the same
+text, so a parse gives the same result either way. A parse through the pipe costs a round trip (about 0.5 ms
+with the wake-ups of this VM) where one in process costs about 0.1 ms: the helper is for short runs, such as a
+replay of a few cassettes, and `load_here()` ends it in favour of the parsers in process. Anything wrong with
+the helper (it died, its answer cannot be read) does the same, so the helper never changes a result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import sys
+import threading
+from typing import IO, Any
+
+_ACTIVE: ParserProcess | None = None
+# Up to this many parses, a run keeps the helper; beyond, the ~0.4 ms each costs over the pipe outweighs the
+# half second the parsers take to load in process (`settle`).
+SHORT_RUN_PARSES = 1000
+
+
+class Channel:
+    """One end of the pipe pair: pickled messages, answered in the order asked."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.reader: IO[bytes] = os.fdopen(read_fd, "rb")
+        self.writer: IO[bytes] = os.fdopen(write_fd, "wb")
+
+    def send(self, message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # whole, or nothing written
+        self.writer.write(data)
+        self.writer.flush()
+
+    def recv(self) -> Any:
+        return pickle.load(self.reader)  # EOFError once the other end is closed
+
+    def close(self) -> None:
+        for f in (self.writer, self.reader):
+            with contextlib.suppress(OSError):
+                f.close()
+
+
+class ParserProcess:
+    """This process's end of the helper: a parse or a check of parser names, asked and answered in order."""
+
+    def __init__(self, conn: Channel, pid: int) -> None:
+        self.conn = conn
+        self.pid = pid
+
+    def close(self) -> None:
+        self.conn.close()  # the helper reads end of file and exits
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, os.WNOHANG)
+
+
+def start() -> ParserProcess | None:
+    """Fork the helper and make it the one parses go to until `stop()` or `load_here()`; call before the
+    tokenizer is loaded. None where it would not help or not be safe: no fork, the parsers already loaded, or
+    other threads running (a fork copies only this one)."""
+    global _ACTIVE
+    if _ACTIVE is not None or not hasattr(os, "fork") or threading.active_count() > 1 \
+            or "sglang.srt.function_call.function_call_parser" in sys.modules:
+        return _ACTIVE
+    asks, answers = os.pipe(), os.pipe()  # (read, write) each
+    sys.stdout.flush()
+    sys.stderr.flush()  # nothing buffered before the fork may be written twice
+    pid = os.fork()
+    if pid == 0:  # the helper: never returns
+        os.close(asks[1])
+        os.close(answers[0])
+        _serve(Channel(asks[0], answers[1]))
+    os.close(asks[0])
+    os.close(answers[1])
+    _ACTIVE = ParserProcess(Channel(answers[0], asks[1]), pid)
+    return _ACTIVE
+
+
+def active() -> ParserProcess | None:
+    return _ACTIVE
+
+
+def stop() -> None:
+    """End the helper, if any: later parses load the parsers here when they first need them."""
+    global _ACTIVE
+    helper, _ACTIVE = _ACTIVE, None
+    if helper is not None:
+        helper.close()
+
+
+def load_here() -> None:
+    """Parse in this process from now on: the parsers are loaded here, and the helper, if any, ends."""
+    stop()
+    from trajectory.sglang_loader import parsers
+
+    parsers()
+
+
+def settle(parses: int) -> None:
+    """Once a run knows how many parses it will ask for (its engine exchanges): keep the helper for a short
+    run, or load the parsers here for a long one (and whenever there is no helper)."""
+    if _ACTIVE is None or parses > SHORT_RUN_PARSES:
+        load_here()
+
+
+def ask(request: tuple[Any, ...]) -> tuple[bool, Any]:
+    """(True, the helper's answer), or (False, None) when there is no helper or it has failed: then the caller
+    parses in this process, as `load_here()` has arranged. An exception the parse raised is raised here."""
+    helper = _ACTIVE
+    if helper is None:
+        return False, None
+    try:
+        helper.conn.send(request)
+        ok, value = helper.conn.recv()
+    except (OSError, EOFError, pickle.PickleError):  # gone, or an answer that cannot be read: parse here from now
+        load_here()
+        return False, None
+    if not ok:
+        raise value
+    return True, value
+
+
+def _serve(conn: Channel) -> None:
+    """The helper's whole life: load the parsers, then answer until this process's end of the pipe closes."""
+    import gc
+
+    code = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the replay, which ends the pipe
+        gc.disable()  # a short-lived process of long-lived objects
+        from trajectory.adapters.parsing import OutputParser
+
+        parsers: dict[tuple[str | None, str | None], OutputParser] = {}
+        while True:
+            try:
+                request = conn.recv()
+            except (EOFError, OSError):
+                break
+            kind, reasoning, tool = request[:3]
+            try:
+                parser = parsers.get((reasoning, tool))
+                if parser is None:
+                    parser = parsers[(reasoning, tool)] = OutputParser(reasoning, tool)
+                answer: tuple[bool, Any] = (True, parser.parse(*request[3:]) if kind == "parse" else None)
+            except Exception as exc:  # noqa: BLE001 - the caller raises it, as a parse in process would
+                answer = (False, exc)
+            try:
+                conn.send(answer)
+            except Exception:  # noqa: BLE001 - an exception that does not pickle: its text instead
+                conn.send((False, RuntimeError(f"{type(answer[1]).__name__}: {answer[1]}")))
+    except BaseException:  # noqa: BLE001 - whatever happens, the helper leaves no traceback and no atexit work
+        code = 1
+    os._exit(code)
