@@ -43,7 +43,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "Serves the adapter app (Anthropic Messages, OpenAI Chat and Responses, Gemini API, rendered to "
         "token ids for SGLang's /generate) in front of an engine, a router or tito's fake engine, with the "
         "trajectory manager building each session's samples; agents use the session id as their API key.",
-        ("0: stopped by SIGINT or SIGTERM", "1: --listen is not HOST:PORT")),
+        ("0: stopped by SIGINT or SIGTERM", "1: --listen is not HOST:PORT",
+         "2: the settings cannot be used (an unknown parser name, a chat template that does not parse)")),
     "fake-engine": Subcommand(
         "fake_engine.cli", "run the SGLang-compatible fake engine",
         "Starts an SGLang-compatible engine that needs no GPU: it plays a scenario's script (--script), the "

@@ -112,3 +112,50 @@ assert "sglang.srt.function_call.function_call_parser" in sys.modules and parser
 print("ok")
 """)
     assert out.splitlines()[-1] == "ok"
+
+
+def test_tito_serve_answers_through_the_helper_then_takes_the_parsers_over() -> None:
+    """The first requests are parsed while the parsers are still loading in the server (by the helper); once
+    loaded there, the helper is gone (reaped: no child process left) and replies are parsed the same."""
+    import json
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    from tests.process_helpers import free_port, tito
+
+    engine, port = free_port(), free_port()
+    body = json.dumps({"model": "tito", "max_tokens": 512, "messages": [{"role": "user", "content": "list the files"}],
+                       "tools": [{"name": "Bash", "description": "Run a shell command", "input_schema": {
+                           "type": "object", "properties": {"command": {"type": "string"}}}}]}).encode()
+
+    def ask(session: str) -> dict:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/messages", data=body, headers={
+            "Authorization": f"Bearer {session}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return json.load(resp)
+
+    def children(pid: int) -> list[str]:
+        return [c for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+    with tito("fake-engine", "--script", "fake_engine/examples/claude_tool_loop.yaml", "--listen",
+              f"127.0.0.1:{engine}", ready=f"http://127.0.0.1:{engine}/health"), \
+            tito("serve", "--engine", f"http://127.0.0.1:{engine}", "--listen", f"127.0.0.1:{port}",
+                 ready=f"http://127.0.0.1:{port}/health") as serve:
+        first = ask("serve-helper-session-1")
+        deadline = time.monotonic() + 60
+        while children(serve.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert children(serve.pid) == []  # the helper ended and was reaped
+        second = ask("serve-helper-session-2")
+    for reply in (first, second):
+        assert [b["type"] for b in reply["content"]] == ["thinking", "text", "tool_use"]
+        assert reply["content"][2]["name"] == "Bash" and reply["content"][2]["input"] == {"command": "ls"}
+    assert first["content"][:2] == second["content"][:2]
+
+
+def test_tito_serve_with_an_unknown_parser_is_one_line_and_exit_2() -> None:
+    done = subprocess.run([sys.executable, "-m", "tito_cli", "serve", "--engine", "http://127.0.0.1:9",
+                           "--tool-parser", "no-such-parser"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("tito serve: unknown tool parser 'no-such-parser'; known: [")

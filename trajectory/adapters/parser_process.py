@@ -5,8 +5,9 @@ GIL: a thread cannot overlap them. `start()` forks a helper before either begins
 other core and answers this process's parses over a pipe, running the same `OutputParser` code on the same
 text, so a parse gives the same result either way. A parse through the pipe costs a round trip (about 0.5 ms
 with the wake-ups of this VM) where one in process costs about 0.1 ms: the helper is for short runs, such as a
-replay of a few cassettes, and `load_here()` ends it in favour of the parsers in process. Anything wrong with
-the helper (it died, its answer cannot be read) does the same, so the helper never changes a result.
+replay of a few cassettes, and `load_here()` ends it in favour of the parsers in process; a server answers its
+first requests through it while the parsers load in process (`take_over`). Anything wrong with the helper (it
+died, its answer cannot be read) ends it the same way, so the helper never changes a result.
 """
 
 from __future__ import annotations
@@ -54,9 +55,12 @@ class ParserProcess:
         self.pid = pid
 
     def close(self) -> None:
-        self.conn.close()  # the helper reads end of file and exits
+        """End the helper now, even mid-load (it holds nothing worth saving), and reap it."""
+        self.conn.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, os.WNOHANG)
+            os.waitpid(self.pid, 0)
 
 
 def start() -> ParserProcess | None:
@@ -99,6 +103,23 @@ def load_here() -> None:
     from trajectory.sglang_loader import parsers
 
     parsers()
+
+
+async def take_over() -> None:
+    """In a server, once it serves: the parsers load in this process on a thread while the helper answers the
+    first requests' parses; then parses run here, the helper ends, and what the load made is frozen out of the
+    collector as the rest of the start-up is (`trajectory.server_process`). The thread shares the GIL with the
+    requests for that half second, where before the server did not listen at all."""
+    if _ACTIVE is None:
+        return
+    import asyncio
+    import gc
+
+    from trajectory.sglang_loader import parsers
+
+    await asyncio.get_running_loop().run_in_executor(None, parsers)
+    stop()
+    gc.freeze()
 
 
 def settle(parses: int) -> None:

@@ -63,16 +63,39 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
-    from trajectory.adapters.app import create_app
-    from trajectory.server_process import new_event_loop, prepare_to_serve, start_up_without_gc
+    from trajectory.adapters import parser_process
+    from trajectory.server_process import start_up_without_gc
 
     start_up_without_gc()
     host, port = parse_listen(args.listen)
+    parser_process.start()  # sglang's parsers load on the other core while this process loads the tokenizer
+
+    from aiohttp import web
+
+    from trajectory.adapters.app import create_app
+    from trajectory.server_process import new_event_loop, prepare_to_serve
+
     settings = settings_from(args)
-    app = create_app(settings, manager_from(args))
+    try:
+        app = create_app(settings, manager_from(args))
+    except ValueError as exc:  # an unknown parser, a chat template that does not parse or escapes its sandbox
+        print(f"tito serve: {exc}", file=sys.stderr)
+        return 2
     prepare_to_serve(app)
+    background: set[Any] = set()
+
+    async def take_over_parsers(_app: web.Application) -> None:
+        import asyncio
+
+        task = asyncio.ensure_future(parser_process.take_over())  # in process once loaded, while serving
+        background.add(task)
+        task.add_done_callback(background.discard)
+
+    async def end_helper(_app: web.Application) -> None:
+        parser_process.stop()
+
+    app.on_startup.append(take_over_parsers)
+    app.on_cleanup.append(end_helper)
 
     def listening(_aiohttp_banner: str) -> None:
         # Called by run_app once the socket listens: tito's own line in place of aiohttp's banner.
