@@ -25,6 +25,9 @@ class Subcommand:
     summary: str  # one line in `tito --help`
     description: str  # what it does, in `tito NAME --help`
     exits: tuple[str, ...]  # "CODE: meaning", in `tito NAME --help`
+    # It parses engine output through tito's adapter: sglang's parsers start loading in a helper process before
+    # anything else loads (trajectory/adapters/parser_process.py).
+    parses: bool = False
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
@@ -37,14 +40,14 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "path of its inspect --html page. --synthetic replays a built-in synthetic session through the manager "
         "alone.",
         ("0: the replay matches its recording", "1: a difference",
-         "2: the cassette cannot be replayed")),
+         "2: the cassette cannot be replayed"), parses=True),
     "serve": Subcommand(
         "trajectory.adapters.serve", "run the adapter app in front of an SGLang engine",
         "Serves the adapter app (Anthropic Messages, OpenAI Chat and Responses, Gemini API, rendered to "
         "token ids for SGLang's /generate) in front of an engine, a router or tito's fake engine, with the "
         "trajectory manager building each session's samples; agents use the session id as their API key.",
         ("0: stopped by SIGINT or SIGTERM", "1: --listen is not HOST:PORT",
-         "2: the settings cannot be used (an unknown parser name, a chat template that does not parse)")),
+         "2: the settings cannot be used (an unknown parser name, a chat template that does not parse)"), parses=True),
     "fake-engine": Subcommand(
         "fake_engine.cli", "run the SGLang-compatible fake engine",
         "Starts an SGLang-compatible engine that needs no GPU: it plays a scenario's script (--script), the "
@@ -79,13 +82,14 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "for the cassettes in it; a golden in it without its cassette, or a golden section for a session the "
         "cassette no longer has, is unused and fails. The what-if options replay under a candidate change.",
         ("0: every session matches its recording and its golden", "1: a difference, or an unused golden",
-         "2: the input cannot be replayed (no such file, corrupt cassette, another tokenizer, unknown session)")),
+         "2: the input cannot be replayed (no such file, corrupt cassette, another tokenizer, unknown session)"),
+        parses=True),
     "diff": Subcommand(
         "replayer.diff", "compare the training data of two cassettes, or of one under a candidate change",
         "Replays both sides and compares each pair of sessions: samples, forks by reason, trained tokens, and "
         "the first divergent token with the decoded text around it. Sessions pair by name, by --pair, or, for "
         "two cassettes of one session each, with each other.",
-        ("0: nothing differs", "1: something differs (as diff(1))", "2: an input cannot be replayed")),
+        ("0: nothing differs", "1: something differs (as diff(1))", "2: an input cannot be replayed"), parses=True),
     "cassette": Subcommand(
         "replayer.cassette_cli", "a cassette's summary (info), records as JSON (export), cut and merge",
         "Looks at and reshapes cassettes without replaying them: info (header and per-session counts), export "
@@ -98,7 +102,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "and timings, the manager's stats, the message tree and every decision with the sample token it lands "
         "on; --html writes it as one self-contained page with each sample's tokens coloured.",
         ("0: shown", "2: the input cannot be replayed (no such file, corrupt cassette, another tokenizer, "
-                     "unknown session)")),
+                     "unknown session)"), parses=True),
 }
 
 
@@ -170,8 +174,17 @@ EXIT_AT_ONCE = frozenset({"replay", "inspect", "diff", "cassette"})
 def main(argv: list[str] | None = None) -> int:
     as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
-    code = _run(args)
+    command = SUBCOMMANDS.get(argv[0]) if argv else None
+    if command is not None and command.parses:
+        from trajectory.adapters import parser_process
+
+        parser_process.start()  # first, so the parsers load while this process loads everything else
+    try:
+        args = build_parser(argv).parse_args(argv)
+        code = _run(args)
+    finally:
+        if command is not None and command.parses:
+            parser_process.stop()
     if as_program and args.command in EXIT_AT_ONCE:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from host_steal import steal_watch  # benchmarks/, the script's folder
+from host_steal import parallel_capacity, steal_watch  # benchmarks/, the script's folder
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = "a4dc8ff"  # the last commit before the speed work
@@ -46,11 +46,14 @@ FLOOR = ("from tokenizers import Tokenizer; from pathlib import Path; import imp
          "'tokenizer.json'))")
 
 
-def wall(cmd: list[str], cwd: Path) -> float:
+def wall(cmd: list[str], cwd: Path, sessions: dict[Path, int] | None = None) -> float:
+    """Seconds `cmd` ran; `sessions`: where to note how many sessions its `tito replay` replayed."""
     started = time.perf_counter()
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
     assert done.returncode == 0, (cmd, done.stdout[-2000:], done.stderr[-2000:])
+    if sessions is not None:  # the last line: "N session(s): N ok, 0 failed"
+        sessions[cwd] = int(done.stdout.strip().splitlines()[-1].split()[0])
     return elapsed
 
 
@@ -136,7 +139,7 @@ def main() -> None:
         subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
         trees = {"before": before, "now": ROOT}
         py = sys.executable
-        sessions = 36
+        sessions: dict[Path, int] = {}  # each tree's corpus (before: 36 sessions; drift_spliced came later)
         steal: list[float] = []
         times: dict[str, list[float]] = {k: [] for k in ("floor", "python", "replay before", "replay now",
                                                           "serve before", "serve now", "corpus before",
@@ -164,22 +167,27 @@ def main() -> None:
         with steal_watch(steal):
             for _ in range(CORPUS_ROUNDS):
                 for name, tree in trees.items():
-                    times[f"corpus {name}"].append(wall([py, "-m", "tito_cli", "replay", "cassettes/"], tree))
+                    times[f"corpus {name}"].append(wall([py, "-m", "tito_cli", "replay", "cassettes/"], tree,
+                                                        sessions))
                 times["corpus now -j 2"].append(wall([py, "-m", "tito_cli", "replay", "-j", "2", "cassettes/"],
                                                      ROOT))
         with steal_watch(steal):
             stages = json.loads(subprocess.run([py, __file__, "--stages"], cwd=ROOT, capture_output=True, text=True,
                                                check=True).stdout)
+        capacity = parallel_capacity(py)
     m = {k: median(v) for k, v in times.items()}
     print(f"host steal up to {steal[0]:.1f}% (start-up), {steal[1]:.1f}% (corpus), {steal[2]:.1f}% (stages); "
-          f"load average {os.getloadavg()[0]:.2f} at the end")
+          f"load average {os.getloadavg()[0]:.2f} at the end; two processes at once got {capacity:.2f}x the work "
+          "of one done (2.00: two whole cores)")
     print(f"floor (python + tokenizers load): {m['floor']:.2f} s (python alone {m['python']:.2f} s)")
     for what in ("replay", "serve"):
         print(f"{what} start-up: now {m[what + ' now']:.2f} s ({m[what + ' now'] / m['floor']:.2f}x the floor), "
               f"before {m[what + ' before']:.2f} s ({m[what + ' before'] / m['floor']:.2f}x); "
               f"now / before {m[what + ' now'] / m[what + ' before']:.2f}")
-    rates = {k: sessions / m[f"corpus {k}"] for k in ("before", "now", "now -j 2")}
-    print(f"corpus ({sessions} sessions): before {rates['before']:.1f} sessions/s, now {rates['now']:.1f} "
+    n = {"before": sessions[before], "now": sessions[ROOT], "now -j 2": sessions[ROOT]}
+    rates = {k: n[k] / m[f"corpus {k}"] for k in ("before", "now", "now -j 2")}
+    print(f"corpus ({n['before']} sessions before, {n['now']} now): before {rates['before']:.1f} sessions/s, "
+          f"now {rates['now']:.1f} "
           f"({rates['now'] / rates['before']:.2f}x), now -j 2 {rates['now -j 2']:.1f} "
           f"({rates['now -j 2'] / rates['before']:.2f}x)")
     total = stages.pop("total")

@@ -27,3 +27,24 @@ def steal_watch(out: list[float]) -> Iterator[None]:
     after, wall = steal_ticks(), time.monotonic() - start
     ticks = max((after[c] - before.get(c, after[c]) for c in after), default=0)
     out.append(100 * ticks / os.sysconf("SC_CLK_TCK") / wall)
+
+
+_BURN = "x = 0\nfor i in range(8_000_000):\n    x += i\n"
+
+
+def parallel_capacity(python: str) -> float:
+    """How much two CPU-bound processes get done at once, as a multiple of one alone (2.0: two whole cores).
+
+    A VM's two vCPUs may share one physical core, or the host may give the second one out; no steal counter
+    says so, and what overlaps across processes (the parser helper of `tito replay`, `-j 2`) depends on it."""
+    import subprocess
+
+    def burn(n: int) -> float:
+        start = time.monotonic()
+        procs = [subprocess.Popen([python, "-c", _BURN]) for _ in range(n)]
+        for proc in procs:
+            proc.wait()
+        return time.monotonic() - start
+
+    one, two = min(burn(1) for _ in range(2)), min(burn(2) for _ in range(2))
+    return 2 * one / two

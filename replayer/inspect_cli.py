@@ -24,16 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trajectory.adapters import parser_process
-
-    parser_process.start()  # sglang's parsers load on the other core meanwhile (inspect_cassette settles it)
-    try:
-        return _inspect(args)
-    finally:
-        parser_process.stop()
-
-
-def _inspect(args: argparse.Namespace) -> int:
     from replayer.inspect import render_text
     from replayer.inspect_data import inspect_cassette
     from replayer.replay import ReplayInputError

@@ -111,14 +111,10 @@ def inspect_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | Non
                      tokenizer: str | None = None) -> Inspection:
     """Replay (not strict: differences are noted, the linearizations kept) and gather the views' facts.
     Raises `ReplayInputError` for unusable input, as `tito replay` does."""
-    from replayer.reader import exchange_count
-    from replayer.replay import ReplayOptions, load_cassette, replay_loaded, run_sync, select_sessions
-    from trajectory.adapters import parser_process
+    from replayer.replay import ReplayOptions, load_cassette, replay_loaded, run_sync
 
     cassette, folder = load_cassette(path, tokenizer, verify=False)  # the stored index: read only those sessions
-    names = select_sessions(cassette, str(path), sessions)
-    parser_process.settle(sum(exchange_count(cassette, n) for n in names))
-    result = run_sync(replay_loaded(cassette, str(path), folder, names, ReplayOptions(strict=False)))
+    result = run_sync(replay_loaded(cassette, str(path), folder, sessions, ReplayOptions(strict=False)))
     return inspection_of(cassette, result, folder)
 
 

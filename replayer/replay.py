@@ -36,6 +36,7 @@ from replayer.engine_leg import CURRENT_EXCHANGE, CassetteTransport
 from replayer.plan import Drop, End, Finish, PlannedExchange, SessionPlan, Start, plan_session
 from replayer.reader import Cassette, SessionLog, check_tokenizer, exchange_count, open_cassette
 from replayer.results import CassetteResult, FinishResult, SessionResult
+from trajectory.adapters import parser_process
 from trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
 from trajectory.manager import Linearization, TrajectoryManager
 from trajectory.tokenizer import fingerprint, load_tokenizer
@@ -548,6 +549,8 @@ async def replay_loaded(cassette: Cassette, path: str, tokenizer: str | None, se
                         options: ReplayOptions, missing_ok: bool = False) -> CassetteResult:
     """Replay a cassette already read by `load_cassette` (which checked its tokenizer)."""
     names = select_sessions(cassette, path, sessions, missing_ok)
+    if parser_process.active() is not None:  # a short run keeps parsing through the helper
+        parser_process.settle(sum(exchange_count(cassette, n) for n in names))
     spec = replay_target(cassette.header, options.target, path)
     done = CassetteResult(path, cassette.header, [], cassette.truncated, all_sessions=list(cassette.sessions),
                           tokenizer_dir=tokenizer, target=spec.text, recorded_target=recorded_target(cassette.header))

@@ -76,13 +76,12 @@ def run(args: argparse.Namespace) -> int:
     # Loading the tokenizer and the parsers makes hundreds of thousands of objects that automatic collections
     # would walk again and again as they grow (a tenth of the start-up); none of them is garbage.
     gc.disable()
-    if args.jobs == 1:  # sglang's parsers load on the other core meanwhile (replay_run.preload decides)
-        parser_process.start()
+    if args.jobs > 1:  # the workers load the parsers in the parent before they are forked (replay_run.preload)
+        parser_process.stop()
     try:
         return _replay(args)
     finally:
         gc.enable()
-        parser_process.stop()
 
 
 def _replay(args: argparse.Namespace) -> int:

@@ -51,20 +51,31 @@ print("ok")
     assert out == "ok"
 
 
-def test_a_context_made_by_another_module_during_the_import_is_completed_at_once() -> None:
+def test_a_context_made_by_anything_else_meanwhile_is_completed_at_once() -> None:
     out = run_fresh("""
-import ssl, sys, types
-made = []
-class Hook:  # an import aiohttp triggers that makes a default context of its own
-    def find_spec(self, name, path=None, target=None):
-        if name == "aiohttp.connector" and not made:
-            made.append(ssl.create_default_context())
-        return None
-sys.meta_path.insert(0, Hook())
+import ssl
+from trajectory.lazy_tls import settle, verify_paths_deferred
+with verify_paths_deferred() as deferred:
+    own, other = ssl.create_default_context(), ssl.create_default_context()
+    assert own.cert_store_stats()["x509_ca"] == 0 and len(deferred) == 2
+settle(deferred, (own,))
+assert other.cert_store_stats() == ssl.create_default_context().cert_store_stats() and type(other) is ssl.SSLContext
+assert own.cert_store_stats()["x509_ca"] == 0 and type(own).__name__ == "CertsOnFirstUse"
+print("ok")
+""")
+    assert out == "ok"
+
+
+def test_nothing_is_imported_until_aiohttp_is() -> None:
+    out = run_fresh("""
+import sys
 from trajectory.lazy_tls import defer_aiohttp_tls
 defer_aiohttp_tls()
-assert made and made[0].cert_store_stats() == ssl.create_default_context().cert_store_stats()
-assert type(made[0]) is ssl.SSLContext
+defer_aiohttp_tls()  # once is enough
+assert "aiohttp" not in sys.modules and sum(type(f).__name__ == "_ConnectorFinder" for f in sys.meta_path) == 1
+import aiohttp
+assert type(sys.modules["aiohttp.connector"]._SSL_CONTEXT_VERIFIED).__name__ == "CertsOnFirstUse"
+assert not any(type(f).__name__ == "_ConnectorFinder" for f in sys.meta_path)
 print("ok")
 """)
     assert out == "ok"

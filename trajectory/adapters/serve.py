@@ -68,7 +68,6 @@ def run(args: argparse.Namespace) -> int:
 
     start_up_without_gc()
     host, port = parse_listen(args.listen)
-    parser_process.start()  # sglang's parsers load on the other core while this process loads the tokenizer
 
     from aiohttp import web
 
