@@ -55,11 +55,21 @@ def pytest_configure(config: pytest.Config) -> None:
     for setting in settings.SETTINGS:
         settings.value(config, setting.name)  # a bad ini value stops the run here, in one line
     folder = cassette_dir(config)
+    if folder.is_dir() and not getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        from trajectory.adapters import parser_process
+
+        parser_process.start()  # one pytest process replays: the parsers load meanwhile (SessionItem settles it)
     if config.args_source == pytest.Config.ArgsSource.ARGS or not folder.is_dir():
         return  # explicit paths: collect just those (a .tito among them is still collected)
     covered = any(_within(folder, Path(a)) for a in config.args)
     if not covered:
         config.args.append(str(folder))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from trajectory.adapters import parser_process
+
+    parser_process.stop()
 
 
 def _within(path: Path, folder: Path) -> bool:

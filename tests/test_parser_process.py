@@ -159,3 +159,25 @@ def test_tito_serve_with_an_unknown_parser_is_one_line_and_exit_2() -> None:
                            "--tool-parser", "no-such-parser"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("tito serve: unknown tool parser 'no-such-parser'; known: [")
+
+
+def test_a_single_pytest_process_replays_through_the_helper(tmp_path) -> None:
+    """pytest with the plugin, one process: the session items' parses are the helper's, the pytest process never
+    loads the parsers, and the helper is gone when pytest ends; the session passes as in any other run."""
+    import shutil
+
+    (tmp_path / "cassettes").mkdir()
+    shutil.copy(ROOT / "cassettes" / "tool_loop.tito", tmp_path / "cassettes")
+    shutil.copy(ROOT / "cassettes" / "tool_loop.golden", tmp_path / "cassettes")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n"
+        "from trajectory.adapters import parser_process\n"
+        "def pytest_sessionfinish(session):\n"
+        "    helper = parser_process.active()\n"
+        "    loaded = 'sglang.srt.function_call.function_call_parser' in sys.modules\n"
+        "    print(f'\\nhelper {helper is not None} parsers-here {loaded}', file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
+    assert "helper True parsers-here False" in done.stderr

@@ -24,6 +24,7 @@ _ACTIVE: ParserProcess | None = None
 # Up to this many parses, a run keeps the helper; beyond, the ~0.4 ms each costs over the pipe outweighs the
 # half second the parsers take to load in process (`settle`).
 SHORT_RUN_PARSES = 1000
+_PLANNED = 0  # parses the replays of this process have said they will ask for (`settle`)
 
 
 class Channel:
@@ -67,7 +68,7 @@ def start() -> ParserProcess | None:
     """Fork the helper and make it the one parses go to until `stop()` or `load_here()`; call before the
     tokenizer is loaded. None where it would not help or not be safe: no fork, the parsers already loaded, or
     other threads running (a fork copies only this one)."""
-    global _ACTIVE
+    global _ACTIVE, _PLANNED
     if _ACTIVE is not None or not hasattr(os, "fork") or threading.active_count() > 1 \
             or "sglang.srt.function_call.function_call_parser" in sys.modules:
         return _ACTIVE
@@ -81,7 +82,7 @@ def start() -> ParserProcess | None:
         _serve(Channel(asks[0], answers[1]))
     os.close(asks[0])
     os.close(answers[1])
-    _ACTIVE = ParserProcess(Channel(answers[0], asks[1]), pid)
+    _ACTIVE, _PLANNED = ParserProcess(Channel(answers[0], asks[1]), pid), 0
     return _ACTIVE
 
 
@@ -123,9 +124,12 @@ async def take_over() -> None:
 
 
 def settle(parses: int) -> None:
-    """Once a run knows how many parses it will ask for (its engine exchanges): keep the helper for a short
-    run, or load the parsers here for a long one (and whenever there is no helper)."""
-    if _ACTIVE is None or parses > SHORT_RUN_PARSES:
+    """Before a replay, how many parses it will ask for (its engine exchanges), added to those of the replays
+    before it in this process: the helper stays while the total is a short run's; past it (or with no helper),
+    the parsers load here."""
+    global _PLANNED
+    _PLANNED += parses
+    if _ACTIVE is None or _PLANNED > SHORT_RUN_PARSES:
         load_here()
 
 
