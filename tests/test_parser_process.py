@@ -181,3 +181,25 @@ def test_a_single_pytest_process_replays_through_the_helper(tmp_path) -> None:
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
     assert "helper True parsers-here False" in done.stderr
+
+
+def test_the_helper_loads_the_parsers_before_it_is_asked_anything() -> None:
+    """The overlap is the point: the helper imports the parsers as soon as it is forked, not at the first parse
+    (its memory maps pydantic's compiled core, which only the parsers' import brings in here)."""
+    out = run_fresh("""
+import sys, time
+from trajectory.adapters import parser_process
+helper = parser_process.start()
+assert "pydantic_core" not in sys.modules
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    with open(f"/proc/{helper.pid}/maps") as maps:
+        if "pydantic_core" in maps.read():
+            break
+    time.sleep(0.05)
+else:
+    raise AssertionError("the helper did not load the parsers unasked")
+parser_process.stop()
+print("ok")
+""")
+    assert out == "ok"

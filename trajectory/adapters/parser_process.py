@@ -159,6 +159,9 @@ def _serve(conn: Channel) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the replay, which ends the pipe
         gc.disable()  # a short-lived process of long-lived objects
         from trajectory.adapters.parsing import OutputParser
+        from trajectory.sglang_loader import parsers as load_parsers
+
+        load_parsers()  # now, while the other process loads everything else: the point of the helper
 
         parsers: dict[tuple[str | None, str | None], OutputParser] = {}
         while True:
