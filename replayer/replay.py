@@ -256,7 +256,7 @@ class Harness(HarnessBase):
 
     async def __aenter__(self) -> Harness:
         try:
-            app = create_app(self.settings, self.manager, self.tap, self.transport)
+            app = create_app(self.settings, self.manager, self.tap, self.transport, warm=False)
         except ValueError as exc:  # an unknown parser name, a template the tokenizer rejects
             raise ReplayInputError(f"{self.path}: {exc}") from None
         self.adapter = app[ADAPTER_KEY]
