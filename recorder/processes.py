@@ -3,18 +3,40 @@ answers, and stopping it politely (SIGTERM, then SIGKILL)."""
 
 from __future__ import annotations
 
+import random
 import signal
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port for a server about to start, below the kernel's ephemeral range. A port the kernel hands out for
+    bind(0) comes from that range, where every outgoing connection's local port comes from too: in the time the
+    server takes to start, a client elsewhere on the machine may take it (`address already in use`)."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(10_000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # all tried were taken: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32_768  # Linux's default
+    return low if low > 11_000 else 32_768
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> None:

@@ -139,3 +139,17 @@ async def test_a_servers_young_threshold_makes_gen0_passes_rarer(small_threshold
         del keep
     finally:
         collector.stop()
+
+
+def test_free_ports_are_below_the_ephemeral_range_where_clients_take_theirs() -> None:
+    """A port from bind(0) is one an outgoing connection may take before the server binds it; these are not."""
+    import socket
+    from pathlib import Path
+
+    from recorder.processes import free_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(20)]
+    assert all(10_000 <= p < low for p in ports) and len(set(ports)) > 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))  # free when handed out
