@@ -1,19 +1,28 @@
 """The parser helper (`trajectory/adapters/parser_process.py`): parses answered by a forked process give what the
 parsers in process give, on every engine output of the committed corpus; errors come back as the same
 exceptions; a helper that dies is replaced by the parsers in process with no result changed; `tito replay` ends
-its helper, and a long run loads the parsers in process instead. Each check runs in a fresh interpreter (a fork
-of this multi-threaded test process would be unsafe, and this one has loaded the parsers already)."""
+its helper, and a long run loads the parsers in process instead; the helper starts only where a core is likely
+idle. Each check runs in a fresh interpreter (a fork of this multi-threaded test process would be unsafe, and
+this one has loaded the parsers already), with `TITO_PARSER_HELPER=1`: the suite's own load would turn it off.
+"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.process_helpers import ROOT
+from trajectory.adapters import parser_process
+
+FORCED = {**os.environ, parser_process.HELPER_ENV: "1"}
 
 
 def run_fresh(code: str, timeout_s: float = 300.0) -> str:
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                          env=FORCED)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip()
 
@@ -141,7 +150,7 @@ def test_tito_serve_answers_through_the_helper_then_takes_the_parsers_over() -> 
     with tito("fake-engine", "--script", "fake_engine/examples/claude_tool_loop.yaml", "--listen",
               f"127.0.0.1:{engine}", ready=f"http://127.0.0.1:{engine}/health"), \
             tito("serve", "--engine", f"http://127.0.0.1:{engine}", "--listen", f"127.0.0.1:{port}",
-                 ready=f"http://127.0.0.1:{port}/health") as serve:
+                 ready=f"http://127.0.0.1:{port}/health", env={parser_process.HELPER_ENV: "1"}) as serve:
         first = ask("serve-helper-session-1")
         deadline = time.monotonic() + 60
         while children(serve.pid) and time.monotonic() < deadline:
@@ -178,7 +187,7 @@ def test_a_single_pytest_process_replays_through_the_helper(tmp_path) -> None:
         "    loaded = 'sglang.srt.function_call.function_call_parser' in sys.modules\n"
         "    print(f'\\nhelper {helper is not None} parsers-here {loaded}', file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=FORCED)
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
     assert "helper True parsers-here False" in done.stderr
 
@@ -203,3 +212,14 @@ parser_process.stop()
 print("ok")
 """)
     assert out == "ok"
+
+
+@pytest.mark.parametrize(("forced", "cpus", "load", "wanted"), [
+    ("", 2, 0.3, True), ("", 2, 1.4, True), ("", 2, 1.6, False), ("", 2, 3.9, False), ("", 1, 0.0, False),
+    ("", 16, 14.0, True), ("1", 2, 3.9, True), ("0", 16, 0.0, False)])
+def test_the_helper_starts_only_where_a_core_is_likely_idle(monkeypatch: pytest.MonkeyPatch, forced: str,
+                                                            cpus: int, load: float, wanted: bool) -> None:
+    monkeypatch.setenv(parser_process.HELPER_ENV, forced)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert parser_process.wanted() is wanted

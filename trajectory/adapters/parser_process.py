@@ -21,6 +21,7 @@ import threading
 from typing import IO, Any
 
 _ACTIVE: ParserProcess | None = None
+HELPER_ENV = "TITO_PARSER_HELPER"
 # Up to this many parses, a run keeps the helper; beyond, the ~0.4 ms each costs over the pipe outweighs the
 # half second the parsers take to load in process (`settle`).
 SHORT_RUN_PARSES = 1000
@@ -66,10 +67,10 @@ class ParserProcess:
 
 def start() -> ParserProcess | None:
     """Fork the helper and make it the one parses go to until `stop()` or `load_here()`; call before the
-    tokenizer is loaded. None where it would not help or not be safe: no fork, the parsers already loaded, or
-    other threads running (a fork copies only this one)."""
+    tokenizer is loaded. None where it would not help or not be safe: no core likely idle (`wanted`), no fork,
+    the parsers already loaded, or other threads running (a fork copies only this one)."""
     global _ACTIVE, _PLANNED
-    if _ACTIVE is not None or not hasattr(os, "fork") or threading.active_count() > 1 \
+    if _ACTIVE is not None or not wanted() or not hasattr(os, "fork") or threading.active_count() > 1 \
             or "sglang.srt.function_call.function_call_parser" in sys.modules:
         return _ACTIVE
     asks, answers = os.pipe(), os.pipe()  # (read, write) each
@@ -84,6 +85,25 @@ def start() -> ParserProcess | None:
     os.close(answers[1])
     _ACTIVE, _PLANNED = ParserProcess(Channel(answers[0], asks[1]), pid), 0
     return _ACTIVE
+
+
+def wanted() -> bool:
+    """Whether a helper would overlap anything: another core is likely idle (the load average leaves one
+    free). On busy cores, CI running many short tito commands at once say, it would only add its work to
+    theirs, and a command that ends before it parses (an unusable input, `--help`) would waste it.
+    `TITO_PARSER_HELPER=1` always starts one, `=0` never."""
+    forced = os.environ.get(HELPER_ENV, "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return cpus >= 2 and load < cpus - 0.5
 
 
 def active() -> ParserProcess | None:
