@@ -43,6 +43,7 @@ sessions:
       - {reasoning: I look., text: Looking., tool_calls: [{name: shell, arguments: {command: ls pears}}]}
       - {reasoning: Two files., text: There are two pears.}
 client:
+  concurrency: 1
   sessions:
     - {id: double-apples-0001, wire: chat, stream: true, system: You count fruit., tools: [Bash],
        results: {Bash: "a1\\na2\\na3"}, steps: [{prompt: "How many are the apples?"}, {finish: 1.0}]}
@@ -139,8 +140,10 @@ def test_a_gateway_tito_did_not_start_is_recorded_and_replayed_over_http(engine:
 
 
 def test_a_gateway_with_no_routing_key_gets_its_calls_attributed_by_prompt(tmp_path: Path) -> None:
-    """Two concurrent sessions, no routing key (`--routing-header none`): each /generate goes to the session
-    whose prompt it continues, or the oldest request in flight; each session's engine calls are its own."""
+    """Two sessions, no routing key (`--routing-header none`): each /generate goes to the session whose prompt it
+    continues, or (a first turn) to the oldest request in flight; each session's engine calls are its own. One
+    session at a time: concurrent first turns are told apart only by the order the gateway forwards them, which
+    a loaded machine may swap (docs/recording.md says so; a routing key never depends on it)."""
     scenario = tmp_path / "two.yaml"
     scenario.write_text(TWO_SESSIONS)
     out, listen, port = tmp_path / "nokey.tito", free_port(), free_port()
