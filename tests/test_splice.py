@@ -380,20 +380,27 @@ async def test_an_output_ending_on_another_special_token_is_not_spliced(qwen_tok
                                     "turn=1")
 
 
+async def main_sub_main(stack: Any, http: aiohttp.ClientSession, sid: str, sub_calls: int) -> list[list[int]]:
+    """A main-thread turn, a sub-agent of `sub_calls` tool calls and its answer, then the main thread again, every
+    output drifted; returns the prompts sent to the engine."""
+    drifting(stack, stack.adapter.renderer.tokenizer)
+    call = qwen3_output("", "Delegate.", [("Bash", {"command": "ls"})])
+    stack.double.script += [call] * (sub_calls + 1) + ["Sub done.", "Main done."]
+    main_thread: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
+    sub: list[dict[str, Any]] = [{"role": "user", "content": "explore"}]
+    main_reply = await ask(http, stack.url, sid, main_thread)
+    for _ in range(sub_calls):
+        sub_reply = await ask(http, stack.url, sid, sub, system="You explore.")
+        sub.append(result_for(sub_reply))
+    await ask(http, stack.url, sid, sub, system="You explore.")
+    main_thread.append(result_for(main_reply, "sub done"))
+    await ask(http, stack.url, sid, main_thread)
+    return [r["input_ids"] for r in stack.double.requests]
+
+
 async def test_sub_agents_splice_onto_their_own_chains(qwen_tokenizer) -> None:
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
-        drifting(stack, qwen_tokenizer)
-        call = qwen3_output("", "Delegate.", [("Bash", {"command": "ls"})])
-        stack.double.script += [call, call, "Sub done.", "Main done."]
-        main_thread: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
-        sub: list[dict[str, Any]] = [{"role": "user", "content": "explore"}]
-        main_reply = await ask(http, stack.url, "a", main_thread)
-        sub_reply = await ask(http, stack.url, "a", sub, system="You explore.")
-        sub.append(result_for(sub_reply))
-        await ask(http, stack.url, "a", sub, system="You explore.")
-        main_thread.append(result_for(main_reply, "sub done"))
-        await ask(http, stack.url, "a", main_thread)
-    p = [r["input_ids"] for r in stack.double.requests]
+        p = await main_sub_main(stack, http, "a", 1)
     stats = stack.manager.stats("a")
     assert (stats.samples, stats.realigns, sum(stats.forks.values()), coverage(stats)) == (2, 0, 0, "1.0")
     assert p[2][:len(p[1])] == p[1] and p[3][:len(p[0])] == p[0]  # each continues its own chain's ids
@@ -433,19 +440,7 @@ async def test_a_long_sub_agent_leaves_the_main_thread_spliced(qwen_tokenizer) -
     """Ten sub-agent turns between two main-thread turns: more than the memory holds, but the main thread's tip
     is kept before the sub-agent's superseded turns, so it resumes spliced; every emitted token trained once."""
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
-        drifting(stack, qwen_tokenizer)
-        call = qwen3_output("", "Delegate.", [("Bash", {"command": "ls"})])
-        stack.double.script += [call] * 11 + ["Sub done.", "Main done."]
-        main_thread: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
-        sub: list[dict[str, Any]] = [{"role": "user", "content": "explore"}]
-        main_reply = await ask(http, stack.url, "l", main_thread)
-        for _ in range(10):
-            sub_reply = await ask(http, stack.url, "l", sub, system="You explore.")
-            sub.append(result_for(sub_reply))
-        await ask(http, stack.url, "l", sub, system="You explore.")
-        main_thread.append(result_for(main_reply, "sub done"))
-        await ask(http, stack.url, "l", main_thread)
-    p = [r["input_ids"] for r in stack.double.requests]
+        p = await main_sub_main(stack, http, "l", 10)
     assert p[-1][:len(p[0])] == p[0] and len(p) == 13
     stats = stack.manager.stats("l")
     assert (stats.samples, stats.realigns, sum(stats.forks.values()), coverage(stats)) == (2, 0, 0, "1.0")
