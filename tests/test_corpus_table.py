@@ -112,3 +112,15 @@ def test_first_sentence_skips_code_and_ellipses() -> None:
     assert ct.first_sentence("It waits... then goes. Next.") == "It waits... then goes."
     assert ct.first_sentence("Claude Code 2.1.330 runs. Next.") == "Claude Code 2.1.330 runs."
     assert ct.first_sentence("no end") == "no end"
+
+
+def test_the_coverage_column_is_the_lowest_session_s() -> None:
+    """A loss in one session of ten is not averaged away, and a token trained twice shows in any session."""
+    def figure(*sessions: tuple[int, int]) -> str:
+        return ct.Figures("c", "scripted", "-", trained=sum(t for t, _ in sessions),
+                                    emitted=sum(e for _, e in sessions), per_session=list(sessions)).coverage
+
+    assert figure((10, 10), (10, 10)) == "1.0"
+    assert figure(*[(100, 100)] * 9, (50, 100)) == "0.500"  # averaged over the ten it would read 0.950
+    assert figure((10, 10), (12, 10), (5, 10)) == "1.200 (trained more than emitted)"
+    assert figure((0, 0)) == "-"
