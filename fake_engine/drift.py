@@ -42,6 +42,8 @@ def inject_split(tokenizer: Any, output_ids: list[int]) -> tuple[list[int], int]
 def inject_splits(tokenizer: Any, output_ids: list[int], count: int) -> tuple[list[int], list[int]] | None:
     """Split `count` splittable tokens spread evenly over the output (all of them when there are fewer);
     returns the new ids and, per split, the position of its first piece in them (None: nothing splits)."""
+    if count < 1:
+        return None
     splittable = []
     for pos, tid in enumerate(output_ids):
         if tid >= 151643:  # special and template tokens (<think>, <tool_call>, ...) stay whole
@@ -50,12 +52,11 @@ def inject_splits(tokenizer: Any, output_ids: list[int], count: int) -> tuple[li
         if pair is not None:
             splittable.append((pos, pair))
             if count == 1:
-                break
-    if not splittable or count < 1:
+                break  # the first is the one
+    if not splittable:
         return None
-    n = len(splittable)
-    chosen = splittable if count >= n else [splittable[round(i * (n - 1) / (count - 1))] if count > 1
-                                             else splittable[0] for i in range(count)]
+    n = len(splittable)  # count == 1 stopped at n == 1: below, count >= 2 wherever count < n
+    chosen = splittable if count >= n else [splittable[round(i * (n - 1) / (count - 1))] for i in range(count)]
     ids: list[int] = []
     positions: list[int] = []
     last = 0

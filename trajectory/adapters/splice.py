@@ -24,6 +24,7 @@ that reply is the model's own output, kept as its ids.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,12 +109,11 @@ class SpliceMemory:
             self._let_go.appendleft(_LetGo(gone.index, len(gone.messages), gone.reply, len(gone.prompt_text),
                                            hash(gone.prompt_text)))
 
-    def continued(self, messages: list[dict[str, Any]]) -> list[tuple[PriorTurn, bool]]:
+    def continued(self, messages: list[dict[str, Any]]) -> Iterator[tuple[PriorTurn, bool]]:
         """The held turns whose prompt messages, then an assistant message where their reply was, open
-        `messages`, deepest first; each with whether that message is the reply exactly as sent."""
-        found: list[tuple[PriorTurn, bool]] = []
-        for held in self._held:
-            turn = held.turn
+        `messages`, deepest first (newest first among equals); each with whether that message is the reply exactly
+        as sent. Lazily: a splice usually takes the first, and each check compares a whole history."""
+        for turn in sorted((h.turn for h in self._held), key=lambda t: len(t.messages), reverse=True):
             n = len(turn.messages)
             if n >= len(messages):
                 continue
@@ -123,9 +123,7 @@ class SpliceMemory:
                               or canonical_message(echo) != canonical_message(turn.reply)):
                 continue
             if messages[:n] == turn.messages:
-                found.append((turn, exact))
-        found.sort(key=lambda f: len(f[0].messages), reverse=True)
-        return found
+                yield turn, exact
 
     def let_go(self, messages: list[dict[str, Any]], text: str) -> int | None:
         """The deepest turn no longer held that `messages` (rendered as `text`) continue (None: none)."""
@@ -155,16 +153,10 @@ class Splicer:
         """`text`: the render of `messages` (what the prompt is when splicing is refused)."""
         if self.eos_id is None or not self.eos_text:
             return NONE
-        found = memory.continued(messages)
-        if not found:
-            gone = memory.let_go(messages, text)
-            if gone is None:
-                return NONE
-            return Splice(None, gone, f"turn {gone}'s ids are no longer held (the session holds its last "
-                                      f"{memory.capacity} turns, chain tips first)", gone)
-        deepest = found[0][0].index
+        deepest: int | None = None
         refused = ""
-        for turn, exact in found:  # deepest first: the next is an earlier turn of the same history
+        for turn, exact in memory.continued(messages):  # deepest first: the next is an earlier turn of the history
+            deepest = turn.index if deepest is None else deepest
             why = self._refusal(turn, exact, tools, text)
             if why:
                 refused = refused or why
@@ -175,7 +167,13 @@ class Splicer:
             if refused:  # the rest, from the refused turn on, is the render
                 refused = f"{refused}; spliced onto turn {turn.index}, rendered after it"
             return Splice(untrack(turn.prompt_ids + body + [self.eos_id] + tail), turn.index, refused, deepest)
-        return Splice(None, deepest, refused, deepest)
+        if deepest is not None:
+            return Splice(None, deepest, refused, deepest)
+        gone = memory.let_go(messages, text)
+        if gone is None:
+            return NONE
+        return Splice(None, gone, f"turn {gone}'s ids are no longer held (the session holds its last "
+                                  f"{memory.capacity} turns, chain tips first)", gone)
 
     def _refusal(self, turn: PriorTurn, exact: bool, tools: list[dict[str, Any]] | None, text: str) -> str:
         """Why splicing onto `turn` is not safe; "" when it is."""
