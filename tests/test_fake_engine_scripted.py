@@ -125,6 +125,26 @@ def test_drift_split_decodes_the_same_but_reencodes_differently():
     assert tok.encode(text, add_special_tokens=False) != drifted[:-1]
 
 
+def test_several_splits_spread_from_the_first_splittable_token_to_the_last():
+    from fake_engine.drift import inject_splits, split_token
+
+    tok = tokenizer()
+    text = ('<think>\nI list the files.\n</think>\n\nLooking.\n<tool_call>\n{"name": "Bash", "arguments": '
+            '{"command": "ls -la src"}}\n</tool_call>')
+    ids = tok.encode(text, add_special_tokens=False) + [151645]
+    splittable = [p for p, t in enumerate(ids) if t < 151643 and split_token(tok, t) is not None]
+    drifted, positions = inject_splits(tok, ids, 4)
+    assert len(drifted) == len(ids) + 4 and tok.decode(drifted) == tok.decode(ids) and drifted[-1] == 151645
+    originals = [p - k for k, p in enumerate(positions)]  # each split shifts the later ones by one
+    assert originals[0] == splittable[0] and originals[-1] == splittable[-1] and len(set(originals)) == 4
+    assert all(tok.decode(drifted[p:p + 2]) == tok.decode([ids[o]]) for p, o in zip(positions, originals, strict=True))
+    assert any('"' in tok.decode([ids[o]]) for o in originals)  # some land inside the tool call's JSON
+    every, _ = inject_splits(tok, ids, 1000)
+    assert len(every) == len(ids) + len(splittable)  # more than there are: each splittable token once
+    assert inject_splits(tok, ids, 1) == (inject_split(tok, ids)[0], [inject_split(tok, ids)[1]])
+    assert inject_splits(tok, ids, 0) is None and inject_splits(tok, [151645], 3) is None
+
+
 async def test_drift_fault_over_http():
     scenario = {"turns": [{"text": "Let me list the files.", "faults": {"drift": True}}]}
     async with serve(scenario) as (url, s, _):
