@@ -23,7 +23,9 @@ test: install
 	$(BIN)/ruff check .
 	# -rs: every skipped test with its reason (a CLI or browser not installed) in the summary. -n 4 on two
 	# cores: many tests wait on servers, agent CLIs and subprocesses (benchmarks/README.md: the suite's time).
-	$(BIN)/python -m pytest -q -rs -n 4
+	# PYTHONDONTWRITEBYTECODE emptied: the suite starts ~200 Python processes (tito subcommands, servers, pytest runs),
+	# each compiling tito's modules and pytest rewriting them again wherever no bytecode cache may be written.
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs -n 4
 
 lint: install
 	$(BIN)/ruff check .

@@ -7,8 +7,6 @@ import json
 from typing import Any
 
 import aiohttp
-import anthropic
-import openai
 import pytest
 
 from tests.adapter_double import logprob, qwen3_output
@@ -27,6 +25,7 @@ def body(stream: bool = True, **extra: Any) -> dict[str, Any]:
 
 
 async def test_anthropic_sdk_stream_parallel_calls_and_token_faithful_samples(qwen_tokenizer: Any) -> None:
+    import anthropic  # here, not at the top: the SDK's import is a second of every worker's collection
     async with running_stack(qwen_tokenizer) as stack:
         stack.double.script += [TWO_CALLS, qwen3_output("All done.", "Finished.")]
         client = anthropic.AsyncAnthropic(base_url=stack.url, api_key="sess-a", max_retries=0)
@@ -66,6 +65,7 @@ async def test_anthropic_sdk_stream_parallel_calls_and_token_faithful_samples(qw
 
 
 async def test_openai_chat_sdk_stream_and_compact_argument_echo(qwen_tokenizer: Any) -> None:
+    import openai  # here, not at the top: the SDK's import is a second of every worker's collection
     async with running_stack(qwen_tokenizer) as stack:
         stack.double.script += [TWO_CALLS, "done"]
         client = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="sess-c", max_retries=0)
@@ -96,6 +96,7 @@ async def test_openai_chat_sdk_stream_and_compact_argument_echo(qwen_tokenizer: 
 
 
 async def test_responses_sdk_stream_and_reasoning_round_trip(qwen_tokenizer: Any) -> None:
+    import openai  # here, not at the top: the SDK's import is a second of every worker's collection
     async with running_stack(qwen_tokenizer) as stack:
         stack.double.script += [TWO_CALLS, "done"]
         client = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="sess-r", max_retries=0)
@@ -291,6 +292,7 @@ async def test_engine_errors_map_to_client_error_formats(qwen_tokenizer: Any, fa
 async def test_an_overloaded_engine_answers_each_wires_overloaded_status(qwen_tokenizer: Any) -> None:
     """An engine 529 is Anthropic's 529 overloaded_error (what Claude Code retries with its overloaded back-off),
     and 503 on the OpenAI and Gemini wires (what their clients retry), never a plain 502."""
+    import anthropic  # here, not at the top: the SDK's import is a second of every worker's collection
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     gemini = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2b import CommandExitException, TimeoutException
 
 from recorder.agents.launchers import AgentTask, ClaudeCodeLauncher
 from recorder.agents.pins import CLAUDE_CODE
@@ -104,6 +103,8 @@ def test_run_quotes_argv_redirects_stdin_and_passes_env_cwd_timeout(sdk: FakeSDK
 
 
 def test_a_non_zero_exit_is_a_result_not_an_exception(sdk: FakeSDKSandbox) -> None:
+    from e2b import CommandExitException  # here: importing e2b is half a second of every worker's collection
+
     box = E2BSandbox(sdk)
     sdk.outcomes = [CommandExitException(stderr="bad", stdout="partial", exit_code=2, error="exit status 2")]
     result = box.run(["false"], {}, timeout_s=5)
@@ -111,6 +112,8 @@ def test_a_non_zero_exit_is_a_result_not_an_exception(sdk: FakeSDKSandbox) -> No
 
 
 def test_a_sdk_timeout_is_a_timed_out_result(sdk: FakeSDKSandbox) -> None:
+    from e2b import TimeoutException  # here: importing e2b is half a second of every worker's collection
+
     box = E2BSandbox(sdk)
     sdk.outcomes = [TimeoutException("context deadline exceeded")]
     result = box.run(["sleep", "100"], {}, timeout_s=1)
@@ -144,6 +147,8 @@ def test_install_agent_runs_npm_in_the_vm_only_when_missing(sdk: FakeSDKSandbox)
 
 
 def test_a_failed_npm_install_says_why(sdk: FakeSDKSandbox) -> None:
+    from e2b import CommandExitException  # here: importing e2b is half a second of every worker's collection
+
     box = E2BSandbox(sdk)
     sdk.outcomes = [
         FakeResult(1),
