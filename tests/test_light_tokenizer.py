@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, normalizers
 from replayer.reader import read_header
 from replayer.replay import ReplayOptions, replay_cassette
 from trajectory.adapters.app import Adapter
-from trajectory.light_tokenizer import LightTokenizer, UnsupportedTokenizer, check_pipeline
+from trajectory.light_tokenizer import PINNED_PARTS, LightTokenizer, UnsupportedTokenizer, check_pipeline, from_parts
 from trajectory.tokenizer import default_tokenizer_dir, fingerprint, load_tokenizer, load_transformers_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,6 +96,27 @@ def test_tokens_vocabulary_and_decoding_agree_with_transformers(reference: Any) 
     messages = [{"role": "user", "content": "hi"}]
     assert light.apply_chat_template(messages, tokenize=True, return_dict=False, add_generation_prompt=True) == \
         reference.apply_chat_template(messages, tokenize=True, return_dict=False, add_generation_prompt=True)
+
+
+def test_the_pinned_tokenizer_built_from_its_parts_is_its_tokenizer_json_serialized_byte_for_byte(
+        tmp_path: Path) -> None:
+    """The embedded tokenizer loads from vocab.json, merges.txt and its config (0.1 s sooner): only a folder whose
+    fingerprint is pinned does, and what it builds serializes exactly as its tokenizer.json loads."""
+    folder = default_tokenizer_dir()
+    assert {fingerprint()} == PINNED_PARTS
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    built = from_parts(folder, config)
+    assert built.to_str() == Tokenizer.from_file(str(folder / "tokenizer.json")).to_str()
+    assert load_tokenizer()._tokenizer.to_str() == built.to_str()
+    copy = tmp_path / "tok"
+    shutil.copytree(folder, copy)
+    with open(copy / "merges.txt", "a") as merges:  # files no longer the pinned ones: tokenizer.json is read
+        merges.write("\n")
+    assert fingerprint(copy) not in PINNED_PARTS
+    assert load_tokenizer(copy)._tokenizer.to_str() == built.to_str()
+    moved = {**config, "added_tokens_decoder": {"151700": config["added_tokens_decoder"]["151643"]}}
+    with pytest.raises(UnsupportedTokenizer, match="added token 151700"):
+        from_parts(folder, moved)
 
 
 def test_a_pipeline_transformers_builds_otherwise_is_left_to_transformers(tmp_path: Path) -> None:

@@ -22,9 +22,36 @@ texts = st.lists(st.sampled_from(FRAGMENTS), max_size=40).map("".join)
 @given(text=texts)
 def test_line_by_line_equals_the_whole_text(qwen_tokenizer: Any, text: str) -> None:
     backend = qwen_tokenizer._tokenizer
-    cache = LineCache(backend)
+    for cache in (LineCache(backend), LineCache(backend, batch_lines=1)):  # line by line, and new lines in a batch
+        assert cache.encode(text) == backend.encode(text, add_special_tokens=False).ids
+        assert cache.encode(text) == backend.encode(text, add_special_tokens=False).ids  # from the cache this time
+
+
+def test_a_long_new_text_is_encoded_in_one_batch_and_equals_the_whole_text(qwen_tokenizer: Any) -> None:
+    """A tool result of hundreds of lines: its new lines go to the tokenizer in one batch call (spread over the
+    cores); repeated and short lines, and lines already cached, come out in place."""
+    backend = qwen_tokenizer._tokenizer
+    calls: list[int] = []
+
+    class Counting:
+        def encode(self, text: str, add_special_tokens: bool) -> Any:
+            calls.append(1)
+            return backend.encode(text, add_special_tokens=add_special_tokens)
+
+        def encode_batch_fast(self, texts: list[str], add_special_tokens: bool) -> Any:
+            calls.append(len(texts))
+            return backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
+
+    cache = LineCache(Counting())
+    cache.encode("def main():  # seen before\n")
+    calls.clear()
+    body = "".join(f"line {i % 150}: {'ü' * (i % 7)} value = {i * 37}\n" for i in range(300))
+    text = "def main():  # seen before\n" + body + "}\n" + "x\n" * 3 + "tail without a newline"
     assert cache.encode(text) == backend.encode(text, add_special_tokens=False).ids
-    assert cache.encode(text) == backend.encode(text, add_special_tokens=False).ids  # from the cache this time
+    assert calls[0] == 300 + 3 and sum(1 for n in calls if n == 1) <= 1  # one batch, the cached line not in it
+    calls.clear()
+    assert cache.encode(text) == backend.encode(text, add_special_tokens=False).ids
+    assert calls == [1, 1, 1, 1]  # all cached now but the short lines ("}" and "x" three times), encoded one by one
 
 
 def test_sessions_share_lines_and_the_cache_stays_bounded(qwen_tokenizer: Any) -> None:

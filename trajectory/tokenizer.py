@@ -38,10 +38,10 @@ def resolve_dir(path: str | os.PathLike[str] | None) -> Path:
 
 @lru_cache(maxsize=8)
 def _load(folder: str) -> Any:
-    from trajectory.light_tokenizer import LightTokenizer, UnsupportedTokenizer
+    from trajectory.light_tokenizer import PINNED_PARTS, LightTokenizer, UnsupportedTokenizer
 
     try:
-        return LightTokenizer(folder)
+        return LightTokenizer(folder, pinned=fingerprint(folder) in PINNED_PARTS)
     except UnsupportedTokenizer:
         return _load_transformers(folder)
 

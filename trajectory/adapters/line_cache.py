@@ -24,26 +24,46 @@ from typing import Any
 _CUT = re.compile(r"\n(?=[!-~])")
 MIN_CACHED_CHARS = 16  # shorter lines are cheap to encode and too many to keep
 MAX_CACHED_TOKENS = 4_000_000  # ~16 MB of packed ids
+BATCH_LINES = 64  # new lines in one text from which they are encoded in one batch call
 
 
 class LineCache:
     """Encodes text as its lines' ids, each line encoded once per process while it stays in the cache."""
 
-    def __init__(self, backend: Any, max_tokens: int = MAX_CACHED_TOKENS) -> None:
+    def __init__(self, backend: Any, max_tokens: int = MAX_CACHED_TOKENS, batch_lines: int = BATCH_LINES) -> None:
         self.backend = backend  # the Rust tokenizer
         self.max_tokens = max_tokens
+        self.batch_lines = batch_lines
         self._lines: OrderedDict[str, array] = OrderedDict()
         self._tokens = 0
         self.hits = self.misses = 0
 
     def encode(self, text: str) -> list[int]:
-        out = array("I")
-        start = 0
+        lines, start = [], 0
         for cut in _CUT.finditer(text):
-            out.extend(self._line(text[start:cut.end()]))
+            lines.append(text[start:cut.end()])
             start = cut.end()
-        out.extend(self._line(text[start:]))
+        lines.append(text[start:])
+        fresh = self._encode_new(lines) if len(lines) >= self.batch_lines else {}
+        out = array("I")
+        for line in lines:
+            ids = fresh.get(line)
+            out.extend(self._line(line) if ids is None else ids)
         return out.tolist()
+
+    def _encode_new(self, lines: list[str]) -> dict[str, array]:
+        """Many lines not seen before (a long tool result) in one call: the Rust tokenizer spreads them over the
+        cores (a 109k-token session's replay encodes in half the time on two)."""
+        new = [line for line in dict.fromkeys(lines) if line not in self._lines]
+        if len(new) < self.batch_lines:
+            return {}
+        encodings = self.backend.encode_batch_fast(new, add_special_tokens=False)  # ids alone: no offsets kept
+        fresh = {line: array("I", encoding.ids) for line, encoding in zip(new, encodings, strict=True)}
+        self.misses += len(fresh)
+        for line, ids in fresh.items():
+            if len(line) >= MIN_CACHED_CHARS:
+                self._keep(line, ids)
+        return fresh
 
     def _line(self, line: str) -> array:
         ids = self._lines.get(line)
@@ -53,13 +73,18 @@ class LineCache:
             return ids
         ids = array("I", self.backend.encode(line, add_special_tokens=False).ids)
         self.misses += 1
-        if len(line) >= MIN_CACHED_CHARS and len(ids) < self.max_tokens:
-            self._lines[line] = ids
-            self._tokens += len(ids)
-            while self._tokens > self.max_tokens:
-                _, dropped = self._lines.popitem(last=False)
-                self._tokens -= len(dropped)
+        if len(line) >= MIN_CACHED_CHARS:
+            self._keep(line, ids)
         return ids
+
+    def _keep(self, line: str, ids: array) -> None:
+        if len(ids) >= self.max_tokens:
+            return
+        self._lines[line] = ids
+        self._tokens += len(ids)
+        while self._tokens > self.max_tokens:
+            _, dropped = self._lines.popitem(last=False)
+            self._tokens -= len(dropped)
 
 
 _SHARED: weakref.WeakKeyDictionary[Any, LineCache] = weakref.WeakKeyDictionary()
