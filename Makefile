@@ -24,7 +24,9 @@ test: install
 	# -rs: every skipped test with its reason (a CLI or browser not installed) in the summary. -n 4 on two
 	# cores: many tests wait on servers, agent CLIs and subprocesses (benchmarks/README.md: the suite's time).
 	# PYTHONDONTWRITEBYTECODE emptied: the suite starts ~200 Python processes (tito subcommands, servers, pytest runs),
-	# each compiling tito's modules and pytest rewriting them again wherever no bytecode cache may be written.
+	# each compiling tito's modules and pytest rewriting them again wherever no bytecode cache may be written. Compiled
+	# once first, so that a fresh clone's first processes do not all compile the same modules at once.
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 0 tito_cli.py trajectory replayer recorder fake_engine tests
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs -n 4
 
 lint: install

@@ -13,11 +13,12 @@ Then each figure against its baseline, measured in this run, with the host steal
   scaling on this machine's 2 cores;
 - memory against size: the first 512 and 1,024 sessions cut into cassettes of their own (goldens sliced from the
   whole one's) and replayed with `-j 1`: peak memory per cassette size, as a ratio to the smallest;
-- `tito cassette info` and `tito inspect --session` (the cassette's longest session) on the whole cassette,
-  against the same commands on a cassette holding only that session: the ratio says what finding it costs.
+- `tito cassette info` and `tito inspect --session` (the cassette's longest session, and its median one) on the
+  whole cassette, against the same commands on a cassette holding only that session: the ratio says what finding
+  it costs; the floor (Python start and the `tokenizers` load) is printed beside them (`--lookups-only`: these alone).
 Peak memory is the PSS of the process and its workers (shared pages counted once), sampled every 50 ms.
 
-    .venv/bin/python benchmarks/bench_production.py [--sessions 2048] [--generate-only]
+    .venv/bin/python benchmarks/bench_production.py [--sessions 2048] [--generate-only | --lookups-only]
 """
 
 from __future__ import annotations
@@ -204,6 +205,8 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=2048)
     parser.add_argument("--generate-only", action="store_true",
                         help="record the cassette and write its golden into the cache, measure nothing")
+    parser.add_argument("--lookups-only", action="store_true",
+                        help="measure `cassette info` and `inspect --session` alone (no whole-cassette replays)")
     args = parser.parse_args()
     spec = scenario(args.sessions)
     folder = cache_dir(spec)
@@ -216,14 +219,19 @@ def main() -> None:
 
     index = open_cassette(cassette, verify=False).sessions.index
     names = list(index)
-    longest = max(names, key=lambda n: index[n].agent)
+    by_length = sorted(names, key=lambda n: (index[n].agent, n))
+    longest, median = by_length[-1], by_length[len(by_length) // 2]
     exchanges = sum(e.agent for e in index.values())
-    cuts = {n: cut_with_golden(cassette, folder / f"first-{n}.tito", names[:n]) for n in (512, 1024)}
-    alone = cut_with_golden(cassette, folder / "longest-alone.tito", [longest])
     mib = cassette.stat().st_size / 2**20
     print(f"cassette: {len(names)} sessions, {exchanges} agent exchanges, {mib:.0f} MiB ({cassette})")
-
     steal: list[float] = []
+    if not args.lookups_only:
+        replays(cassette, folder, names, exchanges, steal)
+    lookups(cassette, folder, {"longest": longest, "median": median}, index, steal)
+
+
+def replays(cassette: Path, folder: Path, names: list[str], exchanges: int, steal: list[float]) -> None:
+    cuts = {n: cut_with_golden(cassette, folder / f"first-{n}.tito", names[:n]) for n in (512, 1024) if n < len(names)}
     with steal_watch(steal):
         one, one_rss, _ = timed("replay", str(cassette), "-j", "1")
     with steal_watch(steal):
@@ -245,15 +253,33 @@ def main() -> None:
         print(f"  {n:5d} sessions: cassette {size / 2**20:6.0f} MiB ({size / base_size:4.2f}x), peak memory "
               f"{rss / 2**20:4.0f} MiB ({rss / base_rss:4.2f}x); host steal up to {stolen:.1f}%")
 
-    figures = {}
-    for label, args_of in (("info", lambda p: ("cassette", "info", str(p))),
-                           ("inspect --session", lambda p: ("inspect", str(p), "--session", longest))):
+
+def lookups(cassette: Path, folder: Path, chosen: dict[str, str], index: Any, steal: list[float]) -> None:
+    """`cassette info` and `inspect --session` on the whole cassette against the same on a cassette of that session
+    alone (best of 3): what finding it costs. The floor (Python start plus the `tokenizers` load) beside them."""
+    print(f"floor (Python start and the tokenizers load): {floor_s():.2f} s")
+    alone = {kind: cut_with_golden(cassette, folder / f"{kind}-alone.tito", [name]) for kind, name in chosen.items()}
+    runs = [("info", lambda p, _: ("cassette", "info", str(p)), "longest")]
+    runs += [(f"inspect --session ({kind}: {index[name].agent} exchanges)",
+              lambda p, n: ("inspect", str(p), "--session", n), kind) for kind, name in chosen.items()]
+    for label, args_of, kind in runs:
+        name = chosen[kind]
         with steal_watch(steal):
-            big = min(timed(*args_of(cassette))[0] for _ in range(3))
-            small = min(timed(*args_of(alone))[0] for _ in range(3))
-        figures[label] = (big, small, steal[-1])
+            big = min(timed(*args_of(cassette, name))[0] for _ in range(3))
+            small = min(timed(*args_of(alone[kind], name))[0] for _ in range(3))
         print(f"{label}: {big:.2f} s on the whole cassette, {small:.2f} s on its session alone, "
               f"ratio {big / small:.2f}; host steal up to {steal[-1]:.1f}%")
+
+
+def floor_s() -> float:
+    code = ("from tokenizers import Tokenizer; from trajectory.tokenizer import default_tokenizer_dir as d; "
+            "Tokenizer.from_file(str(d() / 'tokenizer.json'))")
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+        best = min(best, time.perf_counter() - started)
+    return best
 
 
 if __name__ == "__main__":
