@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         from trajectory.adapters import parser_process
 
         parser_process.start()  # first, so the parsers load while this process loads everything else
+        from trajectory.tokenizer import prefetch_fingerprint
+
+        prefetch_fingerprint()  # the embedded tokenizer's, which most cassettes name, meanwhile on a thread
     try:
         args = build_parser(argv).parse_args(argv)
         code = _run(args)

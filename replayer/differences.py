@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from recorder.cassette.format import pack_u32, packed_prefix_len
+from recorder.cassette.format import PackedIds, pack_u32, packed_prefix_len
 
 Decode = Callable[[list[int]], str]
 CONTEXT_TOKENS = 12
@@ -58,7 +58,11 @@ def token_divergence(recorded: Sequence[int], replayed: Sequence[int]) -> int | 
     """First index where two id lists differ (a length difference counts); None when equal."""
     if recorded == replayed or list(recorded) == list(replayed):  # the usual case, at C speed (no copy for lists)
         return None
-    return packed_prefix_len(pack_u32(list(recorded)), pack_u32(list(replayed)))
+    return packed_prefix_len(_packed(recorded), _packed(replayed))
+
+
+def _packed(ids: Sequence[int]) -> bytes:
+    return ids.packed if isinstance(ids, PackedIds) else pack_u32(list(ids))
 
 
 LABELS = ("recorded", "replayed")

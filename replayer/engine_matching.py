@@ -13,7 +13,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recorder.cassette.format import EngineRecord, common_prefix_bytes, pack_u32, token_prefix_len, unpack_u32
+from recorder.cassette.format import (
+    EngineRecord,
+    common_prefix_bytes,
+    pack_u32,
+    packed_token_list,
+    token_prefix_len,
+    unpack_u32,
+)
 
 # SGLang 0.5.23 `SamplingParams` defaults; None-valued keys mean "unset".
 SAMPLING_DEFAULTS: dict[str, Any] = {
@@ -104,11 +111,10 @@ class EngineIndex:
     def add(self, record: EngineRecord) -> bool:
         """Index a /generate record with an answer; other engine calls (aborts, health) are not matched."""
         request = record.request
-        if not isinstance(request, dict) or not isinstance(request.get("input_ids"), list):
+        packed = packed_token_list(request.get("input_ids")) if isinstance(request, dict) else None
+        if packed is None or not isinstance(record.response, dict) or record.status != 200:
             return False
-        if not isinstance(record.response, dict) or record.status != 200:
-            return False
-        call = RecordedCall(record.session, record.seq, pack_u32(request["input_ids"]),
+        call = RecordedCall(record.session, record.seq, packed,
                             normalize_sampling(request.get("sampling_params")), record.response, record)
         self.calls.append(call)
         self._by_key.setdefault((call.packed_ids, sampling_key(call.sampling)), []).append(call)

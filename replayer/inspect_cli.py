@@ -10,6 +10,7 @@ session), with one line on stderr, as `tito replay` does.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 EXIT_OK, EXIT_UNUSABLE = 0, 2
@@ -24,6 +25,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Named sessions: automatic collection off. Their replay makes little garbage, and each pass walks the ~300k
+    # objects of the tokenizer and the modules again (a twentieth of the longest session's inspect). A whole
+    # cassette keeps it: its garbage grows with the sessions (5.6 GB instead of 3.6 for 512 of them).
+    paused = bool(args.session) and gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        return _inspect(args)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _inspect(args: argparse.Namespace) -> int:
     from replayer.inspect import render_text
     from replayer.inspect_data import inspect_cassette
     from replayer.replay import ReplayInputError

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from recorder.cassette.format import EngineRecord, Header
-from replayer.plan import PlannedExchange, plan_session
+from recorder.cassette.format import EngineRecord, Header, PackedIds
+from replayer.plan import PlannedExchange, SessionPlan, plan_session
 from replayer.reader import Cassette
 from replayer.results import CassetteResult, FinishResult
 from trajectory.golden import TokenizerNames, TokenNames, span_runs
@@ -114,22 +114,36 @@ def inspect_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | Non
     from replayer.replay import ReplayOptions, load_cassette, replay_loaded, run_sync
 
     cassette, folder = load_cassette(path, tokenizer, verify=False)  # the stored index: read only those sessions
-    result = run_sync(replay_loaded(cassette, str(path), folder, sessions, ReplayOptions(strict=False)))
-    return inspection_of(cassette, result, folder)
+    rows: dict[str, PlanRows] = {}  # taken from each plan the replay makes: a long session is read once
+
+    def keep(plan: SessionPlan) -> None:
+        rows[plan.name] = plan_rows(plan)
+
+    result = run_sync(replay_loaded(cassette, str(path), folder, sessions, ReplayOptions(strict=False, on_plan=keep)))
+    return inspection_of(cassette, result, folder, rows)
 
 
-def inspection_of(cassette: Cassette, result: CassetteResult, folder: str | None) -> Inspection:
-    """The views' facts from a replay already made (not strict) of `cassette`."""
+PlanRows = tuple[list["ExchangeRow"], int]  # a session's exchange rows and its unanswered engine calls
+
+
+def plan_rows(plan: SessionPlan) -> PlanRows:
+    return [exchange_row(e) for e in plan.exchanges], plan.unanswered_engine_calls
+
+
+def inspection_of(cassette: Cassette, result: CassetteResult, folder: str | None,
+                  rows: dict[str, PlanRows] | None = None) -> Inspection:
+    """The views' facts from a replay already made (not strict) of `cassette`; `rows`: the sessions' rows
+    already taken from their plans (the others are read again)."""
     from trajectory.tokenizer import load_tokenizer
 
     views = []
     for session in result.sessions:
-        plan = plan_session(cassette.sessions[session.session])
+        exchanges, unanswered = (rows or {}).get(session.session) or plan_rows(
+            plan_session(cassette.sessions[session.session]))
         found = session.differences + session.accepted
         views.append(SessionView(
-            session.session, [exchange_row(e) for e in plan.exchanges], session.finishes, session.drops,
-            session.skipped, [f"{d.summary}" + (f" ({d.where()})" if d.where() else "") for d in found],
-            plan.unanswered_engine_calls))
+            session.session, exchanges, session.finishes, session.drops, session.skipped,
+            [f"{d.summary}" + (f" ({d.where()})" if d.where() else "") for d in found], unanswered))
     return Inspection(result.path, cassette.header, cassette.truncated, views, TokenizerNames(load_tokenizer(folder)))
 
 
@@ -163,7 +177,8 @@ def _read_generate(row: ExchangeRow, call: EngineRecord) -> None:
     response = call.response if isinstance(call.response, dict) else {}
     meta = response.get("meta_info") or {}
     prompt_tokens = meta.get("prompt_tokens")
-    row.prompt_tokens = len(ids) if isinstance(ids, list) else prompt_tokens if type(prompt_tokens) is int else None
+    counted = isinstance(ids, list | PackedIds)
+    row.prompt_tokens = len(ids) if counted else prompt_tokens if type(prompt_tokens) is int else None
     if call.status != 200:
         row.finish = f"engine {call.status}"
         return

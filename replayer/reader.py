@@ -188,9 +188,10 @@ class CassetteReader:
         if index is not None and sorted(o for e in index.values() for o in e.frames) != starts:
             raise CorruptCassetteError("corrupt cassette: its index does not match its records")
 
-    def read_session(self, entry: SessionIndex) -> SessionLog:
-        """One session's records, read at its frames' offsets (deltas never cross sessions)."""
-        codec = SessionCodec(self.budget)
+    def read_session(self, entry: SessionIndex, packed_prompts: bool = False) -> SessionLog:
+        """One session's records, read at its frames' offsets (deltas never cross sessions). `packed_prompts`:
+        /generate input_ids as `PackedIds`."""
+        codec = SessionCodec(self.budget, packed_prompts)
         log = SessionLog(entry.session)
         for offset in entry.frames:
             self._file.seek(offset)
@@ -271,14 +272,16 @@ class Cassette:
 class StoredSessions(Mapping[str, SessionLog]):
     """A cassette's sessions by name, each read from the file when it is looked up (never kept)."""
 
-    def __init__(self, path: str | os.PathLike[str], index: dict[str, SessionIndex]) -> None:
+    def __init__(self, path: str | os.PathLike[str], index: dict[str, SessionIndex],
+                 packed_prompts: bool = False) -> None:
         self.path = path
         self.index = index
+        self.packed_prompts = packed_prompts
 
     def __getitem__(self, name: str) -> SessionLog:
         entry = self.index[name]
         with CassetteReader(self.path) as reader:
-            return reader.read_session(entry)
+            return reader.read_session(entry, self.packed_prompts)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.index)
@@ -295,18 +298,19 @@ def exchange_count(cassette: Cassette, name: str) -> int:
     return len(sessions[name].agent)
 
 
-def open_cassette(path: str | os.PathLike[str], verify: bool = True) -> Cassette:
+def open_cassette(path: str | os.PathLike[str], verify: bool = True, packed_prompts: bool = False) -> Cassette:
     """The header and the session index now, each session's records when it is looked up. `verify`: check every
     frame's checksum first, so that a damaged file is refused before anything is replayed (a cassette without a
     stored index is scanned, which checks them anyway); otherwise the stored index is trusted and only the
-    frames read are checked (`tito inspect --session`)."""
+    frames read are checked (`tito inspect --session`). `packed_prompts`: /generate input_ids read as
+    `PackedIds`, for a reader that only counts, compares and slices them (replay)."""
     with CassetteReader(path) as reader:
         index = reader.stored_index()
         if index is None:
             index = reader.scan()
         elif verify:
             reader.check_frames(reader._index_end, index)
-        return Cassette(reader.header, StoredSessions(path, index), reader.truncated)
+        return Cassette(reader.header, StoredSessions(path, index, packed_prompts), reader.truncated)
 
 
 def read_cassette(path: str | os.PathLike[str], tokenizer_fingerprint: str | None = None) -> Cassette:

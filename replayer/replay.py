@@ -66,6 +66,8 @@ class ReplayOptions:
     on_exchange: Callable[[], None] | None = None  # progress: called once per replayed agent exchange
     target: str | None = None  # the system to replay through (`--target`); None: the one the header names
     engine_listen: str | None = None  # HOST:PORT of the engine leg, for a foreign target (an http:// one needs it)
+    on_plan: Callable[[SessionPlan], None] | None = None  # each session's plan as its replay starts (inspect reads
+    # its rows there, so a session is read from the file once)
 
 
 @dataclass
@@ -93,9 +95,10 @@ class CapturingManager(TrajectoryManager):
 def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None,
                   verify: bool = True) -> tuple[Cassette, str | None]:
     """The cassette (its sessions read from the file as they are replayed) and the tokenizer folder to replay it
-    with; `ReplayInputError` when it cannot be. `verify`: every frame checked first (`open_cassette`)."""
+    with; `ReplayInputError` when it cannot be. `verify`: every frame checked first (`open_cassette`). Recorded
+    prompts are read packed: replay counts, compares and slices them, and a long session's are most of its reading."""
     try:
-        cassette = open_cassette(path, verify)
+        cassette = open_cassette(path, verify, packed_prompts=True)
     except FileNotFoundError:
         raise ReplayInputError(f"{path}: no such cassette") from None
     except (CassetteError, OSError) as exc:
@@ -627,6 +630,8 @@ async def replay_each(cassette: Cassette, path: str, tokenizer: str | None, name
             name = next(waiting, None)
             if name is not None:
                 plan = plan_session(read_session(cassette, path, name))
+                if options.on_plan is not None:
+                    options.on_plan(plan)
                 running.append(asyncio.ensure_future(harness.replay_session(plan)))
 
         for _ in range(max(1, options.jobs)):

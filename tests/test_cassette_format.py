@@ -19,6 +19,7 @@ from recorder.cassette.format import (
     DropRecord,
     EngineRecord,
     Header,
+    PackedIds,
     SamplesRecord,
     SessionCodec,
     bytes_delta,
@@ -28,6 +29,7 @@ from recorder.cassette.format import (
     mask_rle,
     mask_unrle,
     pack_u32,
+    packed_token_list,
     token_delta,
     unpack_u32,
 )
@@ -103,6 +105,51 @@ def test_engine_records_store_prompts_as_deltas_against_the_previous_context() -
         rec = reader.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
         assert rec.request["input_ids"] == (p1 if seq == 0 else p2)
         assert rec.response["meta_info"]["output_token_logprobs"][0] == [-0.5, rec.response["output_ids"][0], None]
+
+
+@given(token_lists, st.integers(-250, 250), st.integers(-250, 250))
+def test_packed_ids_read_as_the_list_they_stand_for(ids: list[int], start: int, stop: int) -> None:
+    packed = PackedIds(pack_u32(ids))
+    assert len(packed) == len(ids) and list(packed) == ids and packed.tolist() == ids
+    assert packed == ids and ids == packed and packed == PackedIds(pack_u32(ids))
+    assert packed != [*ids, 0] and packed != ids[:-1] + [ids[-1] ^ 1] if ids else packed != [0]
+    assert packed[start:stop] == ids[start:stop] and packed[::2] == ids[::2]
+    for i in (start, stop):
+        if -len(ids) <= i < len(ids):
+            assert packed[i] == ids[i]
+        else:
+            with pytest.raises(IndexError):
+                packed[i]
+    assert packed_token_list(packed) == pack_u32(ids)  # written back as it was read
+    assert packed != [-1] * len(ids) or not ids  # a list that is no uint32 array is never equal
+
+
+def test_packed_ids_are_unhashable_shown_short_and_refuse_a_cut_array() -> None:
+    packed = PackedIds(pack_u32(list(range(100_000))))
+    assert repr(packed) == "PackedIds(100000 ids)"
+    with pytest.raises(TypeError):
+        hash(packed)
+    with pytest.raises(CorruptCassetteError, match="not a multiple of 4"):
+        PackedIds(b"\x01\x00\x00")
+
+
+def test_a_reader_asking_for_packed_prompts_gets_the_same_records_with_prompts_packed() -> None:
+    writer, lists, packed = SessionCodec(), SessionCodec(), SessionCodec(packed_prompts=True)
+    rng = random.Random(1)
+    p1 = [rng.randrange(151000) for _ in range(3000)]
+    p2 = p1 + [7, 8, 151645, 42]
+    for seq, prompt in enumerate([p1, p2]):
+        rec = EngineRecord("s", seq, "POST", "/generate", {"rid": f"r{seq}", "input_ids": prompt}, 200,
+                           {"output_ids": [7, 8, 151645], "meta_info": {}})
+        frame = encode_frame(writer.encode(rec))
+        length, flags, crc = decode_frame_header(frame[: FRAME_HEADER.size], 0)
+        as_list = lists.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
+        as_packed = packed.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
+        assert type(as_list.request["input_ids"]) is list and type(as_packed.request["input_ids"]) is PackedIds
+        assert as_packed.request["input_ids"] == as_list.request["input_ids"] == prompt
+        assert as_packed.response == as_list.response and as_packed.seq == as_list.seq
+        # Written again, a record read packed gives the bytes it was read from.
+        assert encode_frame(SessionCodec().encode(as_packed)) == encode_frame(SessionCodec().encode(as_list))
 
 
 def test_a_finished_session_s_delta_bases_are_let_go_and_a_later_record_still_decodes() -> None:

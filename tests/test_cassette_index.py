@@ -58,6 +58,23 @@ def test_each_session_read_through_the_index_equals_the_full_read(three_sessions
         {k: (list(v.frames), v.agent, v.engine, v.samples) for k, v in index.items()}
 
 
+def test_replay_reads_recorded_prompts_packed_and_equal_to_the_lists(three_sessions: Path) -> None:
+    from recorder.cassette.format import EngineRecord, PackedIds
+    from replayer.replay import load_cassette
+
+    lists = open_cassette(three_sessions, verify=False)
+    packed, _ = load_cassette(three_sessions, verify=False)
+    prompts = 0
+    for name in lists.sessions:
+        assert packed.sessions[name] == lists.sessions[name]
+        for record in packed.sessions[name].records:
+            if isinstance(record, EngineRecord):
+                assert type(record.request["input_ids"]) is PackedIds
+                prompts += 1
+    assert prompts == 3
+    assert all(type(r.request["input_ids"]) is list for n in lists.sessions for r in lists.sessions[n].engine)
+
+
 def test_a_cassette_without_a_valid_index_is_scanned(three_sessions: Path, tmp_path: Path) -> None:
     data = three_sessions.read_bytes()
     expected = summarize(three_sessions, verify=True).to_dict()

@@ -9,6 +9,7 @@ skipped, with the reason, where either is missing. `.ci/run` installs chromium w
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import re
 import shutil
@@ -25,8 +26,9 @@ import pytest
 
 from recorder.cassette.format import Header
 from replayer.inspect import render_text
-from replayer.inspect_data import Inspection, SessionView, inspect_cassette, place_events
+from replayer.inspect_data import Inspection, SessionView, inspect_cassette, place_events, plan_rows
 from replayer.inspect_html import FOLD_RUN, render_html
+from replayer.plan import plan_session
 from replayer.results import FinishResult
 from tests.process_helpers import ROOT
 from trajectory.events import Event, SessionStats
@@ -110,6 +112,44 @@ def test_session_option_and_unusable_input_exit_2_with_one_line(tmp_path: Path) 
         assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert done.stderr.startswith("tito inspect: ")
     assert "no session 'nope'" in tito_inspect(str(CASSETTES / "client_abort.tito"), "--session", "nope").stderr
+
+
+def test_a_named_session_is_read_once_and_inspected_with_collection_paused(monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`inspect --session`: the session's records are read from the file once (the replay's plan gives the rows)
+    and automatic collection is off meanwhile; the rows, from prompts read packed, are those a plain read of the
+    records gives. A whole cassette keeps collection on (its garbage grows with the sessions)."""
+    from replayer import inspect_data
+    from replayer.reader import StoredSessions, read_cassette
+    from tito_cli import main
+
+    path, name = CASSETTES / "openai_wires.tito", "sid-586b562b0514fe28"
+    reads: list[str] = []
+    read = StoredSessions.__getitem__
+
+    def counted(self: StoredSessions, session: str) -> Any:
+        reads.append(session)
+        return read(self, session)
+
+    collecting: list[bool] = []
+    made: list[Inspection] = []
+    inspect = inspect_data.inspect_cassette
+
+    def watched(*args: Any) -> Inspection:
+        collecting.append(gc.isenabled())
+        made.append(inspect(*args))
+        return made[-1]
+
+    monkeypatch.setattr(StoredSessions, "__getitem__", counted)
+    monkeypatch.setattr(inspect_data, "inspect_cassette", watched)
+    assert main(["inspect", str(path), "--session", name]) == 0
+    assert reads == [name] and collecting == [False] and gc.isenabled()
+    plain = plan_rows(plan_session(read_cassette(path).sessions[name]))
+    assert (made[0].sessions[0].exchanges, made[0].sessions[0].unanswered_engine_calls) == plain
+    assert any(row.prompt_tokens for row in plain[0])
+    assert main(["inspect", str(path)]) == 0
+    assert collecting == [False, True]
+    capsys.readouterr()
 
 
 # --- HTML, without a browser ---------------------------------------------------------------------------------

@@ -5,10 +5,12 @@ whose pipeline is the one transformers builds."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,30 @@ def test_the_default_tokenizer_loads_without_transformers_and_keeps_its_fingerpr
     # the fingerprint every committed cassette pins, unchanged; transformers never imported
     pinned = {read_header(path).tokenizer_fingerprint for path in CASSETTES}
     assert done.stdout.splitlines()[1] == f"{fingerprint()} False" and pinned == {fingerprint()}
+
+
+def test_a_prefetched_fingerprint_is_hashed_once_and_a_missing_folder_is_left_to_the_caller(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from trajectory import tokenizer
+
+    expected = fingerprint()
+    hashed: list[str] = []
+    slow = tokenizer._fingerprint.__wrapped__
+
+    @functools.lru_cache(maxsize=8)
+    def counted(folder: str, stamp: tuple[Any, ...]) -> str:
+        hashed.append(folder)
+        time.sleep(0.2)  # the caller below asks while the thread still hashes
+        return slow(folder, stamp)
+
+    monkeypatch.setattr(tokenizer, "_fingerprint", counted)
+    thread = tokenizer.prefetch_fingerprint()
+    assert fingerprint() == expected and len(hashed) == 1  # it waited for the thread's answer
+    thread.join()
+    tokenizer.prefetch_fingerprint(tmp_path / "none").join()  # no folder: nothing raised or printed
+    assert capsys.readouterr() == ("", "")
+    with pytest.raises(FileNotFoundError):
+        fingerprint(tmp_path / "none")
 
 
 def test_every_committed_prompt_renders_and_encodes_as_with_transformers(

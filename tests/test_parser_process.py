@@ -123,6 +123,28 @@ print("ok")
     assert out.splitlines()[-1] == "ok"
 
 
+def test_inspect_starts_the_helper_before_its_fingerprint_thread() -> None:
+    """The helper is forked only while this process runs one thread: the tokenizer's fingerprint, hashed on a
+    thread meanwhile, must start after it, or every `tito inspect` would load the parsers itself."""
+    out = run_fresh("""
+import contextlib, io, sys
+import tito_cli
+from trajectory import tokenizer
+from trajectory.adapters import parser_process
+
+forked, threads = [], []
+start, prefetch = parser_process.start, tokenizer.prefetch_fingerprint
+parser_process.start = lambda: forked.append(start()) or forked[-1]
+tokenizer.prefetch_fingerprint = lambda *a: threads.append(len(forked)) or prefetch(*a)
+with contextlib.redirect_stdout(io.StringIO()):
+    assert tito_cli.main(["inspect", "cassettes/plain_chat.tito"]) == 0
+assert forked[0] is not None and threads == [1]
+assert "sglang.srt.function_call.function_call_parser" not in sys.modules  # parsed by the helper alone
+print("ok")
+""")
+    assert out.splitlines()[-1] == "ok"
+
+
 def test_tito_serve_answers_through_the_helper_then_takes_the_parsers_over() -> None:
     """The first requests are parsed while the parsers are still loading in the server (by the helper); once
     loaded there, the helper is gone (reaped: no child process left) and replies are parsed the same."""

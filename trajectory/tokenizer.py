@@ -8,15 +8,18 @@ library alone; any other through transformers' `AutoTokenizer`. Both answer the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from trajectory.quiet_imports import quiet_transformers
 
+_HASHING = threading.Lock()
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "chat_template.jinja")
 
 
@@ -71,7 +74,21 @@ def fingerprint(path: str | os.PathLike[str] | None = None) -> str:
     folder = resolve_dir(path).resolve()
     stamp = tuple((f.stat().st_size, f.stat().st_mtime_ns) if f.is_file() else None
                   for f in (folder / name for name in TOKENIZER_FILES))
-    return _fingerprint(str(folder), stamp)
+    with _HASHING:  # one hashing at a time: a caller meeting `prefetch_fingerprint`'s waits for its answer
+        return _fingerprint(str(folder), stamp)
+
+
+def prefetch_fingerprint(path: str | os.PathLike[str] | None = None) -> threading.Thread:
+    """Start hashing the folder's files on a thread: reading and sha256 release the GIL, so the ~40 ms run on
+    another core while a replay imports its modules, and its first `fingerprint()` finds the answer."""
+
+    def run() -> None:
+        with contextlib.suppress(OSError):  # the caller's own `fingerprint()` reports it
+            fingerprint(path)
+
+    thread = threading.Thread(target=run, name="tito-fingerprint", daemon=True)
+    thread.start()
+    return thread
 
 
 @lru_cache(maxsize=8)
