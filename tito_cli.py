@@ -184,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         prefetch_fingerprint()  # the embedded tokenizer's, which most cassettes name, meanwhile on a thread
     try:
         args = build_parser(argv).parse_args(argv)
+        # The process ends once the command returns (below): a command may skip work only a later caller needs.
+        args.exits_at_once = as_program and args.command in EXIT_AT_ONCE
         code = _run(args)
     finally:
         if command is not None and command.parses:
             parser_process.stop()
-    if as_program and args.command in EXIT_AT_ONCE:
+    if args.exits_at_once:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _inspect(args)
     finally:
-        if paused:
+        if paused and not getattr(args, "exits_at_once", False):  # else a pass would walk all made meanwhile
             gc.enable()
 
 

@@ -109,6 +109,8 @@ def _replay(args: argparse.Namespace) -> int:
         return _unusable(f"no session {', '.join(map(repr, missing))} in {', '.join(cassettes)}")
 
     replay_run.preload(works)
+    if getattr(args, "exits_at_once", False):
+        gc.freeze()  # what loading made is no garbage, and outlives the replay: no later pass need walk it
     gc.enable()
     verbosity = -1 if args.quiet else 1 if args.verbose else 0
     style = DiffStyle(color=use_color(sys.stdout), full=args.full_diff)

@@ -27,6 +27,44 @@ def test_version_prints_the_installed_version() -> None:
     assert proc.returncode == 0 and proc.stdout == f"tito {version('tito')}\n" and not proc.stderr
 
 
+EXITING = """
+import gc, os, sys
+import tito_cli
+
+def ending(code):  # what the collector holds when the program exits at once
+    print(code, gc.isenabled(), gc.get_freeze_count() > 0)
+    raise SystemExit(0)
+
+os._exit = ending
+sys.argv = ["tito", *sys.argv[1:]]
+tito_cli.main()
+"""
+
+
+@pytest.mark.parametrize(("args", "state"), [
+    (["inspect", "cassettes/plain_chat.tito", "--session", "sid-7685e4fa5d99cf88"], "0 False False"),
+    (["inspect", "cassettes/plain_chat.tito"], "0 True False"),
+    (["replay", "-q", "cassettes/plain_chat.tito"], "0 True True"),
+])
+def test_a_program_that_exits_at_once_leaves_the_collector_what_its_end_needs(args: list[str], state: str) -> None:
+    """Run as the program, `inspect --session` exits with automatic collection still paused (turning it on
+    would start a pass over everything made), and `tito replay` has frozen what loading made before replaying;
+    called in a process that goes on, neither leaves anything so (`test_inspect`, `test_replay_cli`)."""
+    done = subprocess.run([sys.executable, "-c", EXITING, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == state
+
+
+def test_replay_called_in_process_freezes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    import gc
+
+    frozen = gc.get_freeze_count()
+    assert main(["replay", "-q", str(ROOT / "cassettes" / "plain_chat.tito")]) == 0
+    assert gc.get_freeze_count() == frozen and gc.isenabled()
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("name", list(tito_cli.SUBCOMMANDS))
 def test_every_subcommand_help_says_what_it_does_and_its_exit_codes(name: str, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
