@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from host_steal import steal_watch  # noqa: E402
+from host_steal import parallel_capacity, steal_watch  # noqa: E402
 
 WIRES = ("anthropic", "chat", "responses")
 CONTEXT = 262_144
@@ -273,6 +273,9 @@ def lookups(cassette: Path, folder: Path, chosen: dict[str, str], index: Any, st
             small = min(lookup_s(*args_of(alone[kind], name)) for _ in range(3))
         print(f"{label}: {big:.2f} s on the whole cassette, {small:.2f} s on its session alone, "
               f"ratio {big / small:.2f}; host steal up to {steal[-1]:.1f}%")
+    # inspect runs on both cores (the parser helper, the batch encodes): what the host gives of the second moves it
+    print(f"two processes at once got {parallel_capacity(sys.executable):.2f}x the work of one done (2.00: two whole "
+          "cores)")
 
 
 def lookup_s(*args: str) -> float:
