@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -73,6 +75,20 @@ def test_a_prefetched_fingerprint_is_hashed_once_and_a_missing_folder_is_left_to
     assert capsys.readouterr() == ("", "")
     with pytest.raises(FileNotFoundError):
         fingerprint(tmp_path / "none")
+
+
+def test_a_child_forked_while_the_fingerprint_is_hashed_can_still_hash() -> None:
+    """`tito replay -j` forks its workers; the prefetch thread may hold the hashing lock at that moment."""
+    from trajectory import tokenizer
+
+    with tokenizer._HASHING:  # as the prefetch thread does mid-hash
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(30)  # a child stuck on the lock dies, and the test fails instead of hanging
+            code = 0 if fingerprint() else 1
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_every_committed_prompt_renders_and_encodes_as_with_transformers(

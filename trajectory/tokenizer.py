@@ -78,6 +78,16 @@ def fingerprint(path: str | os.PathLike[str] | None = None) -> str:
         return _fingerprint(str(folder), stamp)
 
 
+def _fresh_lock_after_fork() -> None:
+    """A forked child (`tito replay -j`'s workers) has none of the parent's threads: a lock the prefetch held at the
+    fork would never be released there."""
+    global _HASHING
+    _HASHING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_after_fork)
+
+
 def prefetch_fingerprint(path: str | os.PathLike[str] | None = None) -> threading.Thread:
     """Start hashing the folder's files on a thread: reading and sha256 release the GIL, so the ~40 ms run on
     another core while a replay imports its modules, and its first `fingerprint()` finds the answer."""
