@@ -26,7 +26,7 @@ test: install
 	# PYTHONDONTWRITEBYTECODE emptied: the suite starts ~200 Python processes (tito subcommands, servers, pytest runs),
 	# each compiling tito's modules and pytest rewriting them again wherever no bytecode cache may be written. Compiled
 	# once first, so that a fresh clone's first processes do not all compile the same modules at once.
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 0 tito_cli.py trajectory replayer recorder fake_engine tests
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 0 trajectory cassette fake_engine recorder replayer tito_rl tests
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs -n 4
 
 lint: install
@@ -41,22 +41,22 @@ bench: install
 # Some: make corpus SCENARIOS="tool_loop mixed_concurrent"; at once: JOBS=2 (default).
 JOBS ?= 2
 corpus: install
-	$(BIN)/python -m recorder.corpus --jobs $(JOBS) $(SCENARIOS)
+	$(BIN)/python -m tito_rl.recorder.corpus --jobs $(JOBS) $(SCENARIOS)
 
 cassettes: install
-	$(BIN)/python -m recorder.corpus --scripted --jobs $(JOBS) $(SCENARIOS)
+	$(BIN)/python -m tito_rl.recorder.corpus --scripted --jobs $(JOBS) $(SCENARIOS)
 
-# The README's corpus table and figures, from a replay of every committed cassette (recorder/corpus_table.py).
+# The README's corpus table and figures, from a replay of every committed cassette (replayer/corpus_table.py).
 corpus-table: install
-	$(BIN)/python -m recorder.corpus_table
+	$(BIN)/python -m tito_rl.replayer.corpus_table
 
 # docs/conformance.md: the cassettes recorded around slime replayed through tito's adapter (CI checks this table:
 # tests/test_conformance.py), then the committed corpus replayed through slime (needs TITO_SLIME_PATH, a slime
 # checkout). The findings written above the tables are kept.
 conformance: install
-	$(BIN)/python -m replayer.conformance --target tito cassettes/targets/
+	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/
 	@if [ -z "$$TITO_SLIME_PATH" ]; then echo "make conformance: the slime table needs TITO_SLIME_PATH=/path/to/slime (a checkout of https://github.com/THUDM/slime); not rewritten"; exit 2; fi
-	$(BIN)/python -m replayer.conformance --target slime cassettes/
+	$(BIN)/python -m tito_rl.replayer.conformance --target slime cassettes/
 
 clean:
 	rm -rf $(VENV)

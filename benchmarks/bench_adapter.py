@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import time
 
-from trajectory.adapters import anthropic
-from trajectory.adapters.app import Adapter, AdapterSettings
-from trajectory.manager import TrajectoryManager
+from tito_rl.trajectory.adapters.app import Adapter, AdapterSettings
+from tito_rl.trajectory.adapters.wires import anthropic
+from tito_rl.trajectory.manager import TrajectoryManager
 
 TURNS = 40
 TOOLS = [{"name": "Bash", "description": "Run a shell command.", "input_schema": {
@@ -27,7 +27,7 @@ def tool_output(turn: int) -> str:
 
 def session_requests() -> tuple[list[bytes], list[list[int]]]:
     """Wire bodies of each turn (Claude Code shape) and the engine output ids each turn answers with."""
-    from trajectory.tokenizer import load_tokenizer
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     messages: list[dict] = [{"role": "user", "content": "Refactor the handlers."}]

@@ -82,7 +82,7 @@ def first_parsed_reply(cwd: Path, engine: str) -> float:
     port = free_port()
     body = json.dumps(REQUEST).encode()
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tito_cli", "serve", "--engine", engine, "--listen",
+    proc = subprocess.Popen([sys.executable, "-m", "tito_rl", "serve", "--engine", engine, "--listen",
                              f"127.0.0.1:{port}"], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while proc.poll() is None and time.perf_counter() - started < 180:
@@ -111,10 +111,10 @@ def stage_profile() -> None:
     sys.path.insert(0, str(ROOT))
     from replay_stages import STAGES, stage_timers
 
-    import replayer.replay_run  # noqa: F401 - loaded before the clock starts, as the tokenizer and parsers
-    from tito_cli import main
-    from trajectory.sglang_loader import parsers
-    from trajectory.tokenizer import load_tokenizer
+    import tito_rl.replayer.replay.batch  # noqa: F401 - loaded before the clock starts, as the tokenizer and parsers
+    from tito_rl.main import main
+    from tito_rl.trajectory.adapters.parsing.sglang_loader import parsers
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
     load_tokenizer()
     parsers()
@@ -150,12 +150,12 @@ def main() -> None:
                                                           "corpus now", "corpus now -j 2")}
         port = free_port()
         engine = f"http://127.0.0.1:{port}"
-        fake = subprocess.Popen([py, "-m", "tito_cli", "fake-engine", "--script", SCRIPT, "--port", str(port)],
+        fake = subprocess.Popen([py, "-m", "tito_rl", "fake-engine", "--script", SCRIPT, "--port", str(port)],
                                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_http(engine + "/health")
             for tree in trees.values():  # warm-up: the OS file cache holds both trees and the libraries
-                wall([py, "-m", "tito_cli", "replay", "cassettes/plain_chat.tito"], tree)
+                wall([py, "-m", "tito_rl", "replay", "cassettes/plain_chat.tito"], tree)
                 first_parsed_reply(tree, engine)
             with steal_watch(steal):
                 for _ in range(ROUNDS):
@@ -163,7 +163,7 @@ def main() -> None:
                     times["python"].append(wall([py, "-c", "pass"], ROOT))
                     for name, tree in trees.items():
                         times[f"replay {name}"].append(
-                            wall([py, "-m", "tito_cli", "replay", "cassettes/plain_chat.tito"], tree))
+                            wall([py, "-m", "tito_rl", "replay", "cassettes/plain_chat.tito"], tree))
                         times[f"serve {name}"].append(first_parsed_reply(tree, engine))
         finally:
             fake.send_signal(signal.SIGTERM)
@@ -171,9 +171,9 @@ def main() -> None:
         with steal_watch(steal):
             for _ in range(CORPUS_ROUNDS):
                 for name, tree in trees.items():
-                    times[f"corpus {name}"].append(wall([py, "-m", "tito_cli", "replay", "cassettes/"], tree,
+                    times[f"corpus {name}"].append(wall([py, "-m", "tito_rl", "replay", "cassettes/"], tree,
                                                         sessions))
-                times["corpus now -j 2"].append(wall([py, "-m", "tito_cli", "replay", "-j", "2", "cassettes/"],
+                times["corpus now -j 2"].append(wall([py, "-m", "tito_rl", "replay", "-j", "2", "cassettes/"],
                                                      ROOT))
         with steal_watch(steal):
             stages = json.loads(subprocess.run([py, __file__, "--stages"], cwd=ROOT, capture_output=True, text=True,

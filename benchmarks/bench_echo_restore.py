@@ -19,7 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trajectory.adapters.canonical import EchoMemory, message, tool_call  # noqa: E402
+from tito_rl.trajectory.adapters.canonical import EchoMemory, message, tool_call  # noqa: E402
 
 TURNS = 200
 

@@ -37,9 +37,9 @@ def _serve(kind: str, port: int) -> None:
         app = web.Application(client_max_size=1 << 30)
         app.router.add_post("/generate", echo)
     else:
-        from fake_engine.app import EngineOptions, create_app
-        from fake_engine.demo import demo_policy
-        from trajectory.tokenizer import load_tokenizer
+        from tito_rl.fake_engine.app import EngineOptions, create_app
+        from tito_rl.fake_engine.policies.demo import demo_policy
+        from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
         tok = load_tokenizer()
         app = create_app(demo_policy(tok), EngineOptions(tokenizer=tok))

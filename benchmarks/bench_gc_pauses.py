@@ -1,4 +1,4 @@
-"""Garbage-collector pauses from token lists (see trajectory/untracked.py).
+"""Garbage-collector pauses from token lists (see trajectory/runtime/untracked.py).
 
 64 sessions with a 100k-token prompt each in flight, the load the recording proxy and `tito serve` carry
 with long-context agents. Each prompt is held as the adapter holds it: a TurnRecord (prompt ids, output ids,
@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trajectory.records import TurnRecord  # noqa: E402
+from tito_rl.trajectory.records import TurnRecord  # noqa: E402
 
 SESSIONS = 64
 PROMPT_TOKENS = 100_000

@@ -3,7 +3,7 @@
 Both installs are built in this run, in a temp dir, from the same pip cache:
 - lean: `make install VENV=<tmp>/lean`, what CI and `make demo` do (sglang and xgrammar with --no-deps, and
   only what their parsers import);
-- full: the install before `trajectory/sglang_loader.py`: CPU torch 2.13.0, sglang and xgrammar with
+- full: the install before `trajectory/adapters/parsing/sglang_loader.py`: CPU torch 2.13.0, sglang and xgrammar with
   --no-deps, the old list of sglang's import-time needs (triton among them), then tito. Its tito processes
   load sglang's runtime (`import sglang`) where the parsers are first loaded, as tito did then.
 
@@ -53,11 +53,11 @@ REQUEST = {"model": "tito", "max_tokens": 512, "messages": [{"role": "user", "co
 FULL_IMPORT_NEEDS = ["triton", "numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow",
                      "starlette", "msgspec", "pydantic", "pyzmq", "tqdm", "ipython", "aiohttp", "openai",
                      "partial-json-parser", "regex", "apache-tvm-ffi", "transformers==5.19.0", "tokenizers"]
-START_TITO = "import sys; from tito_cli import main; sys.exit(main())"
+START_TITO = "import sys; from tito_rl.main import main; sys.exit(main())"
 # The full install's tito: sglang/__init__.py (the serving runtime) runs where its parsers are first loaded,
 # as `from sglang.srt... import` did before sglang_loader: after the tokenizer, inside the server's start-up.
 START_TITO_WITH_RUNTIME = """
-import trajectory.sglang_loader as loader
+import tito_rl.trajectory.adapters.parsing.sglang_loader as loader
 bare_package = loader._bare_package
 def with_runtime(name):
     import sglang  # noqa: F401
@@ -231,7 +231,7 @@ def measure(tmp: Path) -> Figures:
               f"{cache_growth:.0f} MiB; host steal up to {steal[-1]:.1f}%, load average {loads[-1]:.2f})", flush=True)
     engine_port = free_port()
     engine = f"http://127.0.0.1:{engine_port}"
-    fake = subprocess.Popen([sys.executable, "-m", "tito_cli", "fake-engine", "--script", SCRIPT,
+    fake = subprocess.Popen([sys.executable, "-m", "tito_rl", "fake-engine", "--script", SCRIPT,
                              "--port", str(engine_port)], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trajectory import linearize as lin  # noqa: E402
-from trajectory import manager as mgr  # noqa: E402
-from trajectory.manager import TrajectoryManager  # noqa: E402
-from trajectory.records import TurnRecord  # noqa: E402
-from trajectory.tree import MessageTree  # noqa: E402
+from tito_rl.trajectory import linearize as lin  # noqa: E402
+from tito_rl.trajectory import manager as mgr  # noqa: E402
+from tito_rl.trajectory.manager import TrajectoryManager  # noqa: E402
+from tito_rl.trajectory.records import TurnRecord  # noqa: E402
+from tito_rl.trajectory.tree import MessageTree  # noqa: E402
 
 TURNS = 200
 TOTAL_PROMPT_TOKENS = 1_000_000

@@ -85,7 +85,7 @@ def cache_dir(spec: dict[str, Any]) -> Path:
 
 
 def tito(*args: str, **kwargs: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "tito_cli", *args], cwd=ROOT, **kwargs)
+    return subprocess.Popen([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, **kwargs)
 
 
 def free_port() -> int:
@@ -132,7 +132,7 @@ def record(folder: Path, spec: dict[str, Any]) -> Path:
             engine.wait()
         partial.rename(cassette)
     if not cassette.with_suffix(".golden").is_file():
-        run = subprocess.run([sys.executable, "-m", "tito_cli", "replay", str(cassette), "-j", "2",
+        run = subprocess.run([sys.executable, "-m", "tito_rl", "replay", str(cassette), "-j", "2",
                               "--update-goldens"], cwd=ROOT, capture_output=True, text=True)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return cassette
@@ -140,8 +140,8 @@ def record(folder: Path, spec: dict[str, Any]) -> Path:
 
 def cut_with_golden(cassette: Path, out: Path, sessions: list[str]) -> Path:
     """The named sessions in a cassette of their own, their golden sections sliced from the whole one's."""
-    from replayer import goldens
-    from replayer.cassette_tools import cut
+    from tito_rl.replayer.cassette_tools.cut_merge import cut
+    from tito_rl.replayer.goldens import files as goldens
 
     if not out.is_file():
         cut(cassette, out, sessions)
@@ -216,7 +216,7 @@ def main() -> None:
         print(cassette)
         return
 
-    from replayer.reader import open_cassette
+    from tito_rl.cassette.reader import open_cassette
 
     index = open_cassette(cassette, verify=False).sessions.index
     names = list(index)
@@ -281,7 +281,7 @@ def lookups(cassette: Path, folder: Path, chosen: dict[str, str], index: Any, st
 def lookup_s(*args: str) -> float:
     from bench_corpus import wall
 
-    return wall([sys.executable, "-m", "tito_cli", *args], ROOT)
+    return wall([sys.executable, "-m", "tito_rl", *args], ROOT)
 
 
 def floor_s() -> float:

@@ -50,10 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from host_steal import steal_watch  # noqa: E402  (benchmarks/, the script's folder)
 
-from recorder.cassette.format import Header  # noqa: E402
-from recorder.cassette.writer import CassetteWriter  # noqa: E402
-from trajectory.adapters.tap import AgentExchange, EngineExchange  # noqa: E402
-from trajectory.tokenizer import fingerprint, load_tokenizer  # noqa: E402
+from tito_rl.cassette.format.records import Header  # noqa: E402
+from tito_rl.cassette.writer import CassetteWriter  # noqa: E402
+from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange  # noqa: E402
+from tito_rl.trajectory.tokens.tokenizer import fingerprint, load_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TURNS = 40
@@ -200,7 +200,7 @@ class Latency:
 @contextmanager
 def _tito(args: list[str], cpus: set[int] | None) -> Iterator[subprocess.Popen[bytes]]:
     """A real `tito` server process (what users run), optionally pinned to `cpus`."""
-    proc = subprocess.Popen([sys.executable, "-m", "tito_cli", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         if cpus:
@@ -388,8 +388,8 @@ def _own_times(latencies: dict[tuple[int, int], float], cassette: Path) -> list[
     Paired request by request, this does not move when the host stalls the engine's core (which the added
     figure, a difference of two p99s, feels on whichever copy's requests the stall caught): it is the proxy's
     own time per request, the extra HTTP hop and the driver's own work on the request included."""
-    from recorder.cassette.redaction import session_digest
-    from replayer.reader import read_cassette
+    from tito_rl.cassette.reader import read_cassette
+    from tito_rl.cassette.redaction import session_digest
 
     sessions = read_cassette(cassette).sessions
     calls = {c: [e for e in sessions[session_digest(f"bench-{c}")].engine if e.path.endswith("/generate")]

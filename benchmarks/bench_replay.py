@@ -28,15 +28,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
 
-from replayer import goldens  # noqa: E402
-from replayer.agent_leg import request_headers, request_target  # noqa: E402
-from replayer.replay import ReplayOptions, adapter_settings, load_cassette, replay_loaded, run_sync  # noqa: E402
 from tests.replay_support import Live, record, tool_loop, tool_loop_scenario  # noqa: E402
-from trajectory.adapters.app import create_app  # noqa: E402
-from trajectory.adapters.engine import EngineAnswer  # noqa: E402
-from trajectory.golden import TokenizerNames  # noqa: E402
-from trajectory.manager import TrajectoryManager  # noqa: E402
-from trajectory.tokenizer import load_tokenizer  # noqa: E402
+from tito_rl.replayer.goldens import files as goldens  # noqa: E402
+from tito_rl.replayer.replay.agent_leg import request_headers, request_target  # noqa: E402
+from tito_rl.replayer.replay.cassette_replay import replay_loaded, run_sync  # noqa: E402
+from tito_rl.replayer.replay.loading import adapter_settings, load_cassette  # noqa: E402
+from tito_rl.replayer.replay.options import ReplayOptions  # noqa: E402
+from tito_rl.trajectory.adapters.app import create_app  # noqa: E402
+from tito_rl.trajectory.adapters.engine.transport import EngineAnswer  # noqa: E402
+from tito_rl.trajectory.golden import TokenizerNames  # noqa: E402
+from tito_rl.trajectory.manager import TrajectoryManager  # noqa: E402
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer  # noqa: E402
 
 TURNS = 40
 CONTEXT = 262_144

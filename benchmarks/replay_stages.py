@@ -23,9 +23,13 @@ STAGES = ("request", "render", "encode", "engine-leg lookup", "parse", "reply", 
 
 def _targets() -> list[tuple[str, Any, str]]:
     """(stage, owner, attribute) of every function a stage's time is measured on."""
-    from replayer import engine_leg, goldens, replay
-    from trajectory.adapters import anthropic, app, gemini, openai_chat, render, responses
-    from trajectory.manager import TrajectoryManager
+    from tito_rl.replayer import replay
+    from tito_rl.replayer.goldens import files as goldens
+    from tito_rl.replayer.replay import engine_leg
+    from tito_rl.trajectory.adapters import app
+    from tito_rl.trajectory.adapters.rendering import render
+    from tito_rl.trajectory.adapters.wires import anthropic, gemini, openai_chat, responses
+    from tito_rl.trajectory.manager import TrajectoryManager
 
     wires = (anthropic, openai_chat, responses, gemini)
     return ([("request", w, "parse_request") for w in wires]

@@ -3,7 +3,7 @@
 `create_app(policy, options)` is the single factory; tests and other modules use it like this:
 
     from aiohttp import web
-    from fake_engine.app import EngineOptions, create_app
+    from tito_rl.fake_engine.app import EngineOptions, create_app
     app = create_app(ScriptedPolicy(scenario, tokenizer), EngineOptions(tokenizer=tokenizer))
     web.run_app(app, host="127.0.0.1", port=30000)
 
@@ -23,11 +23,12 @@ from typing import Any
 
 from aiohttp import web
 
-from fake_engine.drift import inject_splits
-from fake_engine.faults import FaultSchedule, FaultSpec
-from fake_engine.logprobs import logprobs_for, token_logprob
-from fake_engine.policy import GenerateRequest, Generation, Policy, PolicyError
-from fake_engine.responses import (
+from tito_rl.fake_engine.drift import inject_splits
+from tito_rl.fake_engine.faults import FaultSchedule, FaultSpec
+from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
+from tito_rl.fake_engine.policy import GenerateRequest, Generation, Policy, PolicyError
+from tito_rl.fake_engine.sessions import session_key, turn_index
+from tito_rl.fake_engine.sglang.responses import (
     DEFAULT_PROFILE,
     finish_abort,
     finish_length,
@@ -41,8 +42,13 @@ from fake_engine.responses import (
     queued_abort_body,
     server_info,
 )
-from fake_engine.sessions import session_key, turn_index
-from fake_engine.validation import EngineHTTPError, check_context, parse_failure, parse_generate, verify_sampling
+from tito_rl.fake_engine.sglang.validation import (
+    EngineHTTPError,
+    check_context,
+    parse_failure,
+    parse_generate,
+    verify_sampling,
+)
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
 FLUSH_CACHE_TEXT = ("Cache flushed.\nPlease check backend logs for more details. "

@@ -11,9 +11,9 @@ import sys
 
 import msgspec
 
-from fake_engine.faults import ALLOWED_STATUSES, FaultSchedule, FaultSpec
-from fake_engine.responses import DEFAULT_PROFILE, PROFILES
-from fake_engine.scenario_model import ScenarioError, validate
+from tito_rl.fake_engine.faults import ALLOWED_STATUSES, FaultSchedule, FaultSpec
+from tito_rl.fake_engine.scenario_model import ScenarioError, validate
+from tito_rl.fake_engine.sglang.responses import DEFAULT_PROFILE, PROFILES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,27 +64,26 @@ def fault_schedule(args: argparse.Namespace) -> FaultSchedule:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trajectory.server_process import start_up_without_gc
+    from tito_rl.trajectory.runtime.server_process import start_up_without_gc
 
     start_up_without_gc()
     from aiohttp import web
 
-    from fake_engine.app import EngineOptions, create_app
-    from fake_engine.cassette_policy import CassettePolicy
-    from fake_engine.demo import demo_policy
-    from fake_engine.scripted import ScriptedPolicy
-    from recorder.cassette.format import CassetteError
-    from recorder.scenario_file import check_scenario
-    from trajectory.adapters.serve import parse_listen
-    from trajectory.server_process import new_event_loop, prepare_to_serve
-    from trajectory.tokenizer import load_tokenizer
+    from tito_rl.cassette.format.errors import CassetteError
+    from tito_rl.fake_engine.app import EngineOptions, create_app
+    from tito_rl.fake_engine.policies.cassette import CassettePolicy
+    from tito_rl.fake_engine.policies.demo import demo_policy
+    from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, load_scenario
+    from tito_rl.trajectory.adapters.serve import parse_listen
+    from tito_rl.trajectory.runtime.server_process import new_event_loop, prepare_to_serve
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
     if args.listen:
         args.host, args.port = parse_listen(args.listen)
 
-    try:  # the whole file, checked before the tokenizer loads: the same errors as tito record and simulate
+    try:  # the engine's script, checked before the tokenizer loads: the same errors as tito record and simulate
         faults = fault_schedule(args)
-        scenario = check_scenario(args.script).engine if args.script else None
+        scenario = load_scenario(args.script) if args.script else None
     except (OSError, ValueError) as e:
         print(f"tito fake-engine: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ from typing import Literal, get_args
 
 import msgspec
 
-from fake_engine.scenario_model import NonNegFloat, NonNegInt, PosInt, Strict
+from tito_rl.fake_engine.scenario_model import NonNegFloat, NonNegInt, PosInt, Strict
 
 # 529 is not an SGLang status, but agent CLIs treat it as "overloaded, retry": tests need it.
 FaultStatus = Literal[500, 502, 503, 504, 529]

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from fake_engine.faults import FaultSpec
+from tito_rl.fake_engine.faults import FaultSpec
 
 FinishKind = Literal["stop", "length", "abort"]
 

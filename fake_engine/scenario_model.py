@@ -1,7 +1,7 @@
 """The typed model behind every scenario-file section: msgspec Structs that reject unknown keys and wrong
 types, and one-line errors that say where (`turns[3].tool_calls[0].arguments: expected object, got array`).
 
-Each section's Structs live with the code that plays it (the engine's script in `fake_engine/scripted.py`, the
+Each section's Structs live with the code that plays it (the engine's script in `fake_engine/policies/scripted.py`, the
 scripted client's in `recorder/scripted/script.py`, a real CLI's in `recorder/agents/cli_script.py`); the whole
 file, its JSON Schema and `tito scenario` are in `recorder/scenario_file.py`. A rule types cannot say (exactly
 one of several keys, a name that must exist elsewhere) is a `__post_init__` raising ValueError, which msgspec

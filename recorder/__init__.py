@@ -1,2 +1,2 @@
-"""Recording: cassettes (cassette/), taps on both legs (taps/), targets (targets/), agent CLIs (agents/) and
-the scripted client (scripted/)."""
+"""Recording: taps on both legs of a target (`taps/`), the targets themselves (`targets/`), the agent CLIs
+(`agents/`) and the scripted client (`scripted/`), `tito record`, `tito simulate` and the scenario corpus."""

@@ -29,46 +29,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from recorder.targets.base import ROUTING_HEADER, TargetError
-from recorder.targets.registry import TITO, TargetSpec, parse_target
-from trajectory.adapters import serve
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    serve.add_arguments(parser)
-    parser.add_argument("--out", required=True, help="cassette file to create (a folder with --per-session)")
-    parser.add_argument("--per-session", action="store_true", help="one cassette per session, in the --out folder")
-    parser.add_argument("--quiet", action="store_true", help="no live progress line")
-    agents = parser.add_argument_group("agents launched for you")
-    agents.add_argument("--agent", help="claude-code, codex, qwen-code, opencode or gemini-cli (pinned versions), "
-                        "or scripted: the scripted client plays --scenario's client: section; default: the one "
-                        "--scenario's client: names")
-    agents.add_argument("--task", help="the task text given to every agent session (replaces a scenario's runs)")
-    agents.add_argument("--scenario", metavar="FILE",
-                        help="a scenario file (cassettes/scenarios/) whose client: section is a CLI script or the "
-                             "scripted client's; its client.record_args are not applied here: pass them too "
-                             "(tito simulate and make corpus do; a warning names any left out)")
-    agents.add_argument("--sessions", type=int, default=1, help="agent sessions to run (default 1)")
-    agents.add_argument("--concurrency", type=int, default=1, help="agent sessions at once (default 1)")
-    agents.add_argument("--sandbox", choices=("local", "e2b"), default="local")
-    agents.add_argument("--agent-model", default="tito-policy", help="model name the agent asks for")
-    agents.add_argument("--agent-timeout", type=float, default=600.0, help="seconds per agent session")
-    targets = parser.add_argument_group("the system under test (recorder/targets, docs/targets.md)")
-    targets.add_argument("--target", default=TITO,
-                         help="tito (default: tito's adapter app), http://HOST:PORT (a running gateway whose engine "
-                              "URL is --engine-listen), a driver's name (slime, or an entry point of tito.targets) or "
-                              "module:attribute (a driver factory)")
-    targets.add_argument("--engine-listen", metavar="HOST:PORT",
-                         help="where the engine tap listens, the target's engine URL (required with an http:// "
-                              "target; a driver's gateway gets a free loopback port by default)")
-    targets.add_argument("--volatile", action="append", default=[], metavar="PATH",
-                         help="http:// target: a reply field it fills with values no replay can pin (random ids, "
-                              "times), e.g. id or choices[*].message.tool_calls[*].id (repeatable)")
-    targets.add_argument("--routing-header", default=ROUTING_HEADER, metavar="NAME",
-                         help="http:// target: the engine-leg header carrying the session id (default "
-                              "%(default)s; none: it sends none)")
-    agents.add_argument("--reward", type=float, default=0.0,
-                        help="reward given when an agent session finishes (scripted: the script's own finish)")
+from tito_rl.recorder.record_options import add_arguments as add_arguments  # the options of `tito record`
+from tito_rl.recorder.targets.base import TargetError
+from tito_rl.recorder.targets.registry import TITO, TargetSpec, parse_target
+from tito_rl.trajectory.adapters import serve
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -82,7 +46,7 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--out {out}: folder {out.parent} does not exist"
     named = args.agent  # a CLI named here runs every session, even of a mixed scenario
     if args.scenario:
-        from recorder.scenario_file import ScenarioError, check_scenario
+        from tito_rl.recorder.scenario_file import ScenarioError, check_scenario
 
         try:  # the whole file first: the same errors as tito fake-engine --script and tito simulate
             checked = check_scenario(args.scenario)
@@ -95,14 +59,14 @@ def check(args: argparse.Namespace) -> str | None:
     if args.agent == "scripted":
         if not args.scenario:
             return "--agent scripted needs --scenario FILE"
-        from recorder.scripted.script import load_client_script
+        from tito_rl.recorder.scripted.script import load_client_script
 
         try:
             load_client_script(args.scenario)
         except ValueError as exc:
             return str(exc)
     elif args.agent and args.scenario:
-        from recorder.agents.cli_script import load_cli_script
+        from tito_rl.recorder.agents.cli_script import load_cli_script
 
         try:
             args.cli_script = load_cli_script(args.scenario, named, args.task)
@@ -125,8 +89,8 @@ def check(args: argparse.Namespace) -> str | None:
 
 async def serve_until_signal(args: argparse.Namespace) -> int:
 
-    from recorder.cassette.writer_process import RecorderError
-    from recorder.taps.proxy import build_header, fetch_engine_info, open_tap
+    from tito_rl.cassette.writer_process import RecorderError
+    from tito_rl.recorder.taps.proxy import build_header, fetch_engine_info, open_tap
 
     settings = serve.settings_from(args)
     manager = serve.manager_from(args)
@@ -137,11 +101,11 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
               file=sys.stderr)
     agent_info = None
     if args.agent == "scripted":
-        from recorder.scripted.runs import scripted_header
+        from tito_rl.recorder.scripted.runs import scripted_header
 
         agent_info = scripted_header(args.scenario)
     elif args.agent:
-        from recorder.agents.runs import agent_header
+        from tito_rl.recorder.agents.runs import agent_header
 
         agent_info = agent_header(args.agent, getattr(args, "cli_script", None))
     target = None
@@ -176,11 +140,11 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
     rc = 0
     try:
         if args.agent == "scripted":
-            from recorder.scripted.runs import run_scripted_sessions
+            from tito_rl.recorder.scripted.runs import run_scripted_sessions
 
             rc = await run_scripted_sessions(args, url, stop)
         elif args.agent:
-            from recorder.agents.runs import run_agent_sessions
+            from tito_rl.recorder.agents.runs import run_agent_sessions
 
             rc = await run_agent_sessions(args, url, stop)
         else:
@@ -197,8 +161,8 @@ async def _start_tito(args: argparse.Namespace, settings: Any, manager: Any, tap
     """tito's own adapter app with the cassette's tap inside it (exact attribution of every engine call)."""
     from aiohttp import web
 
-    from recorder.taps.proxy import create_recording_app
-    from trajectory.server_process import prepare_to_serve
+    from tito_rl.recorder.taps.proxy import create_recording_app
+    from tito_rl.trajectory.runtime.server_process import prepare_to_serve
 
     host, port = serve.parse_listen(args.listen)
     app = create_recording_app(settings, tap, progress=progress, manager=manager)
@@ -215,14 +179,14 @@ async def _start_tito(args: argparse.Namespace, settings: Any, manager: Any, tap
 async def _start_around(args: argparse.Namespace, settings: Any, target: Any, tap: Any,
                         progress: Any) -> tuple[Callable[[], Awaitable[None]], str]:
     """The taps around a foreign target: agents -> agent tap -> target -> engine tap -> engine."""
-    from recorder.taps.around import TapsAround
-    from recorder.taps.progress import ProgressTap
+    from tito_rl.recorder.taps.around import TapsAround
+    from tito_rl.recorder.taps.progress import ProgressTap
 
     counted = ProgressTap(tap, progress) if progress is not None else tap
     around = TapsAround(counted, target, settings.engine_url)
     listen = serve.parse_listen(args.listen)
     engine_listen = serve.parse_listen(args.engine_listen) if args.engine_listen else ("127.0.0.1", 0)
-    from trajectory.server_process import prepare_to_serve
+    from tito_rl.trajectory.runtime.server_process import prepare_to_serve
 
     try:
         ends = await around.start(listen, engine_listen, prepare=prepare_to_serve)
@@ -244,12 +208,12 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
 def build_target(spec: TargetSpec, args: argparse.Namespace) -> Any:
     """The driver (or running gateway) `--target` names, not started yet."""
     if spec.kind == "http":
-        from recorder.targets.http import HttpTarget
+        from tito_rl.recorder.targets.http import HttpTarget
 
         header = None if (args.routing_header or "").lower() in ("", "none") else args.routing_header
         return HttpTarget(spec.url, tuple(args.volatile), header)
-    from recorder.targets.base import TargetOptions
-    from recorder.targets.registry import create_driver
+    from tito_rl.recorder.targets.base import TargetOptions
+    from tito_rl.recorder.targets.registry import create_driver
 
     options = TargetOptions(args.tokenizer, args.reasoning_parser or None, args.tool_parser or None,
                             args.fork_threshold)
@@ -269,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"tito record: {problem}", file=sys.stderr)
         return 2
-    from trajectory.server_process import new_event_loop, start_up_without_gc
+    from tito_rl.trajectory.runtime.server_process import new_event_loop, start_up_without_gc
 
     start_up_without_gc()
     with asyncio.Runner(loop_factory=new_event_loop) as runner:

@@ -12,11 +12,11 @@ reported, and the others go on. Then the new cassettes' goldens are written by o
 `cassettes/targets/scenarios/` is recorded around the target its `client.record_args` name (`--target slime`)
 into `cassettes/targets/<name>.tito`, and skipped, saying why, where that target's code is not installed.
 
-    python -m recorder.corpus                    # every scenario (make corpus)
-    python -m recorder.corpus --scripted         # the scripted-client ones only (make cassettes)
-    python -m recorder.corpus tool_loop mixed_concurrent
-    python -m recorder.corpus --jobs 1           # one at a time (default: two, one per core here)
-    python -m recorder.corpus --out-dir /tmp/c   # a trial run: cassettes/ untouched
+    python -m tito_rl.recorder.corpus                    # every scenario (make corpus)
+    python -m tito_rl.recorder.corpus --scripted         # the scripted-client ones only (make cassettes)
+    python -m tito_rl.recorder.corpus tool_loop mixed_concurrent
+    python -m tito_rl.recorder.corpus --jobs 1           # one at a time (default: two, one per core here)
+    python -m tito_rl.recorder.corpus --out-dir /tmp/c   # a trial run: cassettes/ untouched
 
 Prints one line per scenario as it finishes; exit 1 when any scenario failed (its reason is printed).
 """
@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from recorder.simulate import SimulateError, simulate, write_goldens
+from tito_rl.recorder.simulate import SimulateError, simulate, write_goldens
 
 ROOT = Path(__file__).resolve().parent.parent
 CASSETTES = ROOT / "cassettes"
@@ -68,7 +68,7 @@ def record(scenario: Path, out_dir: Path = CASSETTES, timeout_s: float = 300.0) 
 
 def client_of(scenario: Path) -> str:
     """`scripted` or the pinned CLI's name; a scenario without a `client:` section is not a corpus scenario."""
-    from recorder.agents.cli_script import client_agent
+    from tito_rl.recorder.agents.cli_script import client_agent
 
     try:
         agent = client_agent(scenario)
@@ -82,9 +82,9 @@ def client_of(scenario: Path) -> str:
 def install_clis(paths: list[Path]) -> dict[str, str]:
     """Every pinned CLI the real-CLI scenarios name, installed once up front (cached: a stat); the scenarios
     that can not run, with why."""
-    from recorder.agents.cli_script import load_cli_script
-    from recorder.agents.install import ensure_installed, is_installed
-    from recorder.agents.pins import pin_for
+    from tito_rl.recorder.agents.cli_script import load_cli_script
+    from tito_rl.recorder.agents.install import ensure_installed, is_installed
+    from tito_rl.recorder.agents.pins import pin_for
 
     needs: dict[str, list[str]] = {}
     broken: dict[str, str] = {}
@@ -128,9 +128,9 @@ def scenario_paths(names: list[str]) -> list[Path]:
 
 def target_missing(scenario: Path) -> str | None:
     """Why the target the scenario is recorded around cannot run here (its code is not installed); None if it can."""
-    from recorder.scenario_file import ScenarioError, check_scenario
-    from recorder.targets.base import TargetError, TargetOptions, TargetUnavailable
-    from recorder.targets.registry import create_driver, parse_target
+    from tito_rl.recorder.scenario_file import ScenarioError, check_scenario
+    from tito_rl.recorder.targets.base import TargetError, TargetOptions, TargetUnavailable
+    from tito_rl.recorder.targets.registry import create_driver, parse_target
 
     try:
         args = list(check_scenario(scenario).record_args)
@@ -194,7 +194,7 @@ def record_all(paths: list[Path], jobs: int, out_dir: Path = CASSETTES,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recorder.corpus", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tito_rl.recorder.corpus", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="scenario names (default: every cassettes/scenarios/*.yaml)")
     parser.add_argument("--scripted", action="store_true", help="only the scripted-client scenarios (no npm)")
     parser.add_argument("--no-goldens", action="store_true", help="record only; leave the goldens alone")
@@ -229,7 +229,7 @@ def _label(path: Path, client: str) -> str:
     """Who plays the scenario, for the progress line: `scripted`, a CLI, or each CLI of a mixed recording."""
     if client == "scripted":
         return client
-    from recorder.agents.cli_script import load_cli_script
+    from tito_rl.recorder.agents.cli_script import load_cli_script
 
     return ", ".join(load_cli_script(path).agents)
 

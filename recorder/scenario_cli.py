@@ -14,25 +14,28 @@ import sys
 EXIT_OK, EXIT_INVALID = 0, 2
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tito_cli import action_parser
+def _check_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="FILE", help="scenario files (YAML or JSON)")
 
-    sub = parser.add_subparsers(dest="scenario_command", required=True, metavar="ACTION")
-    check = action_parser(
-        sub, "check", "check scenario files against their model; exit 2 if any is invalid",
+
+# Each action: summary, description, exit codes (its --help) and its options (tito_rl.commands.Action).
+ACTIONS = {
+    "check": (
+        "check scenario files against their model; exit 2 if any is invalid",
         "Checks each scenario file against its typed model without running it (the engine's script, the "
         "client's, faults, stream cuts): one line per file, ok or what is wrong and where, e.g. "
         "turns[3].tool_calls[0].arguments.",
-        ("0: every file is valid", "2: a file is invalid or cannot be read"))
-    check.add_argument("paths", nargs="+", metavar="FILE", help="scenario files (YAML or JSON)")
-    action_parser(sub, "schema", "print the JSON Schema of a scenario file",
-                  "Prints the JSON Schema of a scenario file, made from the same model check uses, for editors "
-                  "(YAML language servers read `# yaml-language-server: $schema=scenario.schema.json`).",
-                  ("0: printed",))
+        ("0: every file is valid", "2: a file is invalid or cannot be read"), _check_arguments),
+    "schema": (
+        "print the JSON Schema of a scenario file",
+        "Prints the JSON Schema of a scenario file, made from the same model check uses, for editors "
+        "(YAML language servers read `# yaml-language-server: $schema=scenario.schema.json`).",
+        ("0: printed",), lambda parser: None),
+}
 
 
 def run(args: argparse.Namespace) -> int:
-    from recorder.scenario_file import ScenarioError, check_scenario, scenario_schema
+    from tito_rl.recorder.scenario_file import ScenarioError, check_scenario, scenario_schema
 
     if args.scenario_command == "schema":
         print(json.dumps(scenario_schema(), indent=2, sort_keys=True))

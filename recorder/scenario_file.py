@@ -1,9 +1,10 @@
 """A whole scenario file, checked at once: the engine's script, its `client:` section (the scripted client's
 script or a real CLI's) and the `tito record` flags in `client.record_args`.
 
-`tito fake-engine --script`, `tito record --scenario` and `tito simulate` call `check_scenario` before they
-start anything, so one mistake gives the same one line from each: `FILE: path: what is wrong`. `tito scenario
-check FILE...` runs it alone; `tito scenario schema` prints the file's JSON Schema for editors (the same
+`tito record --scenario` and `tito simulate` call `check_scenario` before they start anything, and `tito
+fake-engine --script` checks the engine's side the same way (`fake_engine.policies.scripted.load_scenario`: the
+client's side is not its to play), so one mistake gives the same one line from each: `FILE: path: what is wrong`.
+`tito scenario check FILE...` runs it alone; `tito scenario schema` prints the file's JSON Schema for editors (the same
 Structs, so the schema cannot drift from what the tools accept).
 """
 
@@ -18,10 +19,10 @@ from typing import Any
 
 import msgspec
 
-from fake_engine.scenario_model import ScenarioError, validate
-from fake_engine.scripted import Scenario, parse_scenario, read_scenario_data
-from recorder.agents.cli_script import SCRIPTED, CliClient
-from recorder.scripted.script import ClientScript
+from tito_rl.fake_engine.policies.scripted import Scenario, parse_scenario, read_scenario_data
+from tito_rl.fake_engine.scenario_model import ScenarioError, validate
+from tito_rl.recorder.agents.cli_script import SCRIPTED, CliClient
+from tito_rl.recorder.scripted.script import ClientScript
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def parse_client(data: dict[str, Any] | None) -> ClientScript | CliClient | None
 
 def record_args_problem(record_args: tuple[str, ...]) -> str | None:
     """What is wrong with `client.record_args` as `tito record` flags (unknown, or a bad value), or None."""
-    from recorder.cli import add_arguments
+    from tito_rl.recorder.record_options import add_arguments
 
     parser = argparse.ArgumentParser(prog="tito record", add_help=False, exit_on_error=False)
     add_arguments(parser)

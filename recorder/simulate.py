@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from recorder.processes import free_port, stop, wait_http
+from tito_rl.recorder.processes import free_port, stop, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,14 +42,14 @@ class Simulated:
 
 
 def tito(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tito_cli", *args]
+    return [sys.executable, "-m", "tito_rl", *args]
 
 
 def install_clis(scenario: Path, agent: str | None, task: str | None) -> list[str]:
     """The pinned CLIs the recording will run, installed first (a cached install is a stat)."""
-    from recorder.agents.cli_script import SCRIPTED, client_agent, load_cli_script
-    from recorder.agents.install import ensure_installed, is_installed
-    from recorder.agents.pins import pin_for
+    from tito_rl.recorder.agents.cli_script import SCRIPTED, client_agent, load_cli_script
+    from tito_rl.recorder.agents.install import ensure_installed, is_installed
+    from tito_rl.recorder.agents.pins import pin_for
 
     if agent in (None, SCRIPTED) and client_agent(scenario) == SCRIPTED:
         return []  # the scripted client: nothing to install
@@ -68,7 +68,7 @@ def simulate(scenario: Path, out: Path, agent: str | None = None, task: str | No
         raise SimulateError(f"{out} exists: pass --replace to re-record it")
     if not out.parent.is_dir():
         raise SimulateError(f"folder {out.parent} does not exist")
-    from recorder.scenario_file import ScenarioError, check_scenario
+    from tito_rl.recorder.scenario_file import ScenarioError, check_scenario
 
     try:  # the whole file before anything starts: the same errors as tito record and tito fake-engine
         record_args = check_scenario(scenario).record_args

@@ -11,9 +11,9 @@ for a cassette recorded around another target, so the table is the same whether 
 installed here. `docs/conformance.md` holds the tables between their markers; the findings written above
 them are kept.
 
-    python -m replayer.conformance --target slime cassettes/                # rewrite the slime table
-    python -m replayer.conformance --target tito cassettes/targets/         # cassettes recorded around slime
-    python -m replayer.conformance --target tito cassettes/targets/ --check # exit 1 if the page is out of date
+    python -m tito_rl.replayer.conformance --target slime cassettes/                # rewrite the slime table
+    python -m tito_rl.replayer.conformance --target tito cassettes/targets/         # cassettes recorded around slime
+    python -m tito_rl.replayer.conformance --target tito cassettes/targets/ --check # exit 1 if the page is out of date
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ def side_of(session: Any) -> Side:
 
 def golden_sides(path: str) -> dict[str, Side]:
     """Per session, the recorded target's figures as the cassette's golden pins them (`stats (target ...)`)."""
-    from replayer.goldens import golden_path, parse
-    from trajectory.golden import parse_target_stats
+    from tito_rl.replayer.goldens.files import golden_path, parse
+    from tito_rl.trajectory.golden import parse_target_stats
 
     golden = golden_path(path)
     if not golden.is_file():
@@ -209,15 +209,16 @@ def _client(log: Any, header_agent: dict[str, Any]) -> str:
 
 
 async def _replay(path: str, target: str | None) -> Any:
-    from replayer.replay import ReplayOptions, replay_cassette_async
+    from tito_rl.replayer.replay.cassette_replay import replay_cassette_async
+    from tito_rl.replayer.replay.options import ReplayOptions
 
     return await replay_cassette_async(path, None, ReplayOptions(strict=False, target=target))
 
 
 def compare(path: str, target: str) -> list[SessionReport]:
     """One cassette through `target` (order mode), next to what its recorded target gave, session by session."""
-    from replayer.reader import read_cassette
-    from replayer.replay import ReplayInputError, TargetUnavailableError, recorded_target
+    from tito_rl.cassette.reader import read_cassette
+    from tito_rl.replayer.replay.loading import ReplayInputError, TargetUnavailableError, recorded_target
 
     cassette = read_cassette(path)
     try:
@@ -329,8 +330,8 @@ def summary(reports: list[SessionReport]) -> str:
 
 def block(paths: list[str], target: str) -> tuple[str, str]:
     """(marker name, the markdown between the markers) for these cassettes through `target`."""
-    from replayer.reader import read_header
-    from replayer.replay import recorded_target
+    from tito_rl.cassette.reader import read_header
+    from tito_rl.replayer.replay.loading import recorded_target
 
     cassettes = expand(paths)
     recorded = sorted({recorded_target(read_header(p)) for p in cassettes}) or [TITO]
@@ -369,16 +370,16 @@ def place(page: str, marker: str, text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m replayer.conformance", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tito_rl.replayer.conformance", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", metavar="CASSETTE", help="cassettes, or folders of them")
     parser.add_argument("--target", required=True, help="the target to replay through (slime, tito, ...)")
     parser.add_argument("--page", default=str(PAGE), help="the page to write (default docs/conformance.md)")
     parser.add_argument("--check", action="store_true", help="exit 1 if the page's table is not what a run gives")
     parser.add_argument("--print", action="store_true", help="print the table, leave the page alone")
     args = parser.parse_args(argv)
-    from recorder.targets.base import TargetError
-    from replayer.replay import TargetUnavailableError
-    from trajectory.quiet_imports import quiet_transformers
+    from tito_rl.recorder.targets.base import TargetError
+    from tito_rl.replayer.replay.loading import TargetUnavailableError
+    from tito_rl.trajectory.runtime.quiet_imports import quiet_transformers
 
     quiet_transformers()
     missing = [p for p in args.paths if not Path(p).exists()]
@@ -415,8 +416,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def check_target(target: str) -> None:
     """A target this module can replay through, loadable here: `TargetError` (one line) otherwise, once."""
-    from recorder.targets.base import TargetError, TargetOptions
-    from recorder.targets.registry import create_driver, parse_target
+    from tito_rl.recorder.targets.base import TargetError, TargetOptions
+    from tito_rl.recorder.targets.registry import create_driver, parse_target
 
     spec = parse_target(target)
     if spec.kind == "http":

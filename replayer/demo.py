@@ -18,7 +18,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from replayer.results import CassetteResult, SessionResult
+from tito_rl.replayer.replay.results import CassetteResult, SessionResult
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CASSETTE = ROOT / "cassettes" / "claude_tool_loop.tito"
@@ -26,7 +26,7 @@ EXIT_OK, EXIT_DIFFERENCE, EXIT_UNUSABLE = 0, 1, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from trajectory import demo as synthetic
+    from tito_rl.trajectory import demo as synthetic
 
     parser.add_argument("cassette", nargs="?", default=str(DEFAULT_CASSETTE),
                         help="the cassette to replay (default: the committed Claude Code tool loop)")
@@ -40,15 +40,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.synthetic:
-        from trajectory import demo as synthetic
+        from tito_rl.trajectory import demo as synthetic
 
         return synthetic.run(args)
-    from replayer import goldens
-    from replayer.inspect_data import inspection_of
-    from replayer.inspect_html import render_html
-    from replayer.replay import ReplayInputError, ReplayOptions, load_cassette, replay_loaded, run_sync
-    from trajectory.golden import TokenizerNames
-    from trajectory.tokenizer import load_tokenizer
+    from tito_rl.replayer.goldens import files as goldens
+    from tito_rl.replayer.inspection.gather import inspection_of
+    from tito_rl.replayer.inspection.html_page import render_html
+    from tito_rl.replayer.replay.cassette_replay import replay_loaded, run_sync
+    from tito_rl.replayer.replay.loading import ReplayInputError, load_cassette
+    from tito_rl.replayer.replay.options import ReplayOptions
+    from tito_rl.trajectory.golden import TokenizerNames
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
     path = Path(args.cassette)
     try:
@@ -116,8 +118,8 @@ def report(result: CassetteResult, page: Path) -> str:
 
 
 def session_story(session: SessionResult) -> list[str]:
-    from replayer.inspect_data import sample_line
-    from trajectory.golden import render_tree
+    from tito_rl.replayer.inspection.gather import sample_line
+    from tito_rl.trajectory.golden import render_tree
 
     lines = []
     for n, finish in enumerate(session.finishes, 1):

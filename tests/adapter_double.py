@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from trajectory.sglang_loader import sglang_module
+from tito_rl.trajectory.adapters.parsing.sglang_loader import sglang_module
 
 EOS = 151645
 

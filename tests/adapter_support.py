@@ -12,8 +12,8 @@ from aiohttp.test_utils import TestServer
 
 from tests.adapter_double import EngineDouble, qwen3_output
 from tests.process_helpers import CAPTURES, capture_dir
-from trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
-from trajectory.manager import TrajectoryManager
+from tito_rl.trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
+from tito_rl.trajectory.manager import TrajectoryManager
 
 HTTP_SCENARIOS = ["claude_baseline", "claude_brokenstream", "claude_continue", "claude_parallel",
                   "claude_retry529", "claude_sonnet45", "claude_thinking", "claude_tui2", "codex_baseline",

@@ -33,20 +33,18 @@ from typing import Any
 import msgpack
 
 from benchmarks.host_steal import steal_watch
-from recorder.cassette.format import (
+from tito_rl.cassette.format.errors import CassetteError
+from tito_rl.cassette.format.extensions import (
     EXT_BYTES_DELTA,
     EXT_F64,
     EXT_LOGPROB_COLUMN,
     EXT_MASK_RLE,
     EXT_TOKEN_DELTA,
     EXT_U32,
-    FLAG_ZLIB,
-    FRAME_HEADER,
-    MAGIC,
-    CassetteError,
-    pack_u32,
 )
-from replayer.reader import CassetteReader
+from tito_rl.cassette.format.frames import FLAG_ZLIB, FRAME_HEADER, MAGIC
+from tito_rl.cassette.format.packing import pack_u32
+from tito_rl.cassette.reader import CassetteReader
 
 ROOT = Path(__file__).resolve().parent.parent
 BASES = ("openai_wires", "client_abort", "drift_realign")  # every record type, both wires' shapes, an abort

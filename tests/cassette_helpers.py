@@ -9,9 +9,9 @@ from typing import Any
 
 from aiohttp import web
 
-from recorder.cassette.format import Header
 from tests.process_helpers import capture_dir
-from trajectory.adapters.tap import AgentExchange, EngineExchange
+from tito_rl.cassette.format.records import Header
+from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange
 
 BEARER = "tito-test-bearer-7f3a9c1e5b2d4f60"
 API_KEY = "sk-ant-api03-Zq8XvN2LmK4pR7tY1wE9uI0oP3aS6dF5gH8jK2lL4zX7cV1bN"

@@ -7,6 +7,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
-    from trajectory.tokenizer import load_tokenizer
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
     return load_tokenizer()

@@ -8,9 +8,9 @@ from typing import Any
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
-from fake_engine.app import EngineOptions, create_app
-from fake_engine.scripted import ScriptedPolicy, parse_scenario
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.fake_engine.app import EngineOptions, create_app
+from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, parse_scenario
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 BASH = {"type": "function", "function": {"name": "Bash", "description": "Run a shell command",
         "parameters": {"type": "object", "properties": {"command": {"type": "string"},

@@ -34,9 +34,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from recorder.targets.base import ROUTING_HEADER, TargetInfo, TargetOptions
-from trajectory.records import Sample
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetInfo, TargetOptions
+from tito_rl.trajectory.records import Sample
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 VOLATILE = ("id", "created", "message.id", "content[*].id", "content_block.id",
             "choices[*].message.tool_calls[*].id", "choices[*].delta.tool_calls[*].id")

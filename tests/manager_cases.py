@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trajectory.golden import render_samples
-from trajectory.manager import TrajectoryManager
-from trajectory.synthetic import SyntheticSession, assistant, system, tool, user
+from tito_rl.trajectory.golden import render_samples
+from tito_rl.trajectory.manager import TrajectoryManager
+from tito_rl.trajectory.synthetic import SyntheticSession, assistant, system, tool, user
 
 CASES: dict[str, Callable[[], str]] = {}
 

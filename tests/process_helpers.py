@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from recorder import processes
-from recorder.processes import free_port  # noqa: F401 - the tests' one import for it
+from tito_rl.recorder import processes
+from tito_rl.recorder.processes import free_port  # noqa: F401 - the tests' one import for it
 
 ROOT = Path(__file__).resolve().parent.parent
 # Raw real-CLI requests (copied from the team's shared/captures into the repo, so a bare clone tests them too).
@@ -45,7 +45,7 @@ def proc_output(proc: subprocess.Popen) -> str:
 @contextmanager
 def tito(*args: str, ready: str | None = None, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """Start `tito ARGS...`; wait for `ready` (a URL) to answer; stop it (SIGTERM, then SIGKILL) on exit."""
-    proc = subprocess.Popen([sys.executable, "-m", "tito_cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     try:
         if ready:

@@ -13,18 +13,18 @@ from typing import Any
 
 import aiohttp
 
-from fake_engine.app import EngineOptions
-from fake_engine.app import create_app as create_engine
-from fake_engine.scripted import ScriptedPolicy, parse_scenario
-from recorder.cassette.writer import CassetteWriter
-from recorder.scripted.script import ToolSpec
-from recorder.scripted.wires import AnthropicWire, AssistantReply
-from recorder.taps.proxy import build_header
 from tests.cassette_helpers import serve
-from trajectory.adapters.app import AdapterSettings
-from trajectory.adapters.app import create_app as create_adapter
-from trajectory.manager import TrajectoryManager
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.cassette.writer import CassetteWriter
+from tito_rl.fake_engine.app import EngineOptions
+from tito_rl.fake_engine.app import create_app as create_engine
+from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, parse_scenario
+from tito_rl.recorder.scripted.script import ToolSpec
+from tito_rl.recorder.scripted.wires import AnthropicWire, AssistantReply
+from tito_rl.recorder.taps.proxy import build_header
+from tito_rl.trajectory.adapters.app import AdapterSettings
+from tito_rl.trajectory.adapters.app import create_app as create_adapter
+from tito_rl.trajectory.manager import TrajectoryManager
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 SYSTEM = "You are a coding agent. Use the shell tool to inspect the repository."
 SHELL = ToolSpec("Bash", "Run a shell command", {"type": "object", "properties": {

@@ -7,19 +7,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fake_engine.app import EngineOptions
-from fake_engine.app import create_app as create_engine
-from fake_engine.scripted import ScriptedPolicy, load_scenario, parse_scenario
-from recorder.cassette.format import AgentRecord, EngineRecord
-from recorder.cassette.writer import CassetteWriter
-from recorder.scripted.client import SessionResult, run_script
-from recorder.scripted.script import load_client_script, parse_client_script
-from recorder.taps.proxy import build_header, create_recording_app
-from replayer.reader import Cassette, SessionLog, read_cassette
 from tests.cassette_helpers import serve
-from trajectory.adapters.app import AdapterSettings
-from trajectory.adapters.session import session_digest
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.cassette.format.records import AgentRecord, EngineRecord
+from tito_rl.cassette.reader import Cassette, SessionLog, read_cassette
+from tito_rl.cassette.writer import CassetteWriter
+from tito_rl.fake_engine.app import EngineOptions
+from tito_rl.fake_engine.app import create_app as create_engine
+from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, load_scenario, parse_scenario
+from tito_rl.recorder.scripted.client import SessionResult, run_script
+from tito_rl.recorder.scripted.script import load_client_script, parse_client_script
+from tito_rl.recorder.taps.proxy import build_header, create_recording_app
+from tito_rl.trajectory.adapters.app import AdapterSettings
+from tito_rl.trajectory.adapters.session import session_digest
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "cassettes" / "scenarios"

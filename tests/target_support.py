@@ -9,13 +9,13 @@ from typing import Any
 
 from aiohttp import web
 
-from fake_engine.app import EngineOptions, create_app
-from fake_engine.scripted import ScriptedPolicy, parse_scenario
-from recorder.scripted.script import ClientScript, parse_client_script
-from recorder.targets.base import ROUTING_HEADER, TargetFinish
-from replayer.fixtures import ThreadedServer
-from trajectory.records import Sample
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.fake_engine.app import EngineOptions, create_app
+from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, parse_scenario
+from tito_rl.recorder.scripted.script import ClientScript, parse_client_script
+from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetFinish
+from tito_rl.replayer.pytest_plugin.fixtures import ThreadedServer
+from tito_rl.trajectory.records import Sample
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 TURNS = [
     {"reasoning": "List the files first.", "text": "Let me look at the project.",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from recorder.targets.base import TargetOptions
-from recorder.targets.tito import TitoDriver
+from tito_rl.recorder.targets.base import TargetOptions
+from tito_rl.recorder.targets.tito import TitoDriver
 
 
 class EditedTito(TitoDriver):

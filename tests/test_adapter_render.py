@@ -10,9 +10,9 @@ import pytest
 
 from tests.adapter_double import qwen3_output
 from tests.adapter_support import HTTP_SCENARIOS, load_capture, running_stack
-from trajectory.adapters import anthropic, openai_chat, responses
-from trajectory.adapters.canonical import fold_system_messages, message
-from trajectory.adapters.render import ChatRenderer, IncrementalEncoder
+from tito_rl.trajectory.adapters.canonical import fold_system_messages, message
+from tito_rl.trajectory.adapters.rendering.render import ChatRenderer, IncrementalEncoder
+from tito_rl.trajectory.adapters.wires import anthropic, openai_chat, responses
 
 WIRES = {"/v1/messages": anthropic, "/v1/chat/completions": openai_chat, "/v1/responses": responses}
 

@@ -213,7 +213,7 @@ async def test_title_requests_are_side_requests_by_what_they_ask(qwen_tokenizer:
     """opencode's real title request (no tools, a title-generator system prompt) and one a user's own pattern
     names are answered but never trained; the main turn is."""
     from tests.process_helpers import capture_dir
-    from trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS
+    from tito_rl.trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS
 
     title, main_turn = (json.loads(p.read_bytes()) for p in sorted((capture_dir("opencode") / "bodies").glob("*"))[:2])
     assert not title.get("tools") and main_turn.get("tools")
@@ -236,7 +236,7 @@ async def test_title_requests_are_side_requests_by_what_they_ask(qwen_tokenizer:
 
 
 def test_a_bad_side_pattern_fails_at_start_up_naming_it(qwen_tokenizer: Any) -> None:
-    from trajectory.adapters.app import Adapter, AdapterSettings
+    from tito_rl.trajectory.adapters.app import Adapter, AdapterSettings
 
     with pytest.raises(ValueError, match=r"side-request pattern '\(unclosed' is not a regular expression"):
         Adapter(AdapterSettings(side_patterns=("(unclosed",)))

@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 
 from tests.adapter_support import running_stack
-from trajectory.adapters import anthropic, openai_chat
-from trajectory.adapters.canonical import EchoMemory, fold_system_messages, message, tool_call
-from trajectory.adapters.session import resolve_session
+from tito_rl.trajectory.adapters.canonical import EchoMemory, fold_system_messages, message, tool_call
+from tito_rl.trajectory.adapters.session import resolve_session
+from tito_rl.trajectory.adapters.wires import anthropic, openai_chat
 
 
 def test_session_id_precedence() -> None:
@@ -96,7 +96,7 @@ def _session(turns: int) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]
 
 
 def test_echo_memory_keys_each_echo_once_and_answers_as_keying_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trajectory.adapters import canonical
+    from tito_rl.trajectory.adapters import canonical
 
     replies, histories = _session(30)
     memo, keyed = EchoMemory(), EchoMemory(histories=0)

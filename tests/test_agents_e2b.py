@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from recorder.agents.launchers import AgentTask, ClaudeCodeLauncher
-from recorder.agents.pins import CLAUDE_CODE
-from recorder.agents.sandbox import SYSTEM_PATH, E2BSandbox, SandboxError
+from tito_rl.recorder.agents.launchers import AgentTask, ClaudeCodeLauncher
+from tito_rl.recorder.agents.pins import CLAUDE_CODE
+from tito_rl.recorder.agents.sandbox import SYSTEM_PATH, E2BSandbox, SandboxError
 
 
 class FakeResult:

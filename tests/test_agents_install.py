@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recorder.agents.install import (
+from tito_rl.recorder.agents.install import (
     AgentInstallError,
     binary_path,
     ensure_installed,
@@ -17,7 +17,7 @@ from recorder.agents.install import (
     install_dir,
     is_installed,
 )
-from recorder.agents.pins import CODEX, QWEN_CODE
+from tito_rl.recorder.agents.pins import CODEX, QWEN_CODE
 
 # Mimics `npm install --prefix DIR PKG@VER`: writes the package manifest and the .bin entry, and counts calls.
 FAKE_NPM = """#!/bin/sh

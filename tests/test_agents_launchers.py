@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from recorder.agents.launchers import (
+from tito_rl.recorder.agents.launchers import (
     LAUNCHERS,
     TAIL_CHARS,
     AgentTask,
@@ -20,8 +20,8 @@ from recorder.agents.launchers import (
     QwenCodeLauncher,
     launcher_for,
 )
-from recorder.agents.pins import PINS, AgentPin, pin_for
-from recorder.agents.sandbox import CommandResult, Sandbox
+from tito_rl.recorder.agents.pins import PINS, AgentPin, pin_for
+from tito_rl.recorder.agents.sandbox import CommandResult, Sandbox
 
 SID = "sess-7f3a.secret-token"
 HOME = "/sandbox/home"
@@ -244,7 +244,7 @@ def test_launch_installs_writes_config_runs_once_and_reports_tails(caplog: pytes
     long_out = "x" * (TAIL_CHARS + 100) + "END"
     sandbox = RecordingSandbox(CommandResult(3, long_out, "boom", False, 1.25))
     launcher = CodexLauncher()
-    with caplog.at_level(logging.DEBUG, logger="recorder"):
+    with caplog.at_level(logging.DEBUG, logger="tito_rl.recorder"):
         run = launcher.launch(sandbox, task(timeout_s=42))
     assert sandbox.installed == [launcher.pin]
     expected = launcher.plan(task(), HOME, BINARY, BASE_PATH)

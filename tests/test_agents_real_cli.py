@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from recorder.agents.install import ensure_installed
-from recorder.agents.launchers import (
+from tests.agent_stubs import StubState, anthropic_app, chat_app, gemini_app, responses_app, start_stub
+from tito_rl.recorder.agents.install import ensure_installed
+from tito_rl.recorder.agents.launchers import (
     AgentTask,
     ClaudeCodeLauncher,
     CodexLauncher,
@@ -22,9 +23,8 @@ from recorder.agents.launchers import (
     OpencodeLauncher,
     QwenCodeLauncher,
 )
-from recorder.agents.pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE
-from recorder.agents.sandbox import LocalSandbox
-from tests.agent_stubs import StubState, anthropic_app, chat_app, gemini_app, responses_app, start_stub
+from tito_rl.recorder.agents.pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE
+from tito_rl.recorder.agents.sandbox import LocalSandbox
 
 needs_npm = pytest.mark.skipif(
     shutil.which("npm") is None,

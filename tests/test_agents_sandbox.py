@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from recorder.agents.pid_namespace import pid_namespace_prefix
-from recorder.agents.sandbox import LocalSandbox, SandboxError
+from tito_rl.recorder.agents.pid_namespace import pid_namespace_prefix
+from tito_rl.recorder.agents.sandbox import LocalSandbox, SandboxError
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ONLY_THIS": "1"}
 
@@ -122,7 +122,7 @@ def test_the_namespace_ends_with_the_command_even_for_other_process_groups(tmp_p
 
 
 def test_a_required_namespace_that_is_not_allowed_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("recorder.agents.sandbox.pid_namespace_prefix", lambda: ())
+    monkeypatch.setattr("tito_rl.recorder.agents.sandbox.pid_namespace_prefix", lambda: ())
     with pytest.raises(SandboxError, match="no PID namespace"):
         LocalSandbox(parent=tmp_path, pid_namespace=True)
     with LocalSandbox(parent=tmp_path) as box:  # the default runs plainly instead

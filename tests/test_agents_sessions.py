@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from recorder.agents.launchers import AgentLauncher, AgentTask, LaunchPlan
-from recorder.agents.pins import CODEX
-from recorder.agents.sandbox import LocalSandbox
-from recorder.agents.sessions import SessionPlan, run_sessions, sandbox_factory
-from trajectory.adapters.session import session_digest
+from tito_rl.recorder.agents.launchers import AgentLauncher, AgentTask, LaunchPlan
+from tito_rl.recorder.agents.pins import CODEX
+from tito_rl.recorder.agents.sandbox import LocalSandbox
+from tito_rl.recorder.agents.sessions import SessionPlan, run_sessions, sandbox_factory
+from tito_rl.trajectory.adapters.session import session_digest
 
 
 class EnvEchoLauncher(AgentLauncher):
@@ -75,8 +75,8 @@ def test_local_factory_names_the_sandbox_after_the_sessions_cassette_name(tmp_pa
 
 async def test_agent_results_or_the_exit_code_a_stop_or_a_sandbox_error_gives(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from recorder.agents.runs import result_or_exit_code
-    from recorder.agents.sandbox import SandboxError
+    from tito_rl.recorder.agents.runs import result_or_exit_code
+    from tito_rl.recorder.agents.sandbox import SandboxError
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

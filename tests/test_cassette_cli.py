@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from recorder.cassette.redaction import session_digest
-from recorder.cassette.writer import CassetteWriter
-from replayer.reader import CassetteReader
 from tests.cassette_helpers import BEARER, final_sample, header, play, session_traffic
-from tito_cli import main
-from trajectory.adapters.tap import AgentExchange
+from tito_rl.cassette.reader import CassetteReader
+from tito_rl.cassette.redaction import session_digest
+from tito_rl.cassette.writer import CassetteWriter
+from tito_rl.main import main
+from tito_rl.trajectory.adapters.tap import AgentExchange
 
 
 @pytest.fixture

@@ -9,13 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from recorder.agents.cli_script import client_agent, load_cli_script
-from recorder.agents.pins import PINS
-from recorder.cassette.format import DropRecord
-from recorder.corpus import TARGET_SCENARIOS, CorpusError, scenario_paths, target_missing
-from recorder.scripted.script import load_client_script
-from recorder.targets import slime_env
-from replayer.reader import Cassette, SessionLog, read_cassette
 from tests.scripted_support import (
     SCENARIOS,
     generations,
@@ -25,8 +18,15 @@ from tests.scripted_support import (
     statuses,
     trained_tokens,
 )
-from trajectory.adapters.session import session_digest
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.cassette.format.records import DropRecord
+from tito_rl.cassette.reader import Cassette, SessionLog, read_cassette
+from tito_rl.recorder.agents.cli_script import client_agent, load_cli_script
+from tito_rl.recorder.agents.pins import PINS
+from tito_rl.recorder.corpus import TARGET_SCENARIOS, CorpusError, scenario_paths, target_missing
+from tito_rl.recorder.scripted.script import load_client_script
+from tito_rl.recorder.targets import slime_env
+from tito_rl.trajectory.adapters.session import session_digest
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 CASSETTES = SCENARIOS.parent
 ALL = sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
@@ -184,5 +184,9 @@ def test_a_scenario_around_a_target_not_installed_is_skipped_saying_why(monkeypa
     assert target_missing(SCENARIOS / "tool_loop.yaml") is None  # tito's adapter: always here
     monkeypatch.delenv("TITO_SLIME_PATH", raising=False)
     monkeypatch.setattr(slime_env.importlib.util, "find_spec", lambda name, *a: None)  # no slime on the path
+    # slime imported earlier in this process (a TITO_SLIME_PATH run) is remembered: look again, as a new process would
+    from tito_rl.recorder.targets import slime
+
+    monkeypatch.setattr(slime, "import_slime", slime_env.import_slime.__wrapped__)
     why = target_missing(TARGET_SCENARIOS / "slime_mixed.yaml")
     assert why is not None and "TITO_SLIME_PATH" in why

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 
-from recorder.agents.cli_script import load_cli_script
-from replayer.reader import SessionLog, read_cassette
 from tests.scripted_support import SCENARIOS, generations, output_tokens, session_log, side_flags, statuses
 from tests.scripted_support import trained_tokens as trained
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.cassette.reader import SessionLog, read_cassette
+from tito_rl.recorder.agents.cli_script import load_cli_script
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 
 def only(name: str) -> SessionLog:

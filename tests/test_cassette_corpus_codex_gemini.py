@@ -8,10 +8,10 @@ import json
 import re
 from typing import Any
 
-from recorder.agents.cli_script import load_cli_script
-from replayer.reader import SessionLog, read_cassette
 from tests.scripted_support import SCENARIOS, bodies, generations, output_tokens, session_log, side_flags, statuses
 from tests.scripted_support import trained_tokens as trained
+from tito_rl.cassette.reader import SessionLog, read_cassette
+from tito_rl.recorder.agents.cli_script import load_cli_script
 
 
 def only(name: str) -> SessionLog:

@@ -10,31 +10,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from recorder.cassette.format import (
+from tests.cassette_helpers import BEARER, PINNED, final_sample, header, play, session_traffic
+from tito_rl.cassette.format.codec import SessionCodec
+from tito_rl.cassette.format.deltas import bytes_delta, token_delta
+from tito_rl.cassette.format.errors import CorruptCassetteError
+from tito_rl.cassette.format.frames import (
     FLAG_ZLIB,
     FRAME_HEADER,
     MAGIC,
-    AgentRecord,
-    CorruptCassetteError,
-    DropRecord,
-    EngineRecord,
-    Header,
-    PackedIds,
-    SamplesRecord,
-    SessionCodec,
-    bytes_delta,
     decode_frame_header,
     decode_payload,
     encode_frame,
-    mask_rle,
-    mask_unrle,
-    pack_u32,
-    packed_token_list,
-    token_delta,
-    unpack_u32,
 )
-from recorder.cassette.writer import CassetteWriter
-from tests.cassette_helpers import BEARER, PINNED, final_sample, header, play, session_traffic
+from tito_rl.cassette.format.packing import PackedIds, mask_rle, mask_unrle, pack_u32, packed_token_list, unpack_u32
+from tito_rl.cassette.format.records import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
+from tito_rl.cassette.writer import CassetteWriter
 
 token_lists = st.lists(st.integers(min_value=0, max_value=0xFFFFFFFF), max_size=200)
 

@@ -17,27 +17,18 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from recorder.cassette.format import (
-    DECODE_FLOOR,
-    EXT_F64,
-    EXT_MASK_RLE,
-    EXT_TOKEN_DELTA,
-    EXT_U32,
-    FLAG_ZLIB,
-    MAX_INFLATE_RATIO,
-    RECORD_TYPES,
-    CorruptCassetteError,
-    Header,
-    SamplesRecord,
-    encode_frame,
-    pack_u32,
-)
-from recorder.cassette.writer import CassetteWriter
-from replayer.reader import CassetteReader, read_cassette
 from tests import cassette_fuzz as fuzz
 from tests.cassette_helpers import header
 from tests.process_helpers import ROOT
-from tito_cli import main
+from tito_rl.cassette.format.budget import DECODE_FLOOR, MAX_INFLATE_RATIO
+from tito_rl.cassette.format.errors import CorruptCassetteError
+from tito_rl.cassette.format.extensions import EXT_F64, EXT_MASK_RLE, EXT_TOKEN_DELTA, EXT_U32
+from tito_rl.cassette.format.frames import FLAG_ZLIB, encode_frame
+from tito_rl.cassette.format.packing import pack_u32
+from tito_rl.cassette.format.records import RECORD_TYPES, Header, SamplesRecord
+from tito_rl.cassette.reader import CassetteReader, read_cassette
+from tito_rl.cassette.writer import CassetteWriter
+from tito_rl.main import main
 
 
 def test_the_seeded_fuzz_run_finds_nothing_in_bounded_time_and_memory() -> None:
@@ -105,7 +96,7 @@ def test_a_mutated_file_through_every_tool_is_a_result_or_one_line(case: fuzz.Ca
 
 
 def test_export_writes_a_header_value_json_has_no_number_for_as_its_text(tmp_path: Path) -> None:
-    from recorder.cassette.format import Header
+    from tito_rl.cassette.format.records import Header
 
     path = tmp_path / "nan.tito"
     with CassetteWriter(path, Header(tokenizer_fingerprint="x", adapter={"odd": float("nan")}), header_redacted=True):
@@ -210,7 +201,7 @@ def test_header_settings_of_another_type_are_one_line_before_a_replay(
         section: str, key: str, value: object, message: str, tmp_path: Path) -> None:
     """The header's adapter and manager settings build the replay's adapter app: each is checked against the
     setting's type first (a cassette's settings are as untrusted as its records)."""
-    from recorder.cassette.format import Header
+    from tito_rl.cassette.format.records import Header
 
     source = ROOT / "cassettes" / "drift_realign.tito"
     path = tmp_path / "settings.tito"
@@ -263,7 +254,7 @@ def test_the_request_and_response_fields_replay_reads_are_typed() -> None:
 def test_a_malformed_engine_answer_is_an_engine_error_in_the_adapter(meta: dict[str, object]) -> None:
     """A replay serves the recorded engine answers to the real adapter: whatever their shape, the adapter
     answers its client 502 (an engine error), never fails in its handler."""
-    from trajectory.adapters.engine import EngineError, parse_generation
+    from tito_rl.trajectory.adapters.engine.generate import EngineError, parse_generation
 
     with pytest.raises(EngineError) as info:
         parse_generation("rid", {"meta_info": meta})
@@ -315,9 +306,9 @@ def test_every_field_of_every_record_type_takes_only_its_type(kind: str) -> None
 def test_inspect_shows_an_engine_answer_of_any_shape() -> None:
     """The exchanges table reads each recorded /generate answer as it is: a finish reason or token count of
     another shape than SGLang's is shown as unknown, never used as text or a number."""
-    from recorder.cassette.format import AgentRecord, EngineRecord
-    from replayer.inspect_data import exchange_row
-    from replayer.plan import PlannedExchange
+    from tito_rl.cassette.format.records import AgentRecord, EngineRecord
+    from tito_rl.replayer.inspection.gather import exchange_row
+    from tito_rl.replayer.replay.plan import PlannedExchange
 
     agent = AgentRecord("s", 2, "POST", "/v1/messages", "", {}, b"{}", 200, {})
     for meta, finish in (({"finish_reason": {"type": "length"}, "prompt_tokens": 9}, "length"),

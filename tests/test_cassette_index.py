@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 
-from recorder.cassette.format import FORMAT_VERSION, INDEX_AT_BYTES, CorruptCassetteError
-from recorder.cassette.redaction import session_digest
-from recorder.cassette.writer import CassetteWriter
-from replayer.reader import CassetteReader, StoredSessions, open_cassette, read_cassette, summarize
 from tests.cassette_helpers import BEARER, final_sample, header, play, session_traffic
-from trajectory.adapters.tap import AgentExchange
-from trajectory.tokenizer import fingerprint
+from tito_rl.cassette.format.errors import CorruptCassetteError
+from tito_rl.cassette.format.index import INDEX_AT_BYTES
+from tito_rl.cassette.format.records import FORMAT_VERSION
+from tito_rl.cassette.reader import CassetteReader, StoredSessions, open_cassette, read_cassette, summarize
+from tito_rl.cassette.redaction import session_digest
+from tito_rl.cassette.writer import CassetteWriter
+from tito_rl.trajectory.adapters.tap import AgentExchange
+from tito_rl.trajectory.tokens.tokenizer import fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,8 +61,9 @@ def test_each_session_read_through_the_index_equals_the_full_read(three_sessions
 
 
 def test_replay_reads_recorded_prompts_packed_and_equal_to_the_lists(three_sessions: Path) -> None:
-    from recorder.cassette.format import EngineRecord, PackedIds
-    from replayer.replay import load_cassette
+    from tito_rl.cassette.format.packing import PackedIds
+    from tito_rl.cassette.format.records import EngineRecord
+    from tito_rl.replayer.replay.loading import load_cassette
 
     lists = open_cassette(three_sessions, verify=False)
     packed, _ = load_cassette(three_sessions, verify=False)
@@ -129,8 +132,8 @@ def test_a_damaged_record_is_found_before_replay_through_the_checksums(three_ses
 def test_a_record_that_does_not_decode_stops_the_replay_with_one_line(three_sessions: Path, tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """Checksums pass (the bytes are as written) but a record does not decode: found when its session is read."""
-    from recorder.cassette.format import FRAME_HEADER, _header_check
-    from tito_cli import main
+    from tito_rl.cassette.format.frames import FRAME_HEADER, _header_check
+    from tito_rl.main import main
 
     data = bytearray(three_sessions.read_bytes())
     with CassetteReader(three_sessions) as reader:

@@ -10,21 +10,21 @@ from typing import Any
 import aiohttp
 import pytest
 
-from fake_engine.app import EngineOptions
-from fake_engine.app import create_app as create_engine
-from fake_engine.cassette_policy import CassettePolicy
-from fake_engine.policy import GenerateRequest, PolicyError
-from fake_engine.scripted import ScriptedPolicy, load_scenario
-from recorder.cassette.format import EngineRecord, Header
-from recorder.cassette.redaction import session_digest
-from recorder.cassette.writer import CassetteWriter
-from replayer.engine_matching import EngineIndex, NoMatch
-from replayer.reader import read_cassette
 from tests.cassette_helpers import API_KEY, BEARER, capture_bodies, generate_body, serve
-from trajectory.adapters.app import AdapterSettings
-from trajectory.adapters.app import create_app as create_adapter
-from trajectory.manager import TrajectoryManager
-from trajectory.tokenizer import fingerprint
+from tito_rl.cassette.format.records import EngineRecord, Header
+from tito_rl.cassette.matching import EngineIndex, NoMatch
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.cassette.redaction import session_digest
+from tito_rl.cassette.writer import CassetteWriter
+from tito_rl.fake_engine.app import EngineOptions
+from tito_rl.fake_engine.app import create_app as create_engine
+from tito_rl.fake_engine.policies.cassette import CassettePolicy
+from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, load_scenario
+from tito_rl.fake_engine.policy import GenerateRequest, PolicyError
+from tito_rl.trajectory.adapters.app import AdapterSettings
+from tito_rl.trajectory.adapters.app import create_app as create_adapter
+from tito_rl.trajectory.manager import TrajectoryManager
+from tito_rl.trajectory.tokens.tokenizer import fingerprint
 
 REPO = Path(__file__).resolve().parent.parent
 

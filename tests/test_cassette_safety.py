@@ -10,23 +10,19 @@ from typing import Any
 
 import pytest
 
-from recorder.cassette.format import (
-    FRAME_HEADER,
-    MAGIC,
-    AgentRecord,
+from tests.cassette_helpers import API_KEY, BEARER, final_sample, header, play, session_traffic
+from tests.process_helpers import kill_9_after
+from tito_rl.cassette.format.errors import (
     CorruptCassetteError,
-    EngineRecord,
-    Header,
     TokenizerMismatchError,
     TruncatedHeaderError,
     UnsupportedVersionError,
-    encode_frame,
 )
-from recorder.cassette.redaction import REDACTED, Redactor, session_digest
-from recorder.cassette.writer import CassetteWriter
-from replayer.reader import CassetteReader, read_cassette
-from tests.cassette_helpers import API_KEY, BEARER, final_sample, header, play, session_traffic
-from tests.process_helpers import kill_9_after
+from tito_rl.cassette.format.frames import FRAME_HEADER, MAGIC, encode_frame
+from tito_rl.cassette.format.records import AgentRecord, EngineRecord, Header
+from tito_rl.cassette.reader import CassetteReader, read_cassette
+from tito_rl.cassette.redaction import REDACTED, Redactor, session_digest
+from tito_rl.cassette.writer import CassetteWriter
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -86,7 +82,7 @@ def test_no_secret_reaches_disk(recorded: Path) -> None:
 
 
 def test_configurable_patterns_catch_keys_no_header_showed(tmp_path: Path) -> None:
-    from trajectory.adapters.tap import AgentExchange
+    from tito_rl.trajectory.adapters.tap import AgentExchange
 
     path = tmp_path / "p.tito"
     custom = "corp-token-" + "A1b2C3d4" * 3
@@ -119,9 +115,9 @@ def test_kill_9_during_a_session_leaves_every_completed_exchange(tmp_path: Path)
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from recorder.cassette.writer import CassetteWriter
+        from tito_rl.cassette.writer import CassetteWriter
         from tests.cassette_helpers import header, generate_body
-        from trajectory.adapters.tap import EngineExchange
+        from tito_rl.trajectory.adapters.tap import EngineExchange
         writer = CassetteWriter({str(path)!r}, header())
         prompt = list(range(1, 2000))
         n = 0
@@ -173,7 +169,7 @@ def test_each_broken_cassette_has_its_own_clear_error(recorded: Path, tmp_path: 
 
 
 def test_a_cassette_recorded_with_another_tokenizer_is_refused(tmp_path: Path) -> None:
-    from trajectory.tokenizer import fingerprint
+    from tito_rl.trajectory.tokens.tokenizer import fingerprint
 
     path = tmp_path / "other.tito"
     path.write_bytes(_header_only(fingerprint="sha256:0123456789abcdef"))
@@ -229,7 +225,7 @@ def test_a_pattern_with_global_flags_still_redacts() -> None:
 
 
 def test_a_shared_key_is_scrubbed_everywhere_and_a_session_credential_in_its_session(tmp_path: Path) -> None:
-    from trajectory.adapters.tap import AgentExchange, EngineExchange
+    from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange
 
     shared = "shared-cluster-key-0123456789"
     path = tmp_path / "s.tito"

@@ -13,22 +13,29 @@ from typing import Any
 
 import pytest
 
-from recorder.cassette.format import FORMAT_VERSION, RECORD_TYPES, AgentRecord, EngineRecord, Header, SamplesRecord
-from recorder.cassette.redaction import Redactor
-from recorder.cassette.writer import CassetteWriter
-from replayer import goldens
-from replayer.cassette_tools import MERGE_IGNORED_ADAPTER_KEYS
-from replayer.fixtures import replay
-from replayer.reader import CassetteReader, read_cassette
-from replayer.replay import replay_cassette
-from replayer.results import CassetteResult, SessionResult
 from tests.cassette_helpers import header
 from tests.replay_support import Live, record, tool_loop, tool_loop_scenario
-from tito_cli import main
-from trajectory.adapters.session import session_digest
-from trajectory.adapters.tap import AgentExchange
-from trajectory.golden import TokenizerNames
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.cassette.format.records import (
+    FORMAT_VERSION,
+    RECORD_TYPES,
+    AgentRecord,
+    EngineRecord,
+    Header,
+    SamplesRecord,
+)
+from tito_rl.cassette.reader import CassetteReader, read_cassette
+from tito_rl.cassette.redaction import Redactor
+from tito_rl.cassette.writer import CassetteWriter
+from tito_rl.main import main
+from tito_rl.replayer.cassette_tools.cut_merge import MERGE_IGNORED_ADAPTER_KEYS
+from tito_rl.replayer.goldens import files as goldens
+from tito_rl.replayer.pytest_plugin.fixtures import replay
+from tito_rl.replayer.replay.cassette_replay import replay_cassette
+from tito_rl.replayer.replay.results import CassetteResult, SessionResult
+from tito_rl.trajectory.adapters.session import session_digest
+from tito_rl.trajectory.adapters.tap import AgentExchange
+from tito_rl.trajectory.golden import TokenizerNames
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 CORPUS = Path(__file__).resolve().parents[1] / "cassettes"
 WIRES = CORPUS / "openai_wires.tito"  # two sessions: chat completions (finished) and Responses (dropped)

@@ -13,11 +13,11 @@ import pytest
 from aiohttp import web
 from vcr.errors import CannotOverwriteExistingCassetteException
 
-from recorder.cassette.format import EngineRecord
-from recorder.cassette.redaction import session_digest
-from recorder.cassette.vcr import configure_vcr
-from replayer.reader import read_cassette, summarize
 from tests.cassette_helpers import BEARER, EOS, generate_body, header, serve
+from tito_rl.cassette.format.records import EngineRecord
+from tito_rl.cassette.reader import read_cassette, summarize
+from tito_rl.cassette.redaction import session_digest
+from tito_rl.replayer.pytest_plugin.vcr import configure_vcr
 
 PROMPT_A = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
 PROMPT_B = PROMPT_A[:-1] + [1000]

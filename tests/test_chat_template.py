@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from trajectory import chat_template
-from trajectory.adapters.render import ChatRenderer
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.trajectory.adapters.rendering.render import ChatRenderer
+from tito_rl.trajectory.tokens import chat_template
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CASSETTE = ROOT / "cassettes" / "drift_realign.tito"
@@ -82,7 +82,7 @@ def test_replay_with_a_hostile_template_file_exits_2_with_one_line(tmp_path: Pat
         shutil.copy(CASSETTE.with_suffix(suffix), tmp_path / CASSETTE.with_suffix(suffix).name)
     evil = tmp_path / "evil.jinja"
     evil.write_text("{{ cycler.__init__.__globals__.os.system('touch pwned') }}{{ messages[0].content }}")
-    run = subprocess.run([sys.executable, "-m", "tito_cli", "replay", str(tmp_path / CASSETTE.name),
+    run = subprocess.run([sys.executable, "-m", "tito_rl", "replay", str(tmp_path / CASSETTE.name),
                           "--chat-template", str(evil)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 2 and run.stdout == ""

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from recorder.agents.cli_script import load_cli_script
-from replayer.reader import SessionLog, read_cassette
 from tests.scripted_support import SCENARIOS, generations, output_tokens, session_log, statuses, trained_tokens
+from tito_rl.cassette.reader import SessionLog, read_cassette
+from tito_rl.recorder.agents.cli_script import load_cli_script
 
 CASSETTES = SCENARIOS.parent
 PAIR = ("claude_continue_preserved", "claude_continue_dropped")

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from recorder.agents.cli_script import load_cli_script
-from replayer.reader import SessionLog, read_cassette
 from tests.scripted_support import SCENARIOS, generations, session_log, statuses
+from tito_rl.cassette.reader import SessionLog, read_cassette
+from tito_rl.recorder.agents.cli_script import load_cli_script
 
 CASSETTES = SCENARIOS.parent
 NAMES = ("claude_tool_loop", "claude_parallel_calls", "claude_thinking", "claude_length_truncated")

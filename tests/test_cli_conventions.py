@@ -13,23 +13,23 @@ from pathlib import Path
 
 import pytest
 
-import tito_cli
-from recorder.taps.progress import ProgressTap
 from tests.process_helpers import ROOT
-from tito_cli import main
-from trajectory.adapters.tap import AgentExchange
-from trajectory.tokenizer import load_tokenizer
+from tito_rl import main as tito_cli
+from tito_rl.main import main
+from tito_rl.recorder.taps.progress import ProgressTap
+from tito_rl.trajectory.adapters.tap import AgentExchange
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 
 def test_version_prints_the_installed_version() -> None:
-    proc = subprocess.run([sys.executable, "-m", "tito_cli", "--version"], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tito_rl", "--version"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
-    assert proc.returncode == 0 and proc.stdout == f"tito {version('tito')}\n" and not proc.stderr
+    assert proc.returncode == 0 and proc.stdout == f"tito {version('tito-rl')}\n" and not proc.stderr
 
 
 EXITING = """
 import gc, os, sys
-import tito_cli
+from tito_rl import main as tito_cli
 
 def ending(code):  # what the collector holds when the program exits at once
     print(code, gc.isenabled(), gc.get_freeze_count() > 0)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from recorder.agents.cli_script import (
+from tito_rl.recorder.agents.cli_script import (
     CliRun,
     client_agent,
     load_cli_script,
@@ -17,7 +17,7 @@ from recorder.agents.cli_script import (
     scenario_name,
     session_id,
 )
-from recorder.agents.stream_cut import StreamCut
+from tito_rl.recorder.agents.stream_cut import StreamCut
 
 ENGINE = {"turns": [{"text": "done"}]}
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from replayer import conformance
-from replayer.conformance import Side, block, golden_sides, place
-from replayer.differences import Difference
-from replayer.reader import read_cassette
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.replayer import conformance
+from tito_rl.replayer.comparison.differences import Difference
+from tito_rl.replayer.conformance import Side, block, golden_sides, place
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ROOT / "cassettes" / "targets"
@@ -30,8 +30,9 @@ def through_tito() -> tuple[str, str]:
 
 def test_ci_checks_the_slime_cassettes_table_through_tito_without_slime() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TITO_SLIME_PATH"}
-    run = subprocess.run([sys.executable, "-m", "replayer.conformance", "--target", "tito", "cassettes/targets/",
-                          "--check"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    run = subprocess.run([sys.executable, "-m", "tito_rl.replayer.conformance", "--target", "tito",
+                          "cassettes/targets/", "--check"], cwd=ROOT, capture_output=True, text=True, env=env,
+                         timeout=300)
     assert run.returncode == 0, run.stderr  # out of date: make conformance, read the diff, commit the page
     assert run.stdout == ""
 
@@ -39,15 +40,15 @@ def test_ci_checks_the_slime_cassettes_table_through_tito_without_slime() -> Non
 def test_the_slime_table_is_what_the_committed_corpus_gives_through_slime() -> None:
     """Where slime is installed (TITO_SLIME_PATH), the first table is checked too: a cassette added to the corpus
     (or a change in how it replays) without `make conformance` fails here."""
-    from recorder.targets import slime_env
-    from recorder.targets.base import TargetError
+    from tito_rl.recorder.targets import slime_env
+    from tito_rl.recorder.targets.base import TargetError
 
     try:
         slime_env.locate()
     except TargetError as exc:
         pytest.skip(f"needs slime: {exc}")
-    run = subprocess.run([sys.executable, "-m", "replayer.conformance", "--target", "slime", "cassettes/", "--check"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    run = subprocess.run([sys.executable, "-m", "tito_rl.replayer.conformance", "--target", "slime", "cassettes/",
+                          "--check"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]  # out of date: make conformance, read the diff, commit the page
 
 
@@ -109,6 +110,6 @@ def test_cells_read_the_replay_s_differences() -> None:
 
 
 def test_a_target_that_cannot_be_loaded_is_one_line_and_exit_2() -> None:
-    run = subprocess.run([sys.executable, "-m", "replayer.conformance", "--target", "no-such-target",
+    run = subprocess.run([sys.executable, "-m", "tito_rl.replayer.conformance", "--target", "no-such-target",
                           "cassettes/tool_loop.tito", "--print"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recorder import corpus
 from tests.test_simulate import FAILING
+from tito_rl.recorder import corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 

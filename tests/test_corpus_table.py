@@ -1,4 +1,4 @@
-"""The README corpus table (recorder/corpus_table.py): its parts on small inputs, the README block rewritten
+"""The README corpus table (replayer/corpus_table.py): its parts on small inputs, the README block rewritten
 only between its markers, a clear one-line error without them, and the committed README's table equal to
 what the committed cassettes give (regenerate with `make corpus-table`)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recorder import corpus_table as ct
+from tito_rl.replayer import corpus_table as ct
 
 ROOT = Path(__file__).resolve().parent.parent
 

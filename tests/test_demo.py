@@ -16,7 +16,7 @@ from tests.process_helpers import ROOT
 
 def tito_demo(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "TMPDIR": str(tmp)}  # the default page folder is the system's temp folder
-    return subprocess.run([sys.executable, "-m", "tito_cli", "demo", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tito_rl", "demo", *args], cwd=ROOT, capture_output=True,
                           text=True, env=env, timeout=600)
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from replayer.diff import pairing
-from replayer.reader import summarize
 from tests.process_helpers import ROOT
 from tests.replay_support import Live, record, tool_loop, tool_loop_scenario
-from tito_cli import main
-from trajectory.adapters.session import session_digest
-from trajectory.manager import TrajectoryManager
+from tito_rl.cassette.reader import summarize
+from tito_rl.main import main
+from tito_rl.replayer.inspection.diff import pairing
+from tito_rl.trajectory.adapters.session import session_digest
+from tito_rl.trajectory.manager import TrajectoryManager
 
 SID = "diff-live-token-000001"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from trajectory.adapters.disconnects import DisconnectWatcher
+from tito_rl.trajectory.adapters.disconnects import DisconnectWatcher
 
 
 @dataclass

@@ -69,10 +69,10 @@ def test_links_lead_somewhere(page: Path) -> None:
 
 def test_code_names_only_docs_that_exist() -> None:
     named = set()
-    for folder in ("trajectory", "fake_engine", "recorder", "replayer", "benchmarks", "tests"):
+    for folder in ("trajectory", "cassette", "fake_engine", "recorder", "replayer", "tito_rl", "benchmarks", "tests"):
         for source in (ROOT / folder).rglob("*.py"):
             named |= set(re.findall(r"\bdocs/[\w-]+\.md", source.read_text(encoding="utf-8")))
-    assert named, "no code names a docs page (fake_engine/scripted.py should)"
+    assert named, "no code names a docs page (fake_engine/policies/scripted.py should)"
     assert sorted(n for n in named if not (ROOT / n).is_file()) == []
 
 
@@ -88,3 +88,47 @@ def test_readme_example_test_runs(tmp_path: Path) -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert re.search(r"\b2 passed\b", proc.stdout), proc.stdout[-2000:]
+
+
+DOC_PAGES = [*PAGES, ROOT / "cassettes" / "FORMAT.md"]
+SOURCE_PATH = re.compile(r"(?<![\w./-])((?:trajectory|cassette|fake_engine|recorder|replayer|tito_rl|benchmarks|tests)"
+                         r"/[\w/]*?\w+\.py)\b")
+DOTTED = re.compile(r"(?<![\w.])tito_rl(?:\.\w+)+")
+OLD_IMPORT = re.compile(r"^\s*(?:from|import) (?:trajectory|cassette|fake_engine|recorder|replayer|tito_cli)\b"
+                        r"|-m (?:trajectory|recorder|replayer|fake_engine|tito_cli)\b", re.M)
+
+
+def resolves(dotted: str) -> bool:
+    """`tito_rl.a.b.name`: its longest importable module prefix, and the rest an attribute chain of it."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 1, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(value, name):
+                return False
+            value = getattr(value, name)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_name_only_code_that_exists(page: Path) -> None:
+    """Every source file a page names exists, every `tito_rl.` name imports, and no example imports tito by a bare
+    folder name (PyPI's `recorder`, `replayer` and `trajectory` are other projects)."""
+    text = page.read_text(encoding="utf-8")
+    missing = [p for p in sorted(set(SOURCE_PATH.findall(text))) if not (ROOT / p).is_file()]
+    dangling = [d for d in sorted(set(DOTTED.findall(text))) if not resolves(d)]
+    old = OLD_IMPORT.findall(text)
+    assert (missing, dangling, old) == ([], [], [])
+
+
+def test_the_docs_checks_catch_stale_names() -> None:
+    assert resolves("tito_rl.cassette.writer.CassetteWriter")
+    assert not resolves("tito_rl.recorder.cassette.format") and not resolves("tito_rl.cassette.writer.NoSuchName")
+    assert OLD_IMPORT.findall("from recorder.cassette.format import Header\npython -m replayer.conformance")
+    assert SOURCE_PATH.findall("see `replayer/replay/cli.py` and trajectory/adapters/") == ["replayer/replay/cli.py"]

@@ -8,8 +8,8 @@ import time
 import aiohttp
 import pytest
 
-from fake_engine.faults import FaultSchedule, FaultSpec
 from tests.fake_engine_helpers import first_prompt, gen_body, serve, sse_events
+from tito_rl.fake_engine.faults import FaultSchedule, FaultSpec
 
 
 def with_faults(**faults):

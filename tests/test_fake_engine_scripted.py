@@ -7,12 +7,12 @@ from functools import lru_cache
 
 import pytest
 
-from fake_engine.drift import inject_split
-from fake_engine.policy import GenerateRequest
-from fake_engine.scripted import ScriptedPolicy, load_scenario, parse_scenario
-from fake_engine.sessions import session_key, turn_index
 from tests.fake_engine_helpers import BASH, EXEC, TOOL_LOOP, first_prompt, prompt_ids, serve, tokenizer
-from trajectory.sglang_loader import parsers as sglang_parsers
+from tito_rl.fake_engine.drift import inject_split
+from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, load_scenario, parse_scenario
+from tito_rl.fake_engine.policy import GenerateRequest
+from tito_rl.fake_engine.sessions import session_key, turn_index
+from tito_rl.trajectory.adapters.parsing.sglang_loader import parsers as sglang_parsers
 
 
 @lru_cache(maxsize=1)
@@ -89,7 +89,7 @@ def test_logprobs_are_deterministic_negative_and_vary_by_session():
 
 
 def test_after_last_error_and_raw_ids_and_bad_scenarios():
-    from fake_engine.policy import PolicyError
+    from tito_rl.fake_engine.policy import PolicyError
 
     policy = ScriptedPolicy(parse_scenario({"after_last": "error", "turns": [{"ids": [9707, 151645]}]}),
                             tokenizer())
@@ -126,7 +126,7 @@ def test_drift_split_decodes_the_same_but_reencodes_differently():
 
 
 def test_several_splits_spread_from_the_first_splittable_token_to_the_last():
-    from fake_engine.drift import inject_splits, split_token
+    from tito_rl.fake_engine.drift import inject_splits, split_token
 
     tok = tokenizer()
     text = ('<think>\nI list the files.\n</think>\n\nLooking.\n<tool_call>\n{"name": "Bash", "arguments": '

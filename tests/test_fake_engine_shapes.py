@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fake_engine_helpers import first_prompt, gen_body, serve, sse_events
-from trajectory.sglang_loader import sglang_module
+from tito_rl.trajectory.adapters.parsing.sglang_loader import sglang_module
 
 api_types = sglang_module("api.v1.api_types")
 

@@ -9,9 +9,9 @@ from typing import NoReturn
 
 import pytest
 
-from fake_engine.contract import ContractError, check_generate_body
 from tests.fake_engine_helpers import first_prompt, gen_body, serve
-from trajectory.sglang_loader import sglang_module
+from tito_rl.fake_engine.sglang.contract import ContractError, check_generate_body
+from tito_rl.trajectory.adapters.parsing.sglang_loader import sglang_module
 
 api_types = sglang_module("api.v1.api_types")
 

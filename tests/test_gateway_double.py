@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from recorder.cassette.format import EngineRecord
-from replayer.reader import read_cassette
 from tests.gateway_double import VOLATILE
 from tests.process_helpers import ROOT, free_port, stop, tito, wait_http
 from tests.test_pytest_plugin import copy_project, project, pytest_run  # noqa: F401 - `project` is a fixture
 from tests.test_targets_record_replay import TOOL_LOOP, engine, record, replay  # noqa: F401 - `engine` too
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.cassette.format.records import EngineRecord
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 DRIVER = "tests.gateway_double:create"
 TWO_SESSIONS = """\

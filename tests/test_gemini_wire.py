@@ -13,19 +13,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from recorder.cassette.redaction import REDACTED
-from replayer.reader import read_cassette
-from replayer.replay import replay_cassette
 from tests.adapter_double import qwen3_output
 from tests.adapter_support import running_stack
 from tests.gemini_support import SHELL, GeminiConversation, history_parts, sse_chunks
 from tests.process_helpers import capture_dir
 from tests.replay_support import recording, tool_loop_scenario
-from trajectory.adapters import gemini, qwen3_template
-from trajectory.adapters.canonical import fold_system_messages, message, tool_call
-from trajectory.adapters.render import ChatRenderer, IncrementalEncoder
-from trajectory.adapters.session import resolve_session, session_digest
-from trajectory.adapters.turns import BadRequest
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.cassette.redaction import REDACTED
+from tito_rl.replayer.replay.cassette_replay import replay_cassette
+from tito_rl.trajectory.adapters.canonical import fold_system_messages, message, tool_call
+from tito_rl.trajectory.adapters.rendering import qwen3_template
+from tito_rl.trajectory.adapters.rendering.render import ChatRenderer, IncrementalEncoder
+from tito_rl.trajectory.adapters.session import resolve_session, session_digest
+from tito_rl.trajectory.adapters.turns import BadRequest
+from tito_rl.trajectory.adapters.wires import gemini
 
 CAPTURED = ["gemini_001", "gemini_002"]
 STREAM = "/v1beta/models/gemini-2.5-flash:streamGenerateContent"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import io
 
-from replayer import golden_diff, goldens
-from replayer.golden_diff import DiffStyle, render, use_color, word_diff
+from tito_rl.replayer.goldens import diff_view as golden_diff
+from tito_rl.replayer.goldens import files as goldens
+from tito_rl.replayer.goldens.diff_view import DiffStyle, render, use_color, word_diff
 
 OLD_SAMPLE = "  sample 0: reward 1, 283 tokens, response 80 from token 203 (trained 21, masked 59), turns 0,1"
 NEW_SAMPLE = "  sample 0: reward 1, 284 tokens, response 81 from token 203 (trained 21, masked 60), turns 0,1"

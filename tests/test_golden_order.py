@@ -6,11 +6,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from replayer import goldens
-from replayer.reader import read_cassette
-from replayer.replay import replay_cassette
-from trajectory.golden import TokenizerNames
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.replayer.goldens import files as goldens
+from tito_rl.replayer.replay.cassette_replay import replay_cassette
+from tito_rl.trajectory.golden import TokenizerNames
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 CORPUS = Path(__file__).resolve().parent.parent / "cassettes"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trajectory.golden import TokenizerNames, render_sample, render_samples
-from trajectory.manager import TrajectoryManager
-from trajectory.records import Sample, TurnRecord
+from tito_rl.trajectory.golden import TokenizerNames, render_sample, render_samples
+from tito_rl.trajectory.manager import TrajectoryManager
+from tito_rl.trajectory.records import Sample, TurnRecord
 
 IM_END, NEWLINE = 151645, 198
 TOOLS = [{"type": "function", "function": {"name": "Bash", "description": "Run a shell command",

@@ -1,8 +1,8 @@
 """The golden's tree lines: what a reader must see of a turn that the message contents alone do not show."""
 
-from trajectory.golden import render_tree
-from trajectory.records import TurnRecord
-from trajectory.tree import MessageTree
+from tito_rl.trajectory.golden import render_tree
+from tito_rl.trajectory.records import TurnRecord
+from tito_rl.trajectory.tree import MessageTree
 
 SYSTEM = {"role": "system", "content": "S"}
 USER = {"role": "user", "content": "count the primes"}

@@ -24,18 +24,18 @@ from typing import Any
 
 import pytest
 
-from recorder.cassette.format import Header
-from replayer.inspect import render_text
-from replayer.inspect_data import Inspection, SessionView, inspect_cassette, place_events, plan_rows
-from replayer.inspect_html import FOLD_RUN, render_html
-from replayer.plan import plan_session
-from replayer.results import FinishResult
 from tests.process_helpers import ROOT
-from trajectory.events import Event, SessionStats
-from trajectory.golden import render_tree
-from trajectory.linearize import Span
-from trajectory.manager import Linearization
-from trajectory.records import Sample
+from tito_rl.cassette.format.records import Header
+from tito_rl.replayer.inspection.gather import Inspection, SessionView, inspect_cassette, place_events, plan_rows
+from tito_rl.replayer.inspection.html_page import FOLD_RUN, render_html
+from tito_rl.replayer.inspection.text import render_text
+from tito_rl.replayer.replay.plan import plan_session
+from tito_rl.replayer.replay.results import FinishResult
+from tito_rl.trajectory.events import Event, SessionStats
+from tito_rl.trajectory.golden import render_tree
+from tito_rl.trajectory.linearize import Span
+from tito_rl.trajectory.manager import Linearization
+from tito_rl.trajectory.records import Sample
 
 CASSETTES = ROOT / "cassettes"
 BROWSER_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -51,7 +51,7 @@ def inspected(name: str) -> Inspection:
 
 
 def tito_inspect(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_cli", "inspect", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tito_rl", "inspect", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 
@@ -119,9 +119,9 @@ def test_a_named_session_is_read_once_and_inspected_with_collection_paused(monke
     """`inspect --session`: the session's records are read from the file once (the replay's plan gives the rows)
     and automatic collection is off meanwhile; the rows, from prompts read packed, are those a plain read of the
     records gives. A whole cassette keeps collection on (its garbage grows with the sessions)."""
-    from replayer import inspect_data
-    from replayer.reader import StoredSessions, read_cassette
-    from tito_cli import main
+    from tito_rl.cassette.reader import StoredSessions, read_cassette
+    from tito_rl.main import main
+    from tito_rl.replayer.inspection import gather as inspect_data
 
     path, name = CASSETTES / "openai_wires.tito", "sid-586b562b0514fe28"
     reads: list[str] = []
@@ -248,9 +248,9 @@ PWN = {
 def hostile_cassette(folder: Path) -> Path:
     """A scripted recording carrying PWN's payloads, and a copy of its session named as a pull request could
     name it (a name it was not recorded under replays with differences, and its page shows them)."""
-    from recorder.cassette.writer import CassetteWriter
-    from replayer.reader import CassetteReader, read_header
     from tests.scripted_support import record_scenario
+    from tito_rl.cassette.reader import CassetteReader, read_header
+    from tito_rl.cassette.writer import CassetteWriter
 
     scenario = {"name": "pwn", "turns": [
         {"reasoning": PWN["reasoning"], "text": PWN["text"],

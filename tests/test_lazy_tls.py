@@ -1,4 +1,4 @@
-"""aiohttp imported through `trajectory.lazy_tls`: no certificate store loaded at import, the same store as
+"""aiohttp imported through `trajectory/runtime/lazy_tls.py`: no certificate store loaded at import, the same store as
 `ssl.create_default_context()` by the first TLS handshake, and contexts made by anything else left whole.
 Each check runs in a fresh interpreter: this one has imported aiohttp already."""
 
@@ -19,7 +19,7 @@ def run_fresh(code: str) -> str:
 def test_the_certificates_load_at_the_first_handshake_of_an_https_request() -> None:
     out = run_fresh("""
 import asyncio, ssl
-from trajectory.lazy_tls import defer_aiohttp_tls
+from tito_rl.trajectory.runtime.lazy_tls import defer_aiohttp_tls
 defer_aiohttp_tls()
 import aiohttp, aiohttp.connector as c
 expected = ssl.create_default_context().cert_store_stats()
@@ -54,7 +54,7 @@ print("ok")
 def test_a_context_made_by_anything_else_meanwhile_is_completed_at_once() -> None:
     out = run_fresh("""
 import ssl
-from trajectory.lazy_tls import settle, verify_paths_deferred
+from tito_rl.trajectory.runtime.lazy_tls import settle, verify_paths_deferred
 with verify_paths_deferred() as deferred:
     own, other = ssl.create_default_context(), ssl.create_default_context()
     assert own.cert_store_stats()["x509_ca"] == 0 and len(deferred) == 2
@@ -69,7 +69,7 @@ print("ok")
 def test_nothing_is_imported_until_aiohttp_is() -> None:
     out = run_fresh("""
 import sys
-from trajectory.lazy_tls import defer_aiohttp_tls
+from tito_rl.trajectory.runtime.lazy_tls import defer_aiohttp_tls
 defer_aiohttp_tls()
 defer_aiohttp_tls()  # once is enough
 assert "aiohttp" not in sys.modules and sum(type(f).__name__ == "_ConnectorFinder" for f in sys.meta_path) == 1
@@ -85,7 +85,7 @@ def test_aiohttp_imported_before_is_left_alone() -> None:
     out = run_fresh("""
 import ssl
 import aiohttp.connector as c
-from trajectory.lazy_tls import defer_aiohttp_tls
+from tito_rl.trajectory.runtime.lazy_tls import defer_aiohttp_tls
 defer_aiohttp_tls()
 assert type(c._SSL_CONTEXT_VERIFIED) is ssl.SSLContext
 assert c._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509_ca"] > 0

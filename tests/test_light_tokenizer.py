@@ -19,11 +19,23 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, normalizers
 
-from replayer.reader import read_header
-from replayer.replay import ReplayOptions, replay_cassette
-from trajectory.adapters.app import Adapter
-from trajectory.light_tokenizer import PINNED_PARTS, LightTokenizer, UnsupportedTokenizer, check_pipeline, from_parts
-from trajectory.tokenizer import default_tokenizer_dir, fingerprint, load_tokenizer, load_transformers_tokenizer
+from tito_rl.cassette.reader import read_header
+from tito_rl.replayer.replay.cassette_replay import replay_cassette
+from tito_rl.replayer.replay.options import ReplayOptions
+from tito_rl.trajectory.adapters.app import Adapter
+from tito_rl.trajectory.tokens.light_tokenizer import (
+    PINNED_PARTS,
+    LightTokenizer,
+    UnsupportedTokenizer,
+    check_pipeline,
+    from_parts,
+)
+from tito_rl.trajectory.tokens.tokenizer import (
+    default_tokenizer_dir,
+    fingerprint,
+    load_tokenizer,
+    load_transformers_tokenizer,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CASSETTES = sorted((ROOT / "cassettes").glob("*.tito"))
@@ -37,9 +49,9 @@ def reference() -> Any:
 def test_the_default_tokenizer_loads_without_transformers_and_keeps_its_fingerprint() -> None:
     done = subprocess.run([sys.executable, "-c", (
         "import sys\n"
-        "from trajectory.tokenizer import load_tokenizer, fingerprint\n"
-        "from trajectory.sglang_loader import parsers\n"
-        "from trajectory.adapters.render import ChatRenderer\n"
+        "from tito_rl.trajectory.tokens.tokenizer import load_tokenizer, fingerprint\n"
+        "from tito_rl.trajectory.adapters.parsing.sglang_loader import parsers\n"
+        "from tito_rl.trajectory.adapters.rendering.render import ChatRenderer\n"
         "tok = load_tokenizer(); parsers()\n"
         "r = ChatRenderer(tok, True)\n"
         "print(type(tok).__name__, len(r.encode(r.render([{'role': 'user', 'content': 'hi'}], None))))\n"
@@ -55,7 +67,7 @@ def test_the_default_tokenizer_loads_without_transformers_and_keeps_its_fingerpr
 
 def test_a_prefetched_fingerprint_is_hashed_once_and_a_missing_folder_is_left_to_the_caller(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from trajectory import tokenizer
+    from tito_rl.trajectory.tokens import tokenizer
 
     expected = fingerprint()
     hashed: list[str] = []
@@ -79,7 +91,7 @@ def test_a_prefetched_fingerprint_is_hashed_once_and_a_missing_folder_is_left_to
 
 def test_a_child_forked_while_the_fingerprint_is_hashed_can_still_hash() -> None:
     """`tito replay -j` forks its workers; the prefetch thread may hold the hashing lock at that moment."""
-    from trajectory import tokenizer
+    from tito_rl.trajectory.tokens import tokenizer
 
     with tokenizer._HASHING:  # as the prefetch thread does mid-hash
         pid = os.fork()

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trajectory.adapters.line_cache import LineCache, shared_line_cache
-from trajectory.adapters.render import ChatRenderer
+from tito_rl.trajectory.adapters.rendering.line_cache import LineCache, shared_line_cache
+from tito_rl.trajectory.adapters.rendering.render import ChatRenderer
 
 FRAGMENTS = ["\n", "\n\n", "\r\n", " \n", "\n ", "\t", " ", "  ", "a", "Zeta", "ü", "e\u0301", "\u0301", "7", "42",
              ".", "...", '"', "'s", "'ll", "{", "}", "<", ">", "-", "#", "\u3000", "\x1c", "\x85", "\u2028", "漢字",

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from trajectory.canonical import canonical_message
-from trajectory.manager import TrajectoryManager
-from trajectory.records import Sample, TurnRecord
-from trajectory.synthetic import SyntheticSession, assistant, system, tool, user
+from tito_rl.trajectory.canonical import canonical_message
+from tito_rl.trajectory.manager import TrajectoryManager
+from tito_rl.trajectory.records import Sample, TurnRecord
+from tito_rl.trajectory.synthetic import SyntheticSession, assistant, system, tool, user
 
 
 def test_canonical_identity_ignores_cosmetic_echo_changes() -> None:

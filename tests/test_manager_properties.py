@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trajectory.manager import TrajectoryManager
-from trajectory.records import TurnRecord
-from trajectory.synthetic import SyntheticSession, assistant, system, tool, user
+from tito_rl.trajectory.manager import TrajectoryManager
+from tito_rl.trajectory.records import TurnRecord
+from tito_rl.trajectory.synthetic import SyntheticSession, assistant, system, tool, user
 
 
 def unique_logprobs(turn: int, n: int) -> list[float]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from recorder.agents.cli_script import load_cli_script
-from replayer.reader import read_cassette
-from trajectory.adapters.session import session_digest
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.recorder.agents.cli_script import load_cli_script
+from tito_rl.trajectory.adapters.session import session_digest
 
 CASSETTES = Path(__file__).resolve().parent.parent / "cassettes"
 SCENARIO = CASSETTES / "scenarios" / "mixed_concurrent.yaml"

@@ -1,5 +1,5 @@
-"""The parser helper (`trajectory/adapters/parser_process.py`): parses answered by a forked process give what the
-parsers in process give, on every engine output of the committed corpus; errors come back as the same
+"""The parser helper (`trajectory/adapters/parsing/parser_process.py`): parses answered by a forked process give
+what the parsers in process give, on every engine output of the committed corpus; errors come back as the same
 exceptions; a helper that dies is replaced by the parsers in process with no result changed; `tito replay` ends
 its helper, and a long run loads the parsers in process instead; the helper starts only where a core is likely
 idle. Each check runs in a fresh interpreter (a fork of this multi-threaded test process would be unsafe, and
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.process_helpers import ROOT
-from trajectory.adapters import parser_process
+from tito_rl.trajectory.adapters.parsing import parser_process
 
 FORCED = {**os.environ, parser_process.HELPER_ENV: "1"}
 
@@ -31,13 +31,13 @@ def test_the_helper_parses_every_corpus_output_as_the_parsers_in_process_do() ->
     out = run_fresh("""
 import json, sys
 from pathlib import Path
-from trajectory.adapters import parser_process
-from trajectory.adapters.parsing import OutputParser
+from tito_rl.trajectory.adapters.parsing import parser_process
+from tito_rl.trajectory.adapters.parsing.output_parser import OutputParser
 
 helper = parser_process.start()
 assert helper is not None and "sglang.srt.function_call.function_call_parser" not in sys.modules
-from replayer.reader import read_cassette
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 tokenizer = load_tokenizer()
 cases = []
 for path in sorted(Path("cassettes").glob("*.tito")):
@@ -65,8 +65,8 @@ print(len(cases), sum(bool(p.tool_calls) for p in here), sum(bool(p.reasoning) f
 def test_errors_come_back_as_the_same_exceptions_and_a_dead_helper_is_replaced() -> None:
     out = run_fresh("""
 import os, signal, sys
-from trajectory.adapters import parser_process
-from trajectory.adapters.parsing import OutputParser
+from tito_rl.trajectory.adapters.parsing import parser_process
+from tito_rl.trajectory.adapters.parsing.output_parser import OutputParser
 
 helper = parser_process.start()
 try:
@@ -96,8 +96,8 @@ print("ok")
 def test_a_replay_ends_its_helper_and_a_long_one_parses_in_process() -> None:
     out = run_fresh("""
 import os, sys
-import tito_cli
-from trajectory.adapters import parser_process
+from tito_rl import main as tito_cli
+from tito_rl.trajectory.adapters.parsing import parser_process
 
 forked = []
 start = parser_process.start
@@ -128,9 +128,9 @@ def test_inspect_starts_the_helper_before_its_fingerprint_thread() -> None:
     thread meanwhile, must start after it, or every `tito inspect` would load the parsers itself."""
     out = run_fresh("""
 import contextlib, io, sys
-import tito_cli
-from trajectory import tokenizer
-from trajectory.adapters import parser_process
+from tito_rl import main as tito_cli
+from tito_rl.trajectory.tokens import tokenizer
+from tito_rl.trajectory.adapters.parsing import parser_process
 
 forked, threads = [], []
 start, prefetch = parser_process.start, tokenizer.prefetch_fingerprint
@@ -186,7 +186,7 @@ def test_tito_serve_answers_through_the_helper_then_takes_the_parsers_over() -> 
 
 
 def test_tito_serve_with_an_unknown_parser_is_one_line_and_exit_2() -> None:
-    done = subprocess.run([sys.executable, "-m", "tito_cli", "serve", "--engine", "http://127.0.0.1:9",
+    done = subprocess.run([sys.executable, "-m", "tito_rl", "serve", "--engine", "http://127.0.0.1:9",
                            "--tool-parser", "no-such-parser"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("tito serve: unknown tool parser 'no-such-parser'; known: [")
@@ -203,7 +203,7 @@ def test_a_single_pytest_process_replays_through_the_helper(tmp_path) -> None:
     (tmp_path / "pytest.ini").write_text("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
     (tmp_path / "conftest.py").write_text(
         "import sys\n"
-        "from trajectory.adapters import parser_process\n"
+        "from tito_rl.trajectory.adapters.parsing import parser_process\n"
         "def pytest_sessionfinish(session):\n"
         "    helper = parser_process.active()\n"
         "    loaded = 'sglang.srt.function_call.function_call_parser' in sys.modules\n"
@@ -219,7 +219,7 @@ def test_the_helper_loads_the_parsers_before_it_is_asked_anything() -> None:
     (its memory maps pydantic's compiled core, which only the parsers' import brings in here)."""
     out = run_fresh("""
 import sys, time
-from trajectory.adapters import parser_process
+from tito_rl.trajectory.adapters.parsing import parser_process
 helper = parser_process.start()
 assert "pydantic_core" not in sys.modules
 deadline = time.monotonic() + 120

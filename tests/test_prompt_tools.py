@@ -1,4 +1,4 @@
-"""Every pinned client's tools are reachable from a scenario's generic roles (fake_engine/prompt_tools.py).
+"""Every pinned client's tools are reachable from a scenario's generic roles (fake_engine/policies/prompt_tools.py).
 
 The tool lists (names, properties, required) are copied from the real CLIs' captured requests
 (tests/captures: claude_baseline, codex_baseline, qwen, opencode, gemini); the issue's bug was a scenario's
@@ -11,8 +11,9 @@ import json
 
 import pytest
 
-from fake_engine.policy import PolicyError
-from fake_engine.prompt_tools import (
+from tests.fake_engine_helpers import prompt_ids, tokenizer
+from tests.test_fake_engine_scripted import parsers, request
+from tito_rl.fake_engine.policies.prompt_tools import (
     TOOL_ALIASES,
     OfferedTool,
     offered_tools,
@@ -21,9 +22,8 @@ from fake_engine.prompt_tools import (
     with_workdir,
     workdir_of,
 )
-from fake_engine.scripted import ScriptedPolicy, parse_scenario
-from tests.fake_engine_helpers import prompt_ids, tokenizer
-from tests.test_fake_engine_scripted import parsers, request
+from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, parse_scenario
+from tito_rl.fake_engine.policy import PolicyError
 
 # client -> tool -> (properties, required), as captured.
 CLIENT_TOOLS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {

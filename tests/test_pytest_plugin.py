@@ -16,8 +16,8 @@ import pytest
 
 from tests.process_helpers import ROOT
 from tests.replay_support import Live, record, tool_loop, tool_loop_scenario
-from tito_cli import main as tito_main
-from trajectory.adapters.session import session_digest
+from tito_rl.main import main as tito_main
+from tito_rl.trajectory.adapters.session import session_digest
 
 SIDS = ("plugin-token-a-000001", "plugin-token-b-000002")
 INI = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
@@ -84,9 +84,9 @@ def test_sessions_are_items_that_replay_in_parallel_and_write_goldens_on_request
 def test_ids_of_sessions_with_odd_names_paste_back(tmp_path: Path) -> None:
     """Session names come from the cassette (untrusted): one holding `::` would read as two parts of an id; its id
     percent-encodes it (and `%`), so what `pytest -v` prints selects exactly that session, and no two collide."""
-    from recorder.cassette.writer import CassetteWriter
     from tests.cassette_helpers import header, play, session_traffic
-    from trajectory.tokenizer import fingerprint, load_tokenizer
+    from tito_rl.cassette.writer import CassetteWriter
+    from tito_rl.trajectory.tokens.tokenizer import fingerprint, load_tokenizer
 
     (tmp_path / "pytest.ini").write_text(INI)
     (tmp_path / "cassettes").mkdir()

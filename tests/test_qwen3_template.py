@@ -10,9 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.adapter_support import HTTP_SCENARIOS, load_capture
-from trajectory.adapters import anthropic, openai_chat, qwen3_template, responses
-from trajectory.adapters.canonical import fold_system_messages
-from trajectory.adapters.render import ChatRenderer
+from tito_rl.trajectory.adapters.canonical import fold_system_messages
+from tito_rl.trajectory.adapters.rendering import qwen3_template
+from tito_rl.trajectory.adapters.rendering.render import ChatRenderer
+from tito_rl.trajectory.adapters.wires import anthropic, openai_chat, responses
 
 WIRES = {"/v1/messages": anthropic, "/v1/chat/completions": openai_chat, "/v1/responses": responses}
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from recorder.agents.install import ensure_installed
-from recorder.agents.pins import CLAUDE_CODE
-from replayer.reader import read_cassette
 from tests.process_helpers import ROOT, free_port, tito
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.recorder.agents.install import ensure_installed
+from tito_rl.recorder.agents.pins import CLAUDE_CODE
 
 pytestmark = pytest.mark.skipif(shutil.which("npm") is None,
                                 reason="npm is missing: the real agent CLI cannot be installed")
@@ -28,7 +28,7 @@ def test_record_claude_code_against_the_scripted_fake_engine(tmp_path: Path) -> 
     with tito("fake-engine", "--script", "fake_engine/examples/claude_tool_loop.yaml", "--port", str(port),
               ready=engine + "/health"):
         proc = subprocess.run(
-            [sys.executable, "-m", "tito_cli", "record", "--engine", engine, "--listen", f"127.0.0.1:{free_port()}",
+            [sys.executable, "-m", "tito_rl", "record", "--engine", engine, "--listen", f"127.0.0.1:{free_port()}",
              "--out", str(out), "--agent", "claude-code", "--task", "List the files in this folder.",
              "--sessions", "1", "--reward", "1.0", "--quiet"],
             cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -67,8 +67,8 @@ def test_record_gemini_cli_through_the_adapter_and_replay_it_clean(tmp_path: Pat
     """Gemini CLI's own tool loop (two shell calls it really runs, then an answer) on the Gemini API wire:
     its echoes (call ids, thought signatures, <untrusted_context> output) stay on one chain, and the cassette
     replays clean."""
-    from recorder.agents.pins import GEMINI_CLI
-    from replayer.replay import replay_cassette
+    from tito_rl.recorder.agents.pins import GEMINI_CLI
+    from tito_rl.replayer.replay.cassette_replay import replay_cassette
 
     ensure_installed(GEMINI_CLI)
     scenario = tmp_path / "gemini_loop.json"
@@ -78,7 +78,7 @@ def test_record_gemini_cli_through_the_adapter_and_replay_it_clean(tmp_path: Pat
     engine = f"http://127.0.0.1:{port}"
     with tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}", ready=engine + "/health"):
         proc = subprocess.run(
-            [sys.executable, "-m", "tito_cli", "record", "--engine", engine, "--listen", f"127.0.0.1:{free_port()}",
+            [sys.executable, "-m", "tito_rl", "record", "--engine", engine, "--listen", f"127.0.0.1:{free_port()}",
              "--out", str(out), "--agent", "gemini-cli", "--task", "Leave a proof file, then read it back.",
              "--sessions", "1", "--reward", "1.0", "--quiet"],
             cwd=ROOT, capture_output=True, text=True, timeout=300)

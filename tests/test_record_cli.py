@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from recorder.cassette.format import AgentRecord
-from replayer.reader import read_cassette
 from tests.process_helpers import capture_dir, free_port, tito
+from tito_rl.cassette.format.records import AgentRecord
+from tito_rl.cassette.reader import read_cassette
 
 SCRIPT = "fake_engine/examples/claude_tool_loop.yaml"
 BEARER = "tito-live-session-token-3c9e81f0a2b74d55"
@@ -113,7 +113,7 @@ def test_cassette_info_reports_the_recording(recorded: Path) -> None:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "tito_cli", "cassette", "info", str(recorded), "--json"],
+    proc = subprocess.run([sys.executable, "-m", "tito_rl", "cassette", "info", str(recorded), "--json"],
                           capture_output=True, text=True, timeout=60, check=True)
     info = json.loads(proc.stdout)
     assert info["truncated"] is False
@@ -162,7 +162,7 @@ def _writer_pid(proxy_pid: int) -> int:
             cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == proxy_pid and b"recorder.cassette.writer_process" in cmdline:
+        if ppid == proxy_pid and b"tito_rl.cassette.writer_process" in cmdline:
             return int(stat.parent.name)
     raise AssertionError(f"no cassette writer process under tito record ({proxy_pid})")
 

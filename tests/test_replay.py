@@ -10,14 +10,18 @@ from typing import Any
 
 import pytest
 
-from replayer import exports, goldens
-from replayer.fixtures import replay
-from replayer.replay import ReplayInputError, ReplayOptions, replay_cassette
 from tests.replay_support import WIRE, Live, record, tool_loop, tool_loop_scenario
-from trajectory.adapters import anthropic, canonical
-from trajectory.adapters.session import session_digest
-from trajectory.golden import TokenizerNames
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.replayer.goldens import files as goldens
+from tito_rl.replayer.pytest_plugin.fixtures import replay
+from tito_rl.replayer.replay.cassette_replay import replay_cassette
+from tito_rl.replayer.replay.loading import ReplayInputError
+from tito_rl.replayer.replay.options import ReplayOptions
+from tito_rl.replayer.reporting import exports
+from tito_rl.trajectory.adapters import canonical
+from tito_rl.trajectory.adapters.session import session_digest
+from tito_rl.trajectory.adapters.wires import anthropic
+from tito_rl.trajectory.golden import TokenizerNames
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 MAIN, OTHER = "live-token-main-0001", "live-token-other-0002"
 
@@ -220,7 +224,7 @@ def test_aborts_engine_failures_retries_probes_and_side_requests_replay_as_they_
 
 
 def _agent_records(path: Path) -> list[Any]:
-    from replayer.reader import read_cassette
+    from tito_rl.cassette.reader import read_cassette
 
     return [r for log in read_cassette(path).sessions.values() for r in log.agent]
 

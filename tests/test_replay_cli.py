@@ -16,19 +16,19 @@ import aiohttp
 import pytest
 import yaml
 
-from recorder.cassette.writer import CassetteWriter
-from recorder.taps.proxy import build_header
 from tests.process_helpers import ROOT, free_port, tito
 from tests.replay_support import Conversation, tool_loop, tool_loop_scenario
-from trajectory.adapters.app import AdapterSettings
-from trajectory.adapters.session import session_digest
+from tito_rl.cassette.writer import CassetteWriter
+from tito_rl.recorder.taps.proxy import build_header
+from tito_rl.trajectory.adapters.app import AdapterSettings
+from tito_rl.trajectory.adapters.session import session_digest
 
 SESSIONS = ("cli-live-token-a-0001", "cli-live-token-b-0002")
 
 
 def replay(*args: str, seed: str = "0") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONHASHSEED": seed}
-    return subprocess.run([sys.executable, "-m", "tito_cli", "replay", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tito_rl", "replay", *args], cwd=ROOT, capture_output=True,
                           text=True, env=env, timeout=300)
 
 

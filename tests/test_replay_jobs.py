@@ -12,17 +12,20 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from replayer.plan import plan_session
-from replayer.replay import Harness, ReplayOptions, load_cassette, run_sync
-from replayer.replay_run import parse_shard, shard_of
-from tito_cli import main
+from tito_rl.main import main
+from tito_rl.replayer.replay.batch import parse_shard, shard_of
+from tito_rl.replayer.replay.cassette_replay import run_sync
+from tito_rl.replayer.replay.harness import Harness
+from tito_rl.replayer.replay.loading import load_cassette
+from tito_rl.replayer.replay.options import ReplayOptions
+from tito_rl.replayer.replay.plan import plan_session
 
 ROOT = Path(__file__).resolve().parent.parent
 CASSETTES = ("mixed_concurrent", "openai_wires", "drift_realign", "tool_loop")
 
 
 def tito_replay(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_cli", "replay", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tito_rl", "replay", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
 
 

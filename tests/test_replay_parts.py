@@ -7,15 +7,22 @@ import json
 import threading
 from pathlib import Path
 
-from recorder.cassette.format import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
-from replayer import exports, golden_diff, goldens
-from replayer.agent_leg import REPLAY_HEADER, request_headers
-from replayer.differences import json_difference, reply_difference, samples_difference, token_divergence
-from replayer.golden_diff import DiffStyle
-from replayer.plan import Drop, End, Finish, Start, plan_session
-from replayer.reader import SessionLog
-from replayer.replay_cli import Progress
-from replayer.results import CassetteResult, SessionResult
+from tito_rl.cassette.format.records import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
+from tito_rl.cassette.reader import SessionLog
+from tito_rl.replayer.comparison.differences import (
+    json_difference,
+    reply_difference,
+    samples_difference,
+    token_divergence,
+)
+from tito_rl.replayer.goldens import diff_view as golden_diff
+from tito_rl.replayer.goldens import files as goldens
+from tito_rl.replayer.goldens.diff_view import DiffStyle
+from tito_rl.replayer.replay.agent_leg import REPLAY_HEADER, request_headers
+from tito_rl.replayer.replay.cli import Progress
+from tito_rl.replayer.replay.plan import Drop, End, Finish, Start, plan_session
+from tito_rl.replayer.replay.results import CassetteResult, SessionResult
+from tito_rl.replayer.reporting import exports
 
 
 def _agent(seq: int, started: float, duration: float, **kw) -> AgentRecord:

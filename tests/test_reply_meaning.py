@@ -1,15 +1,15 @@
-"""What an agent reads in a reply (`replayer.reply_meaning`), the basis of the conformance table's reply column:
-real replies of tito's adapter and of slime's from the committed cassettes, on all four wires, JSON and SSE,
-and the shapes other gateways send that tito's adapter does not."""
+"""What an agent reads in a reply (`replayer/comparison/reply_meaning.py`), the basis of the conformance table's
+reply column: real replies of tito's adapter and of slime's from the committed cassettes, on all four wires, JSON
+and SSE, and the shapes other gateways send that tito's adapter does not."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from replayer.reader import read_cassette
-from replayer.reply_meaning import Meaning, meaning
 from tests.scripted_support import session_log
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.replayer.comparison.reply_meaning import Meaning, meaning
 
 CASSETTES = Path(__file__).resolve().parent.parent / "cassettes"
 

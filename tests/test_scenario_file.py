@@ -15,8 +15,8 @@ import jsonschema
 import pytest
 import yaml
 
-from recorder.scenario_file import ScenarioError, check_scenario, scenario_schema
 from tests.process_helpers import ROOT
+from tito_rl.recorder.scenario_file import ScenarioError, check_scenario, scenario_schema
 
 COMMITTED = sorted((ROOT / "cassettes" / "scenarios").glob("*.yaml")) + sorted(
     (ROOT / "fake_engine" / "examples").glob("*.yaml"))
@@ -108,7 +108,7 @@ def test_the_schema_rejects_what_the_model_rejects() -> None:
 
 
 def tito(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
 
 

@@ -10,16 +10,6 @@ from typing import Any
 
 import pytest
 
-import tito_cli
-from fake_engine.app import EngineOptions
-from fake_engine.app import create_app as create_engine
-from fake_engine.scripted import ScriptedPolicy, load_scenario
-from recorder import cli as record_cli
-from recorder.cassette.format import DropRecord
-from recorder.scripted.client import COMPACTION_PREFIX, generated_output
-from recorder.scripted.runs import unapplied_record_args
-from recorder.scripted.script import parse_client_script
-from replayer.reader import CassetteReader, read_cassette
 from tests.cassette_helpers import serve
 from tests.process_helpers import free_port
 from tests.scripted_support import (
@@ -33,8 +23,18 @@ from tests.scripted_support import (
     statuses,
     trained_tokens,
 )
-from trajectory.adapters.session import session_digest
-from trajectory.tokenizer import load_tokenizer
+from tito_rl import main as tito_cli
+from tito_rl.cassette.format.records import DropRecord
+from tito_rl.cassette.reader import CassetteReader, read_cassette
+from tito_rl.fake_engine.app import EngineOptions
+from tito_rl.fake_engine.app import create_app as create_engine
+from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, load_scenario
+from tito_rl.recorder import cli as record_cli
+from tito_rl.recorder.scripted.client import COMPACTION_PREFIX, generated_output
+from tito_rl.recorder.scripted.runs import unapplied_record_args
+from tito_rl.recorder.scripted.script import parse_client_script
+from tito_rl.trajectory.adapters.session import session_digest
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 
 def _reply_blocks(events: list[str]) -> list[dict[str, Any]]:

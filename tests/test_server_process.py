@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from trajectory.adapters import fast_json
-from trajectory.server_process import EVENT_LOOP_ENV, LoopCollector, event_loop_name, new_event_loop
+from tito_rl.trajectory.adapters.engine import fast_json
+from tito_rl.trajectory.runtime.server_process import EVENT_LOOP_ENV, LoopCollector, event_loop_name, new_event_loop
 
 
 class Node:
@@ -125,7 +125,7 @@ def test_engine_requests_encode_to_the_same_json_value(value: dict) -> None:
 
 
 async def test_a_servers_young_threshold_makes_gen0_passes_rarer(small_thresholds: None) -> None:
-    from trajectory.server_process import SERVER_YOUNG_THRESHOLD
+    from tito_rl.trajectory.runtime.server_process import SERVER_YOUNG_THRESHOLD
 
     collector = LoopCollector(interval_s=3600, young_threshold=SERVER_YOUNG_THRESHOLD)
     collector.start()
@@ -146,7 +146,7 @@ def test_free_ports_are_below_the_ephemeral_range_where_clients_take_theirs() ->
     import socket
     from pathlib import Path
 
-    from recorder.processes import free_port
+    from tito_rl.recorder.processes import free_port
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     ports = [free_port() for _ in range(20)]

@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from trajectory import sglang_loader
-from trajectory.sglang_loader import SGLANG_VERSION, XGRAMMAR_VERSION, SglangInstallError, check_version
+from tito_rl.trajectory.adapters.parsing import sglang_loader
+from tito_rl.trajectory.adapters.parsing.sglang_loader import (
+    SGLANG_VERSION,
+    XGRAMMAR_VERSION,
+    SglangInstallError,
+    check_version,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +28,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 def test_parsers_load_without_sglangs_runtime_or_torch() -> None:
     done = run_python(
         "import sys\n"
-        "from trajectory.sglang_loader import parsers\n"
+        "from tito_rl.trajectory.adapters.parsing.sglang_loader import parsers\n"
         "p = parsers()\n"
         "import sglang, xgrammar\n"
         "print(sorted(m for m in ('torch', 'triton', 'tvm_ffi', 'sglang.lang', 'sglang.srt.managers')"
@@ -55,7 +60,7 @@ def test_tito_serve_with_another_sglang_says_which_version_it_needs() -> None:
         "import importlib.metadata, sys\n"
         "real = importlib.metadata.version\n"
         "importlib.metadata.version = lambda name: '0.5.22' if name == 'sglang' else real(name)\n"
-        "from tito_cli import main\n"
+        "from tito_rl.main import main\n"
         "sys.exit(main(['serve', '--engine', 'http://127.0.0.1:9']))\n")
     assert done.returncode == 2
     assert done.stdout == ""
@@ -74,13 +79,14 @@ def test_the_pins_installed_are_the_pins_checked() -> None:
 def test_stand_ins_are_held_only_where_the_parsers_never_call_them() -> None:
     done = run_python(
         "import sys, types\n"
-        "from trajectory.sglang_loader import STAND_IN_DOC, parsers\n"
+        "from tito_rl.trajectory.adapters.parsing.sglang_loader import STAND_IN_DOC, parsers\n"
         "p = parsers()\n"
         "def stand_in(v):\n"
         "    return (isinstance(v, types.ModuleType) and v.__doc__ == STAND_IN_DOC) or (\n"
         "        isinstance(v, type) and v.__module__ in ('transformers', 'IPython.display', 'tqdm')\n"
         "        and v.__module__ not in sys.modules)\n"
-        "print(sorted(n for n, m in list(sys.modules.items()) if n != 'trajectory.sglang_loader'\n"
+        "print(sorted(n for n, m in list(sys.modules.items())\n"
+        "             if n != 'tito_rl.trajectory.adapters.parsing.sglang_loader'\n"
         "             and any(stand_in(v) for v in vars(m).values())))\n"
         "print([n for n in ('transformers', 'IPython', 'numpy', 'requests', 'pybase64', 'tqdm') if n in sys.modules])\n"
         "import numpy, requests, tqdm, transformers, IPython.display\n"
@@ -95,7 +101,7 @@ def test_stand_ins_are_held_only_where_the_parsers_never_call_them() -> None:
 def test_openai_runs_its_init_only_when_a_name_of_it_is_asked_for() -> None:
     done = run_python(
         "import sys\n"
-        "from trajectory.sglang_loader import parsers\n"
+        "from tito_rl.trajectory.adapters.parsing.sglang_loader import parsers\n"
         "parsers()\n"
         "from pydantic._internal import _config\n"
         "print('openai._client' in sys.modules, 'OpenAI' in vars(sys.modules['openai']),"
@@ -121,7 +127,7 @@ def test_a_bare_model_rebuild_while_the_parsers_load_waits_for_first_use() -> No
     done = run_python(
         "import pydantic\n"
         "original = pydantic.BaseModel.__dict__['model_rebuild']\n"
-        "from trajectory.sglang_loader import parsers\n"
+        "from tito_rl.trajectory.adapters.parsing.sglang_loader import parsers\n"
         "parsers()\n"
         "import xgrammar.structural_tag as st\n"
         "print(pydantic.BaseModel.__dict__['model_rebuild'] is original, st.SequenceFormat.__pydantic_complete__)\n"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recorder.simulate import SimulateError, simulate
 from tests.process_helpers import ROOT
+from tito_rl.recorder.simulate import SimulateError, simulate
 
 BARE_ENGINE = {"name": "bare", "turns": [{"text": "done"}]}
 
@@ -47,7 +47,7 @@ def test_a_scenario_without_client_needs_agent_and_task(tmp_path: Path) -> None:
 def test_the_command_line_says_why_in_one_line_and_exits_1(tmp_path: Path) -> None:
     out = tmp_path / "kept.tito"
     out.write_bytes(b"committed")
-    proc = subprocess.run([sys.executable, "-m", "tito_cli", "simulate", "--scenario",
+    proc = subprocess.run([sys.executable, "-m", "tito_rl", "simulate", "--scenario",
                            str(scenario(tmp_path, BARE_ENGINE, "bare")), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stdout == ""
@@ -80,14 +80,15 @@ def test_a_failed_recording_leaves_no_cassette(tmp_path: Path) -> None:
 
 
 def test_claude_code_records_a_cassette_and_golden_that_replay_clean(tmp_path: Path) -> None:
-    from recorder.agents.install import is_installed
-    from recorder.agents.pins import CLAUDE_CODE
-    from replayer.reader import read_cassette
+    from tito_rl.cassette.reader import read_cassette
+    from tito_rl.recorder.agents.install import is_installed
+    from tito_rl.recorder.agents.pins import CLAUDE_CODE
 
     if not is_installed(CLAUDE_CODE):
         pytest.skip(f"{CLAUDE_CODE.spec} is not installed in .tools/npm: `tito simulate` installs it with npm "
-                    "(needs the registry), or run `python -c 'from recorder.agents.install import ensure_installed; "
-                    "from recorder.agents.pins import CLAUDE_CODE; ensure_installed(CLAUDE_CODE)'`")
+                    "(needs the registry), or run `python -c 'from tito_rl.recorder.agents.install import "
+                    "ensure_installed; from tito_rl.recorder.agents.pins import CLAUDE_CODE; "
+                    "ensure_installed(CLAUDE_CODE)'`")
     # The example engine script under a name of its own: session ids (and so sandbox paths) derive from it,
     # and another recording of the example may run at the same time.
     data = yaml.safe_load((ROOT / "fake_engine" / "examples" / "claude_tool_loop.yaml").read_text())
@@ -104,7 +105,7 @@ def test_claude_code_records_a_cassette_and_golden_that_replay_clean(tmp_path: P
     golden = out.with_suffix(".golden").read_text()
     assert "stats: turns 2, side turns 0, leaves 1, samples 1, forks none" in golden
     assert 'calls "Bash({"command":"ls"' in golden
-    replay = subprocess.run([sys.executable, "-m", "tito_cli", "replay", str(out)], cwd=ROOT, capture_output=True,
+    replay = subprocess.run([sys.executable, "-m", "tito_rl", "replay", str(out)], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)
     assert replay.returncode == 0, replay.stdout + replay.stderr
 
@@ -114,10 +115,10 @@ def test_a_session_already_recording_is_one_clear_error(tmp_path: Path) -> None:
     same scenario at once, or a killed one's leftover, meets an existing folder: one line, not a traceback."""
     import tempfile
 
-    from recorder.agents.install import is_installed
-    from recorder.agents.pins import CODEX
-    from recorder.agents.sandbox import LocalSandbox, SandboxError
-    from trajectory.adapters.session import session_digest
+    from tito_rl.recorder.agents.install import is_installed
+    from tito_rl.recorder.agents.pins import CODEX
+    from tito_rl.recorder.agents.sandbox import LocalSandbox, SandboxError
+    from tito_rl.trajectory.adapters.session import session_digest
 
     with LocalSandbox(parent=tmp_path, name="taken"), pytest.raises(SandboxError, match=r"taken exists: a "
                                                                     r"recording of the same session is running"):

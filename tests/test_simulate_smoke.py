@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from recorder.agents.install import install_dir, is_installed
-from recorder.agents.pins import PINS
-from recorder.simulate import simulate
-from replayer import goldens
-from replayer.reader import read_cassette
-from replayer.replay import replay_cassette
-from trajectory.golden import TokenizerNames
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.recorder.agents.install import install_dir, is_installed
+from tito_rl.recorder.agents.pins import PINS
+from tito_rl.recorder.simulate import simulate
+from tito_rl.replayer.goldens import files as goldens
+from tito_rl.replayer.replay.cassette_replay import replay_cassette
+from tito_rl.trajectory.golden import TokenizerNames
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 # The word is the session's own: it comes back in the tool result and the answer.
 WORDS = {"claude-code": "anchor", "codex": "beacon", "qwen-code": "canyon", "opencode": "delta", "gemini-cli": "echo"}

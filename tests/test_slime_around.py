@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from recorder.simulate import simulate
-from recorder.targets import slime_env
-from recorder.targets.base import TargetError
-from replayer.reader import read_cassette
-from replayer.replay import replay_cassette_async
 from tests.process_helpers import ROOT, free_port, tito
 from tests.test_targets_record_replay import WORDS, grpo_scenario, record
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.recorder.simulate import simulate
+from tito_rl.recorder.targets import slime_env
+from tito_rl.recorder.targets.base import TargetError
+from tito_rl.replayer.replay.cassette_replay import replay_cassette_async
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 CASSETTE = ROOT / "cassettes" / "targets" / "slime_mixed.tito"
 SCENARIO = ROOT / "cassettes" / "targets" / "scenarios" / "slime_mixed.yaml"
@@ -35,7 +35,7 @@ SESSIONS = ("slime-anthropic-sse", "slime-anthropic-json", "slime-chat-sse", "sl
 
 
 def run_tito(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env=env)
 
 

@@ -1,4 +1,4 @@
-"""Splicing the model's own output ids into the next prompt (`trajectory/adapters/splice.py`).
+"""Splicing the model's own output ids into the next prompt (`trajectory/adapters/rendering/splice.py`).
 
 Over loopback HTTP, with the real Qwen3 tokenizer: engine outputs that carry non-canonical token splits (the
 drift a sampled model produces) come back in the next prompt as the very ids emitted, so the manager trains
@@ -14,16 +14,17 @@ from typing import Any
 import aiohttp
 import pytest
 
-from fake_engine.drift import inject_split
-from recorder.cassette.format import Header
-from replayer.replay import adapter_settings, replay_cassette_async
 from tests.adapter_double import EOS, qwen3_output
 from tests.adapter_support import HTTP_SCENARIOS, load_capture, running_stack, script_for
 from tests.gemini_support import GeminiConversation
 from tests.replay_support import Live, record, tool_loop, tool_loop_scenario
 from tests.test_adapter_captures import SKIP_HEADERS
-from tito_cli import main
-from trajectory.events import coverage_text
+from tito_rl.cassette.format.records import Header
+from tito_rl.fake_engine.drift import inject_split
+from tito_rl.main import main
+from tito_rl.replayer.replay.cassette_replay import replay_cassette_async
+from tito_rl.replayer.replay.loading import adapter_settings
+from tito_rl.trajectory.events import coverage_text
 
 TOOLS = [{"name": "Bash", "description": "Run a shell command.",
           "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
@@ -94,9 +95,9 @@ def drift_cassette(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict
 
 
 def test_drift_fault_every_emitted_token_is_trained_once(drift_cassette, capsys) -> None:
-    from replayer.reader import read_cassette
     from tests.scripted_support import generations, session_log
-    from trajectory.tokenizer import load_tokenizer
+    from tito_rl.cassette.reader import read_cassette
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
     path, live = drift_cassette
     cassette = read_cassette(path)
@@ -141,7 +142,7 @@ def test_a_header_without_the_setting_replays_as_recorded_before_splicing(monkey
     assert adapter_settings(Header("fingerprint", adapter={}), None, {}).splice is False
     assert adapter_settings(Header("fingerprint", adapter={"splice": True}), None, {}).splice is True
     assert adapter_settings(Header("fingerprint", adapter={"splice": True}), None, {"splice": False}).splice is False
-    import recorder.taps.proxy as proxy
+    import tito_rl.recorder.taps.proxy as proxy
 
     original = proxy.adapter_settings_dict
     monkeypatch.setattr(proxy, "adapter_settings_dict",
@@ -150,7 +151,7 @@ def test_a_header_without_the_setting_replays_as_recorded_before_splicing(monkey
     record(path, tool_loop_scenario(3, t0={"drift": True}), _loop_and_finish, splice=False)
     monkeypatch.undo()
     assert main(["replay", str(path), "--update-goldens"]) == 0
-    from replayer.reader import read_cassette
+    from tito_rl.cassette.reader import read_cassette
 
     assert "splice" not in read_cassette(path).header.adapter
     assert main(["replay", str(path)]) == 0
@@ -197,7 +198,7 @@ def _drifting_sessions_scenario(sessions: int = 6) -> dict[str, Any]:
 
 async def test_drift_on_some_turns_of_concurrent_sessions_trains_every_emitted_token_once(tmp_path: Path) -> None:
     from tests.scripted_support import generations, record_scenario, session_log
-    from trajectory.tokenizer import load_tokenizer
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
     cassette, results = await record_scenario(_drifting_sessions_scenario(), tmp_path / "drifting.tito")
     tokenizer = load_tokenizer()
@@ -253,7 +254,7 @@ async def test_the_spliced_prompt_is_the_previous_prompt_and_output_then_the_ren
 
 
 def _turn(messages: list[dict[str, Any]]) -> Any:
-    from trajectory.adapters import anthropic
+    from tito_rl.trajectory.adapters.wires import anthropic
 
     return anthropic.parse_request({"model": "m", "max_tokens": 1, "system": "S", "tools": TOOLS,
                                     "messages": messages})
@@ -518,7 +519,7 @@ def test_coverage_is_one_only_when_every_emitted_token_is_trained() -> None:
 def test_tito_serve_and_record_take_no_splice() -> None:
     import argparse
 
-    from trajectory.adapters.serve import add_arguments, settings_from
+    from tito_rl.trajectory.adapters.serve import add_arguments, settings_from
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

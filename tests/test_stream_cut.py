@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from recorder.agents.stream_cut import CuttingRelay, StreamCut, cut_events
+from tito_rl.recorder.agents.stream_cut import CuttingRelay, StreamCut, cut_events
 
 EVENTS = b"".join(f"event: e{n}\ndata: {{\"n\":{n}}}\n\n".encode() for n in range(5))
 

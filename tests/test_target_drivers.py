@@ -23,12 +23,6 @@ import aiohttp
 import msgspec
 import pytest
 
-from recorder.scripted.client import run_script
-from recorder.scripted.script import TOOL_CATALOG, Disconnect, Step
-from recorder.scripted.wires import WIRE_CODECS
-from recorder.targets import slime_env
-from recorder.targets.base import ENTRY_POINT_GROUP, ROUTING_HEADER, TargetError, TargetFinish, TargetOptions
-from recorder.targets.registry import create_driver, load_factory
 from tests.target_support import (
     TOOLS,
     TURNS,
@@ -41,6 +35,12 @@ from tests.target_support import (
     start_logged_engine,
     system_prompt,
 )
+from tito_rl.recorder.scripted.client import run_script
+from tito_rl.recorder.scripted.script import TOOL_CATALOG, Disconnect, Step
+from tito_rl.recorder.scripted.wires import WIRE_CODECS
+from tito_rl.recorder.targets import slime_env
+from tito_rl.recorder.targets.base import ENTRY_POINT_GROUP, ROUTING_HEADER, TargetError, TargetFinish, TargetOptions
+from tito_rl.recorder.targets.registry import create_driver, load_factory
 
 ROOT = Path(__file__).resolve().parent.parent
 WIRES = [("anthropic", True), ("anthropic", False), ("chat", True), ("chat", False)]
@@ -280,8 +280,8 @@ def test_sample_stand_in_has_slimes_fields() -> None:
 
 @needs_slime
 def test_slime_target_without_torch_says_so_in_one_line() -> None:
-    code = ("import asyncio\nfrom recorder.targets.registry import create_driver\n"
-            "from recorder.targets.base import TargetOptions\n"
+    code = ("import asyncio\nfrom tito_rl.recorder.targets.registry import create_driver\n"
+            "from tito_rl.recorder.targets.base import TargetOptions\n"
             "d = create_driver('slime', TargetOptions())\nprint(d.info.settings['sample_stand_in'])\n")
     env = {**os.environ, "TITO_SLIME_PATH": str(slime_env.locate())}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
@@ -329,9 +329,9 @@ def test_git_commit_is_read_from_loose_and_packed_refs_and_worktrees(tmp_path: P
 
 def test_tito_and_slime_are_registered_entry_points() -> None:
     found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    assert found.get("tito") == "recorder.targets.tito:create"
-    assert found.get("slime") == "recorder.targets.slime:create"
-    from recorder.targets import slime
+    assert found.get("tito") == "tito_rl.recorder.targets.tito:create"
+    assert found.get("slime") == "tito_rl.recorder.targets.slime:create"
+    from tito_rl.recorder.targets import slime
 
     assert load_factory("slime") is slime.create  # importing the driver's module does not import slime
 

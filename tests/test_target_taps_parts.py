@@ -11,13 +11,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from recorder.taps.agent_tap import split_events
-from recorder.taps.around import TapsAround, serve
-from recorder.taps.attribution import Attribution, Owner
-from recorder.targets.base import TargetError, TargetInfo, TargetOptions
-from recorder.targets.registry import create_driver, load_factory, parse_target
-from replayer.differences import reply_difference
-from replayer.volatile import MASK, mask, parse_path
+from tito_rl.recorder.taps.agent_tap import split_events
+from tito_rl.recorder.taps.around import TapsAround, serve
+from tito_rl.recorder.taps.attribution import Attribution, Owner
+from tito_rl.recorder.targets.base import TargetError, TargetInfo, TargetOptions
+from tito_rl.recorder.targets.registry import create_driver, load_factory, parse_target
+from tito_rl.replayer.comparison.differences import reply_difference
+from tito_rl.replayer.comparison.volatile import MASK, mask, parse_path
 
 KEY = {"X-SMG-Routing-Key": "s1"}
 
@@ -94,11 +94,11 @@ def test_an_sse_body_splits_into_its_events_and_keeps_a_cut_tail() -> None:
 def test_the_registry_finds_targets_or_says_why_in_one_line() -> None:
     assert parse_target(None).kind == "tito" and parse_target("http://h:1").kind == "http"
     assert parse_target("slime").kind == "driver"
-    assert callable(load_factory("recorder.targets.tito:create"))
+    assert callable(load_factory("tito_rl.recorder.targets.tito:create"))
     with pytest.raises(TargetError, match="unknown target 'nope'"):
         load_factory("nope")
     with pytest.raises(TargetError, match="has no attribute"):
-        load_factory("recorder.targets.tito:missing")
+        load_factory("tito_rl.recorder.targets.tito:missing")
     with pytest.raises(TargetError, match="lacks info, start, finish, drop, stop"):
         create_driver("tests.target_variants:not_a_driver", TargetOptions())
 

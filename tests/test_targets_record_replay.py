@@ -2,7 +2,7 @@
 
 Everything over real HTTP on loopback, with `tito record`/`tito replay` as real processes: the scripted
 client -> agent tap -> target -> engine tap -> the fake engine, then the cassette back through the target.
-The target here is tito's own adapter run as a driver behind the generic taps (`recorder.targets.tito`), and
+The target here is tito's own adapter run as a driver behind the generic taps (`tito_rl.recorder.targets.tito`), and
 `tito serve` as a separate process for the http:// kind; tests/test_gateway_double.py does the same with a
 gateway of another design.
 """
@@ -20,19 +20,19 @@ from pathlib import Path
 
 import pytest
 
-import tito_cli
-from recorder.cassette.format import AgentRecord, EngineRecord
-from replayer.reader import read_cassette
 from tests.process_helpers import ROOT, free_port, tito
-from trajectory.tokenizer import load_tokenizer
+from tito_rl import main as tito_cli
+from tito_rl.cassette.format.records import AgentRecord, EngineRecord
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
-TITO_DRIVER = "recorder.targets.tito:create"
+TITO_DRIVER = "tito_rl.recorder.targets.tito:create"
 TOOL_LOOP = ROOT / "cassettes" / "scenarios" / "tool_loop.yaml"
 WORDS = ("amber", "birch", "cedar", "dune", "ember", "fjord", "grove", "heath")
 
 
 def run_tito(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout_s)
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from trajectory.adapters.canonical import message
-from trajectory.adapters.engine import parse_generation
-from trajectory.adapters.render import ChatRenderer, IncrementalEncoder
-from trajectory.records import Sample, TurnRecord
-from trajectory.untracked import available, untrack
+from tito_rl.trajectory.adapters.canonical import message
+from tito_rl.trajectory.adapters.engine.generate import parse_generation
+from tito_rl.trajectory.adapters.rendering.render import ChatRenderer, IncrementalEncoder
+from tito_rl.trajectory.records import Sample, TurnRecord
+from tito_rl.trajectory.runtime.untracked import available, untrack
 
 pytestmark = pytest.mark.skipif(not available(), reason="lists cannot be untracked on this interpreter")
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from replayer import goldens
 from tests.process_helpers import ROOT
-from tito_cli import main
+from tito_rl.main import main
+from tito_rl.replayer.goldens import files as goldens
 
 CASSETTE = ROOT / "cassettes" / "drift_realign.tito"
 STALE = "sid-0000000000000000"

@@ -9,8 +9,8 @@ import pytest
 
 from tests.process_helpers import ROOT
 from tests.test_pytest_plugin import INI, pytest_run
-from tito_cli import main
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.main import main
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 CASSETTE = ROOT / "cassettes" / "drift_realign.tito"
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from recorder.cassette.writer import CassetteWriter, PerSessionTap
-from recorder.cassette.writer_process import RecorderError, WriterProcessTap
-from replayer.reader import read_cassette
 from tests.cassette_helpers import API_KEY, BEARER, final_sample, header, play, session_traffic
 from tests.process_helpers import kill_9_after
+from tito_rl.cassette.reader import read_cassette
+from tito_rl.cassette.writer import CassetteWriter, PerSessionTap
+from tito_rl.cassette.writer_process import RecorderError, WriterProcessTap
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -78,9 +78,9 @@ def test_kill_9_of_the_proxy_loses_no_call_that_returned(tmp_path: Path) -> None
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from recorder.cassette.writer_process import WriterProcessTap
+        from tito_rl.cassette.writer_process import WriterProcessTap
         from tests.cassette_helpers import header, generate_body
-        from trajectory.adapters.tap import EngineExchange
+        from tito_rl.trajectory.adapters.tap import EngineExchange
         tap = WriterProcessTap(__import__("pathlib").Path({str(path)!r}), header())
         print(tap.pid, flush=True)
         prompt = list(range(1, 2000))

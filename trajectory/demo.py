@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from trajectory.golden import render_samples
-from trajectory.manager import TrajectoryManager
-from trajectory.synthetic import SyntheticSession, assistant, system, tool, user
+from tito_rl.trajectory.golden import render_samples
+from tito_rl.trajectory.manager import TrajectoryManager
+from tito_rl.trajectory.synthetic import SyntheticSession, assistant, system, tool, user
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trajectory.events import SessionStats, coverage_text
-from trajectory.linearize import Span
-from trajectory.records import Sample
+from tito_rl.trajectory.events import SessionStats, coverage_text
+from tito_rl.trajectory.linearize import Span
+from tito_rl.trajectory.records import Sample
 
 if TYPE_CHECKING:
-    from trajectory.manager import Linearization
+    from tito_rl.trajectory.manager import Linearization
 
 TokenNames = Callable[[int], str]
 VISIBLE_WS = str.maketrans({" ": "·", "\n": "↵", "\t": "→", "\r": "␍"})

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trajectory.events import Event
-from trajectory.records import Sample
-from trajectory.tree import Node
+from tito_rl.trajectory.events import Event
+from tito_rl.trajectory.records import Sample
+from tito_rl.trajectory.tree import Node
 
 _CHUNK = 512
 AFTER_PROMPT = "after-prompt"  # slime's layout: the response region follows the first turn's prompt

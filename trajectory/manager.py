@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajectory.events import Event, SessionStats
-from trajectory.linearize import AFTER_PROMPT, RESPONSE_STARTS, Builder, Span, linearize_chain
-from trajectory.records import Sample, TurnRecord
-from trajectory.tree import MessageTree
+from tito_rl.trajectory.events import Event, SessionStats
+from tito_rl.trajectory.linearize import AFTER_PROMPT, RESPONSE_STARTS, Builder, Span, linearize_chain
+from tito_rl.trajectory.records import Sample, TurnRecord
+from tito_rl.trajectory.tree import MessageTree
 
 REWARD_POLICIES = ("full", "split")
 

@@ -6,7 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajectory.untracked import untrack
+from tito_rl.trajectory.runtime.untracked import untrack
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -40,7 +40,7 @@ class TurnRecord:
             )
         if self.finish_reason == "abort":
             self.aborted = True
-        # Kept for the whole session: never walked by the garbage collector (see trajectory.untracked).
+        # Kept for the whole session: never walked by the garbage collector (see tito_rl.trajectory.runtime.untracked).
         for values in (self.prompt_ids, self.output_ids, self.output_log_probs):
             untrack(values)
 

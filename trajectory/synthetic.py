@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajectory.canonical import canonical_arguments, canonical_content
-from trajectory.manager import TrajectoryManager
-from trajectory.records import TurnRecord
+from tito_rl.trajectory.canonical import canonical_arguments, canonical_content
+from tito_rl.trajectory.manager import TrajectoryManager
+from tito_rl.trajectory.records import TurnRecord
 
 STRUCTURAL = ("<sys>", "</sys>", "<usr>", "</usr>", "<tool>", "</tool>", "<gen>", "</ast>", "<nl>",
               "<think>", "</think>", "<DRIFT>")

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajectory.canonical import canonical_message
-from trajectory.events import Event
-from trajectory.records import TurnRecord
+from tito_rl.trajectory.canonical import canonical_message
+from tito_rl.trajectory.events import Event
+from tito_rl.trajectory.records import TurnRecord
 
 
 @dataclass(eq=False)

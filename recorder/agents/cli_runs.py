@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from recorder.agents.cli_script import CliRun, CliScript, CliSession
-from recorder.agents.launchers import TAIL_CHARS, AgentRun, AgentTask, LaunchPlan, launcher_for
-from recorder.agents.sandbox import Sandbox
-from recorder.agents.sessions import SandboxFactory
+from tito_rl.recorder.agents.cli_script import CliRun, CliScript, CliSession
+from tito_rl.recorder.agents.launchers import TAIL_CHARS, AgentRun, AgentTask, LaunchPlan, launcher_for
+from tito_rl.recorder.agents.sandbox import Sandbox
+from tito_rl.recorder.agents.sessions import SandboxFactory
 
 log = logging.getLogger(__name__)
 

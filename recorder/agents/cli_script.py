@@ -35,10 +35,10 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from fake_engine.scenario_model import PosFloat, ScenarioError, Strict, validate
-from fake_engine.scripted import read_scenario_data
-from recorder.agents.pins import PINS
-from recorder.agents.stream_cut import StreamCut
+from tito_rl.fake_engine.policies.scripted import read_scenario_data
+from tito_rl.fake_engine.scenario_model import PosFloat, ScenarioError, Strict, validate
+from tito_rl.recorder.agents.pins import PINS
+from tito_rl.recorder.agents.stream_cut import StreamCut
 
 SCRIPTED = "scripted"
 PinnedCli = Literal[tuple(sorted(PINS))]  # type: ignore[valid-type]

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from recorder.agents.pins import AgentPin
+from tito_rl.recorder.agents.pins import AgentPin
 
 # The checkout's .tools/npm; TITO_NPM_PREFIX moves it (e.g. for a non-editable install or a shared cache).
 DEFAULT_PREFIX = Path(

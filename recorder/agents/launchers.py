@@ -15,8 +15,8 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from recorder.agents.pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE, AgentPin
-from recorder.agents.sandbox import Sandbox
+from tito_rl.recorder.agents.pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE, AgentPin
+from tito_rl.recorder.agents.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 

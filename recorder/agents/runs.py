@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from recorder.agents.cli_script import CliScript
-from recorder.agents.pins import pin_for
-from recorder.agents.sandbox import SandboxError
-from recorder.agents.sessions import SessionPlan, run_sessions, sandbox_factory
+from tito_rl.recorder.agents.cli_script import CliScript
+from tito_rl.recorder.agents.pins import pin_for
+from tito_rl.recorder.agents.sandbox import SandboxError
+from tito_rl.recorder.agents.sessions import SessionPlan, run_sessions, sandbox_factory
 
 T = TypeVar("T")
 
@@ -79,8 +79,8 @@ async def run_agent_sessions(args: argparse.Namespace, base_url: str, stop: asyn
 
 async def run_script_sessions(args: argparse.Namespace, script: CliScript, base_url: str, stop: asyncio.Event) -> int:
     """A scenario's CLI script: its sessions at once, each one's runs in order, then each session finished."""
-    from recorder.agents.cli_runs import run_ok, run_script
-    from recorder.agents.stream_cut import CuttingRelay
+    from tito_rl.recorder.agents.cli_runs import run_ok, run_script
+    from tito_rl.recorder.agents.stream_cut import CuttingRelay
 
     relays = {s.id: CuttingRelay(base_url, s.cut_streams) for s in script.sessions if s.cut_streams}
     urls = {sid: await relay.start() for sid, relay in relays.items()}

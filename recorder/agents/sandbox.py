@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recorder.agents.install import DEFAULT_PREFIX, ensure_installed, install_command
-from recorder.agents.pid_namespace import pid_namespace_prefix, resolve_program
-from recorder.agents.pins import AgentPin
+from tito_rl.recorder.agents.install import DEFAULT_PREFIX, ensure_installed, install_command
+from tito_rl.recorder.agents.pid_namespace import pid_namespace_prefix, resolve_program
+from tito_rl.recorder.agents.pins import AgentPin
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

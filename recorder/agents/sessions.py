@@ -11,9 +11,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from recorder.agents.launchers import AgentLauncher, AgentRun, AgentTask, launcher_for
-from recorder.agents.sandbox import E2BSandbox, LocalSandbox, Sandbox
-from trajectory.adapters.session import session_digest
+from tito_rl.recorder.agents.launchers import AgentLauncher, AgentRun, AgentTask, launcher_for
+from tito_rl.recorder.agents.sandbox import E2BSandbox, LocalSandbox, Sandbox
+from tito_rl.trajectory.adapters.session import session_digest
 
 SandboxFactory = Callable[[str], Sandbox]  # session id -> a fresh sandbox
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import aiohttp
 from aiohttp import web
 
-from fake_engine.scenario_model import Strict
+from tito_rl.fake_engine.scenario_model import Strict
 
 # Per connection, or set by aiohttp itself from the bytes it sends: never copied across the relay.
 HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",

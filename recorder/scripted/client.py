@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from recorder.scripted.script import (
+from tito_rl.recorder.scripted.script import (
     RETRY_STATUSES,
     AgentSpec,
     CannedResult,
@@ -31,7 +31,7 @@ from recorder.scripted.script import (
     Disconnect,
     Step,
 )
-from recorder.scripted.wires import WIRE_CODECS, AssistantReply, ToolCallOut, Wire
+from tito_rl.recorder.scripted.wires import WIRE_CODECS, AssistantReply, ToolCallOut, Wire
 
 # Words of generated tool output (`{lines: N}` results): code-ish, so a line costs about as many tokens as a
 # line of real output.

@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recorder.scripted.client import run_script
-from recorder.scripted.script import load_client_script
+from tito_rl.recorder.scripted.client import run_script
+from tito_rl.recorder.scripted.script import load_client_script
 
 
 def unapplied_record_args(args: argparse.Namespace, record_args: tuple[str, ...]) -> list[str]:
     """The options `client.record_args` sets that this `tito record` run does not: the run would record
     another scenario than the corpus's (e.g. reasoning preserved where the scenario needs it dropped)."""
-    from recorder.cli import add_arguments
+    from tito_rl.recorder.record_options import add_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
     add_arguments(parser)
@@ -30,8 +30,8 @@ def unapplied_record_args(args: argparse.Namespace, record_args: tuple[str, ...]
 
 
 def scripted_header(scenario: str | Path) -> dict[str, Any]:
-    from recorder.agents.cli_script import scenario_name
-    from recorder.cassette.format import tito_version
+    from tito_rl.cassette.format.records import tito_version
+    from tito_rl.recorder.agents.cli_script import scenario_name
 
     name = scenario_name(scenario)
     return {"client": "scripted", "scenario": name, "version": tito_version()}

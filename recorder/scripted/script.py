@@ -1,7 +1,7 @@
 """The scripted agent client's script: the `client:` side of a corpus scenario file.
 
 A corpus scenario (`cassettes/scenarios/<name>.yaml`) holds both sides of a recording: the fake engine's
-script (`fake_engine/scripted.py`, which ignores `client:`) and what the client does:
+script (`fake_engine/policies/scripted.py`, which ignores `client:`) and what the client does:
 
     client:
       record_args: [--no-preserve-reasoning]   # extra `tito record` flags the corpus recorder passes
@@ -35,8 +35,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from fake_engine.scenario_model import NonNegFloat, NonNegInt, PosInt, ScenarioError, Strict, validate
-from fake_engine.scripted import read_scenario_data
+from tito_rl.fake_engine.policies.scripted import read_scenario_data
+from tito_rl.fake_engine.scenario_model import NonNegFloat, NonNegInt, PosInt, ScenarioError, Strict, validate
 
 WIRES = ("anthropic", "chat", "responses")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504, 529})

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from recorder.scripted.script import ToolSpec
+from tito_rl.recorder.scripted.script import ToolSpec
 
 EPHEMERAL = {"type": "ephemeral"}
 

@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from recorder.taps.recording import Recording, body_digest
-from trajectory.adapters.session import resolve_session
-from trajectory.adapters.tap import AgentExchange
+from tito_rl.recorder.taps.recording import Recording, body_digest
+from tito_rl.trajectory.adapters.session import resolve_session
+from tito_rl.trajectory.adapters.tap import AgentExchange
 
 # Not forwarded: they describe one hop's connection, or would let the target compress what is recorded.
 HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",

@@ -14,11 +14,11 @@ from typing import Any
 
 from aiohttp import web
 
-from recorder.taps.agent_tap import AgentTap
-from recorder.taps.engine_tap import EngineTap
-from recorder.taps.recording import Recording
-from recorder.targets.base import TargetDriver, TargetFinish
-from trajectory.adapters.tap import TrafficTap
+from tito_rl.recorder.taps.agent_tap import AgentTap
+from tito_rl.recorder.taps.engine_tap import EngineTap
+from tito_rl.recorder.taps.recording import Recording
+from tito_rl.recorder.targets.base import TargetDriver, TargetFinish
+from tito_rl.trajectory.adapters.tap import TrafficTap
 
 
 def samples_of(finished: Any) -> list[dict[str, Any]] | None:

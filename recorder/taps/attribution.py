@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from recorder.cassette.format import pack_u32, packed_prefix_len
-from trajectory.adapters.tap import EngineExchange
+from tito_rl.cassette.format.packing import pack_u32, packed_prefix_len
+from tito_rl.trajectory.adapters.tap import EngineExchange
 
 MAX_REMEMBERED_RIDS = 4096
 

@@ -15,10 +15,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from recorder.taps.agent_tap import HOP_HEADERS, REPLY_DROPPED, SSE, forwarded
-from recorder.taps.recording import Recording
-from trajectory.adapters import fast_json
-from trajectory.adapters.tap import EngineExchange
+from tito_rl.recorder.taps.agent_tap import HOP_HEADERS, REPLY_DROPPED, SSE, forwarded
+from tito_rl.recorder.taps.recording import Recording
+from tito_rl.trajectory.adapters.engine import fast_json
+from tito_rl.trajectory.adapters.tap import EngineExchange
 
 # Request headers not worth a byte in the cassette: they describe the target's HTTP client, not the call.
 CLIENT_HEADERS = HOP_HEADERS | {"user-agent", "accept"}

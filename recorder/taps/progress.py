@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
+from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
 
 
 @dataclass

@@ -15,13 +15,13 @@ from typing import Any, TextIO
 import aiohttp
 from aiohttp import web
 
-from recorder.cassette.format import Header
-from recorder.cassette.writer import CassetteWriter, PerSessionTap
-from recorder.cassette.writer_process import WriterProcessTap
-from recorder.taps.progress import ProgressTap
-from trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
-from trajectory.adapters.tap import TrafficTap
-from trajectory.tokenizer import fingerprint
+from tito_rl.cassette.format.records import Header
+from tito_rl.cassette.writer import CassetteWriter, PerSessionTap
+from tito_rl.cassette.writer_process import WriterProcessTap
+from tito_rl.recorder.taps.progress import ProgressTap
+from tito_rl.trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
+from tito_rl.trajectory.adapters.tap import TrafficTap
+from tito_rl.trajectory.tokens.tokenizer import fingerprint
 
 SECRET_SETTINGS = ("client_session_factory", "rid_factory", "clock")
 
@@ -51,7 +51,7 @@ def build_header(settings: AdapterSettings, engine: dict[str, Any] | None, agent
                  created: str | None = None, manager: Any = None) -> Header:
     """`manager`: the TrajectoryManager the proxy feeds (its settings go in `adapter.manager`); None: defaults."""
     if manager is None:
-        from trajectory.manager import TrajectoryManager
+        from tito_rl.trajectory.manager import TrajectoryManager
 
         manager = TrajectoryManager()
     header = Header(

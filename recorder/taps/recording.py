@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from recorder.taps.attribution import Attribution, InFlight, Owner
-from trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
+from tito_rl.recorder.taps.attribution import Attribution, InFlight, Owner
+from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
 
 ENGINE_GRACE_S = 5.0  # how long an ended exchange waits for its engine calls (an abort after a disconnect)
 

@@ -41,7 +41,7 @@ class TargetInfo:
     # Replay compares everything else; a field named here must still be present on both sides.
     volatile: tuple[str, ...] = ()
     # The engine-leg request header that carries the session id (None: the gateway sends none; tito then
-    # attributes engine calls by the rule in `recorder.taps.attribution`).
+    # attributes engine calls by the rule in `tito_rl.recorder.taps.attribution`).
     routing_header: str | None = ROUTING_HEADER
     settings: dict[str, Any] = field(default_factory=dict)  # recorded in the header (parsers, thresholds, ...)
 
@@ -54,7 +54,7 @@ class TargetInfo:
 class TargetFinish:
     """What a finish returns when the driver can say more than the samples (for goldens and conformance)."""
 
-    samples: list[dict[str, Any]]  # tito's layout: `trajectory.records.Sample.to_dict()`
+    samples: list[dict[str, Any]]  # tito's layout: `tito_rl.trajectory.records.Sample.to_dict()`
     # The gateway's own figures. Goldens and the conformance table read `turns`, `forks` (by reason), `realigns`,
     # `merges` and `untrained_turns` (turns none of whose output a sample trains); other keys are the driver's.
     stats: dict[str, Any] = field(default_factory=dict)

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from recorder.targets.base import ROUTING_HEADER, TargetFinish, TargetInfo
+from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetFinish, TargetInfo
 
 SESSION_API_TIMEOUT_S = 600.0
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
-from recorder.targets.base import ENTRY_POINT_GROUP, TargetDriver, TargetError, TargetOptions, TargetUnavailable
+from tito_rl.recorder.targets.base import ENTRY_POINT_GROUP, TargetDriver, TargetError, TargetOptions, TargetUnavailable
 
 TITO = "tito"
 # Built in, and also registered under the entry-point group by tito's own pyproject.toml.
-BUILTIN = {"tito": "recorder.targets.tito:create", "slime": "recorder.targets.slime:create"}
+BUILTIN = {"tito": "tito_rl.recorder.targets.tito:create", "slime": "tito_rl.recorder.targets.slime:create"}
 
 
 @dataclass(frozen=True)

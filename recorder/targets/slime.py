@@ -1,5 +1,5 @@
 """The built-in `slime` target: slime's own AnthropicAdapter and OpenAIAdapter (`slime/agent/adapters`) behind
-one listener, imported from the user's slime checkout (`recorder.targets.slime_env`).
+one listener, imported from the user's slime checkout (`tito_rl.recorder.targets.slime_env`).
 
 The gateway is slime's code unchanged: its translation, chat-template rendering, `/generate` call (with
 `X-SMG-Routing-Key: <session>`), parsing, reply framing and `TrajectoryManager`. The driver only builds the
@@ -21,11 +21,11 @@ from typing import Any
 
 from aiohttp import web
 
-from recorder.targets.base import ROUTING_HEADER, TargetFinish, TargetInfo, TargetOptions
-from recorder.targets.slime_env import Slime, import_slime
-from recorder.targets.slime_stats import DriftLog, observe, tree_counts
-from trajectory.records import Sample
-from trajectory.tokenizer import fingerprint, load_tokenizer
+from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetFinish, TargetInfo, TargetOptions
+from tito_rl.recorder.targets.slime_env import Slime, import_slime
+from tito_rl.recorder.targets.slime_stats import DriftLog, observe, tree_counts
+from tito_rl.trajectory.records import Sample
+from tito_rl.trajectory.tokens.tokenizer import fingerprint, load_tokenizer
 
 VOLATILE = (
     "id",  # Anthropic message `msg_<hex>`, OpenAI completion and chunk `chatcmpl_<hex>` (secrets.token_hex)
@@ -147,7 +147,7 @@ class SlimeTarget:
 
 
 def tito_sample(sample: Any) -> dict[str, Any]:
-    """A slime `Sample` in tito's layout (`trajectory.records.Sample.to_dict()`), its invariants checked."""
+    """A slime `Sample` in tito's layout (`tito_rl.trajectory.records.Sample.to_dict()`), its invariants checked."""
     reward = sample.reward if isinstance(sample.reward, int | float) else 0.0
     return Sample(tokens=[int(t) for t in sample.tokens], response_length=int(sample.response_length),
                   loss_mask=[int(m) for m in sample.loss_mask or []],

@@ -3,7 +3,7 @@
 slime is not on PyPI: the target imports it from a checkout, the folder in `TITO_SLIME_PATH` (the checkout's
 root, holding `slime/agent/`) or one already importable (on `PYTHONPATH`, or installed with `pip install -e`).
 Two imports need help here. slime's parsers import `sglang.srt...`, which tito loads without sglang's serving
-runtime (`trajectory.sglang_loader`); and slime's `TrajectoryManager` imports `Sample` from
+runtime (`tito_rl.trajectory.adapters.parsing.sglang_loader`); and slime's `TrajectoryManager` imports `Sample` from
 `slime.utils.types`, which imports torch: where torch is absent, `slime_sample.Sample` stands in (one line on
 stderr says so).
 """
@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from recorder.targets.base import TargetError, TargetUnavailable
+from tito_rl.recorder.targets.base import TargetError, TargetUnavailable
 
 PATH_ENV = "TITO_SLIME_PATH"
 MINIMUM_COMMIT = "624b824a"  # slime main with slime/agent/adapters (Anthropic and OpenAI) and aiohttp_threaded
@@ -108,7 +108,7 @@ def _version(root: Path) -> str | None:
 
 def _stand_in_sample() -> None:
     """Register `slime.utils.types` as a module holding only the stand-in `Sample` (torch is absent)."""
-    from recorder.targets import slime_sample
+    from tito_rl.recorder.targets import slime_sample
 
     utils = importlib.import_module("slime.utils")
     module = types.ModuleType(TYPES_MODULE, "tito's stand-in for slime.utils.types: only Sample (torch is absent)")
@@ -128,7 +128,7 @@ def import_slime() -> Slime:
     loaded = sys.modules.get("slime")
     if loaded is not None and loaded.__file__ is not None and Path(loaded.__file__).resolve().parent.parent != root:
         raise TargetError(f"slime is already imported from {Path(loaded.__file__).parent}, not from {root}")
-    from trajectory.sglang_loader import SglangInstallError, parsers
+    from tito_rl.trajectory.adapters.parsing.sglang_loader import SglangInstallError, parsers
 
     try:
         parsers()  # slime's parsing imports sglang.srt...: loaded without sglang's runtime
@@ -139,7 +139,9 @@ def import_slime() -> Slime:
         _stand_in_sample()
         stand_in = True
     elif isinstance(sys.modules.get(TYPES_MODULE), types.ModuleType):
-        stand_in = getattr(sys.modules[TYPES_MODULE].Sample, "__module__", "") == "recorder.targets.slime_sample"
+        from tito_rl.recorder.targets import slime_sample
+
+        stand_in = getattr(sys.modules[TYPES_MODULE].Sample, "__module__", "") == slime_sample.__name__
     try:
         adapters = importlib.import_module("slime.agent.adapters")
         common = importlib.import_module("slime.agent.adapters.common")

@@ -11,14 +11,14 @@ from typing import Any
 
 from aiohttp import web
 
-from recorder.targets.base import TargetFinish, TargetInfo, TargetOptions
+from tito_rl.recorder.targets.base import TargetFinish, TargetInfo, TargetOptions
 
 VOLATILE = ("created", "created_at", "response.created_at")
 
 
 class TitoDriver:
     def __init__(self, options: TargetOptions) -> None:
-        from recorder.cassette.format import tito_version
+        from tito_rl.cassette.format.records import tito_version
 
         self.options = options
         # `created` fields carry the engine's answer time: tito's own replay serves it from the recording, a
@@ -30,8 +30,8 @@ class TitoDriver:
         self._adapter: Any = None
 
     async def start(self, engine_url: str) -> str:
-        from trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
-        from trajectory.manager import TrajectoryManager
+        from tito_rl.trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
+        from tito_rl.trajectory.manager import TrajectoryManager
 
         settings = AdapterSettings(engine_url=engine_url, tokenizer_dir=self.options.tokenizer_dir,
                                    reasoning_parser=self.options.reasoning_parser,

@@ -1,1 +1,2 @@
-"""Adapters: agent wire formats (Anthropic Messages, OpenAI Chat, OpenAI Responses) to SGLang /generate."""
+"""tito's adapter app: agent wires (`wires/`) to prompt ids (`rendering/`), SGLang `/generate` (`engine/`),
+engine text back to reasoning and tool calls (`parsing/`), and one TurnRecord per turn for the manager."""

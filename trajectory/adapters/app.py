@@ -27,26 +27,22 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from trajectory.adapters import anthropic, fast_json, gemini, openai_chat, responses
-from trajectory.adapters.canonical import EchoMemory, fold_system_messages, message, tool_call
-from trajectory.adapters.disconnects import DisconnectWatcher
-from trajectory.adapters.engine import (
-    EngineClient,
-    EngineError,
-    EngineTransport,
-    Generation,
-    new_rid,
-    sampling_params,
-)
-from trajectory.adapters.parsing import OutputParser, ParsedOutput
-from trajectory.adapters.render import ChatRenderer, IncrementalEncoder
-from trajectory.adapters.session import SessionRef, resolve_session
-from trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS, check_patterns, is_side_request
-from trajectory.adapters.splice import NONE, PriorTurn, Splice, SpliceMemory, Splicer
-from trajectory.adapters.tap import AgentExchange, EngineExchange, NullTap, TrafficTap
-from trajectory.adapters.turns import BadRequest, TurnReply, TurnRequest
-from trajectory.records import TurnRecord
-from trajectory.tokenizer import load_tokenizer
+from tito_rl.trajectory.adapters.canonical import EchoMemory, fold_system_messages, message, tool_call
+from tito_rl.trajectory.adapters.disconnects import DisconnectWatcher
+from tito_rl.trajectory.adapters.engine import fast_json
+from tito_rl.trajectory.adapters.engine.generate import EngineClient, EngineError, Generation, new_rid, sampling_params
+from tito_rl.trajectory.adapters.engine.transport import EngineTransport
+from tito_rl.trajectory.adapters.parsing.output_parser import OutputParser
+from tito_rl.trajectory.adapters.parsing.sglang_parsers import ParsedOutput
+from tito_rl.trajectory.adapters.rendering.render import ChatRenderer, IncrementalEncoder
+from tito_rl.trajectory.adapters.rendering.splice import NONE, PriorTurn, Splice, SpliceMemory, Splicer
+from tito_rl.trajectory.adapters.session import SessionRef, resolve_session
+from tito_rl.trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS, check_patterns, is_side_request
+from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, NullTap, TrafficTap
+from tito_rl.trajectory.adapters.turns import BadRequest, TurnReply, TurnRequest
+from tito_rl.trajectory.adapters.wires import anthropic, gemini, openai_chat, responses
+from tito_rl.trajectory.records import TurnRecord
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 GEMINI_ROUTE = "/v1beta/models/{model_action}"  # `<model>:<action>`, the action after the last colon
 WIRES: dict[str, ModuleType] = {"/v1/messages": anthropic, "/v1/chat/completions": openai_chat,
@@ -124,7 +120,7 @@ class Adapter:
         self.settings = settings
         check_patterns(settings.side_patterns)
         if manager is None:
-            from trajectory.manager import TrajectoryManager
+            from tito_rl.trajectory.manager import TrajectoryManager
 
             manager = TrajectoryManager()
         self.manager = manager

@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from trajectory.adapters.app import AdapterSettings
-from trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS
+from tito_rl.trajectory.adapters.app import AdapterSettings
+from tito_rl.trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +50,7 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
 
 
 def manager_from(args: argparse.Namespace) -> Any:
-    from trajectory.manager import TrajectoryManager
+    from tito_rl.trajectory.manager import TrajectoryManager
 
     return TrajectoryManager(fork_threshold_tokens=args.fork_threshold, reward_policy=args.reward_policy)
 
@@ -63,16 +63,16 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trajectory.adapters import parser_process
-    from trajectory.server_process import start_up_without_gc
+    from tito_rl.trajectory.adapters.parsing import parser_process
+    from tito_rl.trajectory.runtime.server_process import start_up_without_gc
 
     start_up_without_gc()
     host, port = parse_listen(args.listen)
 
     from aiohttp import web
 
-    from trajectory.adapters.app import create_app
-    from trajectory.server_process import new_event_loop, prepare_to_serve
+    from tito_rl.trajectory.adapters.app import create_app
+    from tito_rl.trajectory.runtime.server_process import new_event_loop, prepare_to_serve
 
     settings = settings_from(args)
     try:

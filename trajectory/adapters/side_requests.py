@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from trajectory.adapters.turns import TurnRequest
+from tito_rl.trajectory.adapters.turns import TurnRequest
 
 # Seen in the pinned clients' side requests (see tests/captures): opencode's title generator; Claude
 # Code's older title and summary prompts; generic "title for this conversation" phrasings.

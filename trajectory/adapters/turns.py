@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajectory.adapters.parsing import ParsedOutput
+from tito_rl.trajectory.adapters.parsing.sglang_parsers import ParsedOutput
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "stop")
 

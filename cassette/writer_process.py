@@ -1,0 +1,191 @@
+"""The cassette writer in a process of its own, so that recording never holds up the proxy's event loop.
+
+Recording one turn (redaction, prompt deltas, msgpack, zlib) costs the proxy about 0.7 ms of CPU. That
+work ran after the reply, but every other session's request waited behind it on the one event loop, and
+it was most of what the recording proxy added at p99 over `tito serve`. Here the proxy only packs each tap
+call (msgpack, tens of microseconds) into a pipe. A child process at idle CPU priority runs the real writer
+(`tito_rl.cassette.writer`): it redacts, encodes and appends, and the cassette is byte for byte the one an
+in-process writer makes.
+
+Crash safety is kept. The pipe is blocking: a tap call returns once its bytes are in the kernel's pipe buffer,
+and the child reads them even after a `kill -9` of the proxy, because a dead writer end reads as EOF, not as
+lost data. A call cut in the middle by the kill is the exchange in flight; it is dropped whole. A full pipe
+blocks the proxy, so back-pressure never drops data or grows memory.
+The child lives only to drain the pipe. It ignores SIGINT and SIGTERM, so a terminal's Ctrl-C or a stop signal
+to the process group cannot cut it short; the proxy's graceful stop closes the pipe, and that ends the child.
+Secrets cross the pipe in memory only: the writer redacts them before anything reaches disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from tito_rl.cassette.format.records import Header
+from tito_rl.cassette.writer import CassetteWriter, PerSessionTap, open_writer
+from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange
+
+AGENT_FIELDS = tuple(f.name for f in fields(AgentExchange))
+ENGINE_FIELDS = tuple(f.name for f in fields(EngineExchange))
+PIPE_BYTES = 1 << 20  # how far the child may fall behind before a tap call waits for it
+F_SETPIPE_SZ = 1031  # Linux fcntl; where it is missing the pipe keeps its default size
+READY = b"ready\n"
+
+
+class RecorderError(RuntimeError):
+    """The writer process could not start, or stopped: nothing more can be recorded."""
+
+
+class WriterProcessTap:
+    """A `TrafficTap` whose calls are carried out, in order, by a writer process; see the module docstring."""
+
+    def __init__(self, out: Path, header: Header, per_session: bool = False) -> None:
+        self.out = out
+        argv = [sys.executable, "-m", "tito_rl.cassette.writer_process", str(out)]
+        argv += ["--per-session"] if per_session else []
+        # Its own session: a terminal's Ctrl-C goes to the proxy, which then closes the pipe in order.
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+                                      cwd=Path(__file__).resolve().parents[2])
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._pipe = self._proc.stdin
+        self._fd = self._pipe.fileno()
+        with contextlib.suppress(OSError):
+            import fcntl
+
+            fcntl.fcntl(self._fd, F_SETPIPE_SZ, PIPE_BYTES)
+        self._packer = msgpack.Packer(use_bin_type=True)
+        self._closed = False
+        self.failure: str | None = None  # why recording stopped, once it has
+        self._send(("header", header.to_dict()))
+        # The child creates the file before it says ready: an unwritable --out fails here, not on a request.
+        answer = self._proc.stdout.readline()
+        self._proc.stdout.close()
+        if answer != READY:
+            self._pipe.close()
+            raise RecorderError(f"the cassette writer could not start (exit code {self._proc.wait()}); "
+                                "its error is printed above")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    # TrafficTap
+
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        self._send(("agent_request", session, source, dict(headers)))
+
+    def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
+        self._send(("agent_exchange", session, source, [getattr(exchange, n) for n in AGENT_FIELDS]))
+
+    def engine_exchange(self, session: str, source: str, exchange: EngineExchange) -> None:
+        self._send(("engine_exchange", session, source, [getattr(exchange, n) for n in ENGINE_FIELDS]))
+
+    def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
+        self._send(("session_finished", session, source, reward, samples))
+
+    def session_dropped(self, session: str, source: str) -> None:
+        self._send(("session_dropped", session, source))
+
+    def close(self) -> None:
+        """Ends the pipe and waits until the child has written everything sent before."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(BrokenPipeError):
+            self._pipe.close()
+        code = self._proc.wait()
+        if code != 0:
+            raise RecorderError(f"the cassette writer exited with code {code}: {self.out} may miss the last "
+                                "exchanges; its error is printed above")
+
+    def _send(self, call: tuple[Any, ...]) -> None:
+        if self._closed:
+            raise RecorderError(f"the recording to {self.out} is closed")
+        view = memoryview(self._packer.pack(call))
+        try:
+            while view:  # straight into the pipe, no user-space buffer; a signal may cut a write() short
+                view = view[os.write(self._fd, view):]
+        except BrokenPipeError:
+            self._closed = True
+            self.failure = (f"the cassette writer stopped (exit code {self._proc.wait()}): nothing more is "
+                            f"recorded to {self.out}; its error is in tito record's output")
+            raise RecorderError(self.failure) from None
+
+
+def _lower_priority() -> None:
+    """Run only when the proxy's core has nothing else to do, and give way to the proxy at once when it
+    wakes up: with SCHED_IDLE the kernel preempts this process on the proxy's wakeup, not at the next tick."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        with contextlib.suppress(OSError):
+            os.nice(19)
+
+
+def _apply(tap: CassetteWriter | PerSessionTap, call: list[Any]) -> None:
+    op, session, source, *rest = call
+    if op == "agent_request":
+        tap.agent_request(session, source, rest[0])
+    elif op == "agent_exchange":
+        tap.agent_exchange(session, source, AgentExchange(*rest[0]))
+    elif op == "engine_exchange":
+        tap.engine_exchange(session, source, EngineExchange(*rest[0]))
+    elif op == "session_finished":
+        tap.session_finished(session, source, rest[0], rest[1])
+    elif op == "session_dropped":
+        tap.session_dropped(session, source)
+    else:
+        raise ValueError(f"unknown tap call {op!r}")
+
+
+def _calls(stdin: int) -> Any:
+    """Every complete call in the pipe, in order, until EOF; a partial last call (the writer was killed in
+    the middle of it) is dropped."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=1 << 31)
+    while chunk := os.read(stdin, PIPE_BYTES):
+        unpacker.feed(chunk)
+        yield from unpacker
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tito_rl.cassette.writer_process",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--per-session", action="store_true")
+    args = parser.parse_args(argv)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    _lower_priority()
+    calls = _calls(sys.stdin.fileno())
+    first = next(calls, None)
+    if not (isinstance(first, list) and len(first) == 2 and first[0] == "header"):
+        print("tito record: the cassette writer got no header", file=sys.stderr)
+        return 2
+    try:
+        tap = open_writer(args.out, Header(**first[1]), args.per_session)
+    except OSError as exc:
+        print(f"tito record: cannot write the cassette {args.out}: {exc}", file=sys.stderr)
+        return 2
+    os.write(sys.stdout.fileno(), READY)
+    try:
+        for call in calls:
+            _apply(tap, call)
+    except Exception as exc:  # noqa: BLE001 - said once, clearly; the proxy sees the broken pipe
+        print(f"tito record: recording to {args.out} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        tap.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""Cassettes on disk: the format (one place), the writer and its process, redaction, and the vcrpy persister."""

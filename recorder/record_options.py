@@ -1,0 +1,49 @@
+"""`tito record`'s options, apart from the command: a scenario file's `client.record_args` are checked against
+them (`scenario_file`), and a scripted run compares them with its own (`scripted.runs`), without importing the
+recorder's command.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tito_rl.recorder.targets.base import ROUTING_HEADER
+from tito_rl.recorder.targets.registry import TITO
+from tito_rl.trajectory.adapters import serve
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    serve.add_arguments(parser)
+    parser.add_argument("--out", required=True, help="cassette file to create (a folder with --per-session)")
+    parser.add_argument("--per-session", action="store_true", help="one cassette per session, in the --out folder")
+    parser.add_argument("--quiet", action="store_true", help="no live progress line")
+    agents = parser.add_argument_group("agents launched for you")
+    agents.add_argument("--agent", help="claude-code, codex, qwen-code, opencode or gemini-cli (pinned versions), "
+                        "or scripted: the scripted client plays --scenario's client: section; default: the one "
+                        "--scenario's client: names")
+    agents.add_argument("--task", help="the task text given to every agent session (replaces a scenario's runs)")
+    agents.add_argument("--scenario", metavar="FILE",
+                        help="a scenario file (cassettes/scenarios/) whose client: section is a CLI script or the "
+                             "scripted client's; its client.record_args are not applied here: pass them too "
+                             "(tito simulate and make corpus do; a warning names any left out)")
+    agents.add_argument("--sessions", type=int, default=1, help="agent sessions to run (default 1)")
+    agents.add_argument("--concurrency", type=int, default=1, help="agent sessions at once (default 1)")
+    agents.add_argument("--sandbox", choices=("local", "e2b"), default="local")
+    agents.add_argument("--agent-model", default="tito-policy", help="model name the agent asks for")
+    agents.add_argument("--agent-timeout", type=float, default=600.0, help="seconds per agent session")
+    targets = parser.add_argument_group("the system under test (recorder/targets, docs/targets.md)")
+    targets.add_argument("--target", default=TITO,
+                         help="tito (default: tito's adapter app), http://HOST:PORT (a running gateway whose engine "
+                              "URL is --engine-listen), a driver's name (slime, or an entry point of tito.targets) or "
+                              "module:attribute (a driver factory)")
+    targets.add_argument("--engine-listen", metavar="HOST:PORT",
+                         help="where the engine tap listens, the target's engine URL (required with an http:// "
+                              "target; a driver's gateway gets a free loopback port by default)")
+    targets.add_argument("--volatile", action="append", default=[], metavar="PATH",
+                         help="http:// target: a reply field it fills with values no replay can pin (random ids, "
+                              "times), e.g. id or choices[*].message.tool_calls[*].id (repeatable)")
+    targets.add_argument("--routing-header", default=ROUTING_HEADER, metavar="NAME",
+                         help="http:// target: the engine-leg header carrying the session id (default "
+                              "%(default)s; none: it sends none)")
+    agents.add_argument("--reward", type=float, default=0.0,
+                        help="reward given when an agent session finishes (scripted: the script's own finish)")

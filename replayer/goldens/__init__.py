@@ -1,0 +1,1 @@
+"""Golden files beside cassettes (`files`), and how a golden diff reads (`diff_view`)."""

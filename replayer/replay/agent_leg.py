@@ -1,0 +1,120 @@
+"""The agent leg of a replay: recorded requests re-sent to the adapter app, and what it answered.
+
+A request goes back as it was recorded (method, path with any `/s/<sid>` prefix, query, headers, body
+bytes), with the session's name where the credential was: the cassette redacted the live token, and the
+name is what the adapter derives everything from. One header, `X-Tito-Replay: <exchange> <session>` (the name
+percent-quoted: any name a cassette holds survives a header), tells the replay's middleware which exchange a
+request is, so engine calls and the reply are attributed exactly.
+The adapter's answer is read off its tap (`ReplayTap`): the reply bytes or SSE events it sent, its status,
+turn index and flags, exactly as a recorder would have seen them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlencode
+
+from aiohttp import web
+
+from tito_rl.cassette.format.records import AgentRecord
+from tito_rl.cassette.redaction import REDACTED
+from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE
+from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange
+
+REPLAY_HEADER = "X-Tito-Replay"
+# Set by the HTTP client for the bytes it sends, or meaningless on a fresh connection.
+TRANSPORT_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "expect"})
+
+
+def request_headers(record: AgentRecord, source: str, name: str, index: int) -> dict[str, str]:
+    """Recorded headers with the session's name as its credential; other redacted values are left out."""
+    headers: dict[str, str] = {}
+    for key, value in record.headers.items():
+        lower = key.lower()
+        if lower in TRANSPORT_HEADERS:
+            continue
+        if value == REDACTED or REDACTED in value:
+            if lower == "authorization" and source == "bearer":
+                headers[key] = f"Bearer {name}"
+            elif lower in ("x-api-key", "x-goog-api-key") and source == lower:
+                headers[key] = name
+            continue
+        headers[key] = value
+    headers[REPLAY_HEADER] = f"{index} {quote(name, safe='')}"
+    return headers
+
+
+def request_target(record: AgentRecord, source: str = "", name: str = "") -> str:
+    """Path and query as recorded; a redacted `key` parameter (the Gemini API's credential) carries the
+    session's name when that is where the live id came from."""
+    query = record.query
+    if source == "query-key" and query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, name if k == "key" and REDACTED in v else v) for k, v in pairs])
+    return record.path + (f"?{query}" if query else "")
+
+
+def exchange_of(headers: dict[str, str]) -> tuple[str, int] | None:
+    for key, value in headers.items():
+        if key.lower() == REPLAY_HEADER.lower():
+            index, _, name = value.strip().partition(" ")
+            if index.isdigit():
+                return unquote(name), int(index)
+    return None
+
+
+@web.middleware
+async def exchange_context(request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Marks the handler's context with the exchange it serves; the tasks it starts inherit it."""
+    token = CURRENT_EXCHANGE.set(exchange_of(dict(request.headers)))
+    try:
+        return await handler(request)
+    finally:
+        CURRENT_EXCHANGE.reset(token)
+
+
+class ReplayTap:
+    """A `TrafficTap` that keeps what the adapter reported, keyed by the replayed exchange."""
+
+    def __init__(self) -> None:
+        self.exchanges: dict[tuple[str, int], AgentExchange] = {}
+        self.finished: dict[str, list[tuple[float, list[dict[str, Any]]]]] = {}
+        self.dropped: dict[str, int] = {}
+        self._waiters: dict[tuple[str, int], asyncio.Event] = {}
+        self.on_exchange: Callable[[str, int], None] | None = None
+
+    def event(self, key: tuple[str, int]) -> asyncio.Event:
+        return self._waiters.setdefault(key, asyncio.Event())
+
+    def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        pass
+
+    def engine_exchange(self, session: str, source: str, exchange: EngineExchange) -> None:
+        pass  # engine calls are checked where they are answered (`engine_leg`)
+
+    def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
+        key = exchange_of(exchange.headers)
+        if key is None:
+            return
+        self.exchanges[key] = exchange
+        self.event(key).set()
+        if self.on_exchange is not None:
+            self.on_exchange(*key)
+
+    def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
+        self.finished.setdefault(session, []).append((reward, samples))
+
+    def forget(self, session: str) -> None:
+        """Drop what was kept of a session whose replay is over."""
+        for key in [k for k in self.exchanges if k[0] == session]:
+            del self.exchanges[key]
+        for key in [k for k in self._waiters if k[0] == session]:
+            del self._waiters[key]
+        self.finished.pop(session, None)
+        self.dropped.pop(session, None)
+
+    def session_dropped(self, session: str, source: str) -> None:
+        self.dropped[session] = self.dropped.get(session, 0) + 1

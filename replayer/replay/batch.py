@@ -1,0 +1,205 @@
+"""`tito replay`'s work over many cassettes: in this process, or spread over worker processes (`-j N`).
+
+Outcomes come back in cassette order and, within a cassette, in session order, whichever finishes first: the
+output is the same bytes for any N. Each worker is forked from the parent once the tokenizer, the parsers and
+every cassette's index are loaded, so it starts at once; it replays chunks of consecutive sessions of one
+cassette (a chunk is one adapter app, one event loop) and sends back, per session, only what is printed, the
+golden section and the exported rows. `--shard I/N` keeps the sessions whose name (cassette file name and
+session) hashes to shard I: a stable split, the same on every machine, for a CI matrix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import multiprocessing
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tito_rl.cassette.reader import Cassette, exchange_count
+from tito_rl.replayer.goldens.files import GoldenBook
+from tito_rl.replayer.replay.cassette_replay import replay_each, run_sync
+from tito_rl.replayer.replay.loading import load_cassette, recorded_target, replay_target, select_sessions
+from tito_rl.replayer.replay.options import ReplayOptions
+from tito_rl.replayer.replay.results import SessionResult
+from tito_rl.replayer.reporting import exports
+from tito_rl.replayer.reporting.terminal import session_details
+
+CHUNK_MAX = 16  # sessions per chunk sent to a worker: an adapter app per chunk, a few chunks per worker
+
+
+@dataclass
+class Job:
+    """What every session's replay needs besides its name; given to each worker once."""
+
+    options: ReplayOptions
+    update_goldens: bool = False
+    export_replayed: bool = False
+    export_live: bool = False
+    verbosity: int = 0  # -1 quiet, 1 verbose (`session_details`)
+    style: Any = None  # the golden diffs' `DiffStyle`
+
+
+@dataclass
+class CassetteWork:
+    path: str
+    tokenizer: str | None
+    sessions: list[str]  # to replay, in cassette order
+    all_sessions: list[str]
+    truncated: bool
+    target: str = "tito"  # replayed through (`--target`, else the recorded one)
+    recorded_target: str = "tito"
+
+    @property
+    def goldens_apply(self) -> bool:
+        """Goldens pin a cassette replayed through the target it was recorded around (`CassetteResult`)."""
+        return self.target == self.recorded_target
+
+
+@dataclass
+class SessionOutcome:
+    """A session's replay as the parent reports it."""
+
+    cassette: str
+    session: str
+    line: str
+    details: list[str]
+    ok: bool
+    skipped: str | None
+    exchanges: int
+    section: str | None = None  # its golden section, when updating goldens
+    replayed_rows: list[str] = field(default_factory=list)
+    live_rows: list[str] = field(default_factory=list)
+
+
+def shard_of(cassette: str, session: str, shards: int) -> int:
+    """0-based shard of a session: a digest of the cassette's file name and the session's name (never the
+    folder, which differs between machines, and never anything random)."""
+    digest = hashlib.sha256(f"{Path(cassette).name}\0{session}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def parse_shard(value: str) -> tuple[int, int]:
+    """`I/N` with 1 <= I <= N; ValueError with the reason otherwise."""
+    index, sep, total = value.partition("/")
+    if not sep or not index.isdigit() or not total.isdigit() or not 1 <= int(index) <= int(total):
+        raise ValueError(f"--shard must be I/N with 1 <= I <= N, got {value!r}")
+    return int(index), int(total)
+
+
+def plan_work(cassettes: list[str], sessions: list[str] | None, options: ReplayOptions,
+              shard: tuple[int, int] | None = None) -> list[CassetteWork]:
+    """Every cassette read (each frame checked) and its tokenizer checked, before anything is replayed;
+    `ReplayInputError` for the first that cannot be. Starts a run: nothing read by an earlier one is reused."""
+    _CASSETTES.clear()
+    _BOOKS.clear()
+    works = []
+    for path in cassettes:
+        cassette, tokenizer = _cassette(path, options.tokenizer)
+        names = select_sessions(cassette, path, sessions, missing_ok=len(cassettes) > 1)
+        if shard is not None:
+            names = [n for n in names if shard_of(path, n, shard[1]) == shard[0] - 1]
+        works.append(CassetteWork(path, tokenizer, names, list(cassette.sessions), cassette.truncated,
+                                  replay_target(cassette.header, options.target, path).text,
+                                  recorded_target(cassette.header)))
+    return works
+
+
+def total_exchanges(works: list[CassetteWork]) -> int:
+    return sum(exchange_count(_cassette(w.path, w.tokenizer)[0], n) for w in works for n in w.sessions)
+
+
+def replay_all(works: list[CassetteWork], job: Job, processes: int,
+               emit: Callable[[SessionOutcome], None]) -> None:
+    """Every session replayed and handed to `emit` in order; `processes` > 1: by that many forked workers."""
+    sessions = sum(len(w.sessions) for w in works)
+    if processes <= 1 or sessions <= 1:
+        async def every_cassette() -> None:
+            for work in works:
+                if work.sessions:
+                    await replay_work(work, work.sessions, job, emit)
+
+        run_sync(every_cassette())
+        return
+    size = max(1, min(CHUNK_MAX, math.ceil(sessions / (processes * 4))))
+    chunks = [(w, w.sessions[i:i + size]) for w in works for i in range(0, len(w.sessions), size)]
+    preload(works)
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    worker_job = replace(job, options=replace(job.options, on_total=None, on_exchange=None))
+    with context.Pool(processes, initializer=_start_worker, initargs=(worker_job,)) as pool:
+        for chunk in pool.imap(_replay_chunk, chunks):
+            for outcome in chunk:
+                emit(outcome)
+
+
+# ---- in every process ----
+
+_JOB: Job | None = None
+_CASSETTES: dict[tuple[str, str | None], tuple[Cassette, str | None]] = {}
+_BOOKS: dict[str, GoldenBook] = {}
+
+
+def _cassette(path: str, tokenizer: str | None) -> tuple[Cassette, str | None]:
+    """Read and checked once per process (workers inherit the parent's)."""
+    key = (path, tokenizer)
+    if key not in _CASSETTES:
+        _CASSETTES[key] = load_cassette(path, tokenizer)
+    return _CASSETTES[key]
+
+
+def _book(work: CassetteWork, update: bool) -> GoldenBook:
+    if work.path not in _BOOKS:
+        _BOOKS[work.path] = GoldenBook(work.path, update)
+    return _BOOKS[work.path]
+
+
+def preload(works: list[CassetteWork]) -> None:
+    """The tokenizers and the parsers, loaded now: before the workers are forked, so that none loads them again,
+    and while the caller keeps automatic garbage collection off. A short run keeps parsing through the parser
+    helper, if one was started."""
+    from tito_rl.trajectory.adapters.parsing import parser_process
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
+
+    for folder in dict.fromkeys(w.tokenizer for w in works):
+        load_tokenizer(folder)
+    parser_process.settle(total_exchanges(works) if parser_process.active() is not None else 0)
+
+
+def _start_worker(job: Job) -> None:
+    global _JOB
+    _JOB = job
+    _BOOKS.clear()  # golden files are read afresh in each worker
+
+
+def _replay_chunk(chunk: tuple[CassetteWork, list[str]]) -> list[SessionOutcome]:
+    assert _JOB is not None
+    done: list[SessionOutcome] = []
+    run_sync(replay_work(chunk[0], chunk[1], _JOB, done.append))
+    return done
+
+
+async def replay_work(work: CassetteWork, names: list[str], job: Job, emit: Callable[[SessionOutcome], None]) -> None:
+    """Replay `names` of one cassette, handing each session's outcome to `emit` as soon as it is in order."""
+    from tito_rl.trajectory.golden import TokenizerNames
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
+
+    cassette, tokenizer = _cassette(work.path, work.tokenizer)
+    book = _book(work, job.update_goldens)
+    token_names = TokenizerNames(load_tokenizer(tokenizer))
+    async for result in replay_each(cassette, work.path, tokenizer, names, job.options):
+        emit(outcome_of(result, book if work.goldens_apply else None, token_names, job))
+
+
+def outcome_of(result: SessionResult, book: GoldenBook | None, names: Any, job: Job) -> SessionOutcome:
+    """`book`: the cassette's goldens, None when they do not apply (replayed through another target)."""
+    section = book.check(result, names) if book is not None else None
+    samples = [s for f in result.finishes for s in f.samples]
+    details = session_details(result, job.verbosity, job.style) if job.style is not None else session_details(result)
+    return SessionOutcome(
+        result.cassette, result.session, result.line(), details, result.ok, result.skipped,
+        result.exchanges, section if job.update_goldens else None,
+        [exports.sample_line(result.session, i, s) for i, s in enumerate(samples)] if job.export_replayed else [],
+        [exports.sample_line(result.session, i, s) for i, s in enumerate(result.live_samples)]
+        if job.export_live else [])

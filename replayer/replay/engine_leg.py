@@ -1,0 +1,134 @@
+"""The engine leg of a replay: the adapter's engine calls answered from the cassette, and checked.
+
+Plugged into the adapter as its `EngineTransport`, so the adapter's own engine client (rids, aborts, the
+router fallback, error mapping, output parsing) runs as it did live; only the bytes come from the cassette.
+Every call is attributed to the agent exchange being replayed (a context variable the replay sets per
+request), not guessed from its content: the exchange's recorded calls are served in their order, and a
+/generate is checked against its recorded twin (input_ids, and the sampling params that change results;
+never the random rid) before it is answered.
+
+A /generate is held until the replay says the exchange ends (`release`), so concurrent requests of one
+session end in their recorded order; an /abort_request releases its generation, as the engine answers an
+aborted request with its partial output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tito_rl.cassette.format.records import EngineRecord
+from tito_rl.cassette.matching import normalize_sampling
+from tito_rl.replayer.comparison.differences import Decode, Difference, message_at, token_context, token_divergence
+from tito_rl.replayer.replay.plan import PlannedExchange
+from tito_rl.trajectory.adapters.engine.transport import EngineAnswer, EngineUnreachable
+
+# (session name, exchange index) of the request whose handler is running; set by the replay's middleware.
+CURRENT_EXCHANGE: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
+    "tito_replay_exchange", default=None)
+STOPPED = "replay of this session stopped at an earlier difference"
+
+
+@dataclass
+class ExchangeLeg:
+    planned: PlannedExchange
+    unserved: list[EngineRecord] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)  # a /generate reached the engine
+    release: asyncio.Event = field(default_factory=asyncio.Event)  # the exchange may end
+    drained: asyncio.Event = field(default_factory=asyncio.Event)  # every recorded call was made
+    stopped: bool = False
+
+    def __post_init__(self) -> None:
+        self.unserved = list(self.planned.engine)
+        if not self.unserved:
+            self.drained.set()
+
+    def take(self, method: str, path: str) -> EngineRecord | None:
+        for i, record in enumerate(self.unserved):
+            if record.method == method and record.path == path:
+                taken = self.unserved.pop(i)
+                if not self.unserved:
+                    self.drained.set()
+                return taken
+        return None
+
+
+class CassetteTransport:
+    """`EngineTransport` for a replay. `report(session, difference)` hears of every difference found;
+    `strict=False` serves each exchange's recorded answers even when the request changed."""
+
+    def __init__(self, base_url: str, decode: Decode, message_start: int | None,
+                 report: Callable[[str, Difference], None], strict: bool = True) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.decode = decode
+        self.message_start = message_start
+        self.report = report
+        self.strict = strict
+        self.legs: dict[tuple[str, int], ExchangeLeg] = {}
+
+    def add(self, session: str, planned: PlannedExchange) -> ExchangeLeg:
+        leg = self.legs[(session, planned.index)] = ExchangeLeg(planned)
+        return leg
+
+    async def close(self) -> None:
+        pass
+
+    async def send(self, method: str, url: str, body: dict[str, Any] | None,
+                   headers: dict[str, str]) -> EngineAnswer:
+        key = CURRENT_EXCHANGE.get()
+        leg = self.legs.get(key) if key is not None else None
+        if key is None or leg is None:
+            raise EngineUnreachable("replay: an engine call outside any replayed agent exchange")
+        session = key[0]
+        path = url[len(self.base_url):] if url.startswith(self.base_url) else url
+        record = leg.take(method, path)
+        if record is None:
+            exchange = leg.planned
+            self.report(session, Difference(
+                "engine-calls", f"the adapter called {method} {path}, which the recording has no (further) call "
+                f"of for this exchange", exchange.index, exchange.turn,
+                [f"recorded calls: {', '.join(f'{r.method} {r.path}' for r in exchange.engine) or 'none'}"]))
+            raise EngineUnreachable(f"replay: no recorded {method} {path} for this exchange")
+        if path == "/generate":
+            difference = self.check_generate(leg.planned, record, body)
+            if difference is not None:
+                self.report(session, difference)
+                if self.strict:
+                    raise EngineUnreachable(f"replay: {difference.summary}")
+            leg.arrived.set()
+            await leg.release.wait()
+        elif path.endswith("/abort_request"):
+            leg.release.set()
+        if leg.stopped:
+            raise EngineUnreachable(f"replay: {STOPPED}")
+        if record.status == 0:
+            error = record.error or "no answer"
+            raise EngineUnreachable(error, timed_out=error.startswith("TimeoutError"))
+        return EngineAnswer(record.status, record.response)
+
+    def check_generate(self, exchange: PlannedExchange, record: EngineRecord,
+                       body: dict[str, Any] | None) -> Difference | None:
+        recorded = record.request or {}
+        replayed = body or {}
+        rec_ids, rep_ids = recorded.get("input_ids") or [], replayed.get("input_ids") or []
+        a = normalize_sampling(recorded.get("sampling_params"))
+        b = normalize_sampling(replayed.get("sampling_params"))
+        sampling = [f"{k}: recorded {a.get(k)!r}, replayed {b.get(k)!r}"
+                    for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        index = token_divergence(rec_ids, rep_ids)
+        if index is not None:
+            detail = token_context(rec_ids, rep_ids, index, self.decode)
+            where = message_at(rep_ids, index, self.decode, self.message_start)
+            if where:
+                detail.append(f"in {where}")
+            detail += [f"sampling params also differ: {line}" for line in sampling]
+            return Difference("engine-request", f"engine request differs: input_ids at token {index} "
+                              f"(recorded {len(rec_ids)} tokens, replayed {len(rep_ids)})",
+                              exchange.index, exchange.turn, detail)
+        if sampling:
+            return Difference("engine-request", "engine request differs: sampling params", exchange.index,
+                              exchange.turn, sampling)
+        return None

@@ -1,0 +1,1 @@
+"""A replay's results written out: lines on a terminal, JUnit XML for CI, samples as JSON Lines."""
