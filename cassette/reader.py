@@ -50,7 +50,7 @@ class CassetteReader:
         """`source`: a path, or an open binary stream (which `close()` leaves open)."""
         self.truncated = False
         self._index_end = 0
-        self.budget = DecodeBudget()  # a hostile file's bombs stop early (cassette/format.py)
+        self.budget = DecodeBudget()  # a hostile file's bombs stop early (format/budget.py)
         self._offset = 0
         if isinstance(source, str | os.PathLike):
             self.path: Path | str = Path(source)

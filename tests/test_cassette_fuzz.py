@@ -7,10 +7,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import struct
 import subprocess
 import sys
 import time
+import tracemalloc
 import zlib
 from pathlib import Path
 
@@ -20,10 +22,10 @@ import pytest
 from tests import cassette_fuzz as fuzz
 from tests.cassette_helpers import header
 from tests.process_helpers import ROOT
-from tito_rl.cassette.format.budget import DECODE_FLOOR, MAX_INFLATE_RATIO
+from tito_rl.cassette.format.budget import DECODE_FLOOR, DECODE_RATIO
 from tito_rl.cassette.format.errors import CorruptCassetteError
 from tito_rl.cassette.format.extensions import EXT_F64, EXT_MASK_RLE, EXT_TOKEN_DELTA, EXT_U32
-from tito_rl.cassette.format.frames import FLAG_ZLIB, encode_frame
+from tito_rl.cassette.format.frames import FLAG_ZLIB, INFLATE_CHUNK, encode_frame
 from tito_rl.cassette.format.packing import pack_u32
 from tito_rl.cassette.format.records import RECORD_TYPES, Header, SamplesRecord
 from tito_rl.cassette.reader import CassetteReader, read_cassette
@@ -118,11 +120,37 @@ def read(data: bytes) -> None:
             pass
 
 
-def test_a_zlib_bomb_is_refused_before_it_is_inflated() -> None:
+def test_a_zlib_bomb_stops_at_the_decode_budget_before_it_is_inflated() -> None:
+    """Inflated no further than the budget has left: 256 bytes per byte read, not the bomb's 1 GiB."""
     bomb = fuzz.zlib_bomb(1 << 30)  # 1 GiB of zeros in about 1 MiB
-    limit = MAX_INFLATE_RATIO * len(bomb)
-    with pytest.raises(CorruptCassetteError, match=rf"decompresses to more than {limit} bytes \(the record at byte"):
+    data = cassette_of(fuzz.frame(bomb, FLAG_ZLIB))
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptCassetteError, match=r"a compressed record decodes past 256x the \d+ bytes read "
+                                                       r".*\(the record at byte"):
+            read(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.25 * DECODE_RATIO * len(data) + 2 * INFLATE_CHUNK < 1 << 30  # the budget's worth, then refused
+
+
+def test_a_small_zlib_bomb_stops_at_the_floor() -> None:
+    bomb = fuzz.zlib_bomb(32 << 20)  # 32 MiB of zeros in about 32 KiB: its 256x is under the 16 MiB floor
+    with pytest.raises(CorruptCassetteError) as info:
         read(cassette_of(fuzz.frame(bomb, FLAG_ZLIB)))
+    decoded = re.search(r"a compressed record decodes past 256x the \d+ bytes read \((\d+) bytes", str(info.value))
+    assert decoded and DECODE_FLOOR < int(decoded.group(1)) <= DECODE_FLOOR + INFLATE_CHUNK  # a chunk past the floor
+
+
+@pytest.mark.parametrize("tokens", [1_000, 600_000])  # inflated in one chunk, and across several
+def test_a_compressed_record_cut_short_is_corrupt_and_whole_it_reads(tokens: int) -> None:
+    payload = fuzz.pack(fuzz.engine_record(1, {"input_ids": [i % 151_000 for i in range(tokens)]}))
+    squeezed = zlib.compress(payload, 6)
+    assert (len(payload) > INFLATE_CHUNK) == (tokens > 1_000)
+    read(cassette_of(fuzz.frame(squeezed, FLAG_ZLIB)))
+    with pytest.raises(CorruptCassetteError, match=r"a compressed record ends early \(the record at byte"):
+        read(cassette_of(fuzz.frame(squeezed[:-8], FLAG_ZLIB)))
 
 
 def test_a_delta_bomb_stops_at_the_budget() -> None:
@@ -174,20 +202,27 @@ def test_nesting_past_the_limit_is_refused_and_under_it_read() -> None:
                 read(cassette_of(fuzz.frame(payload)))
 
 
-def test_the_writer_keeps_a_record_that_compresses_too_well_uncompressed(tmp_path: Path) -> None:
-    """The inflate limit is a rule of the format, so tito's own writer never breaks it: a record 64 times
-    more compressible than the limit allows is stored as it is, and reads back."""
-    samples = [{"tokens": [7] * 300_000, "response_length": 0, "loss_mask": [], "rollout_log_probs": [],
-                "reward": 0.0, "metadata": {"note": "x" * 100_000}}]
+def test_the_writer_compresses_a_record_however_well_it_compresses_and_it_reads_back(tmp_path: Path) -> None:
+    """The decode budget is the file's, so no record has to be stored raw: a sample of a 262k-token context whose
+    logprobs are zeros but for its last turn (a long session's, as they are) compresses ~800x, and the cassette
+    holding it alone reads back, whole and through its index."""
+    n = 262_144
+    samples = [{"tokens": [7] * n, "response_length": n - 1000, "loss_mask": [0] * 1000 + [1] * (n - 1000),
+                "rollout_log_probs": [0.0] * (n - 64) + [-0.25] * 64, "reward": 0.0, "metadata": {"note": "x" * 99}}]
     frame = encode_frame({"t": "samples", "session": "s", "seq": 1, "reward": 0.0, "samples": samples})
     _, flags, _, _ = fuzz.FRAME_HEADER.unpack(frame[:fuzz.FRAME_HEADER.size])
-    payload = frame[fuzz.FRAME_HEADER.size:]
-    assert flags == 0 and len(payload) > MAX_INFLATE_RATIO * len(zlib.compress(payload, 6))
-    path = tmp_path / "flat.tito"
+    packed = frame[fuzz.FRAME_HEADER.size:]
+    assert flags == FLAG_ZLIB and len(zlib.decompress(packed)) > 500 * len(packed)
+    path = tmp_path / "squeezed.tito"
     with CassetteWriter(path, header()) as writer:
         writer.append_redacted(SamplesRecord("s", 0, 0.0, samples))
+    assert path.stat().st_size < 16 << 10
     (record,) = read_cassette(path).sessions["s"].records
-    assert record.samples[0]["metadata"]["note"] == "x" * 100_000 and record.samples[0]["tokens"] == [7] * 300_000
+    assert record.samples[0]["rollout_log_probs"] == samples[0]["rollout_log_probs"]
+    assert record.samples[0]["tokens"] == [7] * n and record.samples[0]["loss_mask"] == samples[0]["loss_mask"]
+    with CassetteReader(path) as reader:
+        (alone,) = reader.read_session(reader.stored_index()["s"]).records
+    assert alone.samples[0]["rollout_log_probs"][-1] == -0.25
 
 
 @pytest.mark.parametrize(("section", "key", "value", "message"), [

@@ -131,7 +131,7 @@ def test_a_cut_session_replays_like_the_original(tmp_path: Path, capsys: pytest.
 
 def test_cutting_re_encodes_exactly_so_every_session_kept_gives_back_the_original_bytes(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # The committed cassettes are format version 1: a first cut gives their records in version 2, record for
+    # The committed cassettes are format version 1: a first cut gives their records in version 3, record for
     # record; a cut of that gives back its bytes.
     loop = CORPUS / "tool_loop.tito"
     for source, names in ((WIRES, sessions_of(WIRES)), (loop, sessions_of(loop)[:1])):

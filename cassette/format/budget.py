@@ -10,15 +10,16 @@ from tito_rl.cassette.format.errors import CorruptCassetteError
 
 DECODE_RATIO = 256  # decoded bytes per stored byte (the committed corpus: under 20; a delta or zlib bomb: more)
 DECODE_FLOOR = 16 << 20  # decoded bytes any cassette may reach, whatever its size
-MAX_INFLATE_RATIO = 64  # a compressed payload's decompressed size over its stored size (the corpus: under 7)
 
 
 @dataclass
 class DecodeBudget:
     """How much one reader's cassette may decode to: `DECODE_RATIO` bytes per byte read so far (and at least
-    `DECODE_FLOOR`), counting decompressed records, delta-resolved prompts and bodies and expanded masks. A
-    zlib bomb or a delta bomb (many tiny records each re-using a huge context) stops with one error early,
-    in bounded memory and time, instead of decoding without end."""
+    `DECODE_FLOOR`), counting decompressed records (inflated no further than the budget has left), delta-resolved
+    prompts and bodies and expanded masks. A zlib bomb or a delta bomb (many tiny records each re-using a huge
+    context) stops with one error early, in bounded memory and time, instead of decoding without end. The bound
+    is the file's, not a record's: one record may compress far better than the rest (a sample's logprobs are
+    mostly zeros) and still read."""
 
     stored: int = 0
     decoded: int = 0

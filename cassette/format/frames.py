@@ -11,7 +11,7 @@ from typing import Any
 
 import msgpack
 
-from tito_rl.cassette.format.budget import MAX_INFLATE_RATIO, DecodeBudget
+from tito_rl.cassette.format.budget import DecodeBudget
 from tito_rl.cassette.format.errors import CorruptCassetteError
 from tito_rl.cassette.format.extensions import decode_ext, encode_ext
 
@@ -21,6 +21,7 @@ FRAME_HEADER = struct.Struct("<IBHI")
 FLAG_ZLIB = 0x01
 MAX_FRAME_BYTES = 1 << 30  # a payload, stored or decompressed
 COMPRESS_MIN_BYTES = 512
+INFLATE_CHUNK = 1 << 20  # a compressed record is inflated, and spent from the decode budget, this much at a time
 
 
 def _header_check(length: int, flags: int) -> int:
@@ -34,7 +35,7 @@ def encode_frame(record: dict[str, Any]) -> bytes:
     flags = 0
     if len(payload) >= COMPRESS_MIN_BYTES:
         packed = zlib.compress(payload, 6)
-        if len(packed) < len(payload) * 0.9 and len(payload) <= MAX_INFLATE_RATIO * len(packed):
+        if len(packed) < len(payload) * 0.9:  # however well it compresses: reading is bounded (`inflate`)
             payload, flags = packed, FLAG_ZLIB
     if len(payload) > MAX_FRAME_BYTES:
         raise ValueError(f"record of {len(payload)} bytes exceeds the {MAX_FRAME_BYTES}-byte frame limit")
@@ -49,20 +50,22 @@ def decode_frame_header(data: bytes, offset: int) -> tuple[int, int, int]:
     return length, flags, crc
 
 
-def decode_payload(payload: bytes, flags: int, crc: int, offset: int,
+def decode_payload(payload: bytes | bytearray, flags: int, crc: int, offset: int,
                    budget: DecodeBudget | None = None, ext_hook: Any = None) -> dict[str, Any]:
-    """The record map of one frame. `budget` bounds what it decompresses to (a zlib bomb fails, it is never
-    inflated whole); without one, a frame may decompress to `MAX_FRAME_BYTES`. `ext_hook`: how to decode
-    extension values (default: this format's, into lists and deltas)."""
+    """The record map of one frame. `budget` bounds what it decodes to (a reader's, over all it has read; without
+    one, this frame's own): a zlib bomb fails as it passes the budget, never inflated whole. `ext_hook`: how to
+    decode extension values (default: this format's, into lists and deltas)."""
     if zlib.crc32(payload) != crc:
         raise CorruptCassetteError(f"corrupt cassette: checksum mismatch in the record at byte {offset}")
+    if budget is None:
+        budget = DecodeBudget()
+        budget.read(FRAME_HEADER.size + len(payload))
     try:
         if flags & FLAG_ZLIB:
-            limit = min(MAX_INFLATE_RATIO * len(payload), MAX_FRAME_BYTES if budget is None else budget.left())
-            payload = inflate(payload, limit)
-        if budget is not None:
+            payload = inflate(payload, budget)
+        else:
             budget.spend(len(payload), "a record")
-        hook = ext_hook or (decode_ext if budget is None else functools.partial(decode_ext, budget=budget))
+        hook = ext_hook or functools.partial(decode_ext, budget=budget)
         record = msgpack.unpackb(payload, ext_hook=hook, raw=False, strict_map_key=False)
     except CorruptCassetteError as exc:
         raise located(exc, offset) from None
@@ -79,12 +82,25 @@ def located(exc: CorruptCassetteError, offset: int) -> CorruptCassetteError:
     return CorruptCassetteError(f"{text} (the record at byte {offset})")
 
 
-def inflate(payload: bytes, limit: int) -> bytes:
-    """zlib-decompressed `payload`, or a CorruptCassetteError as soon as it passes `limit` bytes."""
+def inflate(payload: bytes, budget: DecodeBudget) -> bytes | bytearray:
+    """zlib-decompressed `payload`, inflated `INFLATE_CHUNK` bytes at a time, each spent from `budget` as it comes:
+    a bomb fails one chunk past what the budget had left, in memory the budget bounds, however far it would
+    inflate. So the writer may compress any record by any ratio. A record of one chunk (most are) is returned as
+    zlib made it; a longer one is gathered in one buffer, never joined from pieces (twice its size)."""
     inflater = zlib.decompressobj()
-    data = inflater.decompress(payload, limit + 1)
-    if len(data) > limit:
-        raise CorruptCassetteError(f"corrupt cassette: a compressed record decompresses to more than {limit} bytes")
-    if not inflater.eof:
-        raise CorruptCassetteError("corrupt cassette: a compressed record ends early")
-    return data
+    piece = inflater.decompress(payload, INFLATE_CHUNK)
+    budget.spend(len(piece), "a compressed record")  # past the budget: raises
+    if inflater.eof:
+        return piece
+    out = bytearray(piece)
+    while not inflater.eof:
+        pending = inflater.unconsumed_tail
+        piece = inflater.decompress(pending, INFLATE_CHUNK)
+        if not piece and not pending:
+            raise CorruptCassetteError("corrupt cassette: a compressed record ends early")
+        budget.spend(len(piece), "a compressed record")
+        if len(out) + len(piece) > MAX_FRAME_BYTES:
+            raise CorruptCassetteError(
+                f"corrupt cassette: a compressed record decompresses to more than {MAX_FRAME_BYTES} bytes")
+        out += piece
+    return out

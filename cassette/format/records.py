@@ -11,8 +11,10 @@ from tito_rl.cassette.format.checks import check_fields
 from tito_rl.cassette.format.errors import CorruptCassetteError, UnsupportedVersionError
 from tito_rl.cassette.format.frames import encode_frame
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 2 = 1 + the optional index at the end
+FORMAT_VERSION = 3
+# 2 = 1 + the optional index at the end; 3 = 2 with records compressed by any ratio (version 2 readers refused a
+# record that inflated past 64x its stored size, so the version 2 writer stored those uncompressed)
+READABLE_VERSIONS = (1, 2, 3)
 
 
 def utc_now_iso() -> str:
