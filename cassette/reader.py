@@ -349,18 +349,12 @@ def summarize(path: str | os.PathLike[str], verify: bool = True) -> CassetteSumm
         index = None if verify else reader.stored_index()
         if index is not None:
             reader.check_frames(reader._index_end, index)
-            sessions = [SessionSummary(e.session, e.agent, e.engine, e.samples) for e in index.values()]
-            return CassetteSummary(reader.header, sessions, reader.truncated)
-        counts: dict[str, SessionSummary] = {}
-        for record in reader.records():
-            entry = counts.setdefault(record.session, SessionSummary(record.session))
-            if isinstance(record, AgentRecord):
-                entry.agent_exchanges += 1
-            elif isinstance(record, EngineRecord):
-                entry.engine_exchanges += 1
-            elif isinstance(record, SamplesRecord):
-                entry.samples += len(record.samples)
-        return CassetteSummary(reader.header, list(counts.values()), reader.truncated)
+        else:  # no index (version 1, a killed recorder): counted as the writer counts them for one
+            index = {}
+            for record in reader.records():
+                index.setdefault(record.session, SessionIndex(record.session)).count(record)
+        sessions = [SessionSummary(e.session, e.agent, e.engine, e.samples) for e in index.values()]
+        return CassetteSummary(reader.header, sessions, reader.truncated)
 
 
 def _raw_ext(code: int, data: bytes) -> msgpack.ExtType:
