@@ -53,10 +53,13 @@ corpus-table: install
 # docs/conformance.md: the cassettes recorded around slime replayed through tito's adapter (CI checks this table:
 # tests/test_conformance.py), then the committed corpus replayed through slime (needs TITO_SLIME_PATH, a slime
 # checkout). The findings written above the tables are kept.
+# Then the live table: the scenario corpus recorded through every target present (tito; slime with TITO_SLIME_PATH;
+# rllm where rllm-model-gateway is installed) into a temporary folder, each recording audited (tito audit --json),
+# gateways side by side (replayer/live_conformance.py; a few minutes: real CLIs, JOBS at once).
 conformance: install
-	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/
-	@if [ -z "$$TITO_SLIME_PATH" ]; then echo "make conformance: the slime table needs TITO_SLIME_PATH=/path/to/slime (a checkout of https://github.com/THUDM/slime); not rewritten"; exit 2; fi
-	$(BIN)/python -m tito_rl.replayer.conformance --target slime cassettes/
+	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/slime_mixed.tito
+	@if [ -z "$$TITO_SLIME_PATH" ]; then echo "make conformance: the slime table needs TITO_SLIME_PATH=/path/to/slime (a checkout of https://github.com/THUDM/slime); not rewritten"; else $(BIN)/python -m tito_rl.replayer.conformance --target slime cassettes/; fi
+	$(BIN)/python -m tito_rl.replayer.live_conformance --jobs $(JOBS)
 
 clean:
 	rm -rf $(VENV)

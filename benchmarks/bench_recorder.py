@@ -264,7 +264,8 @@ async def _drive(targets: dict[str, Target], tool_s: float, cycle_s: float) -> d
                         await asyncio.sleep(tool_s)
                     body, headers = bodies(c, turn)
                     t0 = time.perf_counter()
-                    async with http.post(f"http://127.0.0.1:{port}{path}", data=body, headers=headers) as r:
+                    url = f"http://127.0.0.1:{port}{path.format(c=c)}"  # a gateway may keep sessions in the URL
+                    async with http.post(url, data=body, headers=headers) as r:
                         await r.read()
                         assert r.status == 200, (r.status, await r.text())
                     latencies[name][c, turn] = time.perf_counter() - t0

@@ -32,6 +32,7 @@ from tito_rl.cassette.format.frames import FRAME_HEADER, MAGIC, decode_frame_hea
 from tito_rl.cassette.format.index import INDEX, INDEX_AT, INDEX_AT_BYTES, SessionIndex, decode_index, decode_index_at
 from tito_rl.cassette.format.records import (
     AgentRecord,
+    DropRecord,
     EngineRecord,
     Header,
     Record,
@@ -96,11 +97,20 @@ class CassetteReader:
         self._offset = offset
         return decode_payload(payload, flags, crc, offset, self.budget, ext_hook=_raw_ext if raw else None)
 
-    def records(self) -> Iterator[Record]:
-        codec = SessionCodec(self.budget)
+    def records(self, packed_prompts: bool = False, packed_samples: bool = False,
+                release_finished: bool = False) -> Iterator[Record]:
+        """The records in file order. `packed_prompts`, `packed_samples`: /generate prompts and samples' token ids
+        as `PackedIds` (`SessionCodec`), for a pass that views them as arrays. `release_finished`: a session's
+        delta bases let go at its finish or drop, as the writer does (`SessionCodec.release`), so memory follows
+        the sessions live at once, not the cassette's length; a record of a session after its finish is then
+        resolved as the writer stored it, whole."""
+        codec = SessionCodec(self.budget, packed_prompts, packed_samples)
         while (frame := self._read_frame()) is not None:
             if frame["t"] not in _INDEX_TYPES:  # the index at the end holds no session's record
-                yield decode_at(codec, frame, self._offset)
+                record = decode_at(codec, frame, self._offset)
+                yield record
+                if release_finished and isinstance(record, SamplesRecord | DropRecord):
+                    codec.release(record.session)
 
     def scan(self) -> dict[str, SessionIndex]:
         """Every frame after the header read and checked (checksums, record maps), each session's frame offsets

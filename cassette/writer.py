@@ -93,7 +93,7 @@ class CassetteWriter:
             response=r.scrub_json(exchange.response, name),
             error=None if exchange.error is None else r.scrub_text(exchange.error, name),
             headers=self._headers(exchange.headers, name), started_s=float(exchange.started_s),
-            duration_s=float(exchange.duration_s),
+            duration_s=float(exchange.duration_s), dialect=exchange.dialect,
         ), redacted=True)
 
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:

@@ -1,4 +1,4 @@
-"""The fake engine's HTTP app: SGLang 0.5.x's native API in front of a Policy.
+"""The fake engine's HTTP app: SGLang 0.5.x's native API, and the OpenAI-compatible dialects, in front of a Policy.
 
 `create_app(policy, options)` is the single factory; tests and other modules use it like this:
 
@@ -9,7 +9,9 @@
 
 The app owns everything a policy should not care about: validation (validation.py), queueing and
 `/abort_request`, streaming, faults (faults.py) and response shapes (responses.py). A policy only maps a
-`GenerateRequest` to a `Generation`, or raises `PolicyError`.
+`GenerateRequest` to a `Generation`, or raises `PolicyError`. The OpenAI-compatible routes (`openai/handler.py`:
+SGLang's and vLLM's `/v1/chat/completions` and `/v1/completions`, vLLM's `/inference/v1/generate`) share the
+queue, aborts, faults and logprobs through `Engine.tracked_run` and `Engine.prepare`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +29,11 @@ from aiohttp import web
 from tito_rl.fake_engine.drift import inject_splits
 from tito_rl.fake_engine.faults import FaultSchedule, FaultSpec
 from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
+from tito_rl.fake_engine.openai.calls import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH
+from tito_rl.fake_engine.openai.handler import OpenAIRoutes
+from tito_rl.fake_engine.openai.vllm_bodies import models_list as vllm_models_list
 from tito_rl.fake_engine.policy import GenerateRequest, Generation, Policy, PolicyError
+from tito_rl.fake_engine.serving import Dropped, Prepared, Tracked, drop, dumps, json_response
 from tito_rl.fake_engine.sessions import session_key, turn_index
 from tito_rl.fake_engine.sglang.responses import (
     DEFAULT_PROFILE,
@@ -49,8 +56,10 @@ from tito_rl.fake_engine.sglang.validation import (
     parse_generate,
     verify_sampling,
 )
+from tito_rl.trajectory.dialects.view import VLLM_GENERATE, VLLM_OPENAI
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
+TOKENS_PATH = "/v1/chat/completions/tokens"  # /inference/v1/generate's earlier name (prime-rl PR #1422)
 FLUSH_CACHE_TEXT = ("Cache flushed.\nPlease check backend logs for more details. "
                     "(When there are running or waiting requests, the operation will not be performed.)\n")
 
@@ -73,33 +82,10 @@ class EngineOptions:
     logprob_seed: str = "tito"
     host: str = "127.0.0.1"
     port: int = 30000
-
-
-class _Dropped(Exception):
-    """The connection was closed on purpose (fault); nothing more is written."""
-
-
-@dataclass
-class _Tracked:
-    rid: str
-    aborted: asyncio.Event = field(default_factory=asyncio.Event)
-    running: bool = False
-    request: web.Request | None = None
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(body=_dumps(obj), status=status, content_type="application/json")
-
-
-def _drop(request: web.Request) -> None:
-    transport = request.transport
-    if transport is not None:
-        transport.abort() if hasattr(transport, "abort") else transport.close()
-    raise _Dropped
+    # The shared OpenAI paths (/v1/chat/completions, /v1/completions): None tells SGLang's server from vLLM's by
+    # the request's SGLang-only fields (trajectory/dialects/registry.py); "sglang-openai" or "vllm-openai" forces
+    # one (and picks GET /v1/models' shape).
+    openai_dialect: str | None = None
 
 
 class Engine:
@@ -109,7 +95,7 @@ class Engine:
         self.policy = policy
         self.options = options
         self.profile = get_profile(options.version_profile)
-        self.tracked: dict[str, _Tracked] = {}
+        self.tracked: dict[str, Tracked] = {}
         self.slots = asyncio.Semaphore(options.max_running_requests) if options.max_running_requests else None
         self.restarting_until = 0.0
         self.startup_time = time.time()
@@ -142,14 +128,14 @@ class Engine:
             return await self._generate(request)
         except EngineHTTPError as e:
             if e.content_type == "application/json":
-                return _json(e.body, e.status)
+                return json_response(e.body, e.status)
             return web.Response(text=str(e.body), status=e.status, content_type=e.content_type)
-        except _Dropped:
+        except Dropped:
             return web.Response(status=500)  # never reaches the client: the socket is gone
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         if self.restarting:
-            _drop(request)
+            drop(request)
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -172,16 +158,26 @@ class Engine:
             return_logprob=parsed.return_logprob, routing_key=parsed.routing_key, headers=request.headers,
             session_key=session_key(input_ids, parsed.routing_key), turn_index=turn_index(input_ids))
         start = time.perf_counter()
-        tracked = _Tracked(rid=rid, request=request)
+
+        def queued() -> web.StreamResponse:
+            return json_response(queued_abort_body(
+                rid=rid, weight_version=opts.weight_version, with_logprobs=parsed.return_logprob,
+                e2e_latency=time.perf_counter() - start, sent_ts=time.time(), has_text=opts.tokenizer is not None))
+
+        return await self.tracked_run(request, rid, lambda tracked: self._run(request, greq, tracked, start), queued)
+
+    async def tracked_run(self, request: web.Request, rid: str,
+                          run: Callable[[Tracked], Awaitable[web.StreamResponse]],
+                          queued_abort: Callable[[], web.StreamResponse]) -> web.StreamResponse:
+        """Run one request under its rid: abortable by `/abort_request`, queued beyond the running limit
+        (`queued_abort` answers one aborted while it waited). Every dialect's requests go through here."""
+        tracked = Tracked(rid=rid, request=request)
         self.tracked[rid] = tracked
         try:
             if not await self._admit(tracked):
-                return _json(queued_abort_body(
-                    rid=rid, weight_version=opts.weight_version, with_logprobs=parsed.return_logprob,
-                    e2e_latency=time.perf_counter() - start, sent_ts=time.time(),
-                    has_text=opts.tokenizer is not None))
+                return queued_abort()
             try:
-                return await self._run(request, greq, tracked, start)
+                return await run(tracked)
             finally:
                 if self.slots is not None:
                     self.slots.release()
@@ -189,7 +185,7 @@ class Engine:
             if self.tracked.get(rid) is tracked:
                 del self.tracked[rid]
 
-    async def _admit(self, tracked: _Tracked) -> bool:
+    async def _admit(self, tracked: Tracked) -> bool:
         """Wait for a running slot; False if aborted while queued."""
         if self.slots is None:
             tracked.running = True
@@ -264,8 +260,11 @@ class Engine:
                          logprobs=entries, cached_tokens=cached, e2e_latency=e2e, sent_ts=sent_ts)
         return generate_body(self._text(ids, greq.sampling_params, trim_stop), ids, meta)
 
-    async def _run(self, request: web.Request, greq: GenerateRequest, tracked: _Tracked,
-                   start: float) -> web.StreamResponse:
+    async def prepare(self, request: web.Request, greq: GenerateRequest,
+                      error_body: Callable[[int, str], Any] | None = None) -> Prepared | web.Response:
+        """Everything before the first output byte, shared by every dialect: the policy's answer, then the
+        faults (latency, restart, dropped connection, an HTTP error in `error_body`'s envelope) and the
+        output's shaping (drift splits, length and abort cuts, max tokens)."""
         faults = self.options.faults.next()
         gen = self._policy_generation(greq)
         faults = faults.merged(gen.faults)
@@ -273,26 +272,38 @@ class Engine:
             await asyncio.sleep(faults.latency_ms / 1000)
         if faults.restart_s is not None:
             self.restart(faults.restart_s, request)
-            _drop(request)
+            drop(request)
         if faults.drop_connection:
-            _drop(request)
+            drop(request)
         if faults.status is not None:
-            # What SGLang's HTTPException handler writes for a 5xx.
-            return _json({"object": "error", "message": faults.message, "type": str(faults.status),
-                          "param": None, "code": faults.status}, faults.status)
+            # Default: what SGLang's HTTPException handler writes for a 5xx.
+            body = error_body(faults.status, faults.message) if error_body else {
+                "object": "error", "message": faults.message, "type": str(faults.status), "param": None,
+                "code": faults.status}
+            return json_response(body, faults.status)
         ids, lps, finish, matched = self._shape_output(greq, gen, faults)
+        return Prepared(ids, lps, finish, matched, gen.cached_tokens, faults)
+
+    async def _run(self, request: web.Request, greq: GenerateRequest, tracked: Tracked,
+                   start: float) -> web.StreamResponse:
+        prepared = await self.prepare(request, greq)
+        if isinstance(prepared, web.Response):
+            return prepared
+        ids, lps, finish, matched, faults = (prepared.ids, prepared.logprobs, prepared.finish, prepared.matched,
+                                             prepared.faults)
+        gen = prepared
         if greq.stream:
             return await self._stream(request, greq, tracked, ids, lps, finish, matched, gen.cached_tokens,
                                       faults, start)
-        produced = await self._produce(tracked, len(ids), faults.token_delay_ms)
+        produced = await self.produce(tracked, len(ids), faults.token_delay_ms)
         if produced < len(ids) or tracked.aborted.is_set():
             ids, lps, finish = ids[:produced], lps[:produced], "abort"
         body = self._body(greq, ids, lps, self._finish_reason(finish, matched, len(ids)), gen.cached_tokens,
                           n_total=len(ids), trim_stop=finish == "stop", e2e=time.perf_counter() - start,
                           sent_ts=time.time())
-        return _json(body)
+        return json_response(body)
 
-    async def _produce(self, tracked: _Tracked, n: int, delay_ms: float) -> int:
+    async def produce(self, tracked: Tracked, n: int, delay_ms: float) -> int:
         """Pretend to decode n tokens; an abort stops it early. Returns how many were produced."""
         if delay_ms <= 0:
             return 0 if tracked.aborted.is_set() else n
@@ -304,7 +315,7 @@ class Engine:
                 continue
         return n
 
-    async def _stream(self, request: web.Request, greq: GenerateRequest, tracked: _Tracked, ids: list[int],
+    async def _stream(self, request: web.Request, greq: GenerateRequest, tracked: Tracked, ids: list[int],
                       lps: list[float], finish: str, matched: Any, cached: int, faults: FaultSpec,
                       start: float) -> web.StreamResponse:
         """Cumulative chunks by default (each repeats all output so far), deltas in incremental mode;
@@ -316,7 +327,7 @@ class Engine:
         prev, sent = 0, 0
         while prev < len(ids):
             step = min(interval, len(ids) - prev)
-            produced = await self._produce(tracked, step, faults.token_delay_ms)
+            produced = await self.produce(tracked, step, faults.token_delay_ms)
             if produced < step or tracked.aborted.is_set():
                 ids, lps, finish = ids[:prev + produced], lps[:prev + produced], "abort"
                 break
@@ -325,18 +336,18 @@ class Engine:
             lo = prev if incremental else 0
             chunk = self._body(greq, ids[lo:prev + step], lps[lo:prev + step], None, cached,
                                n_total=prev + step, sent_ts=time.time() if sent == 0 else None)
-            await resp.write(b"data: " + _dumps(chunk) + b"\n\n")
+            await resp.write(b"data: " + dumps(chunk) + b"\n\n")
             sent += 1
             prev += step
             if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
-                _drop(request)
+                drop(request)
         if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
-            _drop(request)
+            drop(request)
         lo = prev if incremental else 0
         final = self._body(greq, ids[lo:], lps[lo:], self._finish_reason(finish, matched, len(ids)), cached,
                            n_total=len(ids), trim_stop=finish == "stop", e2e=time.perf_counter() - start,
                            sent_ts=time.time() if sent == 0 else None)
-        await resp.write(b"data: " + _dumps(final) + b"\n\n")
+        await resp.write(b"data: " + dumps(final) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -346,9 +357,9 @@ class Engine:
         try:
             body = json.loads(await request.read() or b"{}")
         except json.JSONDecodeError as e:
-            return _json(parse_failure(f"JSON decode error: {e.msg}").body, 400)
+            return json_response(parse_failure(f"JSON decode error: {e.msg}").body, 400)
         if not isinstance(body, dict):
-            return _json(parse_failure("Input should be a valid dictionary or object").body, 400)
+            return json_response(parse_failure("Input should be a valid dictionary or object").body, 400)
         self.abort(str(body.get("rid") or ""), bool(body.get("abort_all") or False))
         return web.Response(status=200)
 
@@ -357,12 +368,12 @@ class Engine:
 
     async def handle_model_info(self, request: web.Request) -> web.Response:
         o = self.options
-        return _json(model_info(model_path=o.model_path, served_model_name=o.model_name,
+        return json_response(model_info(model_path=o.model_path, served_model_name=o.model_name,
                                 weight_version=o.weight_version))
 
     async def handle_server_info(self, request: web.Request) -> web.Response:
         o = self.options
-        return _json(server_info(model_path=o.model_path, served_model_name=o.model_name, host=o.host,
+        return json_response(server_info(model_path=o.model_path, served_model_name=o.model_name, host=o.host,
                                  port=o.port, context_length=o.context_length,
                                  incremental=o.incremental_streaming, profile=self.profile,
                                  startup_time=self.startup_time))
@@ -371,13 +382,16 @@ class Engine:
         return web.Response(text=FLUSH_CACHE_TEXT, content_type="text/plain")
 
     async def handle_models(self, request: web.Request) -> web.Response:
-        return _json(models_list(self.options.model_name, self.options.context_length, int(self.startup_time)))
+        o = self.options
+        if o.openai_dialect in (VLLM_OPENAI, VLLM_GENERATE):
+            return json_response(vllm_models_list(o.model_name, o.context_length, int(self.startup_time)))
+        return json_response(models_list(o.model_name, o.context_length, int(self.startup_time)))
 
     async def handle_workers(self, request: web.Request) -> web.Response:
         url = f"{request.scheme}://{request.host}/worker0"
         worker = {"url": url, "model": self.options.model_name, "healthy": not self.restarting,
                   "requests_active": len(self.tracked)}
-        return _json({"workers": [worker], "total": 1, "healthy": int(not self.restarting)})
+        return json_response({"workers": [worker], "total": 1, "healthy": int(not self.restarting)})
 
 
 ENGINE_KEY = web.AppKey("engine", Engine)
@@ -399,6 +413,9 @@ def _add_engine_routes(app: web.Application, engine: Engine, *, abort: bool) -> 
     r.add_route("GET", "/flush_cache", engine.handle_flush_cache)
     r.add_route("POST", "/flush_cache", engine.handle_flush_cache)
     r.add_get("/v1/models", engine.handle_models)
+    openai = OpenAIRoutes(engine)
+    for path in (CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, TOKENS_PATH):
+        r.add_post(path, openai.handle)
 
 
 def create_app(policy: Policy, options: EngineOptions | None = None) -> web.Application:

@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stream deltas instead of cumulative chunks")
     parser.add_argument("--max-running-requests", type=int, default=0, help="queue beyond this (0: no limit)")
     parser.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer folder (default: Qwen3)")
+    parser.add_argument("--openai-dialect", choices=("sglang-openai", "vllm-openai"), default=None,
+                        help="answer /v1/chat/completions and /v1/completions as this engine (default: told by "
+                             "each request's SGLang-only fields); also picks GET /v1/models' shape")
     f = parser.add_argument_group("faults (applied to every /generate unless --fault-first/--fault-every)")
     f.add_argument("--fault-latency-ms", type=float, default=0.0)
     f.add_argument("--fault-token-delay-ms", type=float, default=0.0)
@@ -106,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
         model_name=args.model_name, model_path=args.model_name, context_length=args.context_length,
         version_profile=args.version_profile, incremental_streaming=args.incremental_streaming,
         router=args.router, max_running_requests=args.max_running_requests, tokenizer=tokenizer,
-        vocab_size=max(len(tokenizer), 151936), faults=faults, host=args.host, port=args.port)
+        vocab_size=max(len(tokenizer), 151936), faults=faults, host=args.host, port=args.port,
+        openai_dialect=getattr(args, "openai_dialect", None))
     print(f"tito fake-engine: {what} on http://{args.host}:{args.port} (SGLang {args.version_profile} "
           f"profile{', router mode' if args.router else ''})", flush=True)
     app = create_app(policy, options)

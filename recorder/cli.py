@@ -118,6 +118,8 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
     header = build_header(settings, engine, agent_info, manager=manager)
     if target is not None:
         header = foreign_header(header, spec, target)
+        # a gateway that takes its session from the URL: the launchers add it to each CLI's base URL
+        args.session_path = getattr(target.info, "session_path", None)
     try:
         tap = open_tap(Path(args.out), header, args.per_session)
     except RecorderError as exc:
@@ -183,7 +185,7 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
     from tito_rl.recorder.taps.progress import ProgressTap
 
     counted = ProgressTap(tap, progress) if progress is not None else tap
-    around = TapsAround(counted, target, settings.engine_url)
+    around = TapsAround(counted, target, settings.engine_url, getattr(args, "engine_dialect", None))
     listen = serve.parse_listen(args.listen)
     engine_listen = serve.parse_listen(args.engine_listen) if args.engine_listen else ("127.0.0.1", 0)
     from tito_rl.trajectory.runtime.server_process import prepare_to_serve

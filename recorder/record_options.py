@@ -10,6 +10,7 @@ import argparse
 from tito_rl.recorder.targets.base import ROUTING_HEADER
 from tito_rl.recorder.targets.registry import TITO
 from tito_rl.trajectory.adapters import serve
+from tito_rl.trajectory.dialects.view import DIALECTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,5 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     targets.add_argument("--routing-header", default=ROUTING_HEADER, metavar="NAME",
                          help="http:// target: the engine-leg header carrying the session id (default "
                               "%(default)s; none: it sends none)")
+    targets.add_argument("--engine-dialect", choices=DIALECTS, metavar="DIALECT",
+                         help="the engine API the target calls, where its calls alone do not say (sglang, "
+                              "sglang-openai, vllm-openai, vllm-generate; default: read from each call, "
+                              "docs/engine-dialects.md)")
     agents.add_argument("--reward", type=float, default=0.0,
                         help="reward given when an agent session finishes (scripted: the script's own finish)")

@@ -7,8 +7,14 @@
 It installs the pinned CLI(s) the scenario's `client:` names (npm, cached in .tools/npm), starts
 `tito fake-engine --script SCENARIO` on a free port, runs `tito record --scenario SCENARIO` against it with
 the scenario's `client.record_args` (the real CLI per session in a local sandbox, or the scripted client),
-stops the engine, and writes the golden with `tito replay --update-goldens`. The cassette only appears once
-the recording succeeded; `--replace` swaps it for an existing one. `make corpus` runs this per scenario.
+stops the engine, and writes the golden with `tito replay --update-goldens`.
+
+`--target TARGET` records *through* another gateway than the one the scenario names (slime, rllm, a driver, or
+tito): the client talks to the target, the target to the fake engine, so the client echoes the target's own
+replies and the samples are the target's live ones: what `make conformance` compares gateways by.
+`--engine-dialect` makes the fake engine answer in that dialect where a target's calls could be either.
+The cassette only appears once the recording succeeded; `--replace` swaps it for an existing one. `make corpus`
+runs this per scenario.
 """
 
 from __future__ import annotations
@@ -62,8 +68,22 @@ def install_clis(scenario: Path, agent: str | None, task: str | None) -> list[st
     return script.agents
 
 
+def with_target(record_args: list[str], target: str | None, dialect: str | None) -> list[str]:
+    """The scenario's `record_args` with its `--target` (and `--engine-dialect`) replaced by the ones asked for."""
+    args, i = [], 0
+    while i < len(record_args):
+        if (target and record_args[i] == "--target") or (dialect and record_args[i] == "--engine-dialect"):
+            i += 2
+            continue
+        args.append(record_args[i])
+        i += 1
+    args += ["--target", target] if target else []
+    return args + (["--engine-dialect", dialect] if dialect else [])
+
+
 def simulate(scenario: Path, out: Path, agent: str | None = None, task: str | None = None, replace: bool = False,
-             golden: bool = True, timeout_s: float = 900.0) -> Simulated:
+             golden: bool = True, timeout_s: float = 900.0, target: str | None = None,
+             dialect: str | None = None) -> Simulated:
     if out.exists() and not replace:
         raise SimulateError(f"{out} exists: pass --replace to re-record it")
     if not out.parent.is_dir():
@@ -71,7 +91,7 @@ def simulate(scenario: Path, out: Path, agent: str | None = None, task: str | No
     from tito_rl.recorder.scenario_file import ScenarioError, check_scenario
 
     try:  # the whole file before anything starts: the same errors as tito record and tito fake-engine
-        record_args = check_scenario(scenario).record_args
+        record_args = with_target(list(check_scenario(scenario).record_args), target, dialect)
     except ScenarioError as exc:
         raise InvalidScenario(str(exc)) from None
     try:
@@ -82,8 +102,9 @@ def simulate(scenario: Path, out: Path, agent: str | None = None, task: str | No
     partial.unlink(missing_ok=True)
     started = time.monotonic()
     port = free_port()
-    engine = subprocess.Popen(tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}"),
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    forced = ["--openai-dialect", dialect] if dialect in ("sglang-openai", "vllm-openai") else []
+    engine = subprocess.Popen(tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}",
+                                   *forced), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         try:
             wait_http(f"http://127.0.0.1:{port}/health", engine, timeout_s=120)
@@ -131,12 +152,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replace", action="store_true", help="replace an existing cassette once the new one is done")
     parser.add_argument("--no-golden", action="store_true", help="record only; write no golden")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole recording")
+    parser.add_argument("--target", metavar="TARGET",
+                        help="record through this gateway instead of the one the scenario's record_args name: tito, "
+                             "slime, rllm, a tito.targets entry point or module:attribute (docs/targets.md)")
+    parser.add_argument("--engine-dialect", metavar="DIALECT",
+                        choices=("sglang", "sglang-openai", "vllm-openai", "vllm-generate"),
+                        help="the engine API the fake engine answers in where a call could be either, and the "
+                             "recording names (docs/engine-dialects.md)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         done = simulate(Path(args.scenario), Path(args.out), args.agent, args.task, args.replace,
-                        golden=not args.no_golden, timeout_s=args.timeout)
+                        golden=not args.no_golden, timeout_s=args.timeout, target=args.target,
+                        dialect=args.engine_dialect)
     except SimulateError as exc:
         print(f"tito simulate: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, InvalidScenario) else 1

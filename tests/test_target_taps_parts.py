@@ -47,11 +47,11 @@ def test_without_a_routing_key_a_prompt_goes_to_the_session_whose_context_it_ext
     o1 = a.owner("/generate", KEY, {"input_ids": [5, 6]})  # no key read, no context yet: arrival order
     assert o1.flight is s1
     a.generate_started(o1, {})
-    a.generate_answered(o1, {"input_ids": [5, 6]}, {"output_ids": [7, 8]})
+    a.generate_answered(o1, "/generate", {"input_ids": [5, 6]}, {"output_ids": [7, 8]}, "sglang")
     o2 = a.owner("/generate", {}, {"input_ids": [5, 6]})
     assert o2.flight is s2
     a.generate_started(o2, {})
-    a.generate_answered(o2, {"input_ids": [5, 6]}, {"output_ids": [9]})
+    a.generate_answered(o2, "/generate", {"input_ids": [5, 6]}, {"output_ids": [9]}, "sglang")
     a.end(s1)
     a.end(s2)
     n2, n1 = a.begin("s2", "bearer"), a.begin("s1", "bearer")

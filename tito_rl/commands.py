@@ -95,6 +95,16 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "(the records as JSON), cut (some sessions into a cassette of their own), merge (several into one). "
         "No action overwrites an existing file.",
         ("0: done", "2: unusable input (no such file, corrupt cassette, unknown session, an existing output)")),
+    "audit": Subcommand(
+        "tito_rl.replayer.audit.cli", "check recordings' training data without replaying: coverage, prefix breaks, "
+        "leaks, lost calls",
+        "Reads cassettes once each, no replay and no target installed, and runs rules over both recorded legs and "
+        "the finish samples: emitted-token coverage (trained twice, never trained, trained but not emitted, "
+        "logprobs), prompts that break their chain, stop tokens in replies, lost tool calls and text, sampling "
+        "overrides, changed statuses and regenerated retries. A folder stands for the cassettes in it; a rule "
+        "expected for a cassette is allowed with a reason in X.audit.toml beside X.tito (docs/audit.md).",
+        ("0: no rule of --fail-on fired (or it is allowed beside its cassette)", "1: a rule of --fail-on fired",
+         "2: unusable input (no such file, corrupt cassette, a bad allowlist, an unknown rule)")),
     "inspect": Subcommand(
         "tito_rl.replayer.inspection.cli", "show a cassette's sessions: exchanges, tree, decisions; --html for a page",
         "Replays a cassette (differences noted, not failed) and shows each session's exchanges with token counts "

@@ -3,6 +3,7 @@ codec over the same records in the same order, so every delta resolves exactly."
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -21,12 +22,14 @@ from tito_rl.cassette.format.records import (
     SamplesRecord,
     record_from_dict,
 )
+from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE, VLLM_OPENAI
 
 
 @dataclass
 class _SessionState:
     context: bytes = b""  # last engine prompt followed by its output ids, packed
     agent_body: bytes = b""
+    messages: bytes = b""  # the JSON of the session's last OpenAI-style engine request (its prompt ids aside)
     seq: int = 0
 
 
@@ -37,12 +40,16 @@ class SessionCodec:
     reordering frames, and a reader that skips a frame cannot resolve later deltas of that session.
     """
 
-    def __init__(self, budget: DecodeBudget | None = None, packed_prompts: bool = False) -> None:
+    def __init__(self, budget: DecodeBudget | None = None, packed_prompts: bool = False,
+                 packed_samples: bool = False) -> None:
         """`budget`: what decoding may resolve deltas to (a reader's; none for the writer's own records).
-        `packed_prompts`: /generate requests' input_ids decoded as `PackedIds`, not lists (replay's reading)."""
+        `packed_prompts`: /generate requests' input_ids decoded as `PackedIds`, not lists (replay's reading).
+        `packed_samples`: samples' token ids decoded as `PackedIds` too: each holds its whole session, and a
+        reader that views them as arrays (the audit) would only throw the list of ints away again."""
         self._sessions: dict[str, _SessionState] = {}
         self.budget = budget
         self.packed_prompts = packed_prompts
+        self.packed_samples = packed_samples
 
     def _state(self, session: str) -> _SessionState:
         return self._sessions.setdefault(session, _SessionState())
@@ -63,20 +70,33 @@ class SessionCodec:
             body = bytes(record.body)
             data["body"] = bytes_delta(state.agent_body, body)
             state.agent_body = body
+        elif isinstance(record, EngineRecord) and record.dialect in OPENAI_STYLE:
+            data["request"], data["response"] = _encode_openai(state, record.dialect, record.request, record.response)
         elif isinstance(record, EngineRecord):
             data["request"], data["response"] = self._encode_engine(state, record.request, record.response)
+            if record.dialect is None:  # a /generate call as before dialects: the bytes every older cassette has
+                del data["dialect"]
         elif isinstance(record, SamplesRecord):
             data["samples"] = [self._encode_sample(state, s) for s in record.samples]
         if isinstance(record, SamplesRecord | DropRecord):
             # The session ended: its delta bases (a long session's context and last body, ~1 MB) are let go, so a
             # recorder running for days holds only what its live sessions need. A record of the session after
             # this one is stored whole (a delta on an empty base), which any reader resolves as before.
-            state.context, state.agent_body = b"", b""
+            state.context, state.agent_body, state.messages = b"", b"", b""
         return data
+
+    def release(self, session: str) -> None:
+        """Let go of a session's delta bases (its last prompt and output, agent body and engine messages: each its
+        whole history), as the writer does at the session's finish or drop, so a reader streaming a long cassette
+        holds only what its live sessions need. Only right where the writer released them too: after a
+        `SamplesRecord` or `DropRecord` of the session (cassettes/FORMAT.md)."""
+        state = self._sessions.get(session)
+        if state is not None:
+            state.context, state.agent_body, state.messages = b"", b"", b""
 
     def held_bytes(self) -> int:
         """The delta bases held for all sessions, in bytes."""
-        return sum(len(s.context) + len(s.agent_body) for s in self._sessions.values())
+        return sum(len(s.context) + len(s.agent_body) + len(s.messages) for s in self._sessions.values())
 
     @staticmethod
     def _encode_engine(state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:
@@ -121,13 +141,15 @@ class SessionCodec:
             if isinstance(record.body, BytesDelta):
                 record.body = self._spent(record.body.apply(state.agent_body), "an agent body")
             state.agent_body = record.body if isinstance(record.body, bytes) else b""
+        elif isinstance(record, EngineRecord) and isinstance(record.dialect, str) and record.dialect in OPENAI_STYLE:
+            record.request, record.response = self._decode_openai(state, record.request, record.response)
         elif isinstance(record, EngineRecord):
             record.request, record.response = self._decode_engine(state, record.request, record.response)
         elif isinstance(record, SamplesRecord) and isinstance(record.samples, list):
             for sample in record.samples:
                 if isinstance(sample, dict) and isinstance(sample.get("tokens"), TokenDelta):
-                    sample["tokens"] = self._built(unpack_u32(self._spent(sample["tokens"].apply(state.context),
-                                                                          "a sample")))
+                    packed = self._spent(sample["tokens"].apply(state.context), "a sample")
+                    sample["tokens"] = PackedIds(packed) if self.packed_samples else self._built(unpack_u32(packed))
         check_fields(record, data["t"], self.budget.built if self.budget is not None else None)
         return record
 
@@ -156,6 +178,123 @@ class SessionCodec:
                 triples = meta["output_token_logprobs"].apply(response["output_ids"])
                 meta["output_token_logprobs"] = self._built(triples, Any)
         return request, response
+
+
+    def _decode_openai(self, state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:
+        """`_encode_openai` backwards, in the same order, so each delta meets the base it was made against."""
+        prompt_set = False
+        if isinstance(request, dict) and isinstance(request.get(JSON_FIELD), BytesDelta):
+            state.messages = self._spent(request[JSON_FIELD].apply(state.messages), "an engine request")
+            key, ids = request.get(KEY_FIELD), request.get(IDS_FIELD)
+            try:
+                request = json.loads(state.messages.decode("utf-8", "surrogatepass"))
+            except ValueError as exc:
+                raise CorruptCassetteError(f"corrupt cassette: an engine request is not JSON: {exc}") from None
+            if not isinstance(request, dict):
+                raise CorruptCassetteError("corrupt cassette: an engine request is not a JSON object")
+            if isinstance(ids, TokenDelta) and isinstance(key, str) and key in request:
+                state.context = self._spent(ids.apply(state.context), "a prompt")
+                request[key] = self._built(unpack_u32(state.context))
+                prompt_set = True
+        for holder in _prompt_holders(response):
+            if isinstance(holder.get("prompt_token_ids"), TokenDelta):
+                state.context = self._spent(holder["prompt_token_ids"].apply(state.context), "a prompt")
+                holder["prompt_token_ids"] = self._built(unpack_u32(state.context))
+                prompt_set = True
+                break
+        output = _output_ids(response)
+        if prompt_set and output is not None:
+            state.context = state.context + output
+        return request, response
+
+
+# Engine dialects whose records `_encode_openai` stores (SGLang's /generate keeps `_encode_engine`).
+OPENAI_STYLE = frozenset({SGLANG_OPENAI, VLLM_OPENAI, VLLM_GENERATE})
+PROMPT_KEYS = ("input_ids", "token_ids", "prompt", "tokens")  # where a request carries its prompt as ids
+# An OpenAI-style request as stored: its JSON text (the prompt ids' value null) as a bytes delta on the session's
+# previous engine request, and the prompt ids apart as a token delta on the context. NUL-led keys: no request a
+# gateway sends has one (one that does is stored as it came).
+JSON_FIELD, KEY_FIELD, IDS_FIELD = "\0json", "\0key", "\0ids"
+
+
+def _encode_openai(state: _SessionState, dialect: str, request: Any, response: Any) -> tuple[Any, Any]:
+    """An OpenAI-style engine call, small: its prompt ids (in the request, or returned by the engine for a
+    messages-in call) as a delta on the session's context, the rest of the request as a bytes delta on the
+    session's previous one (a chat history grows by a message or two a call; the tools and settings around it
+    repeat), its output ids packed. The prompt and output ids then
+    become the context, so the next call and the finish's samples cost only what they add."""
+    prompt_set = False
+    if isinstance(request, dict) and not any(str(k).startswith("\0") for k in request):
+        key = next((k for k in PROMPT_KEYS if packed_token_list(request.get(k)) is not None), None)
+        stored: dict[str, Any] = {}
+        if key is not None:
+            packed = packed_token_list(request[key])
+            stored = {KEY_FIELD: key, IDS_FIELD: token_delta(state.context, packed)}
+            state.context, prompt_set = packed, True
+        text = json.dumps({**request, key: None} if key is not None else request, ensure_ascii=False,
+                          separators=(",", ":"))
+        data = text.encode("utf-8", "surrogatepass")
+        request = {JSON_FIELD: bytes_delta(state.messages, data), **stored}
+        state.messages = data
+    response = _copied_holders(response)
+    for holder in _prompt_holders(response):
+        packed = packed_token_list(holder.get("prompt_token_ids"))
+        if packed is not None:
+            holder["prompt_token_ids"] = token_delta(state.context, packed)
+            state.context, prompt_set = packed, True
+            break
+    output = _output_ids(response)
+    if prompt_set and output is not None:
+        state.context = state.context + output
+    if isinstance(response, dict) and isinstance(response.get("choices"), list) and response["choices"]:
+        first = response["choices"][0]
+        packed_out = packed_token_list(first.get("token_ids")) if isinstance(first, dict) else None
+        if packed_out is not None:
+            first["token_ids"] = PackedExt(EXT_U32, packed_out)
+    return request, response
+
+
+def _copied_holders(response: Any) -> Any:
+    """The response with the dicts that encoding changes copied (the caller's record stays as it was)."""
+    if isinstance(response, dict):
+        copy = dict(response)
+        if isinstance(copy.get("choices"), list) and copy["choices"] and isinstance(copy["choices"][0], dict):
+            copy["choices"] = [dict(copy["choices"][0]), *copy["choices"][1:]]
+        return copy
+    if isinstance(response, list):
+        return [_copied_holders(chunk) for chunk in response]
+    return response
+
+
+def _prompt_holders(response: Any) -> list[dict[str, Any]]:
+    """The dicts that may hold the engine's `prompt_token_ids`: the root (vLLM chat), the first choice (vLLM
+    completions, SGLang), of the body or, for a stream, of each chunk in order."""
+    bodies = response if isinstance(response, list) else [response]
+    holders: list[dict[str, Any]] = []
+    for body in bodies:
+        if not isinstance(body, dict):
+            continue
+        holders.append(body)
+        choices = body.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            holders.append(choices[0])
+    return holders
+
+
+def _output_ids(response: Any) -> bytes | None:
+    """The call's output ids, packed: the first choice's `token_ids`, summed over a stream's chunks."""
+    bodies = response if isinstance(response, list) else [response]
+    out = bytearray()
+    found = False
+    for body in bodies:
+        choices = body.get("choices") if isinstance(body, dict) else None
+        first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        ids = None if first is None else packed_token_list(
+            first.get("token_ids") if first.get("token_ids") is not None else first.get("response_token_ids"))
+        if ids is not None:
+            out += ids
+            found = True
+    return bytes(out) if found else None
 
 
 def _is_logprob_triples(value: Any, output_ids: list[int]) -> bool:

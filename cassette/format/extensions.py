@@ -41,7 +41,13 @@ class PackedExt:
     data: bytes
 
 
-def decode_ext(code: int, data: bytes, budget: DecodeBudget | None = None) -> Any:
+def decode_ext(code: int, data: bytes, budget: DecodeBudget | None = None, packed_columns: bool = False) -> Any:
+    """An extension value decoded. `packed_columns`: packed float64 arrays and run-length masks (a sample's
+    logprobs and loss mask) left packed, as `PackedColumn`s."""
+    if packed_columns and code == EXT_F64:
+        return PackedColumn("f64", bytes(data))
+    if packed_columns and code == EXT_MASK_RLE:
+        return PackedColumn("mask", bytes(data), budget)
     if code in (EXT_U32, EXT_F64, EXT_MASK_RLE):
         values = unpack_u32(data) if code == EXT_U32 else unpack_f64(data) if code == EXT_F64 else mask_unrle(
             data, budget)

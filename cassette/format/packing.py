@@ -96,6 +96,59 @@ class PackedIds(Sequence[int]):
         return f"PackedIds({len(self)} ids)"
 
 
+class PackedColumn(Sequence[Any]):
+    """A sample's loss mask or logprobs left as the cassette stores them, for a reader that views them as arrays
+    (the audit, with numpy): a sample's columns span its whole response, tens of thousands of values each, and a
+    list of them is built only to be converted back. `kind`: "f64" (packed little-endian float64s) or "mask" (a
+    0/1 first value, then packed uint32 run lengths). It equals the list it stands for; `tolist()` builds it."""
+
+    __slots__ = ("kind", "packed", "_length")
+    __hash__ = None  # type: ignore[assignment]  # equal to a list, which is unhashable
+
+    def __init__(self, kind: str, packed: bytes, budget: DecodeBudget | None = None) -> None:
+        if kind == "f64":
+            if len(packed) % 8:
+                raise CorruptCassetteError(f"packed float64 array of {len(packed)} bytes is not a multiple of 8")
+            self._length = len(packed) // 8
+        elif kind == "mask":
+            if not packed or packed[0] not in (0, 1):
+                raise CorruptCassetteError("bad run-length mask")
+            self._length = sum(unpack_u32(packed[1:]))
+            if budget is not None:
+                budget.spend(4 * self._length, "a run-length mask")  # what building it would cost: bombs still stop
+        else:
+            raise ValueError(f"unknown packed column kind {kind!r}")
+        self.kind, self.packed = kind, packed
+
+    def tolist(self) -> list[Any]:
+        return unpack_f64(self.packed) if self.kind == "f64" else mask_unrle(self.packed)
+
+    def runs(self) -> tuple[int, list[int]]:
+        """A mask's first value and its run lengths."""
+        if self.kind != "mask":
+            raise TypeError("only a mask has runs")
+        return self.packed[0], unpack_u32(self.packed[1:])
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.tolist()[index]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackedColumn):
+            return self.tolist() == other.tolist()
+        if isinstance(other, list):
+            return len(other) == len(self) and self.tolist() == other
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"PackedColumn({self.kind}, {len(self)} values)"
+
+
 def packed_token_list(value: Any) -> bytes | None:
     """Packed bytes when `value` is a list of uint32 token ids, else None (then it is stored verbatim).
 

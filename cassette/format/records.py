@@ -11,10 +11,12 @@ from tito_rl.cassette.format.checks import check_fields
 from tito_rl.cassette.format.errors import CorruptCassetteError, UnsupportedVersionError
 from tito_rl.cassette.format.frames import encode_frame
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # 2 = 1 + the optional index at the end; 3 = 2 with records compressed by any ratio (version 2 readers refused a
-# record that inflated past 64x its stored size, so the version 2 writer stored those uncompressed)
-READABLE_VERSIONS = (1, 2, 3)
+# record that inflated past 64x its stored size, so the version 2 writer stored those uncompressed); 4 = 3 + engine
+# dialects (an engine record's `dialect`, and the deltas of OpenAI-style engine calls, which a version 3 reader
+# would leave unresolved)
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 def utc_now_iso() -> str:
@@ -99,6 +101,9 @@ class EngineRecord:
     started_s: float = 0.0
     duration_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. vcrpy's url and response headers
+    # The engine API the call speaks (`tito_rl.trajectory.dialects`); None: a cassette from before dialects,
+    # whose calls are SGLang's /generate. A streamed OpenAI-style answer's `response` is its chunks, in order.
+    dialect: str | None = None
 
 
 @dataclass

@@ -43,21 +43,23 @@ def run_ok(spec: CliRun, run: AgentRun) -> bool:
 
 
 def plan_run(session: CliSession, run: CliRun, base_url: str, model: str, sandbox: Sandbox, binary: str,
-             timeout_s: float) -> tuple[LaunchPlan, float]:
-    """The launcher's plan with the run's flags appended and the session's environment added."""
+             timeout_s: float, session_path: str | None = None) -> tuple[LaunchPlan, float]:
+    """The launcher's plan with the run's flags appended and the session's environment added; `session_path`:
+    the target's (`TargetInfo.session_path`), where it takes the session from the URL."""
     launcher = launcher_for(session.agent)
-    task = AgentTask(base_url, session.id, run.task, model, timeout_s)
+    task = AgentTask(base_url, session.id, run.task, model, timeout_s, session_path)
     plan = launcher.plan(task, sandbox.home, binary, sandbox.base_path)
     plan = LaunchPlan([*plan.argv, *run.args], plan.env | session.env, plan.files)
     return plan, run.kill_after_s if run.kill_after_s is not None else timeout_s
 
 
-def run_session(session: CliSession, base_url: str, model: str, sandbox: Sandbox, timeout_s: float) -> SessionOutcome:
+def run_session(session: CliSession, base_url: str, model: str, sandbox: Sandbox, timeout_s: float,
+                session_path: str | None = None) -> SessionOutcome:
     launcher = launcher_for(session.agent)
     binary = sandbox.install_agent(launcher.pin)
     done: list[AgentRun] = []
     for spec in session.runs:
-        plan, limit = plan_run(session, spec, base_url, model, sandbox, binary, timeout_s)
+        plan, limit = plan_run(session, spec, base_url, model, sandbox, binary, timeout_s, session_path)
         for path, content in plan.files.items():
             sandbox.write_file(path, content)
         log.info("run %d of %s: %r", len(done), session.id, plan)
@@ -73,13 +75,14 @@ def run_session(session: CliSession, base_url: str, model: str, sandbox: Sandbox
 
 
 def run_script(script: CliScript, base_url: str, model: str, make_sandbox: SandboxFactory,
-               base_urls: Mapping[str, str] | None = None) -> list[SessionOutcome]:
+               base_urls: Mapping[str, str] | None = None, session_path: str | None = None) -> list[SessionOutcome]:
     """Every session at once; outcomes in script order. `base_urls`: a session's own URL (its stream-cutting
-    relay) in place of `base_url`."""
+    relay) in place of `base_url`; `session_path`: the target's, added to each CLI's base URL."""
 
     def one(session: CliSession) -> SessionOutcome:
         with make_sandbox(session.id) as sandbox:
-            return run_session(session, (base_urls or {}).get(session.id, base_url), model, sandbox, script.timeout_s)
+            return run_session(session, (base_urls or {}).get(session.id, base_url), model, sandbox, script.timeout_s,
+                               session_path)
 
     with ThreadPoolExecutor(max_workers=len(script.sessions)) as pool:
         return list(pool.map(one, script.sessions))

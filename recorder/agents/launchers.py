@@ -33,10 +33,15 @@ class AgentTask:
     task: str
     model: str
     timeout_s: float = 600.0
+    # The target's session path (`TargetInfo.session_path`, rllm's `/sessions/{id}`): for a gateway that takes
+    # its session from the URL, the CLI's base URL gains it, `{id}` replaced by the session id.
+    session_path: str | None = None
 
     def __post_init__(self) -> None:
         if not re.match(r"^https?://[^/\s]+(/\S*)?$", self.base_url):
             raise ValueError(f"base_url must be an http(s) URL, got {self.base_url!r}")
+        if self.session_path is not None and not re.match(r"^(/[^/?#\s]+)+$", self.session_path):
+            raise ValueError(f"session_path must be a path like /sessions/{{id}}, got {self.session_path!r}")
         if not _SESSION_ID.match(self.session_id):
             raise ValueError(f"session id {self.session_id!r} must match {_SESSION_ID.pattern}")
         if not self.task.strip():
@@ -50,7 +55,9 @@ class AgentTask:
 
     @property
     def root_url(self) -> str:
-        return self.base_url.rstrip("/")
+        """What the CLI's base URL is built on: the proxy's root, plus the session's path where the target wants it."""
+        path = (self.session_path or "").replace("{id}", self.session_id)
+        return self.base_url.rstrip("/") + path
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ async def run_agent_sessions(args: argparse.Namespace, base_url: str, stop: asyn
     if script is not None:
         return await run_script_sessions(args, script, base_url, stop)
     plan = SessionPlan(agent=args.agent, base_url=base_url, task=args.task, model=args.agent_model,
-                       sessions=args.sessions, timeout_s=args.agent_timeout, parallel=args.concurrency)
+                       sessions=args.sessions, timeout_s=args.agent_timeout, parallel=args.concurrency,
+                       session_path=getattr(args, "session_path", None))
     loop = asyncio.get_running_loop()
     runs = await result_or_exit_code(loop.run_in_executor(None, run_sessions, plan, sandbox_factory(args.sandbox)),
                                      stop)
@@ -86,7 +87,7 @@ async def run_script_sessions(args: argparse.Namespace, script: CliScript, base_
     urls = {sid: await relay.start() for sid, relay in relays.items()}
     loop = asyncio.get_running_loop()
     work = loop.run_in_executor(None, run_script, script, base_url, args.agent_model, sandbox_factory(args.sandbox),
-                                urls)
+                                urls, getattr(args, "session_path", None))
     try:
         outcomes = await result_or_exit_code(work, stop)
     finally:

@@ -28,6 +28,7 @@ class SessionPlan:
     session_prefix: str = "rec"
     timeout_s: float = 600.0
     parallel: int = 1
+    session_path: str | None = None  # the target's `TargetInfo.session_path` (the session in the URL), if any
 
     def session_ids(self) -> list[str]:
         if self.sessions < 1:
@@ -55,7 +56,8 @@ def run_sessions(
     if plan.parallel < 1:
         raise ValueError(f"parallel must be at least 1, got {plan.parallel}")
     tasks = [
-        AgentTask(plan.base_url, sid, plan.task, plan.model, plan.timeout_s) for sid in plan.session_ids()
+        AgentTask(plan.base_url, sid, plan.task, plan.model, plan.timeout_s, plan.session_path)
+        for sid in plan.session_ids()
     ]
 
     def one(task: AgentTask) -> AgentRun:

@@ -5,9 +5,10 @@ same wire shapes, same echo habits (`recorder/scripted/wires.py`), the session i
 canned tool results instead of executing anything. Per session it runs the steps in order: a user prompt
 and its tool loop, a compaction, a sub-agent (a second conversation with its own system prompt on the
 same token, run when the main thread calls the tool whose result names it), finish or drop through the
-session API. Retryable statuses are answered by re-sending the byte-identical body (as Claude Code does
-after a 529); a scripted disconnect closes the connection mid-generation, then re-sends. All sessions
-run concurrently.
+session API (tito's own `/tito/sessions/<id>/...`, even where a session's `path_prefix` puts its model requests
+in a gateway's URL space, `/sessions/<id>/v1/...`). Retryable statuses are answered by re-sending the
+byte-identical body (as Claude Code does after a 529); a scripted disconnect closes the connection
+mid-generation, then re-sends. All sessions run concurrently.
 
     results = await run_script(load_client_script("cassettes/scenarios/tool_loop.yaml"), "http://127.0.0.1:8400")
 """
@@ -170,7 +171,7 @@ class SessionRunner:
 
     async def send(self, body: bytes) -> bytes:
         """POST the body; after a retryable status, the identical bytes again (Claude Code's retry)."""
-        url = self.base_url + self.wire.path
+        url = self.base_url + self.session.prefix + self.wire.path
         for attempt in range(self.session.retries + 1):
             self.result.sent += 1
             async with self.http.post(url, data=body, headers=self.headers) as resp:
@@ -187,10 +188,11 @@ class SessionRunner:
         """Send the request on a connection of its own and close it after `after_ms`, mid-generation."""
         self.result.sent += 1
         connector = aiohttp.TCPConnector(force_close=True)
+        url = self.base_url + self.session.prefix + self.wire.path
         async with aiohttp.ClientSession(connector=connector) as own:
             try:
                 async with asyncio.timeout(plan.after_ms / 1000), \
-                        own.post(self.base_url + self.wire.path, data=body, headers=self.headers) as resp:
+                        own.post(url, data=body, headers=self.headers) as resp:
                     await resp.read()
             except TimeoutError:
                 self.result.disconnects += 1

@@ -9,6 +9,7 @@ script (`fake_engine/policies/scripted.py`, which ignores `client:`) and what th
         - id: tool-loop-0000                   # the session id, sent as the bearer token
           wire: anthropic                      # anthropic | chat | responses
           stream: true
+          path_prefix: /sessions/{id}          # optional: the session in the URL too (rllm's gateway, miles)
           system: You are a coding agent.
           tools: [Bash, Read, Agent]           # catalog names (TOOL_CATALOG) or {name, description, parameters}
           results:                             # canned tool results by tool name (nothing is executed)
@@ -23,6 +24,12 @@ script (`fake_engine/policies/scripted.py`, which ignores `client:`) and what th
             - finish: 1.0                      # POST /tito/sessions/<id>/finish {"reward": 1.0}
             - drop: true                       # DELETE /tito/sessions/<id>
 
+`path_prefix` is for a gateway whose sessions live in the URL: the model requests go to
+`{base}{prefix}/v1/...` (`{id}` is replaced by the session id), e.g. `/sessions/{id}/v1/chat/completions` for
+rllm's gateway, whose agents are handed the base URL `.../sessions/<sid>/v1`. finish and drop still go to tito's
+agent tap (`/tito/sessions/<id>/finish`), which is not the gateway's. The prefix starts with `/`, has no trailing
+`/`, query or fragment, and `{id}` is its only placeholder.
+
 `client.concurrency: N` runs at most N sessions at once (default: all of them), as a training step's rollouts.
 The Structs below are the format (`fake_engine/scenario_model.py`): an unknown key or a wrong type is an error
 with its path, so a typo cannot silently record the wrong scenario.
@@ -30,6 +37,7 @@ with its path, so a typo cannot silently record the wrong scenario.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -138,12 +146,24 @@ class Step(Strict, frozen=True):
         return self.finish or 0.0
 
 
+def check_path_prefix(prefix: str) -> None:
+    """A `path_prefix` that cannot make a wrong URL: `/seg/...`, placeholders only `{id}` (the session id)."""
+    if not prefix.startswith("/") or prefix.endswith("/") or "//" in prefix:
+        raise ValueError(f"path_prefix {prefix!r} must start with '/' and have no empty or trailing segment")
+    if any(c in prefix for c in "?# "):
+        raise ValueError(f"path_prefix {prefix!r} must be a path only (no query, fragment or space)")
+    unknown = [name for name in re.findall(r"\{([^{}]*)\}", prefix) if name != "id"]
+    if unknown or prefix.replace("{id}", "").count("{") or prefix.replace("{id}", "").count("}"):
+        raise ValueError(f"path_prefix {prefix!r}: the only placeholder is {{id}} (the session id)")
+
+
 class ClientSession(Strict):
     """One scripted session; its own `system`, `tools` and `results` are the main thread's."""
 
     id: str  # the session id, sent as the bearer token
     wire: Literal["anthropic", "chat", "responses"]
     steps: Annotated[tuple[Step, ...], msgspec.Meta(min_length=1)]
+    path_prefix: str | None = None  # the model requests' path before the wire's (`/sessions/{id}`); None: none
     system: str = ""
     tools: tuple[str | ToolSpec, ...] = ()
     results: dict[str, Result] = {}
@@ -157,11 +177,18 @@ class ClientSession(Strict):
     start_after_ms: NonNegFloat = 0.0
 
     def __post_init__(self) -> None:
+        if self.path_prefix is not None:
+            check_path_prefix(self.path_prefix)
         self.tools = AgentSpec(tools=self.tools).tools
         for results in [self.results, *(s.results for s in self.subagents.values())]:
             for name, value in results.items():
                 if isinstance(value, CannedResult) and value.subagent not in (None, *self.subagents):
                     raise ValueError(f"the result of {name} names an unknown sub-agent {value.subagent!r}")
+
+    @property
+    def prefix(self) -> str:
+        """The path before the wire's own: `path_prefix` with the session id in place of `{id}`; "" for none."""
+        return (self.path_prefix or "").replace("{id}", self.id)
 
     @property
     def agent(self) -> AgentSpec:

@@ -19,7 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from tito_rl.recorder.taps.recording import Recording, body_digest
-from tito_rl.trajectory.adapters.session import resolve_session
+from tito_rl.trajectory.adapters.session import _SID, SessionRef, resolve_session
 from tito_rl.trajectory.adapters.tap import AgentExchange
 
 # Not forwarded: they describe one hop's connection, or would let the target compress what is recorded.
@@ -27,6 +27,7 @@ HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connect
                          "trailer", "upgrade", "proxy-connection", "proxy-authenticate", "accept-encoding", "expect"})
 REPLY_DROPPED = HOP_HEADERS | {"content-encoding", "date", "server"}
 SSE = "text/event-stream"
+SESSIONS_PREFIX = "/sessions/"
 Finish = Callable[[str, float], Awaitable[list[dict[str, Any]] | None]]
 Drop = Callable[[str], Awaitable[bool]]
 
@@ -48,10 +49,21 @@ def split_events(text: str) -> list[str]:
 
 
 def path_session(path: str) -> str | None:
-    """The `/s/<sid>/...` prefix some clients carry their session in."""
+    """The `/s/<sid>/...` prefix some clients carry their session in (tito's adapter's own)."""
     if path.startswith("/s/"):
         sid, _, _ = path[3:].partition("/")
         return sid or None
+    return None
+
+
+def gateway_session(path: str) -> SessionRef | None:
+    """A gateway's session in the URL (`/sessions/<sid>/v1/...`: rllm's gateway, miles' session server): the
+    gateway's own session, so it names the recorded session before any credential (all of a rollout's agents
+    may share one API key)."""
+    if path.startswith(SESSIONS_PREFIX):
+        sid, slash, _ = path[len(SESSIONS_PREFIX):].partition("/")
+        if sid and slash and _SID.match(sid):
+            return SessionRef(sid, "path")
     return None
 
 
@@ -84,12 +96,15 @@ class AgentTap:
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        ref = resolve_session(request.headers, None, path_session(request.path), request.query)
-        if ref.source in ("anonymous", "path") and body:  # only then is the body worth parsing (tito's order:
-            with contextlib.suppress(ValueError):  # credentials, then the body's metadata, then the path)
-                ref = resolve_session(request.headers, json.loads(body), path_session(request.path), request.query)
+        ref = gateway_session(request.path)
+        if ref is None:
+            ref = resolve_session(request.headers, None, path_session(request.path), request.query)
+            if ref.source in ("anonymous", "path") and body:  # only then is the body worth parsing (tito's order:
+                with contextlib.suppress(ValueError):  # credentials, then the body's metadata, then the path)
+                    ref = resolve_session(request.headers, json.loads(body), path_session(request.path),
+                                          request.query)
         headers = dict(request.headers)
-        flight = self.recording.agent_arrived(ref.sid, ref.source, headers)
+        flight = self.recording.agent_arrived(ref.sid, ref.source, headers, body)
         started = self.recording.elapsed(ref.sid)
         exchange = AgentExchange(request.method, request.path, request.query_string, headers, body, 0, {},
                                  started_s=started)

@@ -46,8 +46,8 @@ class Endpoints:
 
 
 class TapsAround:
-    def __init__(self, tap: TrafficTap, target: TargetDriver, engine_url: str) -> None:
-        self.tap, self.target, self.engine_url = tap, target, engine_url
+    def __init__(self, tap: TrafficTap, target: TargetDriver, engine_url: str, dialect: str | None = None) -> None:
+        self.tap, self.target, self.engine_url, self.dialect = tap, target, engine_url, dialect
         self.recording = Recording(tap, target.info.routing_header)
         self._runners: list[web.AppRunner] = []
         self._started = False
@@ -56,7 +56,8 @@ class TapsAround:
                     prepare: Callable[[web.Application], Any] | None = None) -> Endpoints:
         """`prepare(app)`: called on the agent tap's app before it serves, once the target has loaded (a server
         process freezes its start-up objects there and collects garbage from the loop: `server_process`)."""
-        runner, engine_tap_url = await serve(EngineTap(self.recording, self.engine_url).app(), *engine_listen)
+        engine_tap = EngineTap(self.recording, self.engine_url, self.dialect)
+        runner, engine_tap_url = await serve(engine_tap.app(), *engine_listen)
         self._runners.append(runner)
         target_url = await self.target.start(engine_tap_url)
         self._started = True

@@ -4,15 +4,20 @@ tito's own adapter tells its tap exactly; a foreign gateway only forwards calls.
 
 1. The routing key. A gateway that forwards the session id in a header (`X-SMG-Routing-Key` for slime and
    SGLang's router; a driver may name another) has its calls attributed to that session. Within the session,
-   a `/generate` goes to the oldest agent request in flight that has not had a `/generate` yet, else to the
-   newest in flight (a retry inside one request).
+   a generation goes to the oldest agent request in flight that has not had one yet, else to the newest in
+   flight (a retry inside one request).
 2. `/abort_request {"rid"}` goes to the exchange whose `/generate` carried that rid.
-3. No routing key: the session whose last engine context (prompt + output) the new prompt extends furthest;
-   when no session's context is extended (first turns), the oldest agent request in flight that has not had a
-   `/generate` yet, of any session. Concurrent sessions with identical first prompts can then be told apart
-   only by arrival order: a gateway that forwards a routing key never depends on it.
-Calls of no session (health checks, `/model_info`; without a routing key, anything but `/generate` and its
-abort) are forwarded and not recorded.
+3. No routing key, a generation (any dialect: `/generate`, `/v1/chat/completions`, `/v1/completions`,
+   `/inference/v1/generate`): first narrowed to the requests in flight whose agent sent the `Authorization`
+   the engine call carries (gateways that forward the agent's headers, as rllm's does, tie a call to its
+   session that way when each agent run has its own key); then, for a messages-in call, the request whose
+   body's `messages` the call carries unchanged (a gateway that forwards the agent's chat request); then, for
+   a call with prompt ids, the session whose last engine context (prompt + output) the prompt extends
+   furthest; then the oldest request in flight that has not had a generation yet. Concurrent sessions with
+   identical first prompts and one shared key are told apart only by arrival order: a gateway that forwards
+   a routing key never depends on it.
+Calls of no session (health checks, `/model_info`, `/v1/models`; without a routing key, anything but a
+generation and its abort) are forwarded and not recorded.
 
 Each agent exchange's engine calls are written just before it, as tito's adapter writes them, so a replay
 finds each call where the live run made it.
@@ -30,7 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tito_rl.cassette.format.packing import pack_u32, packed_prefix_len
+from tito_rl.trajectory.adapters.engine import fast_json
 from tito_rl.trajectory.adapters.tap import EngineExchange
+from tito_rl.trajectory.dialects.registry import endpoint_of, view_of
 
 MAX_REMEMBERED_RIDS = 4096
 
@@ -46,6 +53,18 @@ class InFlight:
     generates: int = 0
     engine: list[EngineExchange] = field(default_factory=list)  # answered calls, in answer order
     running: set[asyncio.Future[Any]] = field(default_factory=set)  # calls still waiting on the engine
+    authorization: str | None = None  # the agent's Authorization header, as a gateway may forward it
+    body: bytes = b""  # the agent's request body, parsed only when rule 3 needs its messages
+    _messages: Any = None
+
+    def messages(self) -> Any:
+        if self._messages is None:
+            try:
+                data = fast_json.loads(self.body) if self.body else None
+            except ValueError:
+                data = None
+            self._messages = (data.get("messages") if isinstance(data, dict) else None) or ()
+        return self._messages
 
 
 @dataclass
@@ -68,8 +87,9 @@ class Attribution:
 
     # the agent tap's side
 
-    def begin(self, session: str, source: str) -> InFlight:
-        flight = InFlight(next(self._numbers), session, source, time.monotonic())
+    def begin(self, session: str, source: str, authorization: str | None = None, body: bytes = b"") -> InFlight:
+        flight = InFlight(next(self._numbers), session, source, time.monotonic(), authorization=authorization,
+                          body=body)
         self.flights.setdefault(session, []).append(flight)
         self.sources.setdefault(session, source)
         return flight
@@ -93,12 +113,22 @@ class Attribution:
         if session is not None:
             flight = self._pick(self.flights.get(session, []))
             return Owner(session, self.sources.get(session, "bearer"), flight)
-        if not path.endswith("/generate"):
-            return None  # without a routing key only a generation says whose it is (by its prompt)
-        prompt = body.get("input_ids") if isinstance(body, dict) else None
-        flight = self._by_context(prompt) if isinstance(prompt, list) else None
+        if endpoint_of(path) not in ("generate", "chat", "completions"):
+            return None  # without a routing key only a generation says whose it is
+        flights = [f for fs in self.flights.values() for f in fs]
+        authorization = _header(headers, "authorization")
+        if authorization is not None:
+            flights = [f for f in flights if f.authorization == authorization] or flights
+        flight = None
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if isinstance(messages, list) and messages:
+            same = [f for f in flights if f.messages() == messages]
+            flight = self._pick(same)
         if flight is None:
-            flight = self._pick([f for fs in self.flights.values() for f in fs], oldest_only=True)
+            prompt = view_of(None, path, body, None).prompt_ids if isinstance(body, dict) else None
+            flight = self._by_context(prompt, flights) if prompt else None
+        if flight is None:
+            flight = self._pick(flights, oldest_only=True)
         if flight is None:
             return None
         return Owner(flight.session, flight.source, flight)
@@ -111,11 +141,11 @@ class Attribution:
             while len(self._rids) > MAX_REMEMBERED_RIDS:
                 self._rids.popitem(last=False)
 
-    def generate_answered(self, owner: Owner, body: Any, response: Any) -> None:
+    def generate_answered(self, owner: Owner, path: str, body: Any, response: Any, dialect: str | None) -> None:
         """Remember the session's engine context, for rule 3."""
-        prompt = body.get("input_ids") if isinstance(body, dict) else None
-        output = response.get("output_ids") if isinstance(response, dict) else None
-        if isinstance(prompt, list) and isinstance(output, list):
+        view = view_of(dialect, path, body, response)
+        prompt, output = view.prompt_ids, view.output_ids
+        if prompt is not None and output is not None:
             with contextlib.suppress(TypeError, OverflowError):
                 self._contexts[owner.session] = pack_u32(prompt) + pack_u32(output)
 
@@ -140,13 +170,14 @@ class Attribution:
             return None
         return max(flights, key=lambda f: f.number)
 
-    def _by_context(self, prompt: list[int]) -> InFlight | None:
+    def _by_context(self, prompt: list[int], candidates: list[InFlight]) -> InFlight | None:
         try:
             packed = pack_u32(prompt)
         except (TypeError, OverflowError):
             return None
         best, best_len = None, 0
-        for session, flights in self.flights.items():
+        for session in dict.fromkeys(f.session for f in candidates):
+            flights = self.flights.get(session)
             context = self._contexts.get(session)
             if not context or not flights:
                 continue
@@ -156,3 +187,10 @@ class Attribution:
         if best is None:
             return None
         return self._pick(self.flights[best])
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    for key, value in headers.items():
+        if key.lower() == name and value.strip():
+            return value.strip()
+    return None

@@ -9,7 +9,6 @@ gives up on a call (its agent hung up) cancels the forwarded call, so the engine
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import aiohttp
@@ -19,29 +18,46 @@ from tito_rl.recorder.taps.agent_tap import HOP_HEADERS, REPLY_DROPPED, SSE, for
 from tito_rl.recorder.taps.recording import Recording
 from tito_rl.trajectory.adapters.engine import fast_json
 from tito_rl.trajectory.adapters.tap import EngineExchange
+from tito_rl.trajectory.dialects.registry import detect_dialect
+from tito_rl.trajectory.dialects.view import SGLANG
 
 # Request headers not worth a byte in the cassette: they describe the target's HTTP client, not the call.
 CLIENT_HEADERS = HOP_HEADERS | {"user-agent", "accept"}
 
 
-def last_event_json(text: str) -> Any:
-    """The final body of a streamed answer: its last `data:` JSON before `[DONE]` (SGLang's last chunk)."""
-    final: Any = None
+def event_jsons(text: str) -> list[Any]:
+    """A streamed answer's `data:` payloads before `[DONE]`, each parsed where it is JSON."""
+    events: list[Any] = []
     for line in text.splitlines():
         if line.startswith("data:"):
             data = line[5:].strip()
             if data and data != "[DONE]":
                 try:
-                    final = json.loads(data)
+                    events.append(fast_json.loads(data))
                 except ValueError:
-                    final = data
-    return final
+                    events.append(data)
+    return events
+
+
+def last_event_json(text: str) -> Any:
+    """The final body of a streamed answer: its last `data:` JSON before `[DONE]` (SGLang's last chunk)."""
+    events = event_jsons(text)
+    return events[-1] if events else None
+
+
+def streamed_response(dialect: str, text: str) -> Any:
+    """What a cassette keeps of a streamed answer: SGLang's `/generate` chunks are cumulative, so its last one
+    says everything; an OpenAI-style stream is deltas, so every chunk is kept, in order."""
+    return last_event_json(text) if dialect == SGLANG else event_jsons(text)
 
 
 class EngineTap:
-    def __init__(self, recording: Recording, engine_url: str) -> None:
+    """`dialect`: the engine's dialect when the user named it (`--engine-dialect`); else read from each call."""
+
+    def __init__(self, recording: Recording, engine_url: str, dialect: str | None = None) -> None:
         self.recording = recording
         self.engine_url = engine_url.rstrip("/")
+        self.dialect = dialect
         self.http: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -72,7 +88,8 @@ class EngineTap:
         self.recording.engine_started(owner, data, call)
         started = self.recording.elapsed(owner.session)
         exchange = EngineExchange(request.method, request.path, data if isinstance(data, dict) else None, 0,
-                                  headers=forwarded(request.headers, CLIENT_HEADERS), started_s=started)
+                                  headers=forwarded(request.headers, CLIENT_HEADERS), started_s=started,
+                                  dialect=detect_dialect(request.path, data, hint=self.dialect))
         try:
             return await self._relay(request, body, exchange)
         except asyncio.CancelledError:
@@ -104,7 +121,8 @@ class EngineTap:
                             exchange.error = f"{type(exc).__name__}: {exc}"
                     if exchange is not None:
                         exchange.status = upstream.status
-                        exchange.response = last_event_json(received.decode("utf-8", errors="replace"))
+                        exchange.response = streamed_response(exchange.dialect or SGLANG,
+                                                              received.decode("utf-8", errors="replace"))
                     return response
                 payload = await upstream.read()
                 if exchange is not None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
+from tito_rl.trajectory.dialects.registry import is_generation, view_of
 
 
 @dataclass
@@ -68,6 +69,10 @@ class ProgressTap:
             meta = response.get("meta_info") or {}
             self.counts.prompt_tokens += int(meta.get("prompt_tokens") or 0)
             self.counts.output_tokens += len(response.get("output_ids") or [])
+        elif is_generation(exchange.path) and exchange.status == 200:
+            view = view_of(exchange.dialect, exchange.path, exchange.request, response)
+            self.counts.prompt_tokens += len(view.prompt_ids or ())
+            self.counts.output_tokens += len(view.output_ids or ())
         if exchange.error or exchange.status >= 400 or exchange.status == 0:
             self.counts.errors += 1
         self.inner.engine_exchange(session, source, exchange)

@@ -50,11 +50,12 @@ class Recording:
 
     # agent leg
 
-    def agent_arrived(self, sid: str, source: str, headers: dict[str, str]) -> InFlight:
+    def agent_arrived(self, sid: str, source: str, headers: dict[str, str], body: bytes = b"") -> InFlight:
         self.session(sid)
         self.open.setdefault(sid, source)
         self.tap.agent_request(sid, source, headers)
-        return self.attribution.begin(sid, source)
+        authorization = next((v.strip() for k, v in headers.items() if k.lower() == "authorization"), None)
+        return self.attribution.begin(sid, source, authorization or None, body)
 
     async def agent_answered(self, flight: InFlight, exchange: AgentExchange, digest: str | None) -> None:
         """Write the exchange after the engine calls it caused (waiting briefly for calls still running)."""
@@ -85,7 +86,8 @@ class Recording:
         if flight is not None:
             flight.running.discard(call)
         if isinstance(exchange.request, dict) and exchange.status == 200:
-            self.attribution.generate_answered(owner, exchange.request, exchange.response)
+            self.attribution.generate_answered(owner, exchange.path, exchange.request, exchange.response,
+                                               exchange.dialect)
         if flight is not None and flight in self.attribution.flights.get(flight.session, []):
             flight.engine.append(exchange)
         else:  # no request of the session in flight (or it was already written): goes before the next one

@@ -44,10 +44,15 @@ class TargetInfo:
     # attributes engine calls by the rule in `tito_rl.recorder.taps.attribution`).
     routing_header: str | None = ROUTING_HEADER
     settings: dict[str, Any] = field(default_factory=dict)  # recorded in the header (parsers, thresholds, ...)
+    # Where the gateway takes its session from the URL: the path agents put before the API's own (`/v1/...`),
+    # `{id}` standing for the session id (rllm: `/sessions/{id}`). tito's launchers hand the real CLIs the base
+    # URL `{agent tap}{this}`; None: the session travels as the bearer token only.
+    session_path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version, "volatile": list(self.volatile),
-                "routing_header": self.routing_header, "settings": self.settings}
+        out = {"name": self.name, "version": self.version, "volatile": list(self.volatile),
+               "routing_header": self.routing_header, "settings": self.settings}
+        return out | ({"session_path": self.session_path} if self.session_path is not None else {})
 
 
 @dataclass

@@ -13,7 +13,8 @@ from tito_rl.recorder.targets.base import ENTRY_POINT_GROUP, TargetDriver, Targe
 
 TITO = "tito"
 # Built in, and also registered under the entry-point group by tito's own pyproject.toml.
-BUILTIN = {"tito": "tito_rl.recorder.targets.tito:create", "slime": "tito_rl.recorder.targets.slime:create"}
+BUILTIN = {"tito": "tito_rl.recorder.targets.tito:create", "slime": "tito_rl.recorder.targets.slime:create",
+           "rllm": "tito_rl.recorder.targets.rllm:create"}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from tito_rl.cassette.format.packing import PackedIds, pack_u32, packed_prefix_len
 
 Decode = Callable[[list[int]], str]
@@ -140,8 +142,15 @@ def _shown(value: Any) -> Any:
 
 
 def parse_json(data: bytes | str | None) -> Any:
+    """`data` parsed as JSON, else as text. orjson first (a reply stream's events are parsed one by one, and the
+    audit and replay read thousands); the stdlib for what orjson refuses and JSON allows as Python reads it
+    (NaN, integers past 64 bits), so the result is the stdlib's either way."""
     if data is None:
         return None
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass
     try:
         return json.loads(data)
     except ValueError:

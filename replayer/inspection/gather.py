@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tito_rl.cassette.format.packing import PackedIds
@@ -19,12 +19,11 @@ from tito_rl.cassette.format.records import EngineRecord, Header
 from tito_rl.cassette.reader import Cassette
 from tito_rl.replayer.replay.plan import PlannedExchange, SessionPlan, plan_session
 from tito_rl.replayer.replay.results import CassetteResult, FinishResult
+from tito_rl.trajectory.dialects.registry import is_generation, record_view
 from tito_rl.trajectory.golden import TokenizerNames, TokenNames, span_runs
 from tito_rl.trajectory.linearize import Span
 from tito_rl.trajectory.manager import Linearization
 from tito_rl.trajectory.records import Sample
-
-GENERATE = "/generate"
 
 
 @dataclass
@@ -153,7 +152,7 @@ def inspection_of(cassette: Cassette, result: CassetteResult, folder: str | None
 def exchange_row(exchange: PlannedExchange) -> ExchangeRow:
     record = exchange.record
     calls = exchange.engine
-    generates = [c for c in calls if c.path.endswith(GENERATE)]
+    generates = [c for c in calls if is_generation(c.path)]
     row = ExchangeRow(exchange.index, record.turn_index, record.status, record.side, record.retry_of,
                       record.started_s, record.duration_s, sum(c.duration_s for c in calls) if calls else None,
                       None, None, None)
@@ -169,27 +168,33 @@ def exchange_row(exchange: PlannedExchange) -> ExchangeRow:
         row.notes.append(f"retry of #{record.retry_of}" + ("" if calls else ", answered from cache"))
     if len(generates) > 1:
         row.notes.append(f"{len(generates)} generate calls")
-    others = sorted({c.path.rsplit("/", 1)[-1] for c in calls if not c.path.endswith(GENERATE)})
+    others = sorted({c.path.rsplit("/", 1)[-1] for c in calls if not is_generation(c.path)})
     row.notes += others
     return row
 
 
 def _read_generate(row: ExchangeRow, call: EngineRecord) -> None:
+    """Through the dialect's view; a /generate prompt read packed is only counted (a long session's prompts
+    are millions of ids)."""
     request = call.request or {}
     ids = request.get("input_ids")
     response = call.response if isinstance(call.response, dict) else {}
     meta = response.get("meta_info") or {}
     prompt_tokens = meta.get("prompt_tokens")
-    counted = isinstance(ids, list | PackedIds)
-    row.prompt_tokens = len(ids) if counted else prompt_tokens if type(prompt_tokens) is int else None
+    if isinstance(ids, PackedIds):
+        row.prompt_tokens, view = len(ids), record_view(replace(call, request={**request, "input_ids": []}))
+    else:
+        view = record_view(call)
+        usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+        prompt_tokens = prompt_tokens if type(prompt_tokens) is int else usage.get("prompt_tokens")
+        row.prompt_tokens = (len(view.prompt_ids) if view.prompt_ids is not None
+                             else prompt_tokens if type(prompt_tokens) is int else None)
     if call.status != 200:
         row.finish = f"engine {call.status}"
         return
-    row.output_ids = list(response.get("output_ids") or [])
+    row.output_ids = list(view.output_ids or [])
     row.output_tokens = len(row.output_ids)
-    reason = meta.get("finish_reason")
-    reason = reason.get("type") if isinstance(reason, dict) else reason
-    row.finish = reason if isinstance(reason, str) else None  # the recorded engine's answer: any shape
+    row.finish = view.finish_reason  # the recorded engine's answer: any shape
 
 
 # --- decisions on tokens -----------------------------------------------------------------------------------

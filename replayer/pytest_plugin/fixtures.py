@@ -1,5 +1,5 @@
 """What the pytest plugin's fixtures hand to users' own tests: a scripted fake engine, an in-process adapter
-app, and a replay function. Usable without pytest too.
+app, a replay function and an audit. Usable without pytest too.
 
 Servers run on loopback in a thread with its own event loop, so a test may talk to them from plain
 synchronous code or from its own event loop alike; each is stopped when its fixture ends.
@@ -130,4 +130,19 @@ def replay(path: str | Path, sessions: list[str] | None = None, *, goldens: bool
     if goldens and result.sessions and result.goldens_apply:
         golden_files.check(result, result.all_sessions, TokenizerNames(load_tokenizer(result.tokenizer_dir)),
                            update=update_goldens)
+    return result
+
+
+def audit(path: str | Path, expect: str = "", session: str | None = None) -> Any:
+    """Audit a cassette as `tito audit` does (its allowlist applied): a `CassetteAudit`. `expect` pins rules
+    ("coverage>=1.0, trained-twice, logprob-mismatch": none may fire, coverage at least 1.0), for the cassette
+    or one `session`; an AssertionError says each that broke."""
+    from tito_rl.replayer.audit.runner import audit_cassette, parse_expectations
+
+    result = audit_cassette(path)
+    if expect:
+        rules, least = parse_expectations(expect)
+        problems = result.problems(rules, least, session)
+        assert not problems, f"tito audit of {path}" + (f" session {session}" if session else "") + ": " + \
+            "; ".join(problems)
     return result

@@ -7,7 +7,9 @@ as `tito replay` does, always verifying, and checks the session's section of the
 the first-difference report, not a traceback (`-v`: every difference; `-vv`: golden diffs whole).
 `--update-goldens` writes the goldens instead; the what-if options (`--tito-chat-template`,
 `--tito-fork-threshold`, `--tito-engine-match order`, ...) replay under a candidate change, judged by the
-goldens. When pytest runs with no path arguments (its testpaths or the current folder), the cassette folder
+goldens; `--tito-audit "coverage>=1.0, trained-twice"` also audits each session's recording and fails it
+where a pinned rule fired (`tito audit`, the cassette's allowlist applied). When pytest runs with no path
+arguments (its testpaths or the current folder), the cassette folder
 is added to what it collects. Every option is prefixed `--tito-` (pytest-recording and others load beside
 it) and has an ini key (`tito_rl.replayer.pytest_plugin.settings`).
 
@@ -17,7 +19,8 @@ longer has (`cassettes/<file>.tito::<session>`). `--update-goldens` deletes or t
 `--tito-allow-unused-goldens` makes them warnings.
 
 Fixtures: `tito_fake_engine(scenario) -> url`, `tito_adapter(engine_url, **settings) -> handle` (`.url`,
-`.manager`, `.finish(session, reward)`), `tito_replay(path, sessions=None) -> CassetteResult`, `tito_vcr`,
+`.manager`, `.finish(session, reward)`), `tito_replay(path, sessions=None) -> CassetteResult`,
+`tito_audit(path, expect="") -> CassetteAudit` (a recording audited, `expect` asserted), `tito_vcr`,
 a vcrpy VCR storing tito cassettes in the record mode `--tito-record-mode` names, else pytest-recording's
 `--record-mode` (none, once, new_episodes, all, rewrite; default none: replay only), and `tito_config`, a dict
 to override (as pytest-recording's `vcr_config`) that sets options for those fixtures.
@@ -97,6 +100,18 @@ def _loaded(path: str, mtime_ns: int) -> tuple[Any, str | None]:
     from tito_rl.replayer.replay.loading import load_cassette
 
     return load_cassette(path)
+
+
+@lru_cache(maxsize=4)
+def _audited(path: str, mtime_ns: int) -> Any:
+    from tito_rl.replayer.audit.runner import audit_cassette
+
+    return audit_cassette(path)
+
+
+def audited(path: Path) -> Any:
+    """A cassette's audit, made once for all its sessions' items (and again when the file changes)."""
+    return _audited(str(path), path.stat().st_mtime_ns)
 
 
 def loaded(path: Path) -> tuple[Any, str | None]:
@@ -223,6 +238,21 @@ class SessionItem(TitoItem):
             plain, colored = (DiffStyle(color=c, full=full, more="-vv shows it whole") for c in (False, True))
             raise ReplayFailure(session_report(result, session, verbosity, plain),
                                 session_report(result, session, verbosity, colored))
+        if option("audit"):
+            self._audit(option("audit"))
+
+    def _audit(self, expected: str) -> None:
+        """The session's audit against the pinned rules (`--tito-audit`): the cassette is audited once."""
+        from tito_rl.replayer.audit.runner import AuditInputError, parse_expectations
+
+        try:
+            rules, least = parse_expectations(expected)
+            problems = audited(self.path).problems(rules, least, self.session_name)
+        except AuditInputError as exc:
+            raise ReplayFailure(f"tito audit: {exc}") from None
+        if problems:
+            raise ReplayFailure(f"tito audit: {_shown(self.config, self.path)} session {self.session_name}: "
+                                + "; ".join(problems))
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         # Not a suffix of the node id: `pytest -v` then prints the id itself, which runs this item when pasted
@@ -296,6 +326,16 @@ def tito_adapter() -> Iterator[Any]:
     yield start
     for handle in handles:
         handle.server.stop()
+
+
+@pytest.fixture
+def tito_audit() -> Any:
+    """`tito_audit(path, expect="") -> CassetteAudit`: a recording audited as `tito audit` does (`.findings`,
+    `.coverage`, `.problems(rules, min_coverage, session)`); `expect` ("coverage>=1.0, trained-twice") fails the
+    test with what broke it, so a team pins its own recordings' training data."""
+    from tito_rl.replayer.pytest_plugin.fixtures import audit
+
+    return audit
 
 
 @pytest.fixture

@@ -30,6 +30,9 @@ SETTINGS: tuple[Option, ...] = (
            "(default: each cassette's own; goldens are checked only through it)", metavar="TARGET", default=""),
     Option("engine_listen", "HOST:PORT where replay serves a foreign target's engine leg (an http:// gateway's "
            "engine URL)", metavar="HOST:PORT", default=""),
+    Option("audit", "also audit each session's recording (tito audit) and fail it when one of these rules fired "
+           "for it and is not allowed beside its cassette: comma-separated rule ids and coverage>=X (e.g. "
+           "\"coverage>=1.0, trained-twice\"; default: no audit)", metavar="RULES", default=""),
     *whatif.options(),
 )
 BY_NAME = {s.name: s for s in SETTINGS}

@@ -28,7 +28,8 @@ from tito_rl.cassette.matching import normalize_sampling
 from tito_rl.cassette.reader import CassetteReader
 from tito_rl.cassette.redaction import REDACTED, Redactor
 from tito_rl.cassette.writer import ROUTING_HEADERS, CassetteWriter
-from tito_rl.replayer.comparison.differences import message_at, token_context, token_divergence
+from tito_rl.replayer.comparison.differences import json_difference, message_at, short, token_context, token_divergence
+from tito_rl.trajectory.dialects.registry import detect_dialect, view_of
 
 SERIALIZER_NAME = "tito"
 MATCHER_NAME = "tito_input_ids"
@@ -142,6 +143,12 @@ def input_ids_matcher_for(tokenizer_dir: str | None = None) -> Callable[[Any, An
                     f"{k}: recorded {rec_params.get(k)!r}, request {req_params.get(k)!r}"
                     for k in keys if rec_params.get(k) != req_params.get(k)))
             return
+        path = urlsplit(getattr(r2, "uri", "") or "").path or "/"
+        rec_ids = view_of(None, path, b, None).prompt_ids if isinstance(b, dict) else None
+        req_ids = view_of(None, path, a, None).prompt_ids if isinstance(a, dict) else None
+        if rec_ids is not None and req_ids is not None and rec_ids != req_ids:  # another dialect's id prompt
+            index = token_divergence(rec_ids, req_ids)
+            raise AssertionError(_token_mismatch(rec_ids, req_ids, index or 0, tokenizer_dir))
         _plain_match(a, b, r1, r2)
 
     return tito_input_ids
@@ -167,15 +174,21 @@ def _token_mismatch(recorded: list[int], request: list[int], index: int, tokeniz
 
 
 def _plain_match(a: Any, b: Any, r1: Any, r2: Any) -> None:
+    """Any other JSON request (an OpenAI-style engine call with messages in) as a JSON value, its random per-call
+    ids aside: gateways re-serialise, so bytes are never compared; a mismatch names the first differing path."""
     if isinstance(a, dict) and isinstance(b, dict):
-        if {k: v for k, v in a.items() if k != "rid"} != {k: v for k, v in b.items() if k != "rid"}:
-            raise AssertionError("JSON bodies differ")
+        found = json_difference({k: v for k, v in b.items() if k not in VOLATILE_KEYS},
+                                {k: v for k, v in a.items() if k not in VOLATILE_KEYS})
+        if found is not None:
+            where, was, now = found
+            raise AssertionError(f"JSON bodies differ at {where}: recorded {short(was)}, request {short(now)}")
         return
     if _raw(r1.body) != _raw(r2.body):
         raise AssertionError("bodies differ")
 
 
 input_ids_matcher = input_ids_matcher_for()
+VOLATILE_KEYS = frozenset({"rid", "request_id"})
 
 
 def configure_vcr(my_vcr: Any = None, *, record_mode: str = "once", header: Header | None = None,
@@ -252,6 +265,7 @@ def _engine_record(request: dict[str, Any], response: dict[str, Any]) -> EngineR
     url = request.get("uri", "")
     return EngineRecord(
         session=DEFAULT_SESSION, seq=0, method=request.get("method", "POST"), path=urlsplit(url).path or "/",
+        dialect=detect_dialect(urlsplit(url).path or "/", request_json, response_value),
         request=request_json if isinstance(request_json, dict) else None, status=int(status.get("code", 0)),
         response=response_value, headers=headers,
         extra={"uri": url, "reason": status.get("message", ""),

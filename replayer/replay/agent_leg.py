@@ -24,6 +24,7 @@ from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange
 
 REPLAY_HEADER = "X-Tito-Replay"
+GATEWAY_SESSIONS = "/sessions/"  # a gateway's session in the URL (tito_rl.recorder.taps.agent_tap.gateway_session)
 # Set by the HTTP client for the bytes it sends, or meaningless on a fresh connection.
 TRANSPORT_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "expect"})
 
@@ -48,12 +49,16 @@ def request_headers(record: AgentRecord, source: str, name: str, index: int) -> 
 
 def request_target(record: AgentRecord, source: str = "", name: str = "") -> str:
     """Path and query as recorded; a redacted `key` parameter (the Gemini API's credential) carries the
-    session's name when that is where the live id came from."""
-    query = record.query
+    session's name when that is where the live id came from, and so does a redacted session in a gateway's
+    URL (`/sessions/<sid>/...`, source `path`: the id was also the agent's token, so the cassette redacted it)."""
+    query, path = record.query, record.path
     if source == "query-key" and query:
         pairs = parse_qsl(query, keep_blank_values=True)
         query = urlencode([(k, name if k == "key" and REDACTED in v else v) for k, v in pairs])
-    return record.path + (f"?{query}" if query else "")
+    redacted_sid = f"{GATEWAY_SESSIONS}{REDACTED}/"
+    if source == "path" and path.startswith(redacted_sid):
+        path = f"{GATEWAY_SESSIONS}{quote(name, safe='')}/{path[len(redacted_sid):]}"
+    return path + (f"?{query}" if query else "")
 
 
 def exchange_of(headers: dict[str, str]) -> tuple[str, int] | None:

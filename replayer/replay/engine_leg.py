@@ -22,9 +22,23 @@ from typing import Any
 
 from tito_rl.cassette.format.records import EngineRecord
 from tito_rl.cassette.matching import normalize_sampling
-from tito_rl.replayer.comparison.differences import Decode, Difference, message_at, token_context, token_divergence
+from tito_rl.replayer.comparison.differences import (
+    Decode,
+    Difference,
+    json_difference,
+    message_at,
+    short,
+    token_context,
+    token_divergence,
+)
 from tito_rl.replayer.replay.plan import PlannedExchange
 from tito_rl.trajectory.adapters.engine.transport import EngineAnswer, EngineUnreachable
+from tito_rl.trajectory.dialects.registry import endpoint_of, is_generation, view_of
+from tito_rl.trajectory.dialects.view import SGLANG
+
+__all__ = ["CURRENT_EXCHANGE", "CassetteTransport", "is_generation"]
+# Request keys that differ between two runs of the same traffic by design (random per call), in any dialect.
+VOLATILE_REQUEST_KEYS = frozenset({"rid", "request_id"})
 
 # (session name, exchange index) of the request whose handler is running; set by the replay's middleware.
 CURRENT_EXCHANGE: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
@@ -92,8 +106,8 @@ class CassetteTransport:
                 f"of for this exchange", exchange.index, exchange.turn,
                 [f"recorded calls: {', '.join(f'{r.method} {r.path}' for r in exchange.engine) or 'none'}"]))
             raise EngineUnreachable(f"replay: no recorded {method} {path} for this exchange")
-        if path == "/generate":
-            difference = self.check_generate(leg.planned, record, body)
+        if is_generation(path):
+            difference = self.check_call(leg.planned, record, body)
             if difference is not None:
                 self.report(session, difference)
                 if self.strict:
@@ -108,6 +122,39 @@ class CassetteTransport:
             error = record.error or "no answer"
             raise EngineUnreachable(error, timed_out=error.startswith("TimeoutError"))
         return EngineAnswer(record.status, record.response)
+
+    def check_call(self, exchange: PlannedExchange, record: EngineRecord,
+                   body: dict[str, Any] | None) -> Difference | None:
+        """A generation against its recorded twin. `/generate`: input_ids, then the sampling params that change
+        results. Any other dialect: the prompt ids where both requests carry them (first differing token), then
+        the rest of the request as a JSON value (first differing path; gateways re-serialise, so bytes are never
+        compared), random per-call ids aside."""
+        dialect = record.dialect or SGLANG
+        if dialect == SGLANG and endpoint_of(record.path) == "generate":
+            return self.check_generate(exchange, record, body)
+        recorded, replayed = record.request or {}, body or {}
+        rec_ids = view_of(dialect, record.path, recorded, None).prompt_ids
+        rep_ids = view_of(dialect, record.path, replayed, None).prompt_ids
+        skip = set(VOLATILE_REQUEST_KEYS)
+        if rec_ids is not None and rep_ids is not None:
+            index = token_divergence(rec_ids, rep_ids)
+            if index is not None:
+                detail = token_context(rec_ids, rep_ids, index, self.decode)
+                where = message_at(rep_ids, index, self.decode, self.message_start)
+                if where:
+                    detail.append(f"in {where}")
+                return Difference("engine-request", f"engine request differs: prompt ids at token {index} "
+                                  f"(recorded {len(rec_ids)} tokens, replayed {len(rep_ids)})",
+                                  exchange.index, exchange.turn, detail)
+            skip |= {k for k in ("input_ids", "token_ids", "prompt", "tokens") if k in recorded or k in replayed}
+        found = json_difference({k: v for k, v in recorded.items() if k not in skip},
+                                {k: v for k, v in replayed.items() if k not in skip})
+        if found is None:
+            return None
+        where, was, now = found
+        return Difference("engine-request", f"engine request differs at {where or '$'}: recorded {short(was)}, "
+                          f"replayed {short(now)}", exchange.index, exchange.turn,
+                          [f"{record.method} {record.path} ({dialect})"])
 
     def check_generate(self, exchange: PlannedExchange, record: EngineRecord,
                        body: dict[str, Any] | None) -> Difference | None:

@@ -33,6 +33,8 @@ from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.replay.plan import Drop, End, Finish, PlannedExchange, SessionPlan, Start
 from tito_rl.replayer.replay.results import FinishResult, SessionResult
 from tito_rl.trajectory.adapters.app import ADAPTER_KEY, create_app
+from tito_rl.trajectory.dialects.registry import is_generation
+from tito_rl.trajectory.dialects.view import SGLANG
 from tito_rl.trajectory.manager import Linearization, TrajectoryManager
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
@@ -105,6 +107,10 @@ class HarnessBase:
         if plan.unanswered_engine_calls:
             result.notes.append(f"{plan.unanswered_engine_calls} engine call(s) after the last agent exchange "
                                 "(cut short by the recorder's end) are not replayed")
+        refused = self.foreign_dialect(plan)
+        if refused is not None:
+            result.differences.append(refused)
+            return result
         runner = SessionRun(self, plan, result)
         try:
             await runner.run()
@@ -117,9 +123,25 @@ class HarnessBase:
     def unfinished(self, plan: SessionPlan) -> bool:
         raise NotImplementedError
 
+    def foreign_dialect(self, plan: SessionPlan) -> Difference | None:
+        """A session whose engine calls this side cannot make: its recorded answers can serve none of them, so it
+        is one difference at once rather than every call waiting out the adapter's engine retries."""
+        return None
+
 
 class Harness(HarnessBase):
     """One adapter app for a cassette, served on a private Unix socket, with the cassette as its engine."""
+
+    def foreign_dialect(self, plan: SessionPlan) -> Difference | None:
+        """tito's adapter calls SGLang's /generate: a session recorded in another dialect has nothing to serve it."""
+        other = next((r for e in plan.exchanges for r in e.engine
+                      if is_generation(r.path) and r.dialect not in (None, SGLANG)), None)
+        if other is None:
+            return None
+        recorded = (self.cassette.header.target or {}).get("name") or "the target it was recorded around"
+        return Difference("engine-calls", f"the recording's engine calls are {other.dialect} ({other.method} "
+                          f"{other.path}); tito's adapter calls SGLang's /generate, which no recorded answer serves: "
+                          f"replay it through {recorded} (--target)")
 
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
         super().__init__(cassette, path, tokenizer, options)
@@ -285,7 +307,7 @@ class SessionRun:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(leg.drained.wait(), self.h.late_calls_s)
         self.result.exchanges += 1
-        self.result.generations_not_made += sum(r.path.endswith("/generate") for r in leg.unserved)
+        self.result.generations_not_made += sum(is_generation(r.path) for r in leg.unserved)
         if self.h.options.on_exchange is not None:
             self.h.options.on_exchange()
         if self.h.cross_target:  # another gateway's bytes: what an agent would notice is the difference
@@ -389,8 +411,8 @@ def wire_event(exchange: PlannedExchange, turns_known: bool = True) -> str | Non
     None for a plain answer. Read from the recording, which a clean replay has just reproduced. `turns_known`:
     the recording knows each exchange's turn (tito's adapter); around another target it does not say."""
     record = exchange.record
-    generates = [c for c in exchange.engine if c.path.endswith("/generate")]
-    failed = [f"engine /generate {c.status or 'no answer'}" for c in generates if c.status != 200]
+    generates = [c for c in exchange.engine if is_generation(c.path)]
+    failed = [f"engine {c.path} {c.status or 'no answer'}" for c in generates if c.status != 200]
     aborts = sum(c.path.endswith("/abort_request") for c in exchange.engine)
     parts: list[str] = []
     if record.retry_of is not None:

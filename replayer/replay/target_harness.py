@@ -35,6 +35,7 @@ from tito_rl.replayer.replay.plan import Drop, Finish, PlannedExchange, SessionP
 from tito_rl.replayer.replay.results import FinishResult
 from tito_rl.trajectory.adapters.engine.transport import EngineUnreachable
 from tito_rl.trajectory.adapters.tap import AgentExchange
+from tito_rl.trajectory.dialects.registry import is_generation, view_of
 from tito_rl.trajectory.events import SessionStats
 from tito_rl.trajectory.linearize import Span
 from tito_rl.trajectory.manager import Linearization
@@ -69,6 +70,18 @@ def target_linearization(samples: list[dict[str, Any]], stats: Mapping[str, Any]
                            realigns=int(stats.get("realigns", 0) or 0), merges=int(stats.get("merges", 0) or 0),
                            masked_tokens=masked, trained_tokens=trained)
     return Linearization(built, [], {}, summary, spans)
+
+
+def _call_key(path: str, body: Any) -> Any:
+    """What ties a replayed engine call to its recorded twin among requests in flight: the prompt ids where the
+    call carries them, else its messages (a messages-in call); None for neither."""
+    if not isinstance(body, dict):
+        return None
+    ids = view_of(None, path, body, None).prompt_ids
+    if ids is not None:
+        return ids
+    messages = body.get("messages")
+    return messages if isinstance(messages, list) and messages else None
 
 
 class TargetHarness(HarnessBase):
@@ -243,7 +256,7 @@ class TargetHarness(HarnessBase):
             data = None
         key = self.attribute(request.path, request.headers, data)
         if key is None:
-            if request.path.endswith("/generate"):
+            if is_generation(request.path):
                 self._extra_generation(request.path, request.headers)
             return self._unattributed(request.path)
         token = CURRENT_EXCHANGE.set(key)
@@ -258,8 +271,10 @@ class TargetHarness(HarnessBase):
         finally:
             CURRENT_EXCHANGE.reset(token)
         if isinstance(data, dict) and data.get("stream") and answer.status == 200:
-            chunk = f"data: {json.dumps(answer.body, ensure_ascii=False)}\n\ndata: [DONE]\n\n"
-            return web.Response(status=200, text=chunk, content_type=SSE)
+            # An OpenAI-style stream was recorded chunk by chunk; SGLang's /generate as its last, cumulative chunk.
+            chunks = answer.body if isinstance(answer.body, list) else [answer.body]
+            text = "".join(f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return web.Response(status=200, text=text, content_type=SSE)
         if isinstance(answer.body, dict | list):
             return web.json_response(answer.body, status=answer.status)
         return web.Response(status=answer.status, text="" if answer.body is None else str(answer.body))
@@ -273,11 +288,11 @@ class TargetHarness(HarnessBase):
                       if (session is None or k[0] == session) and self._expects(k, request_path=path)]
         if not candidates:
             return None
-        prompt = body.get("input_ids") if isinstance(body, dict) else None
+        wanted = _call_key(path, body)
         for key in candidates:
             leg = self.transport.legs.get(key)
             nxt = next((r for r in leg.unserved if r.path == path), None) if leg else None
-            if nxt is not None and isinstance(nxt.request, dict) and nxt.request.get("input_ids") == prompt:
+            if nxt is not None and wanted is not None and _call_key(path, nxt.request) == wanted:
                 return key
         return candidates[0]
 

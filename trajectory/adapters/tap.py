@@ -36,7 +36,8 @@ class AgentExchange:
 
 @dataclass
 class EngineExchange:
-    """One call the adapter made to the engine (`/generate`, `/abort_request`, `/workers`, ...)."""
+    """One engine call (`/generate`, `/v1/chat/completions`, `/abort_request`, ...): a streamed OpenAI-style
+    answer's `response` is the list of its chunks' JSON, in order (SGLang's `/generate` keeps its last chunk)."""
 
     method: str
     path: str
@@ -47,6 +48,7 @@ class EngineExchange:
     headers: dict[str, str] = field(default_factory=dict)  # request headers (routing key)
     started_s: float = 0.0
     duration_s: float = 0.0
+    dialect: str | None = None  # `tito_rl.trajectory.dialects.view.DIALECTS`; None: read from the call
 
 
 class TrafficTap(Protocol):

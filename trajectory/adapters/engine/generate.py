@@ -17,6 +17,7 @@ import aiohttp
 
 from tito_rl.trajectory.adapters.engine.transport import EngineAnswer, EngineTransport, EngineUnreachable, HttpTransport
 from tito_rl.trajectory.adapters.tap import EngineExchange
+from tito_rl.trajectory.dialects.view import SGLANG
 from tito_rl.trajectory.runtime.untracked import untrack
 
 # Start of every request's sampling params: ids must round-trip, so nothing is skipped or trimmed.
@@ -89,7 +90,8 @@ class EngineClient:
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str],
                     on_exchange: ExchangeCallback, t0: float, base: str | None = None) -> EngineAnswer:
-        exchange = EngineExchange(method, path, body, 0, headers=dict(headers), started_s=time.monotonic() - t0)
+        exchange = EngineExchange(method, path, body, 0, headers=dict(headers), started_s=time.monotonic() - t0,
+                                  dialect=SGLANG)
         started = time.monotonic()
         try:
             answer = await self.transport.send(method, (base or self.base_url) + path, body, headers)

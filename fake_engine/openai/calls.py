@@ -1,0 +1,187 @@
+"""One OpenAI-dialect request, read into what the app needs: which dialect and endpoint, the prompt (ids, or
+messages the engine renders), what the caller asked to get back, and the policy's sampling parameters.
+
+Which engine a shared path speaks is told as the recorder tells it (`trajectory/dialects/registry.py`): SGLang's
+own request fields (`input_ids`, `return_meta_info`, `return_prompt_token_ids`, `no_stop_trim`) mean
+`sglang-openai`, anything else `vllm-openai`; `EngineOptions.openai_dialect` may force one. rllm's gateway sends a
+literal `extra_body: {"return_token_ids": true}` in the JSON (what the OpenAI client would have merged into the
+root): it counts as the root flag. Error envelopes are each engine's: vLLM's nested `{"error": {...}}`, SGLang's
+flat `{"object": "error", ...}`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tito_rl.fake_engine.sglang.validation import EngineHTTPError
+from tito_rl.trajectory.dialects.registry import detect_dialect, endpoint_of
+from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+GENERATE_PATH = "/inference/v1/generate"
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+def vllm_error(status: int, message: str, err_type: str = "BadRequestError") -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+
+
+def sglang_error(status: int, message: str, err_type: str = "BadRequestError") -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+
+
+def error_body(dialect: str, status: int, message: str) -> dict[str, Any]:
+    """An HTTP error (a fault's 5xx included) in the dialect's envelope."""
+    err_type = "BadRequestError" if status < 500 else ("ServiceUnavailableError" if status == 503
+                                                       else "InternalServerError")
+    if dialect == SGLANG_OPENAI:
+        return sglang_error(status, message, err_type)
+    return vllm_error(status, message, err_type)
+
+
+def bad_request(dialect: str, message: str) -> EngineHTTPError:
+    return EngineHTTPError(400, error_body(dialect, 400, message))
+
+
+@dataclass
+class OpenAICall:
+    """A validated request of one of the OpenAI-compatible dialects."""
+
+    dialect: str
+    endpoint: str  # chat | completions | generate
+    body: dict[str, Any]
+    prompt_ids: list[int] | None  # from the request; None: messages the engine renders (vLLM chat)
+    stream: bool
+    rid: str
+    model: str
+    logprobs: bool = False
+    top_logprobs: int = 0
+    return_token_ids: bool = False
+    return_prompt_token_ids: bool = False  # SGLang: on the choice
+    return_meta_info: bool = False  # SGLang: choices[0].meta_info as /generate writes it
+    tokens_as_ids: bool = False  # vLLM: logprob entries' token reads "token_id:N"
+    max_tokens: int | None = None  # None: up to the context length
+    skip_special_tokens: bool = True
+    include_usage: bool = False
+    sampling: dict[str, Any] = field(default_factory=dict)  # as the policy sees them (SGLang's names)
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        tools = self.body.get("tools")
+        return tools if isinstance(tools, list) and tools else None
+
+    @property
+    def tool_parsing(self) -> bool:
+        """Whether the engine runs its tool parser: tools offered and `tool_choice` not "none"."""
+        return self.tools is not None and self.body.get("tool_choice", "auto") != "none"
+
+    @property
+    def thinking(self) -> bool:
+        kwargs = self.body.get("chat_template_kwargs")
+        return not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    extra = body.get("extra_body")
+    return bool(body.get(key)) or (isinstance(extra, dict) and bool(extra.get(key)))
+
+
+def _ids(value: Any) -> list[int] | None:
+    if isinstance(value, list) and value and all(type(v) is int for v in value):
+        return list(value)
+    return None
+
+
+def _int(body: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = body.get(key)
+        if value is not None:
+            return int(value)
+    return None
+
+
+def dialect_of(path: str, body: Any, forced: str | None) -> str:
+    """The dialect a request on `path` speaks (module docstring)."""
+    return detect_dialect(path, body, hint=forced)
+
+
+def parse_call(path: str, body: Any, headers: Mapping[str, str], model_name: str, forced: str | None) -> OpenAICall:
+    """Read and check one request; raises EngineHTTPError (400) in the dialect's envelope."""
+    endpoint = endpoint_of(path)
+    dialect = dialect_of(path, body, forced)
+    if not isinstance(body, dict):
+        raise bad_request(dialect, "Input should be a valid dictionary")
+    rid = str(body.get("rid") or body.get("request_id") or headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex)
+    stream = bool(body.get("stream"))
+    if dialect == VLLM_GENERATE:
+        return _generate_call(body, rid, model_name, stream)
+    model = str(body.get("model") or model_name)
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad_request(dialect, "messages: Field required (a non-empty list)")
+        prompt = _ids(body.get("input_ids")) if dialect == SGLANG_OPENAI else None
+        if dialect == SGLANG_OPENAI and body.get("input_ids") is not None and prompt is None:
+            raise bad_request(dialect, "input_ids: Input should be a non-empty list of integers")
+    else:
+        prompt = _ids(body.get("prompt"))
+        if prompt is None:
+            raise bad_request(dialect, "prompt: the fake engine takes a token-id prompt (a list of integers)")
+    logprobs_value = body.get("logprobs")
+    if endpoint == "completions":
+        logprobs, top = logprobs_value is not None and logprobs_value is not False, int(logprobs_value or 0)
+    else:
+        logprobs, top = bool(logprobs_value), int(body.get("top_logprobs") or 0)
+    call = OpenAICall(
+        dialect=dialect, endpoint=endpoint, body=body, prompt_ids=prompt, stream=stream, rid=rid, model=model,
+        logprobs=logprobs, top_logprobs=top, return_token_ids=_flag(body, "return_token_ids"),
+        return_prompt_token_ids=bool(body.get("return_prompt_token_ids")),
+        return_meta_info=bool(body.get("return_meta_info")),
+        tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),
+        max_tokens=_int(body, "max_completion_tokens", "max_tokens"),
+        skip_special_tokens=body.get("skip_special_tokens", True) is not False,
+        include_usage=isinstance(body.get("stream_options"), dict)
+        and bool(body["stream_options"].get("include_usage")))
+    if dialect == SGLANG_OPENAI and stream:
+        # SGLang 0.5.23 serving_chat refuses these on a stream (ValueError -> 400).
+        for key in ("return_prompt_token_ids", "return_token_ids", "return_meta_info"):
+            if body.get(key):
+                raise bad_request(dialect, f"{key} is not supported with streaming. "
+                                           f"Please set stream=false when using {key}=true.")
+    call.sampling = _sampling(body, call)
+    return call
+
+
+def _sampling(body: dict[str, Any], call: OpenAICall) -> dict[str, Any]:
+    keys = ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "seed", "presence_penalty",
+            "frequency_penalty", "repetition_penalty", "ignore_eos", "no_stop_trim", "skip_special_tokens")
+    out = {k: body[k] for k in keys if body.get(k) is not None}
+    out["max_new_tokens"] = call.max_tokens
+    return out
+
+
+def _generate_call(body: dict[str, Any], rid: str, model_name: str, stream: bool) -> OpenAICall:
+    """vLLM's `/inference/v1/generate`: `token_ids` and `sampling_params` (vLLM's SamplingParams names)."""
+    prompt = _ids(body.get("token_ids"))
+    if prompt is None:
+        raise bad_request(VLLM_GENERATE, "token_ids: Input should be a non-empty list of integers")
+    params = body.get("sampling_params")
+    if params is not None and not isinstance(params, dict):
+        raise bad_request(VLLM_GENERATE, "sampling_params: Input should be a valid dictionary")
+    params = params or {}
+    logprobs = params.get("logprobs")
+    call = OpenAICall(
+        dialect=VLLM_GENERATE, endpoint="generate", body=body, prompt_ids=prompt, stream=stream,
+        rid=str(body.get("request_id") or rid), model=str(body.get("model") or model_name),
+        logprobs=logprobs is not None, top_logprobs=int(logprobs or 0),
+        return_token_ids=_flag(body, "return_token_ids"),
+        tokens_as_ids=True, max_tokens=_int(params, "max_tokens"),  # its entries' token: `token_id:N` (to 0.31)
+        skip_special_tokens=params.get("skip_special_tokens", True) is not False)
+    call.sampling = {**{k: v for k, v in params.items() if k not in ("max_tokens", "logprobs")},
+                     "max_new_tokens": call.max_tokens}
+    return call
+

@@ -1,0 +1,288 @@
+"""The OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/inference/v1/generate`.
+
+Each request goes the way a `/generate` does (`app.Engine`): read into a `GenerateRequest` (prompt ids from the
+request, or rendered from its messages), tracked under its rid (abortable, queued beyond the running limit), the
+policy asked, the faults applied (`Engine.prepare`), the tokens "decoded" at the fault's pace, then written in the
+dialect's shapes, streamed or not. Only the shapes differ: the output ids and logprobs are the policy's, so every
+dialect's normalized view (`trajectory/dialects`) reads back the same tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from tito_rl.fake_engine.openai import sglang_bodies, vllm_bodies
+from tito_rl.fake_engine.openai.calls import OpenAICall, bad_request, dialect_of, error_body, parse_call
+from tito_rl.fake_engine.openai.parse import sglang_chat, vllm_chat, vllm_chat_deltas
+from tito_rl.fake_engine.openai.render import render_chat
+from tito_rl.fake_engine.openai.tokens import text_pieces
+from tito_rl.fake_engine.policy import GenerateRequest
+from tito_rl.fake_engine.serving import Dropped, Prepared, Tracked, drop, dumps, json_response
+from tito_rl.fake_engine.sessions import session_key, turn_index
+from tito_rl.fake_engine.sglang.responses import (
+    finish_abort,
+    finish_length,
+    finish_stop,
+    get_profile,
+    logprob_entries,
+    meta_info,
+)
+from tito_rl.fake_engine.sglang.validation import EngineHTTPError, check_context
+from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE
+
+ROUTING_HEADER = "X-SMG-Routing-Key"
+
+
+class EngineCore(Protocol):
+    """What the routes need of `app.Engine` (a Protocol: the app imports this module, not the reverse)."""
+
+    options: Any
+    restarting: bool
+
+    async def prepare(self, request: web.Request, greq: GenerateRequest,
+                      error_body: Callable[[int, str], Any] | None = None) -> Prepared | web.Response: ...
+
+    async def tracked_run(self, request: web.Request, rid: str,
+                          run: Callable[[Tracked], Awaitable[web.StreamResponse]],
+                          queued_abort: Callable[[], web.StreamResponse]) -> web.StreamResponse: ...
+
+    async def produce(self, tracked: Tracked, n: int, delay_ms: float) -> int: ...
+
+
+def _message_of(body: Any) -> str:
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict):
+            return str(inner.get("message", inner))
+        return str(inner)
+    return str(body)
+
+
+class OpenAIRoutes:
+    """The handlers, bound to one engine (router mode mounts the same engine twice)."""
+
+    def __init__(self, engine: EngineCore) -> None:
+        self.engine = engine
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.options.tokenizer
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        dialect = dialect_of(request.path, None, self.engine.options.openai_dialect)
+        try:
+            return await self._handle(request)
+        except EngineHTTPError as e:
+            body = e.body if isinstance(e.body, dict) and ("object" in e.body or isinstance(
+                e.body.get("error"), dict) and "code" in e.body["error"]) else error_body(
+                    dialect, e.status, _message_of(e.body))
+            return json_response(body, e.status)
+        except Dropped:
+            return web.Response(status=500)  # never reaches the client: the socket is gone
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        engine, opts = self.engine, self.engine.options
+        if engine.restarting:
+            drop(request)
+        if self.tokenizer is None:
+            raise EngineHTTPError(500, error_body(dialect_of(request.path, None, opts.openai_dialect), 500,
+                                                  "the OpenAI routes need a tokenizer"))
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise bad_request(dialect_of(request.path, None, opts.openai_dialect), f"JSON decode error: {e}") from None
+        call = parse_call(request.path, body, request.headers, opts.model_name, opts.openai_dialect)
+        prompt = call.prompt_ids if call.prompt_ids is not None else render_chat(
+            self.tokenizer, body, lambda m: error_body(call.dialect, 400, m))
+        try:
+            check_context(len(prompt), call.max_tokens, opts.context_length)
+        except EngineHTTPError as e:
+            raise bad_request(call.dialect, _message_of(e.body)) from None
+        routing = request.headers.get(ROUTING_HEADER) or forwarded_bearer(request.headers)
+        greq = GenerateRequest(
+            input_ids=prompt, sampling_params=call.sampling, rid=call.rid, stream=call.stream,
+            return_logprob=call.logprobs, routing_key=routing, headers=request.headers,
+            session_key=session_key(prompt, routing), turn_index=turn_index(prompt))
+        start = time.perf_counter()
+        return await engine.tracked_run(
+            request, call.rid, lambda tracked: self._run(request, call, greq, tracked, start),
+            lambda: json_response(self._body(call, greq, [], [], "abort", None, 0, start)))
+
+    async def _run(self, request: web.Request, call: OpenAICall, greq: GenerateRequest, tracked: Tracked,
+                   start: float) -> web.StreamResponse:
+        prepared = await self.engine.prepare(request, greq, lambda status, m: error_body(call.dialect, status, m))
+        if isinstance(prepared, web.Response):
+            return prepared
+        if call.stream:
+            return await self._stream(request, call, greq, tracked, prepared)
+        ids, lps, finish = prepared.ids, prepared.logprobs, prepared.finish
+        produced = await self.engine.produce(tracked, len(ids), prepared.faults.token_delay_ms)
+        if produced < len(ids) or tracked.aborted.is_set():
+            ids, lps, finish = ids[:produced], lps[:produced], "abort"
+        return json_response(self._body(call, greq, ids, lps, finish, prepared.matched, prepared.cached_tokens,
+                                        start))
+
+    # ---- non-streamed bodies -----------------------------------------------------------------------
+    def _seed(self, greq: GenerateRequest) -> str:
+        return f"{greq.session_key}|{greq.turn_index}"
+
+    def _text(self, call: OpenAICall, ids: list[int], finish: str) -> str:
+        """The output text: the stop token never in it (special, and vLLM/SGLang trim a matched stop)."""
+        keep = ids[:-1] if finish == "stop" and ids and not call.body.get("no_stop_trim") else ids
+        return self.tokenizer.decode(keep, skip_special_tokens=call.skip_special_tokens)
+
+    def _body(self, call: OpenAICall, greq: GenerateRequest, ids: list[int], lps: list[float], finish: str,
+              matched: Any, cached: int, start: float) -> dict[str, Any]:
+        tok, created, prompt = self.tokenizer, int(time.time()), greq.input_ids
+        if call.dialect == VLLM_GENERATE:
+            return vllm_bodies.generate_body(tok, call, ids, lps, finish, prompt)
+        if call.endpoint == "completions":
+            pieces = text_pieces(tok, ids, call.skip_special_tokens)
+            return vllm_bodies.completion_body(tok, call, prompt, ids, lps, finish, pieces, created)
+        if call.dialect == SGLANG_OPENAI:
+            return self._sglang_body(call, greq, ids, lps, finish, matched, cached, start, created)
+        parsed = vllm_chat(self._text(call, ids, finish), thinking=call.thinking, tool_parsing=call.tool_parsing,
+                           seed=self._seed(greq))
+        return vllm_bodies.chat_body(tok, call, prompt, ids, lps, finish, parsed, created)
+
+    def _sglang_finish(self, finish: str, matched: Any, ids: list[int]) -> dict[str, Any]:
+        if finish == "stop":
+            return finish_stop(matched if matched is not None else (ids[-1] if ids else None))
+        return finish_length(len(ids)) if finish == "length" else finish_abort()
+
+    def _sglang_body(self, call: OpenAICall, greq: GenerateRequest, ids: list[int], lps: list[float], finish: str,
+                     matched: Any, cached: int, start: float, created: int) -> dict[str, Any]:
+        opts = self.engine.options
+        fin = self._sglang_finish(finish, matched, ids)
+        texts = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+        entries = logprob_entries(ids, lps, texts) if call.logprobs else None
+        meta = meta_info(rid=call.rid, finish_reason=fin, prompt_tokens=len(greq.input_ids), n_output=len(ids),
+                         profile=get_profile(opts.version_profile), weight_version=opts.weight_version,
+                         logprobs=entries, cached_tokens=cached, e2e_latency=time.perf_counter() - start,
+                         sent_ts=time.time())
+        parsed, _ = sglang_chat(self._text(call, ids, finish), call.tools, tool_parsing=call.tool_parsing,
+                                seed=self._seed(greq))
+        return sglang_bodies.chat_body(self.tokenizer, call, greq.input_ids, ids, lps, fin, parsed, meta, created)
+
+    # ---- streams -----------------------------------------------------------------------------------
+    async def _stream(self, request: web.Request, call: OpenAICall, greq: GenerateRequest, tracked: Tracked,
+                      prepared: Prepared) -> web.StreamResponse:
+        """One chunk per token at the fault's pace; an abort ends the stream with finish_reason `abort`, a cut
+        closes the socket after N data events."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        ids, lps, finish, faults = prepared.ids, prepared.logprobs, prepared.finish, prepared.faults
+        created = int(time.time())
+        events = self._chunks(call, greq, ids, lps, finish, prepared.matched, created)
+        sent = 0
+        produced = 0
+
+        async def write(chunk: dict[str, Any]) -> None:
+            nonlocal sent
+            await resp.write(b"data: " + dumps(chunk) + b"\n\n")
+            sent += 1
+            if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
+                drop(request)
+
+        for n_tokens, chunk in events:
+            if n_tokens:
+                if await self.engine.produce(tracked, n_tokens, faults.token_delay_ms) < n_tokens \
+                        or tracked.aborted.is_set():
+                    await write(self._abort_chunk(call, created))
+                    break
+                produced += n_tokens
+            if chunk:  # an empty one: tokens decoded, nothing sent for them
+                await write(chunk)
+        if call.include_usage:
+            await write(self._usage_chunk(call, len(greq.input_ids), produced, created))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    def _chunks(self, call: OpenAICall, greq: GenerateRequest, ids: list[int], lps: list[float], finish: str,
+                matched: Any, created: int) -> list[tuple[int, dict[str, Any]]]:
+        """(tokens it carries, chunk) for the whole answer; the sender paces and may cut it."""
+        tok, prompt, n = self.tokenizer, greq.input_ids, len(ids)
+        out: list[tuple[int, dict[str, Any]]] = []
+        if call.dialect == VLLM_GENERATE:
+            for i in range(n):
+                out.append((1, vllm_bodies.generate_body(tok, call, ids[i:i + 1], lps[i:i + 1],
+                                                         finish if i == n - 1 else None, prompt if i == 0 else None)))
+            if not n:
+                out.append((0, vllm_bodies.generate_body(tok, call, [], [], finish, prompt)))
+            return out
+        if call.endpoint == "completions":
+            pieces = text_pieces(tok, ids, call.skip_special_tokens)
+            offset = 0
+            for i in range(n):
+                out.append((1, vllm_bodies.completion_chunk(tok, call, ids[i:i + 1], lps[i:i + 1], pieces[i:i + 1],
+                                                            offset, created, finish if i == n - 1 else None,
+                                                            prompt if i == 0 else None)))
+                offset += len(pieces[i])
+            if not n:
+                out.append((0, vllm_bodies.completion_chunk(tok, call, [], [], [], 0, created, finish, prompt)))
+            return out
+        sglang = call.dialect == SGLANG_OPENAI
+        keys = ("reasoning_content",) if sglang else vllm_bodies.REASONING_KEYS
+        stream_ids = ids[:-1] if finish == "stop" and ids and not call.body.get("no_stop_trim") and sglang else ids
+        deltas = vllm_chat_deltas(tok, stream_ids, tool_parsing=call.tool_parsing, seed=self._seed(greq),
+                                  skip_special=call.skip_special_tokens, reasoning_keys=keys)
+        deltas += [{}] * (n - len(deltas))
+        called = any("tool_calls" in d for d in deltas)
+        final = vllm_bodies.finish_reason(finish, called)
+        if sglang:
+            out.append((0, sglang_bodies.chat_chunk(tok, call, {"role": "assistant", "content": ""}, [], [], created)))
+            for i in range(n):
+                if deltas[i] or call.logprobs:
+                    out.append((1, sglang_bodies.chat_chunk(tok, call, deltas[i], ids[i:i + 1], lps[i:i + 1],
+                                                            created)))
+                else:
+                    out.append((1, {}))
+            fin = self._sglang_finish(finish, matched, ids)
+            out.append((0, sglang_bodies.chat_chunk(tok, call, {}, [], [], created, final,
+                                                    None if called else fin.get("matched"))))
+            return out
+        out.append((0, vllm_bodies.chat_first_chunk(call, prompt, created)))
+        for i in range(n):
+            last = i == n - 1
+            if not (deltas[i] or last or call.logprobs or call.return_token_ids):
+                out.append((1, {}))  # vLLM sends nothing for a token the parser holds back
+                continue
+            out.append((1, vllm_bodies.chat_chunk(tok, call, deltas[i], ids[i:i + 1], lps[i:i + 1], created,
+                                                  final if last else None)))
+        if not n:
+            out.append((0, vllm_bodies.chat_chunk(tok, call, {}, [], [], created, finish)))
+        return out
+
+    def _abort_chunk(self, call: OpenAICall, created: int) -> dict[str, Any]:
+        tok = self.tokenizer
+        if call.dialect == VLLM_GENERATE:
+            return vllm_bodies.generate_body(tok, call, [], [], "abort")
+        if call.endpoint == "completions":
+            return vllm_bodies.completion_chunk(tok, call, [], [], [], 0, created, "abort", None)
+        if call.dialect == SGLANG_OPENAI:
+            return sglang_bodies.chat_chunk(tok, call, {}, [], [], created, "abort")
+        return vllm_bodies.chat_chunk(tok, call, {}, [], [], created, "abort")
+
+    def _usage_chunk(self, call: OpenAICall, prompt: int, completion: int, created: int) -> dict[str, Any]:
+        if call.dialect == SGLANG_OPENAI:
+            return {"id": call.rid, "object": "chat.completion.chunk", "created": created,
+                    "model": sglang_bodies.model_of(call), "choices": [],
+                    "usage": sglang_bodies.usage(prompt, completion)}
+        name = "text_completion" if call.endpoint == "completions" else "chat.completion.chunk"
+        return vllm_bodies.usage_chunk(call, prompt, completion, created, name)
+
+
+def forwarded_bearer(headers: Any) -> str | None:
+    """The agent's own key, where a gateway forwards the agent's headers to the engine (rllm's does) and sends no
+    routing key: a scenario's `match: {routing_key: <session id>}` then still finds the session, as the scripted
+    client and tito's launchers give each session its id as its key."""
+    auth = headers.get("Authorization", "")
+    token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    return token or None

@@ -1,0 +1,164 @@
+"""The rules' shared vocabulary: the table of rule ids, what a finding is (a count per session, its kinds, its
+first examples with both sides' decoded text), a session's token figures, and decoding for examples. How a rule
+family is fed the cassette is `traffic.RuleFamily`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+EXAMPLES = 3  # first examples kept per rule and cassette: enough to act on, few enough to read
+
+# Each rule's id and one line on what it says; the order is the report's.
+RULES: dict[str, str] = {
+    "coverage": "emitted tokens not trained exactly once with the engine's logprob (a session's coverage below 1)",
+    "trained-twice": "an emitted token, or a turn, trained more than once",
+    "never-trained": "an emitted token of an agent turn no sample trains",
+    "trained-not-emitted": "a trained token the engine never sampled: context trained as if the model said it",
+    "logprob-mismatch": "a trained token whose logprob is not the one the engine returned",
+    "missing-logprobs": "a generation, or a trained token, without the engine's logprob",
+    "prefix-break": "an engine prompt that does not extend the prompt and output it follows",
+    "stop-token-leak": "a special token (<|im_end|>...) in text the agent reads",
+    "tool-call-lost": "the engine output holds more tool calls than the reply carries",
+    "text-dropped": "the engine output holds text the reply does not carry",
+    "sampling-override": "the client's max tokens, temperature, top_p or stop changed on the way to the engine",
+    "status-changed": "an engine error reaches the agent as another class of status",
+    "regenerated-retry": "an identical re-send of an answered request generated again",
+}
+DEFAULT_FAIL_ON = ("trained-twice", "trained-not-emitted", "logprob-mismatch")
+
+
+@dataclass
+class Side:
+    """One side of an example: what it is (`engine output`, `reply text`, `sample`...) and its decoded text."""
+
+    label: str
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "text": self.text}
+
+
+@dataclass
+class Example:
+    """Where a finding is: the session, the agent exchange (index among the session's agent exchanges) or
+    None, the record's seq, the token index (in the engine output, the prompt or the sample it names), and what
+    each side holds there."""
+
+    session: str
+    exchange: int | None
+    seq: int | None
+    token: int | None
+    detail: str
+    sides: list[Side] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"session": self.session, "exchange": self.exchange, "seq": self.seq, "token": self.token,
+                "detail": self.detail, "sides": [s.to_dict() for s in self.sides]}
+
+
+@dataclass
+class RuleResult:
+    """One rule over one cassette: its count in all and per session, its first examples, and its kinds (a
+    prefix break's kind, a never-trained token's reason) where it has them."""
+
+    rule: str
+    total: int = 0
+    sessions: dict[str, int] = field(default_factory=dict)
+    kinds: dict[str, int] = field(default_factory=dict)
+    examples: list[Example] = field(default_factory=list)
+    allowed: str | None = None  # the allowlist's reason, when this cassette expects the rule
+
+    @property
+    def fired(self) -> bool:
+        return self.total > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "total": self.total, "sessions": dict(self.sessions),
+                "kinds": dict(sorted(self.kinds.items())), "allowed": self.allowed,
+                "examples": [e.to_dict() for e in self.examples]}
+
+
+@dataclass
+class SessionFigures:
+    """A session's token accounting: what the engine emitted for its turns, what was trained exactly once with
+    the engine's logprob, and what is set aside (side requests, aborted calls, a dropped session)."""
+
+    session: str
+    exchanges: int = 0
+    engine_calls: int = 0
+    finished: bool = False
+    emitted: int = 0
+    covered: int = 0
+    side_tokens: int = 0
+    aborted_tokens: int = 0
+    dropped_tokens: int = 0
+
+    @property
+    def coverage(self) -> float | None:
+        return self.covered / self.emitted if self.finished and self.emitted else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"session": self.session, "exchanges": self.exchanges, "engine_calls": self.engine_calls,
+                "finished": self.finished, "emitted": self.emitted, "covered": self.covered,
+                "coverage": self.coverage, "side_tokens": self.side_tokens,
+                "aborted_tokens": self.aborted_tokens, "dropped_tokens": self.dropped_tokens}
+
+
+class Findings:
+    """Every rule's result for one cassette, and its sessions' figures; rules add to it as the file streams."""
+
+    def __init__(self) -> None:
+        self.rules = {rule: RuleResult(rule) for rule in RULES}
+        self.figures: dict[str, SessionFigures] = {}
+
+    def figure(self, session: str) -> SessionFigures:
+        found = self.figures.get(session)
+        if found is None:
+            found = self.figures[session] = SessionFigures(session)
+        return found
+
+    def wants_example(self, rule: str) -> bool:
+        """Whether an example of `rule` would be kept: decoding text costs, so a rule asks before it decodes."""
+        return len(self.rules[rule].examples) < EXAMPLES
+
+    def add(self, rule: str, session: str, count: int, kind: str | None = None,
+            example: Example | None = None) -> None:
+        result = self.rules[rule]
+        if count <= 0:
+            return
+        result.total += count
+        result.sessions[session] = result.sessions.get(session, 0) + count
+        if kind is not None:
+            result.kinds[kind] = result.kinds.get(kind, 0) + count
+        if example is not None and len(result.examples) < EXAMPLES:
+            result.examples.append(example)
+
+
+SPECIAL_IDS = range(151643, 151657)  # Qwen's special tokens: <|endoftext|>, <|im_start|>, <|im_end|>, ...
+STOP_IDS = (151643, 151645)  # <|endoftext|>, <|im_end|>
+
+
+def tokenizer() -> Any:
+    """tito's tokenizer (the embedded Qwen3 one), loaded once when an example is first decoded."""
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+def decode(ids: Any) -> str:
+    """Token ids as text, special tokens kept (they are often the finding)."""
+    return tokenizer().decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def special_texts() -> tuple[str, ...]:
+    return tuple(decode([i]) for i in SPECIAL_IDS)
+
+
+def clip(text: str, limit: int = 80, tail: bool = False) -> str:
+    """A decoded piece cut for an example: its start (or, `tail`, its end) with an ellipsis where cut."""
+    if len(text) <= limit:
+        return text
+    return "…" + text[-limit:] if tail else text[:limit] + "…"

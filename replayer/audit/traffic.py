@@ -1,0 +1,269 @@
+"""One pass over a cassette, grouped the way the rules look at it: per session, its engine calls (as the
+dialect-neutral view reads them), each agent exchange with the calls it made, each finish with its samples.
+
+The recorder writes a turn's engine calls, then its agent exchange, so the calls read since a session's previous
+agent record are that exchange's. Prompts are read packed (4 bytes a token, as the file holds them) and handed to
+the rules once, as the call is read; what a session keeps is each call's output, logprobs, prompt length and
+prompt digest, and it lets them go at the session's finish. Memory thus follows the sessions live at once, not
+the cassette's length.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tito_rl.cassette.format.packing import PackedIds
+from tito_rl.cassette.format.records import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
+from tito_rl.cassette.reader import CassetteReader
+from tito_rl.replayer.audit.protocol import Example, Findings
+from tito_rl.trajectory.dialects.registry import record_view
+from tito_rl.trajectory.dialects.view import EngineView
+
+U32 = np.dtype("<u4")
+EMPTY = np.zeros(0, dtype=U32)
+
+
+def digest(ids: np.ndarray, start: int = 0) -> int:
+    """A prompt's identity (CRC-32 of its packed ids), so a sample can be checked to start with it without the
+    prompt being kept; `start`: the CRC of the ids before these, to go on from. Only a call whose output also
+    matches the sample there is checked, so a 32-bit checksum cannot be fooled by chance in practice."""
+    return zlib.crc32(np.ascontiguousarray(ids, dtype=U32).tobytes(), start)
+
+
+def as_ids(ids: Any) -> np.ndarray:
+    """Token ids as a uint32 array: a view of packed ones (`PackedIds`, as the audit reads prompts and samples),
+    or built from a list (a record made in memory)."""
+    if isinstance(ids, PackedIds):
+        return np.frombuffer(ids.packed, dtype=U32)
+    return np.asarray(ids or [], dtype=U32)
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading ids `a` and `b` share."""
+    m = min(len(a), len(b))
+    if m == 0:
+        return 0
+    if np.array_equal(a[:m], b[:m]):
+        return m
+    return int(np.flatnonzero(a[:m] != b[:m])[0])
+
+
+@dataclass(eq=False)  # compared by identity: it holds arrays
+class Call:
+    """One engine call as the rules need it after it was read: its output and logprobs, not its prompt."""
+
+    seq: int
+    index: int  # among the session's engine calls
+    path: str
+    status: int
+    error: str | None
+    view: EngineView  # prompt_ids dropped (`prompt_len`, `prompt_digest` stand for them)
+    prompt_len: int | None
+    prompt_digest: int | None
+    output: np.ndarray
+    logprobs: np.ndarray | None  # float64, NaN where the engine returned none; None: no logprobs at all
+    exchange: int | None = None  # index among the session's agent exchanges, once its record is read
+    side: bool = False
+    examples: list[Example] = field(default_factory=list)  # told their exchange when it is known
+
+    @property
+    def generates(self) -> bool:
+        return self.view.generates
+
+    @property
+    def aborted(self) -> bool:
+        return self.view.finish_reason == "abort"
+
+    @property
+    def failed(self) -> bool:
+        return self.view.generates and (self.status != 200 or self.error is not None)
+
+    @property
+    def generated(self) -> bool:
+        """A generation the engine completed and returned (an aborted one is not)."""
+        return self.generates and not self.failed and not self.aborted and len(self.output) > 0
+
+
+@dataclass
+class Exchange:
+    """One agent exchange and the engine calls it made; `retry_of`: the exchange whose identical body it
+    re-sends (as the recorder found it); `regenerated`: that one was answered by a generation and this
+    one generated again."""
+
+    index: int
+    record: AgentRecord | None  # let go once the rules saw it: a body holds the whole conversation
+    calls: list[Call]
+    retry_of: int | None = None
+    regenerated: bool = False
+    seq: int = 0  # the agent record's
+
+    @property
+    def answer(self) -> Call | None:
+        """The generation the reply was built from: the exchange's last completed one."""
+        return next((c for c in reversed(self.calls) if c.generated), None)
+
+
+@dataclass
+class Finish:
+    """A finish (its samples) or a drop (`record` None), with the session's calls since its previous one."""
+
+    record: SamplesRecord | None
+    calls: list[Call]
+    exchanges: dict[int, Exchange]  # the exchanges of those calls, by index
+
+    @property
+    def dropped(self) -> bool:
+        return self.record is None
+
+
+@dataclass
+class SessionState:
+    """What one session holds while the cassette streams; rule families keep their own notes in `notes`."""
+
+    name: str
+    header: Header
+    exchanges: int = 0
+    calls: int = 0
+    pending: list[Call] = field(default_factory=list)  # read since the session's last agent record
+    since_finish: list[Call] = field(default_factory=list)
+    finish_exchanges: dict[int, Exchange] = field(default_factory=dict)
+    answered: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)  # exchange -> (seq, output head)
+    breaks: dict[int, str] = field(default_factory=dict)  # call index -> kind: a later prompt drops its output
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StreamResult:
+    header: Header
+    truncated: bool
+    sessions: int
+
+
+class RuleFamily:
+    """A module's rules, fed one cassette as it streams: each engine call as it is read, each agent exchange with
+    the calls it made, each finish with its samples. A family overrides the hooks it needs, adds findings to the
+    `Findings` it was given and keeps nothing beyond the session it looks at (in `SessionState.notes`), so an
+    audit's memory does not grow with the cassette."""
+
+    rules: tuple[str, ...] = ()
+
+    def call(self, state: SessionState, call: Call, prompt: np.ndarray | None) -> None:
+        """An engine call as it is read; `prompt` is its prompt ids, which the stream does not keep."""
+
+    def exchange(self, state: SessionState, exchange: Exchange) -> None:
+        """An agent exchange, with the engine calls it made, once its record is read."""
+
+    def finish(self, state: SessionState, finish: Finish) -> None:
+        """A finish (samples) or a drop, with the calls made since the session's previous finish."""
+
+    def end(self, state: SessionState) -> None:
+        """The cassette ended: the session's calls after its last finish are still in `state`."""
+
+
+def records(reader: CassetteReader) -> Iterator[Any]:
+    """The cassette's records in file order, /generate prompts and samples' tokens left packed (`PackedIds`): a
+    session's prompts and samples each hold its whole history, and a pass that builds them as lists spends most of
+    its time doing so. A finished session's delta bases are let go, so memory follows the live sessions."""
+    return reader.records(packed_prompts=True, packed_samples=True, release_finished=True)
+
+
+def _call(record: EngineRecord, index: int) -> tuple[Call, np.ndarray | None]:
+    request = record.request
+    packed = request.get("input_ids") if isinstance(request, dict) else None
+    if isinstance(packed, PackedIds):  # the view would build the list; the audit reads the bytes
+        record.request = {**request, "input_ids": None}
+    view = record_view(record)
+    if isinstance(packed, PackedIds):
+        prompt: np.ndarray | None = np.frombuffer(packed.packed, dtype=U32)
+        view.prompt_ids = None
+    else:
+        prompt = np.asarray(view.prompt_ids, dtype=U32) if view.prompt_ids is not None else None
+        view.prompt_ids = None
+    output = np.asarray(view.output_ids, dtype=U32) if view.output_ids else EMPTY
+    view.output_ids = None
+    logprobs = None
+    if view.logprobs is not None:
+        logprobs = np.array(view.logprobs, dtype=np.float64)  # a None (no logprob) becomes NaN
+    view.logprobs = None
+    call = Call(record.seq, index, record.path, record.status, record.error, view,
+                None if prompt is None else len(prompt), None if prompt is None else digest(prompt),
+                output, logprobs)
+    return call, prompt
+
+
+def stream(path: str | Path, families: list[RuleFamily], findings: Findings) -> StreamResult:
+    """Read `path` once, feeding each record to every rule family (module docstring)."""
+    states: dict[str, SessionState] = {}
+    with CassetteReader(path) as reader:
+        header = reader.header
+
+        def state_of(name: str) -> SessionState:
+            found = states.get(name)
+            if found is None:
+                found = states[name] = SessionState(name, header)
+                findings.figure(name)
+            return found
+
+        for record in records(reader):
+            if isinstance(record, EngineRecord):
+                state = state_of(record.session)
+                call, prompt = _call(record, state.calls)
+                state.calls += 1
+                findings.figure(state.name).engine_calls += 1
+                for family in families:
+                    family.call(state, call, prompt)
+                state.pending.append(call)
+                state.since_finish.append(call)
+            elif isinstance(record, AgentRecord):
+                state = state_of(record.session)
+                exchange = Exchange(state.exchanges, record, state.pending, seq=record.seq)
+                state.exchanges += 1
+                findings.figure(state.name).exchanges += 1
+                state.pending = []
+                for call in exchange.calls:
+                    call.exchange, call.side = exchange.index, record.side
+                    for example in call.examples:
+                        example.exchange = exchange.index
+                    call.examples = []
+                exchange.retry_of = record.retry_of
+                answer = exchange.answer
+                exchange.regenerated = (exchange.retry_of is not None and answer is not None
+                                        and exchange.retry_of in state.answered)
+                if answer is not None and exchange.index not in state.answered:
+                    state.answered[exchange.index] = (answer.seq, answer.output[:48].copy())
+                for family in families:
+                    family.exchange(state, exchange)
+                exchange.record = None
+                state.finish_exchanges[exchange.index] = exchange
+            elif isinstance(record, SamplesRecord | DropRecord):
+                state = state_of(record.session)
+                finish = Finish(record if isinstance(record, SamplesRecord) else None, state.since_finish,
+                                state.finish_exchanges)
+                for family in families:
+                    family.finish(state, finish)
+                # a finished session's chains and calls are let go: memory follows the sessions live at once
+                state.since_finish, state.finish_exchanges, state.answered = [], {}, {}
+                state.breaks, state.notes = {}, {}
+            else:  # a session's start
+                state_of(record.session)
+        for state in states.values():
+            for family in families:
+                family.end(state)
+        return StreamResult(header, reader.truncated, len(states))
+
+
+def request_json(record: AgentRecord) -> dict[str, Any]:
+    """The agent's request body as JSON; {} when it is not a JSON object. (orjson: a body holds the whole
+    conversation, and the stdlib's parser was a fifth of an audit's time.)"""
+    try:
+        body = orjson.loads(bytes(record.body) or b"{}")
+    except orjson.JSONDecodeError:
+        return {}
+    return body if isinstance(body, dict) else {}
