@@ -11,6 +11,7 @@ one scan of the file where it has none or where every frame must be checked firs
 
 from __future__ import annotations
 
+import functools
 import os
 import zlib
 from collections.abc import Iterator, Mapping
@@ -28,6 +29,7 @@ from tito_rl.cassette.format.errors import (
     TokenizerMismatchError,
     TruncatedHeaderError,
 )
+from tito_rl.cassette.format.extensions import decode_ext
 from tito_rl.cassette.format.frames import FRAME_HEADER, MAGIC, decode_frame_header, decode_payload, located
 from tito_rl.cassette.format.index import INDEX, INDEX_AT, INDEX_AT_BYTES, SessionIndex, decode_index, decode_index_at
 from tito_rl.cassette.format.records import (
@@ -78,9 +80,10 @@ class CassetteReader:
             raise TruncatedHeaderError(f"{self.path}: truncated cassette header (the file ends inside it)")
         return decode_header(frame)
 
-    def _read_frame(self, raw: bool = False) -> dict[str, Any] | None:
+    def _read_frame(self, raw: bool = False, packed_columns: bool = False) -> dict[str, Any] | None:
         """The next record map; None at a clean end or at a truncated tail (then `truncated` is set).
-        `raw`: extension values (token arrays, deltas) left undecoded, for a scan that only reads the keys."""
+        `raw`: extension values (token arrays, deltas) left undecoded, for a scan that only reads the keys.
+        `packed_columns`: samples' logprobs and loss masks left packed (`PackedColumn`)."""
         offset = self._file.tell()
         head = self._file.read(FRAME_HEADER.size)
         if not head:
@@ -95,17 +98,20 @@ class CassetteReader:
             return None
         self.budget.read(FRAME_HEADER.size + length)
         self._offset = offset
-        return decode_payload(payload, flags, crc, offset, self.budget, ext_hook=_raw_ext if raw else None)
+        hook = _raw_ext if raw else functools.partial(decode_ext, budget=self.budget, packed_columns=True) \
+            if packed_columns else None
+        return decode_payload(payload, flags, crc, offset, self.budget, ext_hook=hook)
 
     def records(self, packed_prompts: bool = False, packed_samples: bool = False,
                 release_finished: bool = False) -> Iterator[Record]:
-        """The records in file order. `packed_prompts`, `packed_samples`: /generate prompts and samples' token ids
-        as `PackedIds` (`SessionCodec`), for a pass that views them as arrays. `release_finished`: a session's
+        """The records in file order. `packed_prompts`: /generate prompts as `PackedIds`; `packed_samples`: samples'
+        token ids as `PackedIds`, their loss masks and logprobs as `PackedColumn`s: for a pass that views them as
+        arrays (each holds the session's whole history or response). `release_finished`: a session's
         delta bases let go at its finish or drop, as the writer does (`SessionCodec.release`), so memory follows
         the sessions live at once, not the cassette's length; a record of a session after its finish is then
         resolved as the writer stored it, whole."""
         codec = SessionCodec(self.budget, packed_prompts, packed_samples)
-        while (frame := self._read_frame()) is not None:
+        while (frame := self._read_frame(packed_columns=packed_samples)) is not None:
             if frame["t"] not in _INDEX_TYPES:  # the index at the end holds no session's record
                 record = decode_at(codec, frame, self._offset)
                 yield record

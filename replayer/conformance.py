@@ -192,6 +192,11 @@ def _sampling_text(found: dict[tuple[str, str], list[str]]) -> str:
     return "; ".join(parts)
 
 
+def _wire_path(path: str) -> str:
+    """The path without a gateway's session in the URL (rllm's `/sessions/{sid}`): the wire is what follows."""
+    return re.sub(r"^/sessions/[^/]+(?=/)", "", path)
+
+
 def _client(log: Any, header_agent: dict[str, Any]) -> str:
     """Who sent the session's requests and on which wire: `claude-cli/2.1.330, Anthropic SSE`."""
     first = log.agent[0] if log.agent else None
@@ -199,11 +204,11 @@ def _client(log: Any, header_agent: dict[str, Any]) -> str:
         return str(header_agent.get("client") or "?")
     agent = next((v for k, v in first.headers.items() if k.lower() == "user-agent"), "")
     who = agent.split(" ", 1)[0] if agent and not agent.startswith("tito-scripted-client") else "scripted"
-    paths = Counter(a.path for a in log.agent)
+    paths = Counter(_wire_path(a.path) for a in log.agent)
     main = paths.most_common(1)[0][0]
     wire = next((name for prefix, name in WIRES if main.startswith(prefix)), main)
-    framing = {("SSE" if a.reply_events is not None else "JSON") for a in log.agent if a.path == main and a.status
-               == 200}
+    framing = {("SSE" if a.reply_events is not None else "JSON") for a in log.agent
+               if _wire_path(a.path) == main and a.status == 200}
     return f"{who}, {wire} {'+'.join(sorted(framing)) or ''}".rstrip()
 
 
@@ -278,7 +283,7 @@ def _counted(counter: Counter[str]) -> str:
 def row(r: SessionReport) -> str:
     name = Path(r.cassette).stem
     if r.error:
-        return f"| {name} | {r.session[:20]} | {r.client} | {_cell(r.error)} | | | | | | | |"
+        return f"| {name} | {r.session[:20]} | {r.client} | {_cell(r.error)} | | | |"
     prompts = f"{r.agreeing}/{r.generations}" + (f" ({r.not_made} not sent)" if r.not_made else "")
     if r.extra:
         prompts += f"; {r.extra} more the recording has no generation for"
@@ -288,22 +293,17 @@ def row(r: SessionReport) -> str:
         replies += f" ({_counted(r.reply_aspects)}); first: {r.first_reply}"
     if r.not_comparable:
         replies += f"; {r.not_comparable} not comparable (its generation is not in the recording)"
-    untrained = f"{r.recorded.untrained_text()} → {r.target.untrained_text()}"
-    why = r.target.why_untrained()
-    if why and (r.target.untrained_turns or 0) > (r.recorded.untrained_turns or 0):
-        untrained += f" ({why})"
     return (f"| {name} | {r.session[:20]} | {r.client} | {prompts} | {_cell(r.first_divergence) or '-'} | "
-            f"{_cell(sampling)} | {_cell(replies, 2 * CELL)} | {r.recorded.samples} → {r.target.samples} | "
-            f"{r.recorded.forks_text()} → {r.target.forks_text()} | {r.recorded.trained} → {r.target.trained} | "
-            f"{untrained} |")
+            f"{_cell(sampling)} | {_cell(replies, 2 * CELL)} |")
 
 
 def table(reports: list[SessionReport], target: str, recorded: str) -> str:
-    arrow = f"{recorded} → {target}"
+    """Prompts and replies only: what a replay measures exactly. A replay through another gateway re-sends the
+    agent requests recorded against the first one (their histories echo its replies), so what the second gateway
+    would train from its own replies is the live table's (`replayer/live_conformance.py`), not this one's."""
     lines = [f"| cassette | session | client, wire | prompts agreeing | first prompt divergence ({recorded} → "
-             f"{target}) | sampling params that differ | replies an agent reads differently | samples {arrow} | "
-             f"forks {arrow} | trained tokens {arrow} | untrained turns {arrow} |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{target}) | sampling params that differ | replies an agent reads differently |",
+             "|---|---|---|---|---|---|---|"]
     lines += [row(r) for r in reports]
     return "\n".join(lines)
 
@@ -317,16 +317,11 @@ def summary(reports: list[SessionReport]) -> str:
     extra = sum(r.extra for r in ok)
     replies = sum(r.changed_replies for r in ok)
     exchanges = sum(r.replies for r in ok)
-    same = sum(r.recorded.samples == r.target.samples and r.recorded.trained == r.target.trained for r in ok)
-    trained = (sum(r.recorded.trained for r in ok), sum(r.target.trained for r in ok))
-    untrained = [sum(side.untrained_turns or 0 for side in sides) for sides in
-                 ([r.recorded for r in ok], [r.target for r in ok])]
     return (f"{len(reports)} session(s) of {len({r.cassette for r in reports})} cassette(s): prompts agree in "
             f"{agree}/{total} generations" + (f" ({not_made} never sent)" if not_made else "")
             + (f", {extra} more generation(s) the recordings cannot serve" if extra else "")
             + f"; sampling params differ in {sampling} session(s); {replies}/{exchanges} replies an agent reads "
-            f"differently; samples and trained tokens equal in {same}/{len(ok)} session(s); trained tokens "
-            f"{trained[0]} → {trained[1]}; untrained turns {untrained[0]} → {untrained[1]}"
+            "differently"
             + (f"; {len(reports) - len(ok)} not replayed" if len(ok) < len(reports) else ""))
 
 
@@ -336,12 +331,6 @@ def block(paths: list[str], target: str) -> tuple[str, str]:
     from tito_rl.replayer.replay.loading import recorded_target
 
     cassettes = expand(paths)
-    if target == TITO:
-        skipped = [c for c in cassettes if not adapter_replayable(c)]
-        for c in skipped:
-            print(f"conformance: {_relative(c)}: not replayed through tito: its engine calls are not SGLang's "
-                  "/generate, the only engine API tito's adapter speaks", file=sys.stderr)
-        cassettes = [c for c in cassettes if c not in skipped]
     recorded = sorted({recorded_target(read_header(p)) for p in cassettes}) or [TITO]
     reports = [r for p in cassettes for r in compare(p, target)]
     marker = f"{'+'.join(recorded)}-through-{target}"
@@ -350,17 +339,6 @@ def block(paths: list[str], target: str) -> tuple[str, str]:
             f"(`tito replay {shown} --target {target} --engine-match order`). {summary(reports)}.\n\n"
             + table(reports, target, "/".join(recorded)))
     return marker, text
-
-
-def adapter_replayable(path: str) -> bool:
-    """Whether tito's adapter can be replayed against the cassette's engine leg: every engine call is SGLang's
-    `/generate` (the adapter's own engine API). A cassette recorded around a gateway on an OpenAI-style engine
-    (rllm's on `vllm-openai`) has none to serve it with: its replay through tito would only stall."""
-    from tito_rl.cassette.format.records import EngineRecord
-    from tito_rl.cassette.reader import CassetteReader
-
-    with CassetteReader(path) as reader:
-        return all(r.dialect in (None, "sglang") for r in reader.records() if isinstance(r, EngineRecord))
 
 
 def _relative(path: str) -> str:

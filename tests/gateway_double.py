@@ -12,17 +12,31 @@ tokens continues the longest such chain (the prompt's new tokens masked, the out
 starts a chain of its own (a fork). One sample per chain. Its session API is tito's:
 `POST /tito/sessions/{sid}/finish {"reward"}` -> `{"samples": [...]}`, `DELETE /tito/sessions/{sid}`.
 
-Two ways to run it: as a driver (`--target tests.gateway_double:create`; `TargetOptions.extra`:
-`routing_key: false` for a gateway that sends no routing key), or as a process for the `http://` target:
+Its engine leg speaks any of tito's four engine dialects (`docs/engine-dialects.md`), always with the ids it
+rendered itself, so one scenario can be recorded through each (issue #31): `sglang` (the default: `/generate`),
+`sglang-openai` (`/v1/chat/completions` with `input_ids` and the messages, unstreamed, as miles calls it: SGLang
+refuses ids on a stream), `vllm-openai` (`/v1/completions` with `prompt: [ids]`, streamed) and `vllm-generate`
+(`/inference/v1/generate` with `token_ids` and `sampling_params`, streamed). It trains on the ids and logprobs it
+reads from each dialect's own fields, not on tito's view of them.
 
-    python -m tests.gateway_double --engine http://127.0.0.1:30000 --listen 127.0.0.1:8500 [--no-routing-key]
+Two ways to run it: as a driver (`--target tests.gateway_double:create`, or `create_sglang_openai`,
+`create_vllm_completions`, `create_vllm_generate` for the other dialects; `TargetOptions.extra`, also read as a
+JSON object from $GATEWAY_DOUBLE_EXTRA so a `tito replay` can be given a gateway whose engine request changed:
+`routing_key: false` for a gateway that sends no routing key, `dialect`, `sampling` (extra sampling parameters on
+every engine call), `system_suffix` (appended to the system prompt before rendering)), or as a process for the
+`http://` target:
+
+    python -m tests.gateway_double --engine http://127.0.0.1:30000 --listen 127.0.0.1:8500 [--no-routing-key] \
+        [--dialect vllm-generate]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import os
 import re
 import signal
 import sys
@@ -34,7 +48,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetInfo, TargetOptions
+from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetError, TargetInfo, TargetOptions
+from tito_rl.trajectory.dialects.view import DIALECTS, SGLANG, SGLANG_OPENAI, VLLM_GENERATE, VLLM_OPENAI
 from tito_rl.trajectory.records import Sample
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
@@ -257,14 +272,143 @@ def chat_reply(body: dict[str, Any], parsed: Parsed, usage: tuple[int, int]) -> 
 WIRES = {"/v1/messages": (anthropic_messages, anthropic_reply), "/v1/chat/completions": (chat_messages, chat_reply)}
 
 
+# --- the engine leg, in each dialect ---------------------------------------------------------------------------
+
+EXTRA_ENV = "GATEWAY_DOUBLE_EXTRA"  # JSON object: settings beside TargetOptions.extra (`settings_of`)
+GENERATE_PATHS = {SGLANG: "/generate", SGLANG_OPENAI: "/v1/chat/completions", VLLM_OPENAI: "/v1/completions",
+                  VLLM_GENERATE: "/inference/v1/generate"}
+
+
+class EngineAnswerError(Exception):
+    """The engine's answer lacks what the gateway trains on; the gateway answers its agent 502."""
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """One generation request in a dialect: where it goes, its JSON body, and whether the answer is streamed."""
+
+    path: str
+    body: dict[str, Any]
+    stream: bool
+
+
+@dataclass
+class Generated:
+    """What the gateway keeps of an answer, whatever the dialect: output ids, their logprobs, stop or length."""
+
+    output: list[int]
+    logprobs: list[float]
+    finish: str
+
+
+def engine_call(dialect: str, prompt: list[int], messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                max_new: int, sampling: dict[str, Any]) -> EngineCall:
+    """The request each dialect's gateways send for rendered ids (`sampling` lands where the dialect's sampling
+    parameters live: `sampling_params`, or the root of an OpenAI-style body)."""
+    if dialect == SGLANG:
+        return EngineCall(GENERATE_PATHS[SGLANG], {
+            "input_ids": prompt, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": max_new, "skip_special_tokens": False, "no_stop_trim": True,
+                                **sampling}}, False)
+    if dialect == SGLANG_OPENAI:  # miles' shape; SGLang answers ids and meta_info only unstreamed (400 otherwise)
+        body = {"messages": messages, "input_ids": prompt, "max_tokens": max_new, "logprobs": True,
+                "return_meta_info": True, "return_prompt_token_ids": True, "return_token_ids": True,
+                "no_stop_trim": True, "skip_special_tokens": False, **sampling}
+        return EngineCall(GENERATE_PATHS[SGLANG_OPENAI], body | ({"tools": tools} if tools else {}), False)
+    if dialect == VLLM_OPENAI:  # token-id prompt on vLLM's completions, streamed: ids and logprobs per chunk
+        return EngineCall(GENERATE_PATHS[VLLM_OPENAI], {
+            "prompt": prompt, "max_tokens": max_new, "logprobs": 0, "return_token_ids": True,
+            "skip_special_tokens": False, "stream": True, **sampling}, True)
+    if dialect == VLLM_GENERATE:
+        return EngineCall(GENERATE_PATHS[VLLM_GENERATE], {
+            "token_ids": prompt, "stream": True,
+            "sampling_params": {"max_tokens": max_new, "logprobs": 0, "skip_special_tokens": False, **sampling}},
+            True)
+    raise ValueError(f"unknown engine dialect {dialect!r}")
+
+
+def _finish(reason: Any) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def generated(dialect: str, answer: Any) -> Generated:
+    """The output ids, logprobs and finish of an answer (a body, or a stream's chunks) from the dialect's own
+    fields: `/generate`'s meta_info triples, SGLang chat's `response_token_ids` and meta_info, vLLM's per-chunk
+    `token_ids` with `token_logprobs` (completions) or `logprobs.content` (generate)."""
+    if dialect == SGLANG:
+        meta = answer.get("meta_info") or {}
+        pairs = meta.get("output_token_logprobs") or []
+        return Generated([int(p[1]) for p in pairs], [float(p[0]) for p in pairs],
+                         _finish((meta.get("finish_reason") or {}).get("type")))
+    if dialect == SGLANG_OPENAI:
+        choice = (answer.get("choices") or [{}])[0]
+        meta = choice.get("meta_info") or {}
+        ids = choice.get("response_token_ids")
+        if ids is None:
+            ids = choice.get("token_ids") or []  # SGLang 0.5.17's name for the same list
+        found = Generated([int(t) for t in ids], [float(p[0]) for p in meta.get("output_token_logprobs") or []],
+                          _finish(choice.get("finish_reason")))
+    else:
+        found, reason = Generated([], [], "stop"), None
+        for chunk in answer:
+            for choice in chunk.get("choices") or []:
+                found.output += [int(t) for t in choice.get("token_ids") or []]
+                logprobs = choice.get("logprobs") or {}
+                found.logprobs += [float(v) for v in logprobs["token_logprobs"]] if "token_logprobs" in logprobs \
+                    else [float(e["logprob"]) for e in logprobs.get("content") or []]
+                reason = choice.get("finish_reason") or reason
+        found.finish = _finish(reason)
+    if len(found.logprobs) != len(found.output):
+        raise EngineAnswerError(f"{len(found.output)} output ids but {len(found.logprobs)} logprobs")
+    return found
+
+
+async def stream_chunks(resp: aiohttp.ClientResponse) -> list[dict[str, Any]]:
+    """A streamed answer's `data:` JSON chunks, up to `[DONE]`."""
+    chunks = []
+    async for raw in resp.content:
+        line = raw.decode("utf-8").strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        chunks.append(json.loads(data))
+    return chunks
+
+
+def settings_of(options: TargetOptions) -> dict[str, Any]:
+    """The driver's settings: $GATEWAY_DOUBLE_EXTRA (a JSON object; how a `tito record`/`tito replay` process, which
+    passes no `extra`, is given a changed gateway) under `options.extra`."""
+    settings: dict[str, Any] = {}
+    if os.environ.get(EXTRA_ENV):
+        try:
+            settings = json.loads(os.environ[EXTRA_ENV])
+        except json.JSONDecodeError as exc:
+            raise TargetError(f"${EXTRA_ENV} is not JSON: {exc}") from None
+        if not isinstance(settings, dict):
+            raise TargetError(f"${EXTRA_ENV} must be a JSON object, got {settings!r}")
+    settings = {**settings, **options.extra}
+    if not isinstance(settings.get("sampling") or {}, dict):
+        raise TargetError(f"the gateway double's sampling must be an object, got {settings['sampling']!r}")
+    if settings.get("dialect", SGLANG) not in DIALECTS:
+        raise TargetError(f"the gateway double speaks no engine dialect {settings['dialect']!r} "
+                          f"(one of {', '.join(DIALECTS)})")
+    return settings
+
+
 # --- the gateway -----------------------------------------------------------------------------------------------
 
 
 class Gateway:
-    def __init__(self, engine_url: str, tokenizer: Any, routing_key: bool = True) -> None:
+    def __init__(self, engine_url: str, tokenizer: Any, routing_key: bool = True, dialect: str = SGLANG,
+                 sampling: dict[str, Any] | None = None, system_suffix: str = "") -> None:
         self.engine_url = engine_url.rstrip("/")
         self.tokenizer = tokenizer
         self.routing_key = routing_key
+        self.dialect = dialect
+        self.sampling = dict(sampling or {})  # extra sampling parameters on every engine call
+        self.system_suffix = system_suffix  # appended to the system prompt: a gateway whose rendering changed
         self.sessions: dict[str, GatewaySession] = {}
         self.http: aiohttp.ClientSession | None = None
 
@@ -292,22 +436,24 @@ class Gateway:
         sid = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() or "default"
         body = await request.json()
         translate, reply = WIRES[request.path]
-        prompt = self.render(*translate(body))
+        messages, tools = translate(body)
+        if self.system_suffix and messages and messages[0]["role"] == "system":
+            messages[0] = {**messages[0], "content": messages[0]["content"] + self.system_suffix}
+        prompt = self.render(messages, tools)
         max_new = min(int(body.get("max_tokens") or MAX_NEW_TOKENS), MAX_NEW_TOKENS)
-        generate = {"input_ids": prompt, "return_logprob": True,
-                    "sampling_params": {"max_new_tokens": max_new, "skip_special_tokens": False,
-                                        "no_stop_trim": True}}
+        call = engine_call(self.dialect, prompt, messages, tools, max_new, self.sampling)
         headers = {ROUTING_HEADER: sid} if self.routing_key else {}
         if self.http is None:
             self.http = aiohttp.ClientSession()
-        async with self.http.post(f"{self.engine_url}/generate", json=generate, headers=headers) as resp:
+        async with self.http.post(f"{self.engine_url}{call.path}", json=call.body, headers=headers) as resp:
             if resp.status != 200:
                 return web.json_response({"error": {"message": f"engine answered {resp.status}"}}, status=502)
-            data = await resp.json(content_type=None)
-        meta = data.get("meta_info") or {}
-        pairs = meta.get("output_token_logprobs") or []
-        output, logprobs = [int(p[1]) for p in pairs], [float(p[0]) for p in pairs]
-        finish = "length" if (meta.get("finish_reason") or {}).get("type") == "length" else "stop"
+            data = await stream_chunks(resp) if call.stream else await resp.json(content_type=None)
+        try:
+            answer = generated(self.dialect, data)
+        except (EngineAnswerError, KeyError, TypeError, ValueError, IndexError) as exc:
+            return web.json_response({"error": {"message": f"engine answer unusable: {exc}"}}, status=502)
+        output, logprobs, finish = answer.output, answer.logprobs, answer.finish
         parsed = parse_output(self.tokenizer.decode(output, skip_special_tokens=False), finish)
         raw, content_type = reply(body, parsed, (len(prompt), len(output)))
         self.sessions.setdefault(sid, GatewaySession()).record(prompt, output, logprobs)
@@ -340,15 +486,22 @@ class GatewayDoubleTarget:
 
     def __init__(self, options: TargetOptions) -> None:
         self.options = options
-        self.routing_key = bool(options.extra.get("routing_key", True))
+        settings = settings_of(options)
+        self.routing_key = bool(settings.get("routing_key", True))
+        self.dialect = str(settings.get("dialect", SGLANG))
+        self.sampling: dict[str, Any] = dict(settings.get("sampling") or {})
+        self.system_suffix = str(settings.get("system_suffix") or "")
         self.info = TargetInfo(name="gateway-double", volatile=VOLATILE,
                                routing_header=ROUTING_HEADER if self.routing_key else None,
-                               settings={"routing_key": self.routing_key})
+                               settings={"routing_key": self.routing_key, "dialect": self.dialect}
+                               | ({"sampling": self.sampling} if self.sampling else {})
+                               | ({"system_suffix": self.system_suffix} if self.system_suffix else {}))
         self.gateway: Gateway | None = None
         self.runner: web.AppRunner | None = None
 
     async def start(self, engine_url: str) -> str:
-        self.gateway = Gateway(engine_url, load_tokenizer(self.options.tokenizer_dir), self.routing_key)
+        self.gateway = Gateway(engine_url, load_tokenizer(self.options.tokenizer_dir), self.routing_key,
+                               self.dialect, self.sampling, self.system_suffix)
         self.runner = web.AppRunner(self.gateway.app(), access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -373,17 +526,37 @@ def create(options: TargetOptions) -> GatewayDoubleTarget:
     return GatewayDoubleTarget(options)
 
 
+def _in_dialect(options: TargetOptions, dialect: str) -> GatewayDoubleTarget:
+    """`--target module:attribute` passes no `extra`: a factory per dialect picks it (the factory's name wins)."""
+    return GatewayDoubleTarget(dataclasses.replace(options, extra={**options.extra, "dialect": dialect}))
+
+
+def create_sglang_openai(options: TargetOptions) -> GatewayDoubleTarget:
+    return _in_dialect(options, SGLANG_OPENAI)
+
+
+def create_vllm_completions(options: TargetOptions) -> GatewayDoubleTarget:
+    return _in_dialect(options, VLLM_OPENAI)
+
+
+def create_vllm_generate(options: TargetOptions) -> GatewayDoubleTarget:
+    return _in_dialect(options, VLLM_GENERATE)
+
+
 # --- as a process ----------------------------------------------------------------------------------------------
 
 
-async def serve(engine: str, host: str, port: int, routing_key: bool, tokenizer: str | None) -> None:
-    gateway = Gateway(engine, load_tokenizer(tokenizer), routing_key)
+async def serve(engine: str, host: str, port: int, routing_key: bool, tokenizer: str | None,
+                dialect: str = SGLANG) -> None:
+    settings = settings_of(TargetOptions())
+    gateway = Gateway(engine, load_tokenizer(tokenizer), routing_key, dialect, settings.get("sampling"),
+                      str(settings.get("system_suffix") or ""))
     runner = web.AppRunner(gateway.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    print(f"gateway double listening on http://{host}:{bound} (engine {engine})", flush=True)
+    print(f"gateway double listening on http://{host}:{bound} (engine {engine}, {dialect})", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
@@ -397,11 +570,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve on (port 0: any free port)")
     parser.add_argument("--no-routing-key", action="store_true", help=f"send no {ROUTING_HEADER} to the engine")
     parser.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer folder (default: Qwen3's)")
+    parser.add_argument("--dialect", choices=DIALECTS, default=SGLANG, help="the engine API to call")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         parser.error(f"--listen: HOST:PORT, got {args.listen!r}")
-    asyncio.run(serve(args.engine, host, int(port), not args.no_routing_key, args.tokenizer))
+    asyncio.run(serve(args.engine, host, int(port), not args.no_routing_key, args.tokenizer, args.dialect))
     return 0
 
 

@@ -210,3 +210,59 @@ def test_writing_the_same_exchanges_twice_gives_identical_bytes(qwen_tokenizer: 
     assert first.startswith(MAGIC) and first == second
     other = _write(events, created="2030-12-31T23:59:59Z")
     assert other != first and _after_header(other) == _after_header(first)
+
+
+def test_a_reader_asking_for_packed_samples_gets_the_same_records_and_lets_finished_sessions_go() -> None:
+    """`records(packed_prompts=True, packed_samples=True, release_finished=True)` (the audit's reading) equals the
+    plain reading record for record: samples' ids as `PackedIds`, masks and logprobs as `PackedColumn`s."""
+    from pathlib import Path
+
+    from tito_rl.cassette.format.packing import PackedColumn
+    from tito_rl.cassette.reader import CassetteReader
+
+    root = Path(__file__).resolve().parent.parent / "cassettes"
+    for name in ("tool_loop", "drift_realign", "targets/slime_retry"):
+        with CassetteReader(root / f"{name}.tito") as plain, CassetteReader(root / f"{name}.tito") as packed:
+            pairs = list(zip(plain.records(), packed.records(packed_prompts=True, packed_samples=True,
+                                                              release_finished=True), strict=True))
+        samples = [(a, b) for a, b in pairs if isinstance(a, SamplesRecord)]
+        assert samples, name
+        for a, b in samples:
+            for x, y in zip(a.samples, b.samples, strict=True):
+                assert type(y["tokens"]) is PackedIds and y["tokens"] == x["tokens"]
+                assert type(y["loss_mask"]) is PackedColumn and y["loss_mask"] == x["loss_mask"]
+                assert y["loss_mask"].tolist() == x["loss_mask"] and len(y["loss_mask"]) == len(x["loss_mask"])
+                if x.get("rollout_log_probs") is not None:
+                    assert type(y["rollout_log_probs"]) is PackedColumn
+                    assert y["rollout_log_probs"].tolist() == x["rollout_log_probs"]
+        for a, b in pairs:
+            if isinstance(a, EngineRecord):
+                assert b.request == a.request and b.response == a.response
+            elif isinstance(a, AgentRecord):
+                assert b.body == a.body
+
+
+def test_release_lets_a_finished_session_s_bases_go() -> None:
+    codec = SessionCodec()
+    codec.encode(EngineRecord("s", 0, "POST", "/generate", {"input_ids": list(range(500))}, 200,
+                              {"output_ids": [7, 8], "meta_info": {}}))
+    codec.encode(AgentRecord("s", 1, "POST", "/v1/messages", "", {}, b'{"messages": []}', 200, {}))
+    assert codec.held_bytes() > 2000
+    codec.release("s")
+    codec.release("never-seen")  # nothing held: nothing to do
+    assert codec.held_bytes() == 0
+
+
+def test_a_packed_mask_is_bounded_by_the_budget_as_a_built_one_is() -> None:
+    from tito_rl.cassette.format.budget import DecodeBudget
+    from tito_rl.cassette.format.packing import PackedColumn
+
+    bomb = bytes([1]) + pack_u32([0xFFFFFFFF] * 64)  # a few hundred bytes standing for a trillion mask values
+    with pytest.raises(CorruptCassetteError, match="decodes past"):
+        PackedColumn("mask", bomb, DecodeBudget(stored=len(bomb)))
+    with pytest.raises(CorruptCassetteError, match="bad run-length mask"):
+        PackedColumn("mask", b"\x02" + pack_u32([3]))
+    with pytest.raises(CorruptCassetteError, match="multiple of 8"):
+        PackedColumn("f64", b"\x00" * 9)
+    mask = PackedColumn("mask", mask_rle([0, 0, 1, 1, 1, 0]))
+    assert mask == [0, 0, 1, 1, 1, 0] and mask.runs() == (0, [2, 3, 1]) and len(mask) == 6

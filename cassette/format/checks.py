@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from tito_rl.cassette.format.errors import CorruptCassetteError
-from tito_rl.cassette.format.packing import U32_MAX, PackedIds
+from tito_rl.cassette.format.packing import U32_MAX, PackedColumn, PackedIds
 
 MAX_NESTING = 64  # lists and maps inside a record (JSON bodies: about a dozen; Python recurses ~1000 deep)
 
@@ -120,14 +120,17 @@ def _checker(hint: Any) -> Check:
         if args[0] is TokenId:  # or a prompt left packed: the format's own uint32 array
             return lambda v, d, b: type(v) is PackedIds or type(v) is list and d < MAX_NESTING and (
                 b.get(id(v)) in known or _numbers(v, TokenId) or all(item(x, d + 1, b) for x in v))
-        return lambda v, d, b: type(v) is list and d < MAX_NESTING and (
-            b.get(id(v)) in known or (number is not None and _numbers(v, number)) or all(item(x, d + 1, b) for x in v))
+        # or a sample's column left packed (`PackedColumn`): a mask holds only 0 and 1, float64s are floats
+        column = {int: "mask", float: "f64"}.get(args[0])
+        return lambda v, d, b: (type(v) is PackedColumn and v.kind == column) or (
+            type(v) is list and d < MAX_NESTING and (b.get(id(v)) in known or (number is not None and _numbers(
+                v, number)) or all(item(x, d + 1, b) for x in v)))
     return lambda v, d, b: type(v) is hint
 
 
 def _is_data(value: Any, depth: int, built: Built) -> bool:
     kind = type(value)
-    if kind in (str, int, float, bool, bytes, PackedIds) or value is None:
+    if kind in (str, int, float, bool, bytes, PackedIds, PackedColumn) or value is None:
         return True
     if depth >= MAX_NESTING:
         return False

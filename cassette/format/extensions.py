@@ -12,7 +12,7 @@ import msgpack
 from tito_rl.cassette.format.budget import DecodeBudget
 from tito_rl.cassette.format.deltas import BytesDelta, LogprobColumn, TokenDelta
 from tito_rl.cassette.format.errors import CorruptCassetteError
-from tito_rl.cassette.format.packing import mask_rle, mask_unrle, pack_f64, unpack_f64, unpack_u32
+from tito_rl.cassette.format.packing import PackedColumn, mask_rle, mask_unrle, pack_f64, unpack_f64, unpack_u32
 
 # msgpack ext type codes.
 EXT_U32 = 1  # packed uint32 array -> list[int]

@@ -17,7 +17,17 @@ from typing import Any
 import numpy as np
 
 from tito_rl.replayer.audit.protocol import Example, Findings, Side, clip, decode
-from tito_rl.replayer.audit.traffic import Call, Finish, RuleFamily, SessionState, as_ids, common_prefix, digest
+from tito_rl.replayer.audit.traffic import (
+    Call,
+    Finish,
+    RuleFamily,
+    SessionState,
+    as_floats,
+    as_ids,
+    as_mask,
+    common_prefix,
+    digest,
+)
 
 LOGPROB_TOLERANCE = 1e-6  # a sample stores the engine's float as it came: any real difference is larger
 
@@ -63,11 +73,11 @@ class Coverage(RuleFamily):
         tokens = as_ids(sample.get("tokens"))
         length = int(sample.get("response_length") or 0)
         start = len(tokens) - length
-        mask = np.asarray(sample.get("loss_mask") or [], dtype=np.int8)
+        mask = as_mask(sample.get("loss_mask"))
         if len(mask) != length:  # no mask: every response token counts as trained (what a trainer would do)
             mask = np.ones(length, dtype=np.int8)
         raw = sample.get("rollout_log_probs")
-        logprobs = np.asarray(raw, dtype=np.float64) if raw is not None and len(raw) == length else None
+        logprobs = as_floats(raw) if raw is not None and len(raw) == length else None
         owner = np.full(len(tokens), -1, dtype=np.int32)  # the call each position belongs to
         candidates = []
         for i, call in enumerate(calls):

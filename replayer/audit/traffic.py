@@ -5,7 +5,8 @@ The recorder writes a turn's engine calls, then its agent exchange, so the calls
 agent record are that exchange's. Prompts are read packed (4 bytes a token, as the file holds them) and handed to
 the rules once, as the call is read; what a session keeps is each call's output, logprobs, prompt length and
 prompt digest, and it lets them go at the session's finish. Memory thus follows the sessions live at once, not
-the cassette's length.
+the cassette's length. Samples are read packed too (ids, loss mask and logprobs viewed as arrays, never built as
+lists: a sample spans its session's whole response), through the reader's public `records(...)` options.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tito_rl.cassette.format.packing import PackedIds
+from tito_rl.cassette.format.packing import PackedColumn, PackedIds
 from tito_rl.cassette.format.records import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
 from tito_rl.cassette.reader import CassetteReader
 from tito_rl.replayer.audit.protocol import Example, Findings
@@ -43,6 +44,22 @@ def as_ids(ids: Any) -> np.ndarray:
     if isinstance(ids, PackedIds):
         return np.frombuffer(ids.packed, dtype=U32)
     return np.asarray(ids or [], dtype=U32)
+
+
+def as_mask(mask: Any) -> np.ndarray:
+    """A sample's loss mask as an int8 array: from its runs where it was left packed (`PackedColumn`)."""
+    if isinstance(mask, PackedColumn):
+        first, runs = mask.runs()
+        values = np.arange(first, first + len(runs), dtype=np.int64) % 2
+        return np.repeat(values.astype(np.int8), np.asarray(runs, dtype=np.int64))
+    return np.asarray(mask or [], dtype=np.int8)
+
+
+def as_floats(values: Any) -> np.ndarray:
+    """A sample's logprobs as a float64 array: a view of packed ones (`PackedColumn`), or built from a list."""
+    if isinstance(values, PackedColumn):
+        return np.frombuffer(values.packed, dtype="<f8")
+    return np.asarray(values, dtype=np.float64)
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

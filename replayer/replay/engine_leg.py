@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tito_rl.cassette.format.packing import PackedIds
 from tito_rl.cassette.format.records import EngineRecord
 from tito_rl.cassette.matching import normalize_sampling
 from tito_rl.replayer.comparison.differences import (
@@ -33,7 +34,7 @@ from tito_rl.replayer.comparison.differences import (
 )
 from tito_rl.replayer.replay.plan import PlannedExchange
 from tito_rl.trajectory.adapters.engine.transport import EngineAnswer, EngineUnreachable
-from tito_rl.trajectory.dialects.registry import endpoint_of, is_generation, view_of
+from tito_rl.trajectory.dialects.registry import detect_dialect, endpoint_of, is_generation, record_view, view_of
 from tito_rl.trajectory.dialects.view import SGLANG
 
 __all__ = ["CURRENT_EXCHANGE", "CassetteTransport", "is_generation"]
@@ -63,11 +64,22 @@ class ExchangeLeg:
     def take(self, method: str, path: str) -> EngineRecord | None:
         for i, record in enumerate(self.unserved):
             if record.method == method and record.path == path:
-                taken = self.unserved.pop(i)
-                if not self.unserved:
-                    self.drained.set()
-                return taken
+                return self._taken(i)
         return None
+
+    def take_generation(self) -> EngineRecord | None:
+        """The next recorded generation of any path: a target that calls the engine in another dialect than the
+        recorded one is served the generation recorded for this exchange, translated (`translated_answer`)."""
+        for i, record in enumerate(self.unserved):
+            if is_generation(record.path):
+                return self._taken(i)
+        return None
+
+    def _taken(self, i: int) -> EngineRecord:
+        taken = self.unserved.pop(i)
+        if not self.unserved:
+            self.drained.set()
+        return taken
 
 
 class CassetteTransport:
@@ -99,6 +111,10 @@ class CassetteTransport:
         session = key[0]
         path = url[len(self.base_url):] if url.startswith(self.base_url) else url
         record = leg.take(method, path)
+        translated = record is None and is_generation(path) and endpoint_of(path) == "generate" \
+            and detect_dialect(path, body) == SGLANG
+        if translated:
+            record = leg.take_generation()
         if record is None:
             exchange = leg.planned
             self.report(session, Difference(
@@ -107,7 +123,8 @@ class CassetteTransport:
                 [f"recorded calls: {', '.join(f'{r.method} {r.path}' for r in exchange.engine) or 'none'}"]))
             raise EngineUnreachable(f"replay: no recorded {method} {path} for this exchange")
         if is_generation(path):
-            difference = self.check_call(leg.planned, record, body)
+            difference = (self.check_translated(leg.planned, record, body) if translated
+                          else self.check_call(leg.planned, record, body))
             if difference is not None:
                 self.report(session, difference)
                 if self.strict:
@@ -121,7 +138,34 @@ class CassetteTransport:
         if record.status == 0:
             error = record.error or "no answer"
             raise EngineUnreachable(error, timed_out=error.startswith("TimeoutError"))
+        if translated and record.status == 200:
+            return EngineAnswer(200, generate_answer(record, body, self.decode))
         return EngineAnswer(record.status, record.response)
+
+    def check_translated(self, exchange: PlannedExchange, record: EngineRecord,
+                         body: dict[str, Any] | None) -> Difference | None:
+        """A /generate served from a generation recorded in another dialect: the prompts compare as ids where
+        the recording knows them (a messages-in call whose engine returned its prompt ids does); the sampling
+        params are named differently across dialects and are left to `tito audit`."""
+        if record.status != 200:  # an engine error: answered as recorded, nothing generated to compare
+            return None
+        recorded = record_view(record)
+        rec_ids, rep_ids = recorded.prompt_ids, (body or {}).get("input_ids")
+        if recorded.output_ids is None:
+            return Difference("engine-calls", f"the recorded {recorded.dialect} call ({record.method} {record.path}) "
+                              "has no output ids to answer a /generate with", exchange.index, exchange.turn)
+        if rec_ids is None or not isinstance(rep_ids, list | PackedIds):
+            return None
+        index = token_divergence(rec_ids, rep_ids)
+        if index is None:
+            return None
+        detail = token_context(rec_ids, rep_ids, index, self.decode)
+        where = message_at(rep_ids, index, self.decode, self.message_start)
+        if where:
+            detail.append(f"in {where}")
+        return Difference("engine-request", f"engine request differs: input_ids at token {index} (recorded "
+                          f"{len(rec_ids)} tokens as {recorded.dialect}, replayed {len(rep_ids)})",
+                          exchange.index, exchange.turn, detail)
 
     def check_call(self, exchange: PlannedExchange, record: EngineRecord,
                    body: dict[str, Any] | None) -> Difference | None:
@@ -179,3 +223,25 @@ class CassetteTransport:
             return Difference("engine-request", "engine request differs: sampling params", exchange.index,
                               exchange.turn, sampling)
         return None
+
+
+def generate_answer(record: EngineRecord, body: dict[str, Any] | None, decode: Decode) -> dict[str, Any]:
+    """A recorded generation of another dialect as SGLang's /generate would have answered it: the same output ids,
+    logprobs (None where the recording has none) and finish, so a /generate-calling target (tito's adapter, slime)
+    replays a recording made around a gateway that calls an OpenAI-style engine."""
+    view = record_view(record)
+    ids = list(view.output_ids or [])
+    logprobs = list(view.logprobs or [])
+    logprobs += [None] * (len(ids) - len(logprobs))
+    if view.finish_reason == "length":
+        finish: dict[str, Any] = {"type": "length", "length": len(ids)}
+    elif view.finish_reason == "abort":
+        finish = {"type": "abort", "message": "aborted"}
+    else:
+        finish = {"type": "stop", "matched": ids[-1] if ids else None}
+    prompt = (body or {}).get("input_ids")
+    return {"text": decode(ids), "output_ids": ids, "meta_info": {
+        "id": str((body or {}).get("rid") or ""), "finish_reason": finish,
+        "prompt_tokens": len(prompt) if isinstance(prompt, list) else len(view.prompt_ids or ()),
+        "completion_tokens": len(ids), "cached_tokens": 0,
+        "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, ids, strict=False)]}}

@@ -33,7 +33,7 @@ from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.replay.plan import Drop, End, Finish, PlannedExchange, SessionPlan, Start
 from tito_rl.replayer.replay.results import FinishResult, SessionResult
 from tito_rl.trajectory.adapters.app import ADAPTER_KEY, create_app
-from tito_rl.trajectory.dialects.registry import is_generation
+from tito_rl.trajectory.dialects.registry import is_generation, record_view
 from tito_rl.trajectory.dialects.view import SGLANG
 from tito_rl.trajectory.manager import Linearization, TrajectoryManager
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
@@ -133,15 +133,16 @@ class Harness(HarnessBase):
     """One adapter app for a cassette, served on a private Unix socket, with the cassette as its engine."""
 
     def foreign_dialect(self, plan: SessionPlan) -> Difference | None:
-        """tito's adapter calls SGLang's /generate: a session recorded in another dialect has nothing to serve it."""
-        other = next((r for e in plan.exchanges for r in e.engine
-                      if is_generation(r.path) and r.dialect not in (None, SGLANG)), None)
+        """tito's adapter calls SGLang's /generate: a generation recorded in another dialect serves it translated
+        (`engine_leg.generate_answer`) where it holds output ids; one that does not has nothing to serve it."""
+        other = next((r for e in plan.exchanges for r in e.engine if is_generation(r.path) and r.status == 200
+                      and r.dialect not in (None, SGLANG) and record_view(r).output_ids is None), None)
         if other is None:
             return None
         recorded = (self.cassette.header.target or {}).get("name") or "the target it was recorded around"
         return Difference("engine-calls", f"the recording's engine calls are {other.dialect} ({other.method} "
-                          f"{other.path}); tito's adapter calls SGLang's /generate, which no recorded answer serves: "
-                          f"replay it through {recorded} (--target)")
+                          f"{other.path}) without output ids (the gateway did not ask for them): nothing can answer "
+                          f"tito's adapter's /generate from them; replay it through {recorded} (--target)")
 
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
         super().__init__(cassette, path, tokenizer, options)

@@ -226,7 +226,8 @@ class Adapter:
             data = json.loads(body) if body else None
         except ValueError:
             data = None
-        ref = resolve_session(request.headers, data, request.match_info.get("sid"), request.query)
+        ref = _gateway_session(request) or resolve_session(request.headers, data, request.match_info.get("sid"),
+                                                           request.query)
         state = self.state(ref.sid)
         started = state.elapsed()
         number = state.started
@@ -484,6 +485,16 @@ def _token_id(tokenizer: Any, token: str) -> int | None:
 
 
 ADAPTER_KEY = web.AppKey("adapter", Adapter)
+# rllm's gateway and miles' session server keep the session in the URL: tito's adapter answers their agents too,
+# so a recording made around either replays through tito's adapter with its sessions intact.
+GATEWAY_SESSION_PREFIX = "/sessions/{gsid}"
+
+
+def _gateway_session(request: web.Request) -> SessionRef | None:
+    """The URL's session on a `/sessions/{sid}/...` route: the gateway's own, before any credential (its agents
+    may share one key), as `tito_rl.recorder.taps.agent_tap.gateway_session` records it."""
+    sid = request.match_info.get("gsid")
+    return SessionRef(sid, "path") if sid else None
 
 
 def create_app(settings: AdapterSettings, manager: Any = None, tap: TrafficTap | None = None,
@@ -495,7 +506,7 @@ def create_app(settings: AdapterSettings, manager: Any = None, tap: TrafficTap |
         adapter.warm_up()
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app[ADAPTER_KEY] = adapter
-    for prefix in ("", "/s/{sid}"):
+    for prefix in ("", "/s/{sid}", GATEWAY_SESSION_PREFIX):
         for route in WIRES:
             app.router.add_post(prefix + route, adapter.wire_handler(route))
         app.router.add_post(prefix + "/v1/messages/count_tokens", adapter.count_tokens)
