@@ -51,6 +51,7 @@ TARGETS = (
     Target("tito", frozenset({"anthropic", "chat", "responses", "gemini"}), "sglang"),
     Target("slime", frozenset({"anthropic", "chat"}), "sglang"),  # Responses and Gemini answer 404 (finding 7)
     Target("rllm", frozenset({"chat"}), "vllm-openai", session_in_url=True),  # /sessions/{sid}/v1/chat/completions
+    Target("miles", frozenset({"chat"}), "sglang-openai", session_in_url=True),  # its session server, the same URL
 )
 
 

@@ -138,3 +138,14 @@ def test_a_forwarded_authorization_ties_a_call_to_its_agent() -> None:
     owner = a.owner("/inference/v1/generate", {"authorization": "Bearer key-b"}, {"token_ids": [1, 2]})
     assert owner is not None and owner.flight is fb
     assert a.owner("/v1/models", {"authorization": "Bearer key-b"}, None) is None  # no generation: not recorded
+
+
+def test_sglang_meta_info_names_the_output_ids_when_the_gateway_asked_for_no_token_ids() -> None:
+    """miles' session server asks for `return_meta_info` only: the triples still say what was emitted."""
+    from tito_rl.trajectory.dialects.registry import view_of
+
+    request = {"messages": [{"role": "user", "content": "hi"}], "input_ids": [1, 2, 3], "return_meta_info": True}
+    response = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop",
+                             "meta_info": {"output_token_logprobs": [[-0.1, 5, "a"], [-0.2, 6, "b"]]}}]}
+    view = view_of(None, "/v1/chat/completions", request, response)
+    assert (view.dialect, view.output_ids, view.logprobs) == ("sglang-openai", [5, 6], [-0.1, -0.2])

@@ -350,7 +350,7 @@ CASES = [
          sglang_chat_body("token_ids"), {**VIEW_OF_CALL, "finish_reason": "tool_calls"}),
     Case("sglang-openai chat 0.5.13 prompt ids + meta_info only", SGLANG_OPENAI, "/v1/chat/completions",
          {k: v for k, v in SGLANG_CHAT_REQUEST.items() if k != "return_token_ids"}, sglang_chat_body(None),
-         {"prompt_ids": PROMPT, "output_ids": None, "logprobs": LOGPROBS}),
+         {"prompt_ids": PROMPT, "output_ids": OUTPUT, "logprobs": LOGPROBS}),  # the ids of meta_info's triples
     Case("sglang-openai chat, messages in, sglext ids (0.5.20+)", SGLANG_OPENAI, "/v1/chat/completions",
          {"model": MODEL, "messages": MESSAGES, "logprobs": True, "return_input_ids_in_sglext": True,
           "return_output_ids_in_sglext": True},

@@ -83,14 +83,16 @@ def test_the_table_goes_between_its_markers_and_the_rest_of_the_page_is_kept() -
 
 def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
     scenarios = {p.stem: read_scenario(p) for folder in live.SCENARIOS for p in folder.glob("*.yaml")}
-    tito, slime, rllm = live.TARGETS
+    tito, slime, rllm, miles = live.TARGETS
     assert scenarios["tool_loop"].wires == {"anthropic"}  # a scripted session's default wire
     assert scenarios["mixed_concurrent"].wires == {"anthropic", "responses", "gemini", "chat"}
-    assert [t.name for t in live.TARGETS if runs_through(scenarios["qwen_tool_loop"], t)] == ["tito", "slime", "rllm"]
+    assert [t.name for t in live.TARGETS if runs_through(scenarios["qwen_tool_loop"], t)] == [
+        "tito", "slime", "rllm", "miles"]
     assert not runs_through(scenarios["codex_tool_loop"], slime) and runs_through(scenarios["codex_tool_loop"], tito)
     assert not runs_through(scenarios["claude_tool_loop"], rllm)
     url_sessions = Scenario(Path("x.yaml"), frozenset({"chat"}), path_prefix=True)  # /sessions/{id} in the URL
-    assert runs_through(url_sessions, rllm) and not runs_through(url_sessions, tito)
+    assert runs_through(url_sessions, rllm) and runs_through(url_sessions, miles)
+    assert not runs_through(url_sessions, tito)
 
 
 def test_a_failed_recording_says_why_in_one_line() -> None:

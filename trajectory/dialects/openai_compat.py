@@ -59,7 +59,8 @@ def openai_view(dialect: str, endpoint: str, request: dict[str, Any], response: 
     if view.prompt_ids is None:
         view.prompt_ids = _known(_ids(body.get("prompt_token_ids")), _ids(choice.get("prompt_token_ids")),
                                  _ids(sglext.get("input_ids")))
-    view.output_ids = _known(_ids(choice.get("token_ids")), _ids(choice.get("response_token_ids")), _first(sglext))
+    view.output_ids = _known(_ids(choice.get("token_ids")), _ids(choice.get("response_token_ids")), _first(sglext),
+                             _meta_ids(choice))
     view.finish_reason = choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None
     view.logprobs = _logprobs(choice)
     if chat:
@@ -75,6 +76,17 @@ def openai_view(dialect: str, endpoint: str, request: dict[str, Any], response: 
     elif isinstance(choice.get("text"), str):
         view.text = choice["text"]
     return view
+
+
+def _meta_ids(choice: dict[str, Any]) -> list[int] | None:
+    """SGLang's `meta_info.output_token_logprobs` triples `[logprob, id, text]` name each output id: a gateway that
+    asks for `return_meta_info` but not `return_token_ids` (miles' session server) still says what was emitted."""
+    meta = choice.get("meta_info")
+    triples = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
+    if not isinstance(triples, list) or not all(isinstance(t, list | tuple) and len(t) > 1 and type(t[1]) is int
+                                                for t in triples):
+        return None
+    return [t[1] for t in triples]
 
 
 def _known(*candidates: list[int] | None) -> list[int] | None:
