@@ -149,3 +149,20 @@ def test_sglang_meta_info_names_the_output_ids_when_the_gateway_asked_for_no_tok
                              "meta_info": {"output_token_logprobs": [[-0.1, 5, "a"], [-0.2, 6, "b"]]}}]}
     view = view_of(None, "/v1/chat/completions", request, response)
     assert (view.dialect, view.output_ids, view.logprobs) == ("sglang-openai", [5, 6], [-0.1, -0.2])
+
+
+def test_the_export_shows_each_generation_through_its_view(tmp_path: Any) -> None:
+    """The normalized view is read from the raw call, never stored beside it; the export shows it for jq."""
+    import json
+
+    from tito_rl.replayer.cassette_tools.export import export
+
+    path = tmp_path / "chat.tito"
+    path.write_bytes(written([chat_call(0, True), chat_call(1, False)]))
+    out = io.StringIO()
+    export(path, out)
+    engine = [r for r in json.loads(out.getvalue())["records"] if r["type"] == "engine"]
+    assert [r["view"]["dialect"] for r in engine] == ["vllm-openai", "vllm-openai"]
+    assert [r["view"]["prompt_ids"] for r in engine] == [list(range(1000, 1050)), list(range(1000, 3050))]
+    assert all(r["view"]["output_ids"] == [7, 8, 9, 151645] and r["view"]["messages_in"] for r in engine)
+    assert engine[0]["view"]["stream"] and engine[0]["view"]["logprobs"] == [-0.25, -0.5, -0.75, -1.0]

@@ -3,7 +3,9 @@
 `{"header": {...}, "records": [...], "truncated": bool}`, records in file order, each `{"type": ..., <its
 fields>}` decoded as the reader decodes it: token deltas resolved to id lists, masks and logprob columns as
 lists, agent bodies as parsed JSON when they are JSON and as text otherwise (bytes that are not UTF-8 as
-`\\xNN` escapes), SSE events as their text. Records are written as they are read, one per line, so a large
+`\\xNN` escapes), SSE events as their text; an engine generation also gets `view`, the dialect-neutral reading of
+it (`tito_rl.trajectory.dialects`: prompt and output ids, logprobs, finish reason, sampling; null where the call
+does not say). Records are written as they are read, one per line, so a large
 cassette never sits in memory as JSON; the output is ASCII (non-ASCII as `\\u` escapes) and depends only on
 the cassette, so two exports are byte-identical wherever they run.
 """
@@ -14,11 +16,12 @@ import json
 import math
 import os
 from collections.abc import Collection
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any, TextIO
 
-from tito_rl.cassette.format.records import RECORD_TYPES, Record
+from tito_rl.cassette.format.records import RECORD_TYPES, EngineRecord, Record
 from tito_rl.cassette.reader import CassetteReader
+from tito_rl.trajectory.dialects.registry import is_generation, record_view
 
 _TYPE_NAMES = {cls: name for name, cls in RECORD_TYPES.items()}
 
@@ -38,9 +41,12 @@ def export(path: str | os.PathLike[str], out: TextIO, sessions: Collection[str] 
 
 
 def record_json(record: Record) -> dict[str, Any]:
-    """One decoded record as JSON values: `type` first, then its fields in the format's order."""
-    return {"type": _TYPE_NAMES[type(record)],
-            **{f.name: jsonable(getattr(record, f.name)) for f in fields(record)}}
+    """One decoded record as JSON values: `type` first, then its fields in the format's order, then an engine
+    generation's `view`."""
+    data = {"type": _TYPE_NAMES[type(record)], **{f.name: jsonable(getattr(record, f.name)) for f in fields(record)}}
+    if isinstance(record, EngineRecord) and is_generation(record.path):
+        data["view"] = jsonable(asdict(record_view(record)))
+    return data
 
 
 def jsonable(value: Any) -> Any:
