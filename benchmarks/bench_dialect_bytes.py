@@ -23,17 +23,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_recorder import SESSION, build_session  # noqa: E402
+from bench_recorder import build_session, write_cassette  # noqa: E402
 
 from tito_rl.cassette.format.records import (
     EngineRecord,  # noqa: E402
-    Header,  # noqa: E402
-)
+    )
 from tito_rl.cassette.reader import CassetteReader  # noqa: E402
-from tito_rl.cassette.writer import CassetteWriter  # noqa: E402
 from tito_rl.trajectory.adapters.tap import EngineExchange  # noqa: E402
 from tito_rl.trajectory.dialects.registry import record_view  # noqa: E402
-from tito_rl.trajectory.tokens.tokenizer import fingerprint, load_tokenizer  # noqa: E402
+from tito_rl.trajectory.tokens.tokenizer import load_tokenizer  # noqa: E402
 
 GOAL = 2.0
 # Qwen Code's own tool list (~37 kB), sent with every chat call as agents do: a messages-in cassette that stored
@@ -110,18 +108,6 @@ def restated(dialect: str, stream: bool, engine: list[EngineExchange], tool_text
     return out
 
 
-def cassette_of(events: list[tuple[str, Any]], sample: dict[str, Any]) -> bytes:
-    buffer = io.BytesIO()
-    writer = CassetteWriter(buffer, Header(tokenizer_fingerprint=fingerprint(), created="2026-01-01T00:00:00Z"))
-    for kind, exchange in events:
-        if kind == "engine":
-            writer.engine_exchange(SESSION, "bearer", exchange)
-        else:
-            writer.agent_exchange(SESSION, "bearer", exchange)
-    writer.session_finished(SESSION, "api", 1.0, [sample])
-    return buffer.getvalue()
-
-
 def main() -> int:
     tokenizer = load_tokenizer(None)
     events, sample = build_session(tokenizer)
@@ -131,13 +117,13 @@ def main() -> int:
     tool_texts = [tokenizer.decode(engine[i + 1].request["input_ids"][len(engine[i].request["input_ids"])
                                                                       + len(engine[i].response["output_ids"]):])
                   for i in range(len(engine) - 1)]
-    base = len(cassette_of(events, sample)) / prompt_tokens
+    base = len(write_cassette(events, sample)) / prompt_tokens
     print(f"sglang /generate: {base:.3f} bytes/prompt token ({prompt_tokens} prompt tokens over {len(engine)} calls)")
     worst, worst_name = 0.0, ""
     for dialect, stream in (("vllm-openai", False), ("vllm-openai", True), ("vllm-completions", False),
                             ("sglang-openai", False), ("vllm-generate", False)):
         calls = iter(restated(dialect, stream, engine, tool_texts, tokenizer))
-        data = cassette_of([(k, next(calls) if k == "engine" else e) for k, e in events], sample)
+        data = write_cassette([(k, next(calls) if k == "engine" else e) for k, e in events], sample)
         with CassetteReader(io.BytesIO(data)) as reader:  # read back whole: the size is not bought with loss
             views = [record_view(r) for r in reader.records() if isinstance(r, EngineRecord)]
         assert [v.prompt_ids for v in views] == [e.request["input_ids"] for e in engine], dialect

@@ -137,8 +137,14 @@ def build_session(tokenizer: Any) -> tuple[list[tuple[str, Any]], dict[str, Any]
 
 
 def cassette_bytes(events: list[tuple[str, Any]], sample: dict[str, Any]) -> tuple[int, float]:
-    buffer = io.BytesIO()
     start = time.perf_counter()
+    data = write_cassette(events, sample)
+    return len(data), time.perf_counter() - start
+
+
+def write_cassette(events: list[tuple[str, Any]], sample: dict[str, Any]) -> bytes:
+    """The session's cassette, written in memory as the recorder writes it."""
+    buffer = io.BytesIO()
     writer = CassetteWriter(buffer, Header(tokenizer_fingerprint=fingerprint(), created="2026-01-01T00:00:00Z"))
     for kind, exchange in events:
         if kind == "engine":
@@ -146,7 +152,7 @@ def cassette_bytes(events: list[tuple[str, Any]], sample: dict[str, Any]) -> tup
         else:
             writer.agent_exchange(SESSION, "bearer", exchange)
     writer.session_finished(SESSION, "api", 1.0, [sample])
-    return len(buffer.getvalue()), time.perf_counter() - start
+    return buffer.getvalue()
 
 
 def json_bytes(events: list[tuple[str, Any]], sample: dict[str, Any]) -> int:
@@ -197,11 +203,15 @@ class Latency:
                 f"per request; host steal {self.steal_pct:.1f}%")
 
 
-@contextmanager
-def _tito(args: list[str], cpus: set[int] | None) -> Iterator[subprocess.Popen[bytes]]:
+def _tito(args: list[str], cpus: set[int] | None) -> Any:
     """A real `tito` server process (what users run), optionally pinned to `cpus`."""
-    proc = subprocess.Popen([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return _process([sys.executable, "-m", "tito_rl", *args], cpus)
+
+
+@contextmanager
+def _process(argv: list[str], cpus: set[int] | None) -> Iterator[subprocess.Popen[bytes]]:
+    """A server process (tito's, or a gateway's), optionally pinned to `cpus`, stopped on exit."""
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         if cpus:
             os.sched_setaffinity(proc.pid, cpus)

@@ -25,12 +25,10 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,6 +42,7 @@ from bench_recorder import (  # noqa: E402  (benchmarks/, the script's folder)
     _free_port,
     _percentiles,
     _placement,
+    _process,
     _tito,
     _wait_healthy,
 )
@@ -87,23 +86,11 @@ def chat_bodies(stream: bool) -> dict[tuple[int, int], tuple[bytes, dict[str, st
     return out
 
 
-@contextmanager
-def _rllm(port: int, worker: str, cpus: set[int] | None) -> Iterator[subprocess.Popen[bytes]]:
+def _rllm(port: int, worker: str, cpus: set[int] | None) -> Any:
     """A `rllm-model-gateway` process (a gateway tito did not start), optionally pinned to `cpus`."""
     exe = str(Path(sys.executable).with_name("rllm-model-gateway"))
-    proc = subprocess.Popen([exe, "--host", "127.0.0.1", "--port", str(port), "--worker", worker, "--store",
-                             "memory", "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        if cpus:
-            os.sched_setaffinity(proc.pid, cpus)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return _process([exe, "--host", "127.0.0.1", "--port", str(port), "--worker", worker, "--store", "memory",
+                     "--log-level", "warning"], cpus)
 
 
 def one_run(requests: dict[tuple[int, int], tuple[bytes, dict[str, str]]],

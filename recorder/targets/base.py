@@ -12,6 +12,8 @@ as `module:attribute` naming such a factory.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -94,3 +96,16 @@ class TargetError(Exception):
 
 class TargetUnavailable(TargetError):
     """The target's code is not installed here (slime not on the path): tests skip, commands exit 2."""
+
+
+def close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """For a driver whose gateway runs on an event loop of its own thread, once that thread has ended: cancel
+    what is left on the loop and close it, so nothing of the gateway outlives `stop`."""
+    with contextlib.suppress(Exception):
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()

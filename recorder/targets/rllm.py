@@ -20,7 +20,6 @@ count is unchanged for `STABLE_READS` reads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import socket
@@ -31,7 +30,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from tito_rl.recorder.targets.base import TargetError, TargetFinish, TargetInfo, TargetOptions, TargetUnavailable
+from tito_rl.recorder.targets.base import (
+    TargetError,
+    TargetFinish,
+    TargetInfo,
+    TargetOptions,
+    TargetUnavailable,
+    close_loop,
+)
 from tito_rl.recorder.targets.rllm_samples import build_samples
 
 DISTRIBUTION = "rllm-model-gateway"
@@ -202,7 +208,7 @@ class RllmTarget:
                 failure.append(exc)
             finally:
                 sock.close()
-                _close_loop(loop)
+                close_loop(loop)
 
         self.thread = threading.Thread(target=serve, name=THREAD_NAME, daemon=True)
         self.thread.start()
@@ -279,18 +285,6 @@ async def _settled(store: Any, session: str, calls: int, deadline: float) -> Non
         if len(counts) == STABLE_READS and len(set(counts)) == 1:
             return
         await asyncio.sleep(POLL_S)
-
-
-def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """Cancel what is left on the gateway's loop and close it, so nothing of it outlives stop."""
-    with contextlib.suppress(Exception):
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-    loop.close()
 
 
 def create(options: TargetOptions) -> RllmTarget:

@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetFinish, TargetInfo, TargetOptions
+from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetFinish, TargetInfo, TargetOptions, close_loop
 from tito_rl.recorder.targets.slime_env import Slime, import_slime
 from tito_rl.recorder.targets.slime_stats import DriftLog, observe, tree_counts
 from tito_rl.trajectory.records import Sample
@@ -160,14 +160,7 @@ def _stop(handle: Any) -> None:
     handle.stop()
     if handle.thread.is_alive():
         return  # still shutting down after slime's join timeout: its loop cannot be closed from here
-    loop = handle.loop
-    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-    for task in pending:
-        task.cancel()
-    if pending:
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-    loop.run_until_complete(loop.shutdown_asyncgens())
-    loop.close()
+    close_loop(handle.loop)
 
 
 def create(options: TargetOptions) -> SlimeTarget:

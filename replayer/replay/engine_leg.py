@@ -156,6 +156,11 @@ class CassetteTransport:
                               "has no output ids to answer a /generate with", exchange.index, exchange.turn)
         if rec_ids is None or not isinstance(rep_ids, list | PackedIds):
             return None
+        return self.prompt_difference(exchange, rec_ids, rep_ids, "input_ids", f" as {recorded.dialect}")
+
+    def prompt_difference(self, exchange: PlannedExchange, rec_ids: Any, rep_ids: Any, name: str,
+                          recorded_as: str = "") -> Difference | None:
+        """The first token where two prompts part, decoded on both sides, with the rendered message it is in."""
         index = token_divergence(rec_ids, rep_ids)
         if index is None:
             return None
@@ -163,9 +168,9 @@ class CassetteTransport:
         where = message_at(rep_ids, index, self.decode, self.message_start)
         if where:
             detail.append(f"in {where}")
-        return Difference("engine-request", f"engine request differs: input_ids at token {index} (recorded "
-                          f"{len(rec_ids)} tokens as {recorded.dialect}, replayed {len(rep_ids)})",
-                          exchange.index, exchange.turn, detail)
+        return Difference("engine-request", f"engine request differs: {name} at token {index} (recorded "
+                          f"{len(rec_ids)} tokens{recorded_as}, replayed {len(rep_ids)})", exchange.index,
+                          exchange.turn, detail)
 
     def check_call(self, exchange: PlannedExchange, record: EngineRecord,
                    body: dict[str, Any] | None) -> Difference | None:
@@ -181,15 +186,9 @@ class CassetteTransport:
         rep_ids = view_of(dialect, record.path, replayed, None).prompt_ids
         skip = set(VOLATILE_REQUEST_KEYS)
         if rec_ids is not None and rep_ids is not None:
-            index = token_divergence(rec_ids, rep_ids)
-            if index is not None:
-                detail = token_context(rec_ids, rep_ids, index, self.decode)
-                where = message_at(rep_ids, index, self.decode, self.message_start)
-                if where:
-                    detail.append(f"in {where}")
-                return Difference("engine-request", f"engine request differs: prompt ids at token {index} "
-                                  f"(recorded {len(rec_ids)} tokens, replayed {len(rep_ids)})",
-                                  exchange.index, exchange.turn, detail)
+            difference = self.prompt_difference(exchange, rec_ids, rep_ids, "prompt ids")
+            if difference is not None:
+                return difference
             skip |= {k for k in ("input_ids", "token_ids", "prompt", "tokens") if k in recorded or k in replayed}
         found = json_difference({k: v for k, v in recorded.items() if k not in skip},
                                 {k: v for k, v in replayed.items() if k not in skip})
@@ -209,16 +208,10 @@ class CassetteTransport:
         b = normalize_sampling(replayed.get("sampling_params"))
         sampling = [f"{k}: recorded {a.get(k)!r}, replayed {b.get(k)!r}"
                     for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-        index = token_divergence(rec_ids, rep_ids)
-        if index is not None:
-            detail = token_context(rec_ids, rep_ids, index, self.decode)
-            where = message_at(rep_ids, index, self.decode, self.message_start)
-            if where:
-                detail.append(f"in {where}")
-            detail += [f"sampling params also differ: {line}" for line in sampling]
-            return Difference("engine-request", f"engine request differs: input_ids at token {index} "
-                              f"(recorded {len(rec_ids)} tokens, replayed {len(rep_ids)})",
-                              exchange.index, exchange.turn, detail)
+        difference = self.prompt_difference(exchange, rec_ids, rep_ids, "input_ids")
+        if difference is not None:
+            difference.detail += [f"sampling params also differ: {line}" for line in sampling]
+            return difference
         if sampling:
             return Difference("engine-request", "engine request differs: sampling params", exchange.index,
                               exchange.turn, sampling)
