@@ -393,3 +393,26 @@ def test_script_in_a_cassette_never_runs_or_leaves_its_element(pages: dict[str, 
                          "section", "table", "thead", "tbody", "tr", "th", "td", "p", "code", "aside", "details",
                          "summary", "br", "script"}, tags
     page.close()
+
+
+# --- the audit's page in the same browser -----------------------------------------------------------------------
+
+def test_the_audit_page_renders_its_rules_and_examples_with_nothing_run(browser: Any, tmp_path: Path) -> None:
+    """`tito audit --html` on the slime recordings, hostile text included (the stop token slime leaves in its
+    replies, the agent's own words in examples), as a person opens it: every rule that fired has its section and
+    example, the special token reads literally, the page loads nothing and runs nothing."""
+    page_file = tmp_path / "audit.html"
+    done = subprocess.run([sys.executable, "-m", "tito_rl", "audit", str(ROOT / "cassettes/targets/slime_retry.tito"),
+                           str(ROOT / "cassettes/targets/slime_mixed.tito"), "--html", str(page_file)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr  # the retry trained twice fires the default --fail-on
+    page, requests = open_page(browser, page_file)
+    headings = page.locator("h3").all_inner_texts()
+    for rule in ("trained-twice", "stop-token-leak", "tool-call-lost", "never-trained", "sampling-override"):
+        assert any(h.startswith(f"{rule}: ") for h in headings), (rule, headings)
+    assert page.locator(".fail").first.is_visible()
+    examples = page.locator(".example pre").all_inner_texts()
+    assert any("<|im_end|>" in text for text in examples)  # shown as text, not swallowed as markup
+    assert page.evaluate("document.scripts.length") == 0
+    assert all(url.startswith("file://") for url in requests), requests
+    page.close()
