@@ -144,6 +144,11 @@ class CassetteReader:
             elif kind == "samples" and isinstance(frame.get("samples"), list):
                 entry.samples += len(frame["samples"])
 
+    @property
+    def bytes_read(self) -> int:
+        """How far into the file reading has got: a long pass's progress (`tito audit`'s bar)."""
+        return self._file.tell()
+
     def records_end(self) -> int:
         """Where the records end: at the stored index, or at the end of the file when there is none."""
         position = self._file.tell()

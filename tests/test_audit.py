@@ -283,3 +283,26 @@ def test_html_page_is_self_contained_and_escaped(tmp_path: Path, capsys: pytest.
     html = page.read_text()
     assert "stop-token-leak" in html and "&lt;|im_end|&gt;" in html and "<|im_end|>" not in html
     assert "<script src" not in html and "http" not in html.split("<body", 1)[1].split("tito audit", 1)[0]
+
+
+def test_a_long_audit_draws_a_bar_over_the_bytes_read_on_a_terminal_only() -> None:
+    """The production cassette takes half a minute: a terminal sees the bar fill to the cassettes' sizes; a pipe
+    (CI logs, --json into jq) gets nothing but the report."""
+    import io
+
+    from tito_rl.replayer.audit.cli import progress_bar
+    from tito_rl.replayer.audit.runner import audit
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    root = Path(__file__).resolve().parent.parent
+    paths = [str(root / "cassettes" / "tool_loop.tito"), str(root / "cassettes" / "mixed_concurrent.tito")]
+    terminal = Terminal()
+    bar = progress_bar(paths, terminal, delay_s=0)
+    audit(paths, progress=bar.update)
+    assert bar.n == bar.total == sum(Path(p).stat().st_size for p in paths)
+    bar.close()
+    assert terminal.getvalue().startswith("\raudit:")  # drawn on the terminal (and cleared: leave=False)
+    assert progress_bar(paths, io.StringIO()) is None

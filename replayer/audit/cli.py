@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from tito_rl.replayer.audit.protocol import DEFAULT_FAIL_ON, RULES
 
@@ -30,11 +32,15 @@ def run(args: argparse.Namespace) -> int:
     from tito_rl.replayer.audit.report import render_text, to_json
     from tito_rl.replayer.audit.runner import AuditInputError, audit, parse_rules
 
+    bar = progress_bar(args.inputs)
     try:
-        report = audit(args.inputs, parse_rules(args.fail_on))
+        report = audit(args.inputs, parse_rules(args.fail_on), bar.update if bar is not None else None)
     except AuditInputError as exc:
         print(f"tito audit: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
+    finally:
+        if bar is not None:
+            bar.close()
     if args.html:
         from tito_rl.replayer.audit.html_page import render_html
 
@@ -50,3 +56,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_text(report))
     return EXIT_FIRED if report.failed else EXIT_OK
+
+
+def progress_bar(inputs: list[str], stream: Any = None, delay_s: float = 0.5) -> Any:
+    """A bar over the bytes of the cassettes to read, on a terminal only (tqdm; nothing when piped), shown once
+    an audit has run for `delay_s`: a production cassette takes half a minute, a corpus cassette no time."""
+    stream = sys.stderr if stream is None else stream
+    if not stream.isatty():
+        return None
+    from tqdm import tqdm
+
+    from tito_rl.replayer.audit.runner import AuditInputError, cassette_paths
+
+    try:
+        total = sum(Path(p).stat().st_size for p in cassette_paths(inputs))
+    except (AuditInputError, OSError):
+        return None  # the audit itself says what is wrong with its input, in one line
+    return tqdm(total=total, unit="B", unit_scale=True, desc="audit", delay=delay_s, leave=False, file=stream)

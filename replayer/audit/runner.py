@@ -3,6 +3,7 @@ applied, and whether a rule of `--fail-on` fired."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,12 +83,12 @@ class AuditReport:
         return any(c.failing(self.fail_on) for c in self.cassettes)
 
 
-def audit_cassette(path: str | Path) -> CassetteAudit:
-    """One cassette, read once (module docstring)."""
+def audit_cassette(path: str | Path, progress: Callable[[int], None] | None = None) -> CassetteAudit:
+    """One cassette, read once (module docstring); `progress(bytes_read)` at each session's end."""
     allowed = read_allowlist_or_fail(path)
     findings = Findings()
     try:
-        result = stream(path, families(findings), findings)
+        result = stream(path, families(findings), findings, progress)
     except FileNotFoundError:
         raise AuditInputError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -147,5 +148,18 @@ def parse_expectations(text: str) -> tuple[tuple[str, ...], float | None]:
     return parse_rules(",".join(rules)), least
 
 
-def audit(inputs: list[str], fail_on: tuple[str, ...] = DEFAULT_FAIL_ON) -> AuditReport:
-    return AuditReport([audit_cassette(p) for p in cassette_paths(inputs)], fail_on)
+def audit(inputs: list[str], fail_on: tuple[str, ...] = DEFAULT_FAIL_ON,
+          progress: Callable[[int], None] | None = None) -> AuditReport:
+    """Every cassette of `inputs`, in order; `progress(n)` hears n more bytes read (a bar over their sizes)."""
+    audits = []
+    for path in cassette_paths(inputs):
+        done = 0
+
+        def step(bytes_read: int) -> None:
+            nonlocal done
+            if progress is not None and bytes_read > done:
+                progress(bytes_read - done)
+                done = bytes_read
+
+        audits.append(audit_cassette(path, step))
+    return AuditReport(audits, fail_on)

@@ -12,7 +12,7 @@ lists: a sample spans its session's whole response), through the reader's public
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -215,8 +215,10 @@ def _call(record: EngineRecord, index: int) -> tuple[Call, np.ndarray | None]:
     return call, prompt
 
 
-def stream(path: str | Path, families: list[RuleFamily], findings: Findings) -> StreamResult:
-    """Read `path` once, feeding each record to every rule family (module docstring)."""
+def stream(path: str | Path, families: list[RuleFamily], findings: Findings,
+           progress: Callable[[int], None] | None = None) -> StreamResult:
+    """Read `path` once, feeding each record to every rule family (module docstring). `progress(bytes_read)` hears
+    how far the pass has got at each session's end."""
     states: dict[str, SessionState] = {}
     with CassetteReader(path) as reader:
         header = reader.header
@@ -268,11 +270,15 @@ def stream(path: str | Path, families: list[RuleFamily], findings: Findings) -> 
                 # a finished session's chains and calls are let go: memory follows the sessions live at once
                 state.since_finish, state.finish_exchanges, state.answered = [], {}, {}
                 state.breaks, state.notes = {}, {}
+                if progress is not None:
+                    progress(reader.bytes_read)
             else:  # a session's start
                 state_of(record.session)
         for state in states.values():
             for family in families:
                 family.end(state)
+        if progress is not None:
+            progress(reader.bytes_read)
         return StreamResult(header, reader.truncated, len(states))
 
 
