@@ -359,3 +359,20 @@ async def test_drift_splits_reach_the_openai_wire():
 
 async def test_prompt_ids_helper_is_the_rendered_prompt():
     assert prompt_ids(MESSAGES, [BASH]) == first_prompt()
+
+
+async def test_a_forwarded_bearer_key_picks_the_scenario_session_where_no_routing_key_comes():
+    """rllm's gateway forwards the agent's headers and sends no routing key: the scripted client's key (its
+    session id) still selects the scenario session that `match: {routing_key: ...}` names."""
+    scenario = {"name": "two", "sessions": [
+        {"match": {"routing_key": "alpha"}, "turns": [{"text": "I am alpha."}]},
+        {"match": {"routing_key": "beta"}, "turns": [{"text": "I am beta."}]}]}
+    request = {"model": "Qwen/Qwen3-8B", "messages": MESSAGES}
+    async with serve(scenario) as (url, s, _):
+        beta = await _post(s, url, CHAT, request, headers={"Authorization": "Bearer beta"})
+        alpha = await _post(s, url, CHAT, request, headers={"Authorization": "Bearer alpha"})
+        routed = await _post(s, url, CHAT, request, headers={"Authorization": "Bearer alpha",
+                                                               "X-SMG-Routing-Key": "beta"})
+    assert "I am beta." in beta["choices"][0]["message"]["content"]
+    assert "I am alpha." in alpha["choices"][0]["message"]["content"]
+    assert "I am beta." in routed["choices"][0]["message"]["content"]  # a routing key still comes first
