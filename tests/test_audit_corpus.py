@@ -144,3 +144,18 @@ def test_slime_retry_exits_1_and_so_does_the_targets_folder(capsys: pytest.Captu
     assert mixed["stop-token-leak"]["total"] == 5 and mixed["tool-call-lost"]["total"] == 1
     assert mixed["never-trained"]["kinds"] == {"realign": 200}
     assert out["rules"]["trained-twice"]["total"] == 44 and out["rules"]["stop-token-leak"]["total"] == 6
+
+
+def test_the_slime_scenario_recorded_through_tito_audits_clean(tmp_path: Path) -> None:
+    """The same clients, policy and faults as `slime_mixed.tito` (its scenario), recorded live through tito's
+    adapter instead: every emitted token trained once with its logprob, no leak, no lost call, no override, the
+    529s passed on as 529: exit 0, and no rule fires at all."""
+    from tito_rl.recorder.simulate import simulate
+
+    out = tmp_path / "slime_mixed_through_tito.tito"
+    simulate(ROOT / "cassettes" / "targets" / "scenarios" / "slime_mixed.yaml", out, target="tito", golden=False)
+    result = audit_cassette(out)
+    assert result.sessions == 4
+    assert (result.covered, result.emitted) == (result.emitted, result.emitted) and result.emitted > 0
+    assert [rule for rule, found in result.findings.rules.items() if found.fired] == []
+    assert main(["audit", str(out)]) == 0
