@@ -201,11 +201,19 @@ def test_a_merge_of_two_recordings_replays_clean_and_holds_both_sessions(
 
 def test_the_merged_header_is_the_first_inputs_noting_every_source(recordings, tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    first, second, _ = recordings
+    first, recorded_second, _ = recordings
+    # Two proxies, two engines: the second recording as its engine's other port would have it (the fixture's two
+    # runs may get the same free port, one after the other).
+    second = tmp_path / "second.tito"
+    moved = read_cassette(recorded_second).header
+    moved.adapter = {**moved.adapter, "engine_url": "http://127.0.0.1:1"}
+    with CassetteWriter(second, moved, header_redacted=True) as writer, CassetteReader(recorded_second) as reader:
+        for record in reader.records():
+            writer.append_redacted(record)
     merged = tmp_path / "merged.tito"
     assert run_cli(capsys, "merge", first, second, "--out", merged)[0] == 0
     headers = [read_cassette(p).header for p in (first, second, merged)]
-    assert headers[0].adapter["engine_url"] != headers[1].adapter["engine_url"]  # two proxies, two engines
+    assert headers[0].adapter["engine_url"] != headers[1].adapter["engine_url"]
     assert "engine_url" in MERGE_IGNORED_ADAPTER_KEYS
     sources = headers[2].extra.pop("merged_from")
     assert headers[2] == headers[0]
