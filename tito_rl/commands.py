@@ -47,8 +47,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ("0: stopped by SIGINT or SIGTERM", "1: --listen is not HOST:PORT",
          "2: the settings cannot be used (an unknown parser name, a chat template that does not parse)"), parses=True),
     "fake-engine": Subcommand(
-        "tito_rl.fake_engine.cli", "run the SGLang-compatible fake engine",
-        "Starts an SGLang-compatible engine that needs no GPU: it plays a scenario's script (--script), the "
+        "tito_rl.fake_engine.cli", "run the fake engine: SGLang's and vLLM's APIs (every engine dialect) with no GPU",
+        "Starts an engine that needs no GPU, answering SGLang's /generate and OpenAI-style API and vLLM's (chat "
+        "and completions with token ids, /inference/v1/generate) at once: it plays a scenario's script (--script), the "
         "engine leg of a cassette (--cassette) or a built-in demo, with optional faults, and serves until "
         "stopped.",
         ("0: stopped by SIGINT or SIGTERM", "1: --listen is not HOST:PORT",
@@ -74,7 +75,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "saying ok or what is wrong and where), or prints a scenario file's JSON Schema for editors.",
         ("0: every file is valid, or the schema was printed", "2: a file is invalid or cannot be read")),
     "replay": Subcommand(
-        "tito_rl.replayer.replay.cli", "replay cassettes through the adapter and manager, verify, check goldens",
+        "tito_rl.replayer.replay.cli",
+        "replay cassettes through their target (tito's adapter and manager, or a gateway), verify, check goldens",
         "Replays cassettes offline through the current adapter and manager: each engine request, reply and "
         "sample is compared with the recording, and each session's result with its golden. A folder stands "
         "for the cassettes in it; a golden in it without its cassette, or a golden section for a session the "
