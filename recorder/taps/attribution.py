@@ -37,7 +37,7 @@ from typing import Any
 from tito_rl.cassette.format.packing import pack_u32, packed_prefix_len
 from tito_rl.trajectory.adapters.engine import fast_json
 from tito_rl.trajectory.adapters.tap import EngineExchange
-from tito_rl.trajectory.dialects.registry import endpoint_of, view_of
+from tito_rl.trajectory.dialects.registry import is_generation, view_of
 
 MAX_REMEMBERED_RIDS = 4096
 
@@ -113,10 +113,10 @@ class Attribution:
         if session is not None:
             flight = self._pick(self.flights.get(session, []))
             return Owner(session, self.sources.get(session, "bearer"), flight)
-        if endpoint_of(path) not in ("generate", "chat", "completions"):
+        if not is_generation(path):
             return None  # without a routing key only a generation says whose it is
         flights = [f for fs in self.flights.values() for f in fs]
-        authorization = _header(headers, "authorization")
+        authorization = header_value(headers, "authorization")
         if authorization is not None:
             flights = [f for f in flights if f.authorization == authorization] or flights
         flight = None
@@ -154,12 +154,7 @@ class Attribution:
         self._contexts.pop(session, None)
 
     def _routing_key(self, headers: Mapping[str, str]) -> str | None:
-        if self.routing_header is None:
-            return None
-        for key, value in headers.items():
-            if key.lower() == self.routing_header and value.strip():
-                return value.strip()
-        return None
+        return header_value(headers, self.routing_header) if self.routing_header is not None else None
 
     @staticmethod
     def _pick(flights: list[InFlight], oldest_only: bool = False) -> InFlight | None:
@@ -189,7 +184,9 @@ class Attribution:
         return self._pick(self.flights[best])
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
+def header_value(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's value, stripped, by its name in any case; None when absent or blank."""
+    name = name.lower()
     for key, value in headers.items():
         if key.lower() == name and value.strip():
             return value.strip()

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tito_rl.recorder.taps.attribution import Attribution, InFlight, Owner
+from tito_rl.recorder.taps.attribution import Attribution, InFlight, Owner, header_value
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
 
 ENGINE_GRACE_S = 5.0  # how long an ended exchange waits for its engine calls (an abort after a disconnect)
@@ -54,8 +54,7 @@ class Recording:
         self.session(sid)
         self.open.setdefault(sid, source)
         self.tap.agent_request(sid, source, headers)
-        authorization = next((v.strip() for k, v in headers.items() if k.lower() == "authorization"), None)
-        return self.attribution.begin(sid, source, authorization or None, body)
+        return self.attribution.begin(sid, source, header_value(headers, "authorization"), body)
 
     async def agent_answered(self, flight: InFlight, exchange: AgentExchange, digest: str | None) -> None:
         """Write the exchange after the engine calls it caused (waiting briefly for calls still running)."""

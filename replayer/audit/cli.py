@@ -43,12 +43,9 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     if args.html:
         from tito_rl.replayer.audit.html_page import render_html
+        from tito_rl.replayer.reporting.pages import write_page
 
-        try:
-            with open(args.html, "w", encoding="utf-8") as out:
-                out.write(render_html(report))
-        except OSError as exc:
-            print(f"tito audit: cannot write {args.html}: {exc.strerror or exc}", file=sys.stderr)
+        if not write_page("tito audit", args.html, render_html(report)):
             return EXIT_UNUSABLE
         print(f"wrote {args.html} ({len(report.cassettes)} cassette(s))")
     elif args.json:

@@ -50,12 +50,9 @@ def _inspect(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE
     if args.html:
         from tito_rl.replayer.inspection.html_page import render_html
+        from tito_rl.replayer.reporting.pages import write_page
 
-        try:
-            with open(args.html, "w", encoding="utf-8") as out:
-                out.write(render_html(inspection))
-        except OSError as exc:
-            print(f"tito inspect: cannot write {args.html}: {exc.strerror or exc}", file=sys.stderr)
+        if not write_page("tito inspect", args.html, render_html(inspection)):
             return EXIT_UNUSABLE
         print(f"wrote {args.html} ({len(inspection.sessions)} session(s))")
         return EXIT_OK

@@ -35,7 +35,7 @@ from tito_rl.replayer.comparison.differences import (
 from tito_rl.replayer.replay.plan import PlannedExchange
 from tito_rl.trajectory.adapters.engine.transport import EngineAnswer, EngineUnreachable
 from tito_rl.trajectory.dialects.registry import detect_dialect, endpoint_of, is_generation, record_view, view_of
-from tito_rl.trajectory.dialects.view import SGLANG
+from tito_rl.trajectory.dialects.view import SGLANG, EngineView
 
 __all__ = ["CURRENT_EXCHANGE", "CassetteTransport", "is_generation"]
 # Request keys that differ between two runs of the same traffic by design (random per call), in any dialect.
@@ -111,10 +111,10 @@ class CassetteTransport:
         session = key[0]
         path = url[len(self.base_url):] if url.startswith(self.base_url) else url
         record = leg.take(method, path)
-        translated = record is None and is_generation(path) and endpoint_of(path) == "generate" \
-            and detect_dialect(path, body) == SGLANG
+        translated = record is None and endpoint_of(path) == "generate" and detect_dialect(path, body) == SGLANG
         if translated:
             record = leg.take_generation()
+        recorded = record_view(record) if translated and record is not None else None
         if record is None:
             exchange = leg.planned
             self.report(session, Difference(
@@ -123,7 +123,7 @@ class CassetteTransport:
                 [f"recorded calls: {', '.join(f'{r.method} {r.path}' for r in exchange.engine) or 'none'}"]))
             raise EngineUnreachable(f"replay: no recorded {method} {path} for this exchange")
         if is_generation(path):
-            difference = (self.check_translated(leg.planned, record, body) if translated
+            difference = (self.check_translated(leg.planned, record, recorded, body) if recorded is not None
                           else self.check_call(leg.planned, record, body))
             if difference is not None:
                 self.report(session, difference)
@@ -138,18 +138,17 @@ class CassetteTransport:
         if record.status == 0:
             error = record.error or "no answer"
             raise EngineUnreachable(error, timed_out=error.startswith("TimeoutError"))
-        if translated and record.status == 200:
-            return EngineAnswer(200, generate_answer(record, body, self.decode))
+        if recorded is not None and record.status == 200:
+            return EngineAnswer(200, generate_answer(recorded, body, self.decode))
         return EngineAnswer(record.status, record.response)
 
-    def check_translated(self, exchange: PlannedExchange, record: EngineRecord,
+    def check_translated(self, exchange: PlannedExchange, record: EngineRecord, recorded: EngineView,
                          body: dict[str, Any] | None) -> Difference | None:
         """A /generate served from a generation recorded in another dialect: the prompts compare as ids where
         the recording knows them (a messages-in call whose engine returned its prompt ids does); the sampling
         params are named differently across dialects and are left to `tito audit`."""
         if record.status != 200:  # an engine error: answered as recorded, nothing generated to compare
             return None
-        recorded = record_view(record)
         rec_ids, rep_ids = recorded.prompt_ids, (body or {}).get("input_ids")
         if recorded.output_ids is None:
             return Difference("engine-calls", f"the recorded {recorded.dialect} call ({record.method} {record.path}) "
@@ -218,11 +217,10 @@ class CassetteTransport:
         return None
 
 
-def generate_answer(record: EngineRecord, body: dict[str, Any] | None, decode: Decode) -> dict[str, Any]:
+def generate_answer(view: EngineView, body: dict[str, Any] | None, decode: Decode) -> dict[str, Any]:
     """A recorded generation of another dialect as SGLang's /generate would have answered it: the same output ids,
     logprobs (None where the recording has none) and finish, so a /generate-calling target (tito's adapter, slime)
-    replays a recording made around a gateway that calls an OpenAI-style engine."""
-    view = record_view(record)
+    replays a recording made around a gateway that calls an OpenAI-style engine. `view`: the recorded call's."""
     ids = list(view.output_ids or [])
     logprobs = list(view.logprobs or [])
     logprobs += [None] * (len(ids) - len(logprobs))

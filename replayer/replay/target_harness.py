@@ -23,6 +23,7 @@ from aiohttp import web
 from tito_rl.cassette.reader import Cassette
 from tito_rl.recorder.taps.agent_tap import HOP_HEADERS, SSE, forwarded, split_events
 from tito_rl.recorder.taps.around import samples_of, serve
+from tito_rl.recorder.taps.attribution import header_value
 from tito_rl.recorder.taps.recording import body_digest
 from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetError, TargetFinish, TargetOptions
 from tito_rl.recorder.targets.registry import TargetSpec
@@ -313,10 +314,7 @@ class TargetHarness(HarnessBase):
              if leg else "recorded calls: unknown"]))
 
     def _routed_session(self, headers: Mapping[str, str]) -> str | None:
-        if not self.routing_header:
-            return None
-        wanted = self.routing_header.lower()
-        return next((v.strip() for k, v in headers.items() if k.lower() == wanted and v.strip()), None)
+        return header_value(headers, self.routing_header) if self.routing_header else None
 
     def _expects(self, key: Key, request_path: str) -> bool:
         leg = self.transport.legs.get(key)
