@@ -139,6 +139,11 @@ class CassetteWriter:
                 self._write(encode_index(list(self._index.values()), self._offset))
                 self._file.close()
 
+    @property
+    def bytes_written(self) -> int:
+        """The file's size so far (its index included once closed)."""
+        return self._offset
+
     def __enter__(self) -> CassetteWriter:
         return self
 
@@ -221,6 +226,10 @@ class PerSessionTap:
 
     def session_dropped(self, session: str, source: str) -> None:
         self._writer(session, source).session_dropped(session, source)
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(w.bytes_written for w in self.writers.values())
 
     def close(self) -> None:
         for writer in self.writers.values():

@@ -37,7 +37,10 @@ from tito_rl.trajectory.adapters import serve
 
 def check(args: argparse.Namespace) -> str | None:
     out = Path(args.out)
-    if args.per_session:
+    problem = check_run_options(args)
+    if problem:
+        return problem
+    if args.per_session or args.rotate_sessions or args.rotate_bytes:
         if out.exists() and not out.is_dir():
             return f"--out {out} exists and is not a folder"
     elif out.exists():
@@ -87,9 +90,34 @@ def check(args: argparse.Namespace) -> str | None:
     return None
 
 
+def check_run_options(args: argparse.Namespace) -> str | None:
+    """--sample-rate, rotation and the cap: their values, read into `args.layout` (`writer_process.Layout`)."""
+    from tito_rl.cassette.rotation import Rotation
+    from tito_rl.cassette.writer_process import Layout
+    from tito_rl.recorder.record_options import parse_size
+
+    if not 0.0 < args.sample_rate <= 1.0:
+        return f"--sample-rate {args.sample_rate}: expected a fraction of the sessions, above 0 and at most 1"
+    sizes: dict[str, int | None] = {}
+    for flag in ("rotate_bytes", "max_bytes"):
+        text = getattr(args, flag)
+        try:
+            sizes[flag] = None if text is None else parse_size(text)
+        except ValueError:
+            return f"--{flag.replace('_', '-')} {text}: expected a size such as 4096, 512M or 2G"
+    if args.rotate_sessions is not None and args.rotate_sessions < 1:
+        return "--rotate-sessions must be >= 1"
+    rotating = args.rotate_sessions is not None or sizes["rotate_bytes"] is not None
+    if rotating and args.per_session:
+        return "--per-session and --rotate-sessions/--rotate-bytes each choose the cassettes: give one"
+    rotation = Rotation(args.rotate_sessions, sizes["rotate_bytes"]) if rotating else None
+    args.layout = Layout(args.per_session, rotation, sizes["max_bytes"])
+    return None
+
+
 async def serve_until_signal(args: argparse.Namespace) -> int:
 
-    from tito_rl.cassette.writer_process import RecorderError
+    from tito_rl.cassette.writer_process import Layout, RecorderError
     from tito_rl.recorder.taps.proxy import build_header, fetch_engine_info, open_tap
 
     settings = serve.settings_from(args)
@@ -121,7 +149,7 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         # a gateway that takes its session from the URL: the launchers add it to each CLI's base URL
         args.session_path = getattr(target.info, "session_path", None)
     try:
-        tap = open_tap(Path(args.out), header, args.per_session)
+        tap = open_tap(Path(args.out), header, getattr(args, "layout", None) or Layout(args.per_session))
     except RecorderError as exc:
         print(f"tito record: {exc}", file=sys.stderr)
         return 2
@@ -167,7 +195,7 @@ async def _start_tito(args: argparse.Namespace, settings: Any, manager: Any, tap
     from tito_rl.trajectory.runtime.server_process import prepare_to_serve
 
     host, port = serve.parse_listen(args.listen)
-    app = create_recording_app(settings, tap, progress=progress, manager=manager)
+    app = create_recording_app(settings, tap, progress=progress, manager=manager, sample_rate=args.sample_rate)
     prepare_to_serve(app)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
@@ -182,9 +210,9 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
                         progress: Any) -> tuple[Callable[[], Awaitable[None]], str]:
     """The taps around a foreign target: agents -> agent tap -> target -> engine tap -> engine."""
     from tito_rl.recorder.taps.around import TapsAround
-    from tito_rl.recorder.taps.progress import ProgressTap
+    from tito_rl.recorder.taps.proxy import recorded_tap
 
-    counted = ProgressTap(tap, progress) if progress is not None else tap
+    counted = recorded_tap(tap, progress, args.sample_rate)
     around = TapsAround(counted, target, settings.engine_url, getattr(args, "engine_dialect", None))
     listen = serve.parse_listen(args.listen)
     engine_listen = serve.parse_listen(args.engine_listen) if args.engine_listen else ("127.0.0.1", 0)
