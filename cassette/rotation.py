@@ -3,9 +3,10 @@ index) once the sessions it holds have ended, and a cap on the bytes the whole r
 
 A session is never split across cassettes while it is live: a cassette is *sealed* when it reaches its number of
 sessions or bytes, the next new session opens the next cassette, and the sealed one stays open only for the
-sessions it already holds. It is closed when the last of them finishes or is dropped, or at the latest when the
-cassette after it is sealed in turn (a session that outlives two rotations goes on in the newest cassette as a
-session of its own there), so at most two cassettes are ever open and each closed one reads on its own. Each
+sessions it already holds. It is closed when the last of them finishes or is dropped, or at the latest once
+`KEEP_SEALED` later cassettes have been sealed (a session that outlives that many rotations goes on in the newest
+cassette, as a session of its own there), so at most `KEEP_SEALED + 1` cassettes are ever open and each closed
+one reads on its own. Each
 cassette has a redactor of its own: what it learned of one cassette's sessions is let go with it, so memory
 follows the sessions live, not the days recorded.
 
@@ -22,10 +23,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tito_rl.cassette.format.records import Header
-from tito_rl.cassette.writer import CASSETTE_SUFFIX, CassetteWriter
+from tito_rl.cassette.writer import CASSETTE_SUFFIX, CassetteWriter, RecordObserver
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange
 
 PART_PREFIX = "part-"
+KEEP_SEALED = 4  # sealed cassettes kept open for their live sessions at most
 PART_RE = re.compile(rf"^{PART_PREFIX}(\d+){re.escape(CASSETTE_SUFFIX)}$")
 
 
@@ -48,6 +50,7 @@ class _Part:
     started: int = 0  # sessions started in it
     live: set[str] = field(default_factory=set)  # live session ids not yet finished or dropped
     closed: bool = False
+    sealed_at: int = 0  # the rotation that sealed it
 
 
 def next_part_number(folder: Path) -> int:
@@ -59,14 +62,18 @@ def next_part_number(folder: Path) -> int:
 class RotatingTap:
     """A `TrafficTap` writing `folder/part-000001.tito`, `part-000002.tito`, ... (module docstring)."""
 
-    def __init__(self, folder: Path, header: Header, rotation: Rotation) -> None:
-        self.folder, self.header, self.rotation = folder, header, rotation
+    def __init__(self, folder: Path, header: Header, rotation: Rotation,
+                 observer: Callable[[Header], RecordObserver] | None = None, keep_sealed: int = KEEP_SEALED) -> None:
+        """`observer(header)`: each cassette's observer (`CassetteWriter.observer`), made as it opens."""
+        self.folder, self.header, self.rotation, self.observer = folder, header, rotation, observer
+        self.keep_sealed = keep_sealed
         folder.mkdir(parents=True, exist_ok=True)
         self._number = next_part_number(folder)
         self._current = self._open()
         self._sealed: list[_Part] = []
         self._owner: dict[str, _Part] = {}
         self._closed_bytes = 0
+        self._rotations = 0
         self.cassettes: list[Path] = []  # every cassette written, in order
 
     @property
@@ -76,7 +83,10 @@ class RotatingTap:
     def _open(self) -> _Part:
         path = self.folder / f"{PART_PREFIX}{self._number:06d}{CASSETTE_SUFFIX}"
         self._number += 1
-        return _Part(CassetteWriter(path, self.header))
+        writer = CassetteWriter(path, self.header)
+        if self.observer is not None:
+            writer.observer = self.observer(writer.header)
+        return _Part(writer)
 
     def _part(self, session: str) -> _Part:
         part = self._owner.get(session)
@@ -90,11 +100,14 @@ class RotatingTap:
         return part
 
     def _seal(self) -> None:
-        for older in self._sealed:  # sealed one rotation ago and still open: its stragglers go on in a new one
-            self._close(older)
-        self._sealed = [self._current] if self._current.live else []
-        if not self._current.live:
+        self._rotations += 1
+        if self._current.live:
+            self._current.sealed_at = self._rotations
+            self._sealed.append(self._current)
+        else:
             self._close(self._current)
+        while self._sealed and self._rotations - self._sealed[0].sealed_at >= self.keep_sealed:
+            self._close(self._sealed.pop(0))  # its stragglers go on in the newest cassette
         self._current = self._open()
 
     def _close(self, part: _Part) -> None:

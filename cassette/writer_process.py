@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -41,7 +42,7 @@ import msgpack
 
 from tito_rl.cassette.format.records import Header
 from tito_rl.cassette.rotation import CappedTap, RotatingTap, Rotation
-from tito_rl.cassette.writer import CassetteWriter, PerSessionTap, open_writer
+from tito_rl.cassette.writer import CassetteWriter, PerSessionTap, RecordObserver, open_writer
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange
 
 AGENT_FIELDS = tuple(f.name for f in fields(AgentExchange))
@@ -60,6 +61,7 @@ class Layout:
     per_session: bool = False
     rotation: Rotation | None = None
     max_bytes: int | None = None
+    observer: str | None = None  # `module:attribute`, each cassette's RecordObserver (its factory), reporting back
 
     def argv(self) -> list[str]:
         out = ["--per-session"] if self.per_session else []
@@ -68,6 +70,8 @@ class Layout:
                     "--rotate-bytes", str(self.rotation.bytes or 0)]
         if self.max_bytes is not None:
             out += ["--max-bytes", str(self.max_bytes)]
+        if self.observer is not None:
+            out += ["--observer", self.observer]
         return out
 
 
@@ -103,6 +107,9 @@ class WriterProcessTap:
         self._send(("header", header.to_dict()))
         # The child creates the file before it says ready: an unwritable --out fails here, not on a request.
         answer = self._proc.stdout.readline()
+        while answer not in (READY, b""):  # reports made while the cassette was opened (an observer's first)
+            self._event(answer)
+            answer = self._proc.stdout.readline()
         if answer != READY:
             self._proc.stdout.close()
             self._pipe.close()
@@ -115,16 +122,19 @@ class WriterProcessTap:
         assert self._proc.stdout is not None
         with self._proc.stdout as lines:
             for line in lines:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if "bytes" in event:
-                    self.bytes_written = int(event["bytes"])
-                if event.get("event") == "capped":
-                    self.capped = True
-                if self.on_event is not None:
-                    self.on_event(event)
+                self._event(line)
+
+    def _event(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        if "bytes" in event:
+            self.bytes_written = int(event["bytes"])
+        if event.get("event") == "capped":
+            self.capped = True
+        if self.on_event is not None:
+            self.on_event(event)
 
     @property
     def pid(self) -> int:
@@ -219,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rotate-sessions", type=int, help="0: not by sessions")
     parser.add_argument("--rotate-bytes", type=int, help="0: not by bytes")
     parser.add_argument("--max-bytes", type=int)
+    parser.add_argument("--observer", metavar="MODULE:ATTRIBUTE",
+                        help="factory(header, report) of each cassette's RecordObserver")
     args = parser.parse_args(argv)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
@@ -257,12 +269,47 @@ def _report(event: dict[str, Any]) -> None:
         os.write(sys.stdout.fileno(), json.dumps(event).encode() + b"\n")
 
 
+def _observer(name: str | None) -> Callable[[Header], RecordObserver] | None:
+    """`module:attribute` loaded: the command that started the writer names it (the layers below never import
+    what sits above them, `tito_rl.commands`)."""
+    if name is None:
+        return None
+    module, _, attribute = name.partition(":")
+    factory = getattr(importlib.import_module(module), attribute)
+    return lambda header: _Guarded(factory(header, _report))
+
+
+class _Guarded:
+    """An observer whose failure is said once and ends its observing, never the recording."""
+
+    def __init__(self, inner: RecordObserver) -> None:
+        self.inner: RecordObserver | None = inner
+
+    def record(self, record: Any) -> None:
+        self._call("record", record)
+
+    def close(self) -> None:
+        self._call("close")
+
+    def _call(self, what: str, *args: Any) -> None:
+        if self.inner is None:
+            return
+        try:
+            getattr(self.inner, what)(*args)
+        except Exception as exc:  # noqa: BLE001 - said once; the cassette is what must not be lost
+            self.inner = None
+            print(f"tito record: the live audit stopped ({type(exc).__name__}: {exc}); recording goes on without "
+                  "it", file=sys.stderr, flush=True)
+
+
 def _open(args: argparse.Namespace, header: Header) -> CassetteWriter | PerSessionTap | RotatingTap | CappedTap:
     tap: CassetteWriter | PerSessionTap | RotatingTap
+    observer = _observer(args.observer)
     if args.rotate_sessions or args.rotate_bytes:
-        tap = RotatingTap(args.out, header, Rotation(args.rotate_sessions or None, args.rotate_bytes or None))
+        tap = RotatingTap(args.out, header, Rotation(args.rotate_sessions or None, args.rotate_bytes or None),
+                          observer)
     else:
-        tap = open_writer(args.out, header, args.per_session)
+        tap = open_writer(args.out, header, args.per_session, observer)
     if args.max_bytes is None:
         return tap
 

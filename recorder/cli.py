@@ -111,7 +111,13 @@ def check_run_options(args: argparse.Namespace) -> str | None:
     if rotating and args.per_session:
         return "--per-session and --rotate-sessions/--rotate-bytes each choose the cassettes: give one"
     rotation = Rotation(args.rotate_sessions, sizes["rotate_bytes"]) if rotating else None
-    args.layout = Layout(args.per_session, rotation, sizes["max_bytes"])
+    if args.metrics:
+        try:
+            serve.parse_listen(args.metrics)
+        except ValueError:
+            return f"--metrics {args.metrics}: expected HOST:PORT"
+    observer = getattr(args, "live_audit", None) if args.metrics else None
+    args.layout = Layout(args.per_session, rotation, sizes["max_bytes"], observer)
     return None
 
 
@@ -148,9 +154,25 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         header = foreign_header(header, spec, target)
         # a gateway that takes its session from the URL: the launchers add it to each CLI's base URL
         args.session_path = getattr(target.info, "session_path", None)
+    metrics = None
+    if getattr(args, "metrics", None):
+        from tito_rl.recorder.metrics import RecordMetrics
+
+        metrics = RecordMetrics(str((header.target or {}).get("name") or TITO))
+        host, port = serve.parse_listen(args.metrics)
+        try:
+            port = metrics.serve(host, port)
+        except OSError as exc:
+            print(f"tito record: --metrics {args.metrics}: {exc}", file=sys.stderr)
+            return 2
+        print(f"tito record: metrics on http://{host}:{port}/metrics", file=sys.stderr, flush=True)
+        args.metrics_recorder = metrics
     try:
-        tap = open_tap(Path(args.out), header, getattr(args, "layout", None) or Layout(args.per_session))
+        tap = open_tap(Path(args.out), header, getattr(args, "layout", None) or Layout(args.per_session),
+                       on_event=metrics.writer_event if metrics is not None else None)
     except RecorderError as exc:
+        if metrics is not None:
+            metrics.stop()
         print(f"tito record: {exc}", file=sys.stderr)
         return 2
     progress = None if args.quiet else sys.stderr
@@ -181,6 +203,8 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
             await stop.wait()
     finally:
         await stopper()  # finalizes open sessions and closes the cassette
+        if metrics is not None:
+            metrics.stop()
         lead = "\n" if not args.quiet and sys.stderr.isatty() else ""  # ends the live line ("\r") on a terminal
         print(f"{lead}tito record: stopped; cassette at {args.out}", file=sys.stderr, flush=True)
     return rc
@@ -195,7 +219,8 @@ async def _start_tito(args: argparse.Namespace, settings: Any, manager: Any, tap
     from tito_rl.trajectory.runtime.server_process import prepare_to_serve
 
     host, port = serve.parse_listen(args.listen)
-    app = create_recording_app(settings, tap, progress=progress, manager=manager, sample_rate=args.sample_rate)
+    app = create_recording_app(settings, tap, progress=progress, manager=manager, sample_rate=args.sample_rate,
+                               wrap=_metrics_wrap(args, tap))
     prepare_to_serve(app)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
@@ -212,7 +237,7 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
     from tito_rl.recorder.taps.around import TapsAround
     from tito_rl.recorder.taps.proxy import recorded_tap
 
-    counted = recorded_tap(tap, progress, args.sample_rate)
+    counted = recorded_tap(tap, progress, args.sample_rate, _metrics_wrap(args, tap))
     around = TapsAround(counted, target, settings.engine_url, getattr(args, "engine_dialect", None))
     listen = serve.parse_listen(args.listen)
     engine_listen = serve.parse_listen(args.engine_listen) if args.engine_listen else ("127.0.0.1", 0)
@@ -233,6 +258,16 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
     print(f"tito record: agents -> {ends.agent_url} -> target {args.target} -> {ends.engine_url} -> "
           f"{settings.engine_url}, writing {args.out}", file=sys.stderr, flush=True)
     return stop, ends.agent_url
+
+
+def _metrics_wrap(args: argparse.Namespace, tap: Any) -> Callable[[Any], Any] | None:
+    """With --metrics: the tap counting what the proxy sees around the rest of the chain (`recorder/metrics.py`)."""
+    metrics = getattr(args, "metrics_recorder", None)
+    if metrics is None:
+        return None
+    from tito_rl.recorder.metrics import MetricsTap
+
+    return lambda inner: MetricsTap(inner, metrics, args.sample_rate, lambda: bool(getattr(tap, "capped", False)))
 
 
 def build_target(spec: TargetSpec, args: argparse.Namespace) -> Any:

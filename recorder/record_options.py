@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--rotate-bytes", metavar="SIZE",
                      help="a new cassette once one reaches SIZE bytes (e.g. 512M, 2G; with --rotate-sessions, "
                           "whichever comes first); --out is a folder")
+    run.add_argument("--metrics", metavar="HOST:PORT",
+                     help="serve Prometheus metrics on http://HOST:PORT/metrics: sessions, turns, tokens, each "
+                          "tito audit rule's findings as sessions finish, coverage, the taps' time, bytes written")
     run.add_argument("--max-bytes", metavar="SIZE",
                      help="stop recording once SIZE bytes are written in all (the proxy keeps serving and says so)")
     agents = parser.add_argument_group("agents launched for you")

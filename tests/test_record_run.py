@@ -92,7 +92,7 @@ def test_rotation_every_n_sessions_keeps_each_session_whole_in_one_closed_casset
 
 def test_rotation_by_bytes_and_a_straggler_goes_on_in_the_newest_cassette(
         tmp_path: Path, traffic: list[tuple[str, Any]]) -> None:
-    tap = RotatingTap(tmp_path, header(), Rotation(bytes=1))  # every session in a cassette of its own
+    tap = RotatingTap(tmp_path, header(), Rotation(bytes=1), keep_sealed=1)  # a session a cassette, one kept open
     straggler = sid(0)
     tap.agent_request(straggler, "bearer", {})
     play(tap, traffic[:2], session=straggler)
@@ -170,7 +170,9 @@ def run_scenario(sessions: int = RUN_SESSIONS) -> dict[str, Any]:
             "client": {"concurrency": 4, "sessions": clients}}
 
 
-async def record_run(tmp_path: Path, *flags: str) -> tuple[int, Path]:
+async def record_run(tmp_path: Path, *flags: str, scenario_spec: dict[str, Any] | None = None,
+                     seen: list[Any] | None = None) -> tuple[int, Path]:
+    """`tito record --agent scripted` in this process; `seen` gets the parsed arguments (their metrics)."""
     import asyncio
     import json
 
@@ -184,7 +186,7 @@ async def record_run(tmp_path: Path, *flags: str) -> tuple[int, Path]:
     from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
     scenario = tmp_path / "run_small.json"
-    scenario.write_text(json.dumps(run_scenario()))
+    scenario.write_text(json.dumps(scenario_spec or run_scenario()))
     out = tmp_path / "run"
     tokenizer = load_tokenizer()
     frozen = gc.get_freeze_count()
@@ -195,6 +197,8 @@ async def record_run(tmp_path: Path, *flags: str) -> tuple[int, Path]:
                     "--agent", "scripted", "--scenario", str(scenario), "--quiet", *flags]
             args = tito_cli.build_parser(argv).parse_args(argv)
             assert record_cli.check(args) is None
+            if seen is not None:
+                seen.append(args)
             rc = await asyncio.wait_for(record_cli.serve_until_signal(args), 600)
     finally:
         if not frozen:  # the proxy froze its start-up objects, as a server process does: not the test process's

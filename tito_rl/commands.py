@@ -25,6 +25,9 @@ class Subcommand:
     # It parses engine output through tito's adapter: sglang's parsers start loading in a helper process before
     # anything else loads (trajectory/adapters/parsing/parser_process.py).
     parses: bool = False
+    # Parts of a higher layer a command's module may use without importing them, by name (`args.<key>`): the
+    # table sits above every layer (docs/architecture.md), so it may name them.
+    injects: tuple[tuple[str, str], ...] = ()
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
@@ -59,10 +62,14 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "The adapter app as a recording proxy in front of a live engine: both legs of every session (agent "
         "requests and replies, engine /generate calls) are written into a cassette, secrets redacted. With "
         "--agent it starts the agents itself and stops when they are done; otherwise it serves until stopped. "
-        "Progress goes to stderr: a live line on a terminal, a line at most every 10 s otherwise.",
+        "Progress goes to stderr: a live line on a terminal, a line at most every 10 s otherwise. Beside a "
+        "training run: --sample-rate, --rotate-sessions/--rotate-bytes (a folder of cassettes), --max-bytes, and "
+        "--metrics HOST:PORT (Prometheus: sessions, turns, tokens, each audit rule's findings as sessions finish).",
         ("0: stopped, or every started session succeeded",
          "1: a started agent session failed, or --listen is not HOST:PORT",
-         "2: the options or the output cannot be used", "130: interrupted while agents ran")),
+         "2: the options or the output cannot be used", "130: interrupted while agents ran"),
+        # --metrics: `tito audit`'s rules run on each record the writer process writes (replayer/audit/live.py)
+        injects=(("live_audit", "tito_rl.replayer.audit.live:observer"),)),
     "simulate": Subcommand(
         "tito_rl.recorder.simulate", "a scenario: fake engine, recording proxy, the real CLI; cassette and golden",
         "Records one scenario end to end with no GPU: the fake engine plays its script, tito record runs the "

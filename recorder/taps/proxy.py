@@ -74,18 +74,20 @@ def open_tap(out: Path, header: Header, layout: Layout,
     return WriterProcessTap(out, header, layout=layout, on_event=on_event)
 
 
-def recorded_tap(tap: TrafficTap, progress: TextIO | None = None, sample_rate: float = 1.0) -> TrafficTap:
-    """What the proxy's traffic goes through: the progress line (every session), then the sampling (`--sample-rate`),
-    then the writer."""
+def recorded_tap(tap: TrafficTap, progress: TextIO | None = None, sample_rate: float = 1.0,
+                 wrap: Callable[[TrafficTap], TrafficTap] | None = None) -> TrafficTap:
+    """What the proxy's traffic goes through: `wrap` (the metrics), the progress line (every session), then the
+    sampling (`--sample-rate`), then the writer."""
     sampled: TrafficTap = SamplingTap(tap, sample_rate) if sample_rate < 1.0 else tap
-    return ProgressTap(sampled, progress) if progress is not None else sampled
+    counted = ProgressTap(sampled, progress) if progress is not None else sampled
+    return wrap(counted) if wrap is not None else counted
 
 
 def create_recording_app(settings: AdapterSettings, tap: CassetteWriter | PerSessionTap | WriterProcessTap,
-                         progress: TextIO | None = None, manager: Any = None,
-                         sample_rate: float = 1.0) -> web.Application:
+                         progress: TextIO | None = None, manager: Any = None, sample_rate: float = 1.0,
+                         wrap: Callable[[TrafficTap], TrafficTap] | None = None) -> web.Application:
     """The adapter app with `tap` on both legs; closing the app finalizes open sessions and the cassette."""
-    counted = recorded_tap(tap, progress, sample_rate)
+    counted = recorded_tap(tap, progress, sample_rate, wrap)
     app = create_app(settings, manager=manager, tap=counted)
 
     @web.middleware
@@ -104,8 +106,9 @@ def create_recording_app(settings: AdapterSettings, tap: CassetteWriter | PerSes
         for sid in list(adapter.manager.sessions()):
             samples = [s.to_dict() for s in adapter.manager.finish(sid, 0.0)]
             counted.session_finished(sid, "api", 0.0, samples)
-        if isinstance(counted, ProgressTap):
-            counted.flush()
+        flush = getattr(counted, "flush", None)
+        if flush is not None:  # the progress line's last counts
+            flush()
         tap.close()
 
     app.on_shutdown.append(finalize)

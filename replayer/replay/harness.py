@@ -38,6 +38,7 @@ from tito_rl.trajectory.dialects.view import SGLANG
 from tito_rl.trajectory.manager import Linearization, TrajectoryManager
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
+UNIX_PATH_MAX = 107  # a Unix socket's path, in bytes (Linux's sun_path holds 108 with the terminating NUL)
 STEP_TIMEOUT_S = 60.0  # a step that takes this long is a hang: reported as a difference, never waited out
 _CREATED = re.compile(rb'"created(?:_at)?":\s*(\d+)')
     # its rows there, so a session is read from the file once)
@@ -179,7 +180,7 @@ class Harness(HarnessBase):
             raise ReplayInputError(f"{self.path}: {exc}") from None
         self.adapter = app[ADAPTER_KEY]
         app.middlewares.append(exchange_context)
-        self._dir = tempfile.mkdtemp(prefix="tito-replay-")
+        self._dir = tempfile.mkdtemp(prefix="tito-replay-", dir=_socket_parent())
         socket_path = os.path.join(self._dir, "adapter.sock")
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
@@ -437,3 +438,10 @@ def _reply_text(body: bytes | None, events: list[str] | None) -> str:
     if events is not None:
         return "".join(events)
     return (body or b"").decode("utf-8", errors="replace")
+
+
+def _socket_parent() -> str | None:
+    """Where the adapter's socket folder goes: the temp folder, unless a deep TMPDIR would make the socket's path
+    longer than a Unix socket's may be (the replay failed with `AF_UNIX path too long`); then /tmp."""
+    longest = os.path.join(tempfile.gettempdir(), "tito-replay-" + "x" * 8, "adapter.sock")
+    return "/tmp" if len(os.fsencode(longest)) > UNIX_PATH_MAX and os.path.isdir("/tmp") else None
