@@ -267,3 +267,22 @@ async def test_past_the_cap_the_proxy_serves_on_and_records_nothing_more(
     sessions = set().union(*(_closed_sessions(p) for p in parts))
     assert 0 < len(sessions) < RUN_SESSIONS
     assert sum(p.stat().st_size for p in parts) < 40_960 + max(p.stat().st_size for p in parts)
+
+
+def test_a_session_not_sampled_never_reaches_the_writer(traffic: list[tuple[str, Any]]) -> None:
+    from tito_rl.recorder.taps.sampling import SamplingTap
+
+    class Calls:
+        def __init__(self) -> None:
+            self.sessions: list[str] = []
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda session, *rest: self.sessions.append(session)
+
+    inner = Calls()
+    tap = SamplingTap(inner, 0.5)  # type: ignore[arg-type]
+    kept, left = (next(s for s in map(sid, range(100)) if sampled(s, 0.5) == want) for want in (True, False))
+    for s in (kept, left):
+        _session(tap, traffic, s)
+        tap.session_dropped(s, "bearer")
+    assert set(inner.sessions) == {kept} and len(inner.sessions) == 2 + len(traffic) + 1
