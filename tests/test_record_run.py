@@ -280,7 +280,7 @@ def test_a_session_not_sampled_never_reaches_the_writer(traffic: list[tuple[str,
             return lambda session, *rest: self.sessions.append(session)
 
     inner = Calls()
-    tap = SamplingTap(inner, 0.5)  # type: ignore[arg-type]
+    tap = SamplingTap(inner, 0.5)
     kept, left = (next(s for s in map(sid, range(100)) if sampled(s, 0.5) == want) for want in (True, False))
     for s in (kept, left):
         _session(tap, traffic, s)
