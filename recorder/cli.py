@@ -114,7 +114,7 @@ def check_run_options(args: argparse.Namespace) -> str | None:
     if args.metrics:
         try:
             serve.parse_listen(args.metrics)
-        except ValueError:
+        except SystemExit:  # its message names --listen
             return f"--metrics {args.metrics}: expected HOST:PORT"
     observer = getattr(args, "live_audit", None) if args.metrics else None
     args.layout = Layout(args.per_session, rotation, sizes["max_bytes"], observer)

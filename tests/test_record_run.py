@@ -286,3 +286,27 @@ def test_a_session_not_sampled_never_reaches_the_writer(traffic: list[tuple[str,
         _session(tap, traffic, s)
         tap.session_dropped(s, "bearer")
     assert set(inner.sessions) == {kept} and len(inner.sessions) == 2 + len(traffic) + 1
+
+
+def test_bad_run_options_are_one_clear_line(tmp_path: Path) -> None:
+    from tito_rl import main as tito_cli
+    from tito_rl.recorder import cli as record_cli
+
+    def problem(*flags: str, out: str = "run") -> str | None:
+        argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / out), *flags]
+        return record_cli.check(tito_cli.build_parser(argv).parse_args(argv))
+
+    assert problem("--sample-rate", "0") == ("--sample-rate 0.0: expected a fraction of the sessions, above 0 and at "
+                                             "most 1")
+    assert problem("--sample-rate", "1.5") is not None
+    assert problem("--rotate-bytes", "lots") == "--rotate-bytes lots: expected a size such as 4096, 512M or 2G"
+    assert problem("--max-bytes=-3G") == "--max-bytes -3G: expected a size such as 4096, 512M or 2G"
+    assert problem("--rotate-sessions", "0") == "--rotate-sessions must be >= 1"
+    assert problem("--rotate-sessions", "5", "--per-session") == ("--per-session and --rotate-sessions/--rotate-bytes "
+                                                                  "each choose the cassettes: give one")
+    assert problem("--metrics", "nowhere") == "--metrics nowhere: expected HOST:PORT"
+    (tmp_path / "file.tito").write_bytes(b"")
+    not_a_folder = f"--out {tmp_path / 'file.tito'} exists and is not a folder"
+    assert problem("--rotate-sessions", "5", out="file.tito") == not_a_folder
+    assert problem("--rotate-sessions", "5", "--max-bytes", "2G", "--sample-rate", "0.25", "--metrics",
+                   "127.0.0.1:9400") is None
