@@ -2,8 +2,9 @@
 fake engine with faults: drift with splicing off, engine errors the client retries, cut generations), and the live
 counts equal `tito audit` of the result, rule by rule, with coverage, tokens, sessions, turns and bytes.
 
-slime's adapters are not installed here (no TITO_SLIME_PATH): the recording is around tito's own adapter app,
-whose taps, writer and live audit are those of any target."""
+slime's adapters are not installed here (no TITO_SLIME_PATH): the recordings are through tito's own adapter app
+and around a gateway of another design (`tests/gateway_double.py`), with the taps, writer and live audit of any
+target."""
 
 from __future__ import annotations
 
@@ -101,3 +102,25 @@ def test_live_counts_scraped_during_a_recording_equal_its_audit(tmp_path: Path) 
     assert value(final, "tito_record_written_bytes_total") == sum(p.stat().st_size for p in _parts(run))
     assert value(final, "tito_record_capped") == 0
     assert value(final, "tito_record_tap_seconds_count", leg="agent") > 0
+
+
+def test_around_a_gateway_of_another_design_the_live_counts_equal_its_audit(tmp_path: Path) -> None:
+    """The taps around a foreign target (`tests/gateway_double.py`: its own translation, prefix breaks, sampling
+    overrides, engine errors turned into other statuses): the same live audit, labelled with its name."""
+    seen: list[Any] = []
+    asyncio.run(record_run(tmp_path, "--metrics", "127.0.0.1:0", "--target", "tests.gateway_double:create",
+                           scenario_spec=faulty_scenario(), seen=seen))  # a session the double fails exits 1
+    final = samples(generate_latest(seen[0].metrics_recorder.registry).decode())
+    code, out, err = tito_cmd("audit", str(tmp_path / "run"), "--json")
+    report = json.loads(out)
+    assert report["cassettes"][0]["target"] == "gateway-double"
+
+    def live(name: str, **labels: str) -> float:
+        return final[(name, tuple(sorted({"target": "gateway-double", **labels}.items())))]
+
+    audited = {rule: float(r["total"]) for rule, r in report["rules"].items()}
+    assert {rule: live("tito_audit_findings_total", rule=rule) for rule in audited} == audited
+    assert audited["prefix-break"] > 0 and audited["sampling-override"] > 0
+    assert live("tito_audit_emitted_tokens_total") == report["cassettes"][0]["emitted"] > 0
+    assert live("tito_audit_covered_tokens_total") == report["cassettes"][0]["covered"]
+    assert live("tito_record_sessions_recorded_total") == report["cassettes"][0]["sessions"] == 12
