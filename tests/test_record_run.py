@@ -310,3 +310,15 @@ def test_bad_run_options_are_one_clear_line(tmp_path: Path) -> None:
     assert problem("--rotate-sessions", "5", out="file.tito") == not_a_folder
     assert problem("--rotate-sessions", "5", "--max-bytes", "2G", "--sample-rate", "0.25", "--metrics",
                    "127.0.0.1:9400") is None
+
+
+def test_the_cap_holds_for_one_cassette_per_session_too(tmp_path: Path, traffic: list[tuple[str, Any]]) -> None:
+    from tito_rl.cassette.writer import PerSessionTap
+
+    heard: list[int] = []
+    tap = CappedTap(PerSessionTap(tmp_path, header()), 1, heard.append)
+    for i in range(3):
+        _session(tap, traffic, sid(i))
+    tap.close()
+    (only,) = sorted(tmp_path.glob("*.tito"))  # the first session crossed the cap: the others never started
+    assert _closed_sessions(only) == {session_digest(sid(0))} and heard == [only.stat().st_size]
