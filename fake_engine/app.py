@@ -32,6 +32,7 @@ from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
 from tito_rl.fake_engine.openai.calls import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, vllm_error
 from tito_rl.fake_engine.openai.handler import OpenAIRoutes
 from tito_rl.fake_engine.openai.vllm_bodies import models_list as vllm_models_list
+from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION
 from tito_rl.fake_engine.policy import GenerateRequest, Generation, Policy, PolicyError
 from tito_rl.fake_engine.serving import Dropped, Prepared, Tracked, drop, dumps, json_response
 from tito_rl.fake_engine.sessions import session_key, turn_index
@@ -88,6 +89,14 @@ class EngineOptions:
     # the request's SGLang-only fields (trajectory/dialects/registry.py); "sglang-openai" or "vllm-openai" forces
     # one (and picks GET /v1/models' shape).
     openai_dialect: str | None = None
+    # vLLM as started (docs/engine-dialects.md, "The contract"): the release whose wire shapes to answer with, and
+    # the start flags that open routes and options: `--enable-scale-out` (/inference/v1/generate; 403 without),
+    # `--enable-auto-tool-choice --tool-call-parser hermes` (tool_choice auto, required, named; 400 without),
+    # `--reasoning-parser qwen3` (the message's `reasoning` filled; null without).
+    vllm_version: str = VLLM_DEFAULT_VERSION
+    vllm_scale_out: bool = True
+    vllm_auto_tool_choice: bool = True
+    vllm_reasoning_parser: bool = True
 
 
 class Engine:
