@@ -31,6 +31,7 @@ from tito_rl.fake_engine.faults import FaultSchedule, FaultSpec
 from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
 from tito_rl.fake_engine.openai.calls import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, vllm_error
 from tito_rl.fake_engine.openai.handler import OpenAIRoutes
+from tito_rl.fake_engine.openai.tokenize_routes import TokenizeRoutes
 from tito_rl.fake_engine.openai.vllm_bodies import models_list as vllm_models_list
 from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION
 from tito_rl.fake_engine.policy import GenerateRequest, Generation, Policy, PolicyError
@@ -448,6 +449,10 @@ def _add_engine_routes(app: web.Application, engine: Engine, *, abort: bool) -> 
     openai = OpenAIRoutes(engine)
     for path in (CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, TOKENS_PATH):
         r.add_post(path, openai.handle)
+    if engine.options.tokenizer is not None:
+        tokenize = TokenizeRoutes(engine.options.tokenizer, engine.options.context_length)
+        r.add_post("/tokenize", tokenize.tokenize)
+        r.add_post("/detokenize", tokenize.detokenize)
 
 
 def create_app(policy: Policy, options: EngineOptions | None = None) -> web.Application:

@@ -57,14 +57,24 @@ def _hermes(content: str | None, seed: str) -> tuple[list[dict[str, Any]], str |
     return calls, before or None
 
 
-def vllm_chat(text: str, *, thinking: bool, tool_parsing: bool, seed: str) -> ParsedChat:
-    """The non-streamed message vLLM's qwen3 + hermes parsers make of `text` (module docstring)."""
+def vllm_chat(text: str, *, thinking: bool, tool_parsing: bool, seed: str, reasoning_parser: bool = True,
+              starts_in_reasoning: bool = False) -> ParsedChat:
+    """The non-streamed message vLLM's qwen3 + hermes parsers make of `text` (module docstring). Without a reasoning
+    parser the text is all content. vLLM 0.32's qwen3 parser (`starts_in_reasoning`) reads everything before
+    `</think>` as reasoning when thinking is on, a leading `<think>` dropped. It does so even when no `</think>`
+    ever comes (all reasoning, content null); the fake engine reads such a text as content, deliberately
+    (docs/engine-dialects.md, "Left out": a scripted turn without reasoning has no think block at all)."""
     reasoning, content = None, text
-    if THINK in text and THINK_END in text:
+    if not reasoning_parser:
+        pass
+    elif starts_in_reasoning and thinking and THINK_END in text:
+        rest = text[len(THINK):] if text.startswith(THINK) else text
+        reasoning, _, after = rest.partition(THINK_END)
+        content = after or None
+    elif THINK in text and THINK_END in text:
         rest = text.partition(THINK)[2]
         reasoning, _, after = rest.partition(THINK_END)
         content = after or None
-    del thinking  # the 0.11-era qwen3 parser decides on the tags alone
     if not tool_parsing:
         return ParsedChat(reasoning, content)
     calls, content = _hermes(content, seed)
@@ -72,15 +82,17 @@ def vllm_chat(text: str, *, thinking: bool, tool_parsing: bool, seed: str) -> Pa
 
 
 def vllm_chat_deltas(tokenizer: Any, ids: list[int], *, tool_parsing: bool, seed: str, skip_special: bool = True,
-                     reasoning_keys: tuple[str, ...] = ("reasoning", "reasoning_content")) -> list[dict[str, Any]]:
-    """One delta per output token, as vLLM streams them with `return_token_ids` (module docstring)."""
+                     reasoning_keys: tuple[str, ...] = ("reasoning", "reasoning_content"),
+                     reasoning_parser: bool = True, starts_in_reasoning: bool = False) -> list[dict[str, Any]]:
+    """One delta per output token, as vLLM streams them with `return_token_ids` (module docstring; `vllm_chat`
+    for the reasoning parser's two behaviours)."""
     think, think_end, tool, tool_end = tokenizer.convert_tokens_to_ids([THINK, THINK_END, TOOL_CALL, TOOL_CALL_END])
-    control = {think, think_end, *((tool, tool_end) if tool_parsing else ())}
+    control = {*((think, think_end) if reasoning_parser else ()), *((tool, tool_end) if tool_parsing else ())}
     special = set(getattr(tokenizer, "all_special_ids", []))
     pieces = text_pieces(tokenizer, ids, skip_special_tokens=skip_special)
-    has_reasoning = think in ids and think_end in ids
+    has_reasoning = reasoning_parser and think in ids and think_end in ids
     deltas: list[dict[str, Any]] = [{} for _ in ids]
-    region = "content"
+    region = "reasoning" if reasoning_parser and starts_in_reasoning and think_end in ids else "content"
     body: list[int] = []  # positions of the current tool call's body tokens
     n_calls = 0
     for pos, tid in enumerate(ids):
@@ -89,6 +101,8 @@ def vllm_chat_deltas(tokenizer: Any, ids: list[int], *, tool_parsing: bool, seed
             continue
         if tid == think_end and region == "reasoning":
             region = "content"
+            continue
+        if tid == think and region == "reasoning" and starts_in_reasoning:
             continue
         if tool_parsing and tid == tool and region == "content":
             region, body = "tool", []

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FULL, BARE = "full", "bare"
+SGLANG = "sglang"  # SGLang started with --reasoning-parser qwen3 --tool-call-parser qwen25 (point it at your own)
 MODEL = "$model"  # the model name the engine serves, learned from GET /v1/models
 STOP_ID, STOP_TEXT = "$stop_id", "$stop_text"
 SEED = 7
@@ -86,6 +87,10 @@ def vllm_requests() -> list[ContractRequest]:
         r("chat json tokens as ids", FULL, "POST", "/v1/chat/completions", _ids_on(return_tokens_as_token_ids=True)),
         r("chat json stop id", FULL, "POST", "/v1/chat/completions", _ids_on(stop_token_ids=[STOP_ID])),
         r("chat json stop string", FULL, "POST", "/v1/chat/completions", _ids_on(stop=[STOP_TEXT])),
+        r("chat json no thinking", FULL, "POST", "/v1/chat/completions",
+          _ids_on(chat_template_kwargs={"enable_thinking": False}), why="thinking off: the answer is content"),
+        r("chat sse no thinking", FULL, "POST", "/v1/chat/completions",
+          _ids_on(chat_template_kwargs={"enable_thinking": False}, stream=True, stream_options=SSE_USAGE)),
         r("chat sse ids", FULL, "POST", "/v1/chat/completions", _ids_on(stream=True, stream_options=SSE_USAGE)),
         r("chat sse no usage", FULL, "POST", "/v1/chat/completions", _ids_on(stream=True)),
         r("chat sse continuous usage", FULL, "POST", "/v1/chat/completions",
@@ -140,6 +145,51 @@ def vllm_requests() -> list[ContractRequest]:
           why="needs --enable-scale-out", dialect="vllm-generate"),
         r("bare completions json", BARE, "POST", "/v1/completions", _completion()),
     ]
+
+
+def _sglang_generate(**extra: Any) -> dict[str, Any]:
+    return {"input_ids": "$prompt_ids", "return_logprob": True,
+            "sampling_params": {"max_new_tokens": MAX_TOKENS, "temperature": 0}} | extra
+
+
+def sglang_requests() -> list[ContractRequest]:
+    """What tito's SGLang dialects send (slime and AReaL's /generate, miles' chat with input_ids), greedy: SGLang
+    has no per-request seed on every release, and greedy decoding repeats. Run against a real SGLang with
+    `python -m tito_rl.recorder.engine_contract.cli live --engine sglang --url URL` (docs/engine-dialects.md)."""
+    r = ContractRequest
+    chat_ids = {"model": MODEL, "messages": MESSAGES, "input_ids": "$prompt_ids", "max_tokens": MAX_TOKENS,
+                "temperature": 0, "logprobs": True}
+    return [
+        r("models", SGLANG, "GET", "/v1/models", dialect="sglang"),
+        r("generate json", SGLANG, "POST", "/generate", _sglang_generate(), dialect="sglang"),
+        r("generate sse", SGLANG, "POST", "/generate", _sglang_generate(stream=True), dialect="sglang"),
+        r("generate stop id", SGLANG, "POST", "/generate",
+          _sglang_generate(sampling_params={"max_new_tokens": MAX_TOKENS, "temperature": 0,
+                                            "stop_token_ids": [STOP_ID]}), dialect="sglang"),
+        r("generate stop string", SGLANG, "POST", "/generate",
+          _sglang_generate(sampling_params={"max_new_tokens": MAX_TOKENS, "temperature": 0, "stop": [STOP_TEXT]}),
+          dialect="sglang"),
+        r("generate empty input_ids", SGLANG, "POST", "/generate", _sglang_generate(input_ids=[]), dialect="sglang"),
+        r("generate over-long", SGLANG, "POST", "/generate", _sglang_generate(input_ids="$long_prompt_ids"),
+          dialect="sglang"),
+        r("generate unknown sampling key", SGLANG, "POST", "/generate",
+          _sglang_generate(sampling_params={"max_new_tokens": MAX_TOKENS, "no_such_key": 1}), dialect="sglang"),
+        r("chat input_ids meta_info", SGLANG, "POST", "/v1/chat/completions",
+          chat_ids | {"return_meta_info": True, "return_prompt_token_ids": True}, dialect="sglang-openai"),
+        r("chat input_ids token ids", SGLANG, "POST", "/v1/chat/completions",
+          chat_ids | {"return_token_ids": True}, dialect="sglang-openai"),
+        r("chat sse input_ids", SGLANG, "POST", "/v1/chat/completions", chat_ids | {"stream": True},
+          dialect="sglang-openai"),
+        r("chat sse with ids refused", SGLANG, "POST", "/v1/chat/completions",
+          chat_ids | {"stream": True, "return_token_ids": True}, dialect="sglang-openai"),
+        r("completions ids", SGLANG, "POST", "/v1/completions",
+          {"model": MODEL, "prompt": "$prompt_ids", "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": 0,
+           "return_token_ids": True}, dialect="sglang-openai"),
+    ]
+
+
+def requests_for(engine: str) -> list[ContractRequest]:
+    return sglang_requests() if engine == SGLANG else vllm_requests()
 
 
 def resolve(value: Any, values: dict[str, Any]) -> Any:

@@ -2,12 +2,13 @@
 
 A JSON value flattens to `{path: types}`: `choices[].logprobs.content[].logprob: {float}`; list elements share
 one path, an empty list is its own type (`list:empty`), so what sits under it on the other side is not counted.
-Compared, a path the real engine sends as null may be absent from the fake's answer and vice versa (the issue's
-rule: fields sent as null are value, not structure), and null matches any type on either side. A few values are
+Compared, a path the real engine sends as null may be absent from the fake's answer or hold anything there (the
+issue's rule: fields the real engine sends as null are value, not structure); a path the real engine fills and the
+fake one sends as null is a difference. A few values are
 structure: `object` (what kind of body or chunk it is) and the status code.
 
 A stream compares as its parts: the first chunk, the token chunks (their shapes merged), the chunk that carries
-the finish, what follows it (usage, `[DONE]`), and the number of chunks.
+the finish, what follows it (usage, `[DONE]`), and, where the chunks carry token ids, the number of chunks.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ def compare_shapes(real: dict[str, set[str]], fake: dict[str, set[str]], where: 
             real_types, fake_types = _lists(real_types), _lists(fake_types)
         if real_types and fake_types and real_types != fake_types:
             found.append(f"{where}: {shown}: real {_types(theirs)}, fake {_types(mine)}")
+        elif real_types and not fake_types:  # the real engine fills it where the fake one leaves it null
+            found.append(f"{where}: {shown}: real {_types(theirs)}, fake null")
     return found
 
 
@@ -156,6 +159,19 @@ def compare_answers(real: Answer, fake: Answer, name: str) -> list[str]:
     if (DONE in real.chunks) != (DONE in fake.chunks):
         found.append(f"{name}: [DONE]: real {'sends' if DONE in real.chunks else 'omits'} it, fake "
                      f"{'sends' if DONE in fake.chunks else 'omits'} it")
-    if not found and len(real.chunks) != len(fake.chunks):
+    if not found and len(real.chunks) != len(fake.chunks) and _carries_ids(real.chunks):
         found.append(f"{name}: stream length: real {len(real.chunks)} events, fake {len(fake.chunks)}")
     return found
+
+
+def _carries_ids(chunks: list[Any]) -> bool:
+    """Whether a stream says which tokens each chunk holds: only then is the fake engine, given the same tokens,
+    held to the same number of chunks (a stream of text alone is re-tokenized, and may split otherwise)."""
+    for chunk in chunks:
+        if not isinstance(chunk, dict):
+            continue
+        if isinstance(chunk.get("output_ids"), list):
+            return True
+        if any(isinstance(c, dict) and isinstance(c.get("token_ids"), list) for c in chunk.get("choices") or []):
+            return True
+    return False
