@@ -208,7 +208,7 @@ async def test_served_model_asked_before_the_first_generation_when_not_known(tmp
 async def test_engine_errors_map_to_the_agents_statuses_and_a_missing_route_says_which_flag(
         tmp_path: Path) -> None:
     """A 4xx from the engine is the agent's 400, a 5xx its 502; vLLM without `--enable-scale-out` refuses the
-    generate route (403 there, 404 where it is absent), and the message names the fix."""
+    generate route (403), and the message names the fix."""
     tokenizer = load_tokenizer()
     scenario = parse_scenario({"name": "errors", "after_last": "error", "turns": [
         {"text": "ok", "faults": {"status": 503, "message": "engine restarting"}, "fault_attempts": 1}]})
@@ -224,20 +224,16 @@ async def test_engine_errors_map_to_the_agents_statuses_and_a_missing_route_says
             async with http.post(f"{url}/v1/chat/completions", json={**body, "max_tokens": 10 ** 6},
                                  headers={"Authorization": "Bearer s"}) as resp:
                 assert resp.status == 200  # capped at the context left, as on /generate
-    from aiohttp import web
-
-    async def models(_request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": MODEL}]})
-
-    missing = web.Application()  # an engine with the model listing and no generate route
-    missing.router.add_get("/v1/models", models)
-    async with serve(missing) as engine_url, serve(create_app(AdapterSettings(
+    # vLLM started without --enable-scale-out: its generate route is a 403 (the fake engine's `vllm_scale_out`)
+    engine = create_engine(ScriptedPolicy(scenario, tokenizer), EngineOptions(tokenizer=tokenizer,
+                                                                            vllm_scale_out=False))
+    async with serve(engine) as engine_url, serve(create_app(AdapterSettings(
             engine_url=engine_url, engine_dialect="vllm-generate"), warm=False)) as url, \
             aiohttp.ClientSession() as http, http.post(f"{url}/v1/chat/completions", json=body,
                                                        headers={"Authorization": "Bearer s"}) as resp:
         assert resp.status == 400
         message = (await resp.json())["error"]["message"]
-        assert "/inference/v1/generate failed (404)" in message and "--enable-scale-out" in message
+        assert "/inference/v1/generate failed (403)" in message and "--enable-scale-out" in message
 
 
 def tito(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
