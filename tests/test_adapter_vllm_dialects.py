@@ -136,7 +136,7 @@ def test_a_529_reaches_the_agent_as_overloaded_and_its_retry_generates_once_more
     (log,) = cassette.sessions.values()
     statuses = [a.status for a in log.agent]
     assert statuses == [200, 529, 200, 200]  # Anthropic's overloaded status, which Claude Code retries
-    overloaded = json.loads(log.agent[1].reply_body)
+    overloaded = json.loads(log.agent[1].reply_body or b"")
     assert overloaded["error"]["type"] == "overloaded_error"
     assert log.agent[2].retry_of == 1  # the identical body, generated again: the failed attempt recorded nothing
     assert [e.status for e in log.engine if is_generation(e.path)] == [200, 529, 200, 200]

@@ -30,8 +30,8 @@ class ServedModel:
 def read_listing(listing: Any) -> ServedModel:
     """The first model of an OpenAI `GET /v1/models` answer (`{"data": [{"id", "max_model_len"?}, ...]}`)."""
     data = listing.get("data") if isinstance(listing, dict) else None
-    card = data[0] if isinstance(data, list) and data else None
-    name = card.get("id") if isinstance(card, dict) else None
+    card = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    name = card.get("id")
     if not isinstance(name, str) or not name:
         raise ServedModelError(f"its {MODELS_PATH} lists no model: {str(listing)[:200]!r}")
     length = card.get("max_model_len")

@@ -95,8 +95,8 @@ def parse_answer(dialect: str, path: str, rid: str, body: dict[str, Any], data: 
         raise EngineError(502, f"engine {path} generated from other prompt ids than it was sent ({len(echoed)} "
                                f"returned, {len(sent or ())} sent): the turn would not train on what it saw")
     finish = view.finish_reason if view.finish_reason in FINISHES else "stop"
-    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    usage = data["usage"] if isinstance(data.get("usage"), dict) else {}
+    details = usage["prompt_tokens_details"] if isinstance(usage.get("prompt_tokens_details"), dict) else {}
     try:  # a malformed body (or a hostile cassette's, in a replay) is the engine's error, not the adapter's
         prompt_tokens = int(usage.get("prompt_tokens") or len(sent or ()))
         cached_tokens = int(details.get("cached_tokens") or 0)
