@@ -37,6 +37,7 @@ from tito_rl.replayer.audit.runner import audit_cassette
 from tito_rl.replayer.goldens.files import parse, section
 from tito_rl.replayer.inspection.gather import inspect_cassette
 from tito_rl.replayer.replay.cassette_replay import replay_cassette_async
+from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.trajectory.adapters.app import AdapterSettings, create_app
 from tito_rl.trajectory.adapters.engine.generate import DROPPED
 from tito_rl.trajectory.dialects.registry import endpoint_of, is_generation, record_view
@@ -127,6 +128,25 @@ def test_replays_clean_to_the_sglang_recordings_golden(recorded: Recorded, diale
                                         "client gone mid-generation, engine /v1/completions call dropped")
             expected = expected.replace("side(kept out of the tree) tokens=N", "side(kept out of the tree)")
         assert text.rstrip("\n") == expected.rstrip("\n"), f"{name} {session}"
+
+
+@pytest.mark.parametrize("dialect", PATHS)
+def test_a_replay_whose_engine_request_changed_fails_naming_the_field_or_the_token(recorded: Recorded,
+                                                                                    dialect: str) -> None:
+    """The engine leg is compared, not only served: another seed is a difference at its JSON path; another chat
+    template (a system prompt rendered otherwise) at the first differing prompt token, decoded."""
+    path = recorded[(dialect, "tool_loop")]
+    where = "sampling_params.seed" if dialect == "vllm-generate" else "seed"
+    result = asyncio.run(replay_cassette_async(path, options=ReplayOptions(adapter={"engine_seed": 3})))
+    (session,) = result.sessions
+    (difference,) = session.differences
+    assert difference.kind == "engine-request" and (difference.exchange, difference.turn) == (0, 0)
+    assert difference.summary == f"engine request differs at {where}: recorded '<absent>', replayed 3"
+    template = load_tokenizer().chat_template.replace("<|im_start|>system", "<|im_start|>system ", 1)
+    result = asyncio.run(replay_cassette_async(path, options=ReplayOptions(adapter={"chat_template": template})))
+    (difference,) = result.sessions[0].differences
+    assert difference.kind == "engine-request" and difference.summary.startswith(
+        "engine request differs: prompt ids at token 2 ")
 
 
 @pytest.mark.parametrize("dialect", PATHS)
