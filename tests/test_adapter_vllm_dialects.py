@@ -162,6 +162,34 @@ def test_a_529_reaches_the_agent_as_overloaded_and_its_retry_generates_once_more
     assert [e.status for e in log.engine if is_generation(e.path)] == [200, 529, 200, 200]
 
 
+@pytest.mark.parametrize("dialect", PATHS)
+async def test_a_retry_of_a_completed_request_is_answered_from_the_first_reply(dialect: str) -> None:
+    """The identical body again (a client that lost the reply) gets the same bytes, with no engine call and no new
+    turn, so the tree stays one chain."""
+    from tests.adapter_support import RecordingTap
+    from tito_rl.trajectory.manager import TrajectoryManager
+
+    tokenizer = load_tokenizer()
+    engine = create_engine(ScriptedPolicy(parse_scenario({"name": "r", "turns": [{"text": "Once."}]}), tokenizer),
+                           EngineOptions(tokenizer=tokenizer, model_name=MODEL))
+    tap, manager = RecordingTap(), TrajectoryManager()
+    body = json.dumps({"model": "m", "max_tokens": 64, "stream": True,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    async with serve(engine) as engine_url, serve(create_app(AdapterSettings(
+            engine_url=engine_url, engine_dialect=dialect), manager, tap, warm=False)) as url, \
+            aiohttp.ClientSession() as http:
+        replies = []
+        for _ in range(2):
+            async with http.post(f"{url}/v1/chat/completions", data=body, headers={
+                    "Authorization": "Bearer again", "Content-Type": "application/json"}) as resp:
+                assert resp.status == 200
+                replies.append(await resp.read())
+    assert replies[0] == replies[1] and b"Once." in replies[0]
+    assert [e[2].path for e in tap.engine] == [PATHS[dialect]]
+    assert [(a[2].turn_index, a[2].retry_of) for a in tap.agent] == [(0, None), (0, 0)]
+    assert manager.stats("again").turns == 1
+
+
 def test_aborts_in_each_dialect(recorded: Recorded) -> None:
     """vLLM's generate route is aborted by name (`/inference/v1/abort_requests`, the engine's id for the request) and
     answers with its partial output, kept as an aborted side turn; `/v1/completions` has no abort route, so the call
