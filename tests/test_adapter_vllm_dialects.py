@@ -12,7 +12,9 @@ calls carry is the one the engine lists (`GET /v1/models`), never assumed.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import re
 import subprocess
 import sys
@@ -53,20 +55,26 @@ Recorded = dict[tuple[str, str], Path]
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
-    """Every scenario recorded through the adapter in each vLLM dialect (in-process, as `tito record` does)."""
-    folder = tmp_path_factory.mktemp("vllm-dialects")
+    """Every scenario recorded through the adapter in each vLLM dialect (in-process, as `tito record` does); once
+    for the whole run: xdist workers share the folder, the first records under a lock and the others read."""
+    base = tmp_path_factory.getbasetemp()  # under xdist, each worker's: their parent is this run's
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "vllm-dialect-recordings"
+    folder.mkdir(exist_ok=True)
+    out: Recorded = {(d, n): folder / f"{n}-{d}.tito" for d in PATHS for n in SCENARIO_NAMES}
 
-    async def record_all() -> Recorded:
-        out: Recorded = {}
-        for dialect in PATHS:
-            for name in SCENARIO_NAMES:
-                path = folder / f"{name}-{dialect}.tito"
-                _, results = await record_scenario(SCENARIOS / f"{name}.yaml", path,
-                                                   EngineOptions(model_name=MODEL), engine_dialect=dialect)
-                assert all(r.ok for r in results), [r.line() for r in results]
-                out[(dialect, name)] = path
-        return out
-    return asyncio.run(record_all())
+    async def record_all() -> None:
+        for (dialect, name), path in out.items():
+            path.unlink(missing_ok=True)
+            _, results = await record_scenario(SCENARIOS / f"{name}.yaml", path, EngineOptions(model_name=MODEL),
+                                               engine_dialect=dialect)
+            assert all(r.ok for r in results), [r.line() for r in results]
+
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "done").exists():
+            asyncio.run(record_all())
+            (folder / "done").touch()
+    return out
 
 
 def engine_calls(cassette: Cassette) -> list[EngineRecord]:
