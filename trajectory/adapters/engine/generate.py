@@ -18,9 +18,6 @@ from typing import Any
 import aiohttp
 
 from tito_rl.trajectory.adapters.engine import vllm
-from tito_rl.trajectory.adapters.engine.generation import (
-    OVERLOADED_ENGINE_STATUSES as OVERLOADED_ENGINE_STATUSES,
-)
 from tito_rl.trajectory.adapters.engine.generation import EngineError, Generation, failed_call
 from tito_rl.trajectory.adapters.engine.served_model import MODELS_PATH, ServedModelError, read_listing
 from tito_rl.trajectory.adapters.engine.transport import EngineAnswer, EngineTransport, EngineUnreachable, HttpTransport
