@@ -351,3 +351,41 @@ def test_tito_serve_in_front_of_vllm_generate_names_the_model_it_learned() -> No
         code, output = process_helpers.stop(adapter)
     assert code == 0
     assert f"-> http://127.0.0.1:{engine_port} (vllm-generate, model Qwen/Qwen3-8B)" in output
+
+
+@pytest.mark.parametrize(("dialect", "answer", "says"), [
+    ("vllm-generate", {"choices": []}, "returned a malformed body"),
+    ("vllm-generate", {"choices": [{"logprobs": {"content": []}}]}, "returned no output token ids"),
+    ("vllm-openai", {"choices": [{"text": "hi"}]}, "no output token ids (return_token_ids needs vLLM >= 0.10.2)"),
+    ("vllm-generate", {"choices": [{"token_ids": [5, 6], "finish_reason": "length"}]},
+     "returned no logprobs for 2 output ids"),
+    ("vllm-generate", {"choices": [{"token_ids": [5, 6], "logprobs": {"content": [
+        {"token_id": 5, "logprob": -0.5}, {"token_id": 7, "logprob": -0.1}]}}]},
+     "token_ids disagree with the ids its logprobs name"),
+    ("vllm-openai", {"choices": [{"token_ids": [5], "prompt_token_ids": [0, 1, 2, 3],
+                                  "logprobs": {"token_logprobs": [-0.5]}}]},
+     "generated from other prompt ids than it was sent (4 returned, 3 sent)"),
+])
+def test_an_answer_that_cannot_train_is_the_agents_502_saying_why(dialect: str, answer: dict[str, Any],
+                                                                 says: str) -> None:
+    from tito_rl.trajectory.adapters.engine import vllm
+    from tito_rl.trajectory.adapters.engine.generation import EngineError
+
+    path, body = vllm.request(dialect, "r" * 32, [1, 2, 3], {"max_new_tokens": 2, "no_stop_trim": True}, MODEL)
+    assert "no_stop_trim" not in json.dumps(body) and "max_new_tokens" not in json.dumps(body)
+    with pytest.raises(EngineError) as failed:
+        vllm.parse_answer(dialect, path, "r" * 32, body, answer)
+    assert failed.value.status == 502 and says in failed.value.message
+
+
+def test_a_good_answer_reads_as_the_generation_trained_on() -> None:
+    from tito_rl.trajectory.adapters.engine import vllm
+
+    path, body = vllm.request("vllm-generate", "r" * 32, [1, 2, 3], {"max_new_tokens": 2}, MODEL)
+    generation = vllm.parse_answer("vllm-generate", path, "r" * 32, body, {
+        "choices": [{"token_ids": [5, 6], "finish_reason": "length", "logprobs": {"content": [
+            {"token_id": 5, "logprob": -0.5, "rank": 1}, {"token_id": 6, "logprob": -0.25, "rank": 2}]}}],
+        "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}})
+    assert (generation.output_ids, generation.output_log_probs, generation.finish_reason) == (
+        [5, 6], [-0.5, -0.25], "length")
+    assert (generation.prompt_tokens, generation.cached_tokens) == (3, 2)
