@@ -64,7 +64,8 @@ def vllm_chat(text: str, *, thinking: bool, tool_parsing: bool, seed: str, reaso
     `</think>` as reasoning when thinking is on, a leading `<think>` dropped. It does so even when no `</think>`
     ever comes (all reasoning, content null); the fake engine reads such a text as content, deliberately
     (docs/engine-dialects.md, "Left out": a scripted turn without reasoning has no think block at all)."""
-    reasoning, content = None, text
+    reasoning: str | None = None
+    content: str | None = text
     if not reasoning_parser:
         pass
     elif starts_in_reasoning and thinking and THINK_END in text:

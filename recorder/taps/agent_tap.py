@@ -29,7 +29,7 @@ REPLY_DROPPED = HOP_HEADERS | {"content-encoding", "date", "server"}
 SSE = "text/event-stream"
 SESSIONS_PREFIX = "/sessions/"
 Finish = Callable[[str, float], Awaitable[list[dict[str, Any]] | None]]
-Drop = Callable[[str], Awaitable[bool]]
+Drop = Callable[[str], Awaitable[bool | None]]
 
 
 def forwarded(headers: Any, dropped: frozenset[str] = HOP_HEADERS) -> dict[str, str]:
@@ -69,7 +69,7 @@ def gateway_session(path: str) -> SessionRef | None:
 
 class AgentTap:
     """`finish(sid, reward)` returns the target's samples, or None when it offers none; `drop(sid)` says whether
-    the target knew the session."""
+    the target knew the session (None: a target that cannot tell)."""
 
     def __init__(self, recording: Recording, target_url: str, finish: Finish, drop: Drop) -> None:
         self.recording = recording

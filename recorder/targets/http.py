@@ -36,11 +36,10 @@ class HttpTarget:
                 data = await resp.json(content_type=None) if resp.status == 200 else None
         except (aiohttp.ClientError, ValueError, TimeoutError):
             return None
-        samples = data.get("samples") if isinstance(data, dict) else None
-        if not isinstance(samples, list):
+        if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
             return None  # the gateway offers no samples: replies and engine calls are still recorded
-        stats = data.get("stats") if isinstance(data.get("stats"), dict) else {}
-        return TargetFinish(samples, stats)
+        samples, stats = data["samples"], data.get("stats")
+        return TargetFinish(samples, stats if isinstance(stats, dict) else {})
 
     async def drop(self, session: str) -> bool:
         assert self._http is not None
