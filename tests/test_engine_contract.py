@@ -10,7 +10,7 @@ from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION
 from tito_rl.recorder.engine_contract.answers import answers_path, load_recording
 from tito_rl.recorder.engine_contract.exchange import DONE, Answer
 from tito_rl.recorder.engine_contract.left_out import LEFT_OUT
-from tito_rl.recorder.engine_contract.requests import BARE, FULL, vllm_requests
+from tito_rl.recorder.engine_contract.requests import BARE, FULL, TOOLS, vllm_requests
 from tito_rl.recorder.engine_contract.runner import check_fake, drift
 from tito_rl.recorder.engine_contract.shape import compare_answers
 from tito_rl.recorder.real_engine.paths import VLLM_VERSION
@@ -32,6 +32,8 @@ def test_the_recording_covers_every_contract_request_in_both_start_modes():
     assert recorded == {(r.mode, r.name) for r in vllm_requests()}
     assert recording.start_flags[FULL] == ["--enable-scale-out", "--enable-auto-tool-choice", "--tool-call-parser",
                                            "hermes", "--reasoning-parser", "qwen3"]
+    assert recording.start_flags[TOOLS] == ["--enable-scale-out", "--enable-auto-tool-choice", "--tool-call-parser",
+                                            "hermes"]
     assert recording.start_flags[BARE] == []
     statuses = {e.request.name: e.answer.status for e in recording.exchanges}
     # What only a start flag opens, and what vLLM refuses, as the real engine answered.
@@ -43,6 +45,26 @@ def test_the_recording_covers_every_contract_request_in_both_start_modes():
     assert extra_body["token_ids"] is None  # vLLM ignores a literal extra_body key
     assert by_name["chat json stop id"].answer.body["choices"][0]["stop_reason"] == recording.values["$stop_id"]
     assert by_name["chat json stop string"].answer.body["choices"][0]["stop_reason"] == recording.values["$stop_text"]
+    forced = by_name["tools chat sse tools required"].answer.chunks  # a cut forced call, streamed as tool_calls
+    assert any(c["choices"] and c["choices"][0]["delta"].get("tool_calls") for c in forced if c != DONE)
+
+
+def test_a_forced_tool_call_spelled_in_text_streams_as_the_real_engine_streamed_it():
+    """vLLM's structured outputs make the model spell `<tool_call>` in ordinary tokens; the fake engine's hermes
+    deltas over the real answer's own ids put the name and every arguments piece on the same tokens as vLLM did."""
+    from tito_rl.fake_engine.openai.parse import vllm_chat_deltas
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
+
+    recording = load_recording("vllm", VLLM_VERSION)
+    for name in ("tools chat sse tools required", "tools chat sse tools named"):
+        exchange = next(e for e in recording.exchanges if e.request.name == name)
+        chunks = [c for c in exchange.answer.chunks if c != DONE and c["choices"]][1:]
+        ids = [i for c in chunks for i in c["choices"][0]["token_ids"]]
+        real = [(c["choices"][0]["delta"].get("tool_calls") or [{}])[0] for c in chunks]
+        fake = [(d.get("tool_calls") or [{}])[0] for d in vllm_chat_deltas(
+            load_tokenizer(), ids, tool_parsing=True, seed="s", reasoning_parser=False)]
+        assert [f.get("function") for f in fake] == [r.get("function") for r in real], name
+        assert [sorted(f) for f in fake] == [sorted(r) for r in real], name
 
 
 def test_the_fake_engine_imitates_the_version_checked_live_by_default():

@@ -18,7 +18,7 @@ from tests.real_engine_support import RealEngines
 from tito_rl.recorder.engine_contract.answers import load_recording
 from tito_rl.recorder.engine_contract.check import check_engine, run
 from tito_rl.recorder.engine_contract.exchange import send
-from tito_rl.recorder.engine_contract.requests import BARE, FULL, vllm_requests
+from tito_rl.recorder.engine_contract.requests import BARE, FULL, TOOLS, vllm_requests
 from tito_rl.recorder.engine_contract.runner import base_values, drift, record_live, served_model
 from tito_rl.recorder.real_engine.build import weights_digest
 from tito_rl.recorder.real_engine.paths import HOME_ENV, SERVED_MODEL_NAME, VLLM_VERSION, ReadyEngine, read_ready
@@ -32,7 +32,21 @@ from tito_rl.recorder.real_engine.server import (
 from tito_rl.trajectory.tokens.tokenizer import default_tokenizer_dir, load_tokenizer
 
 FULL_FLAGS = StartFlags(scale_out=True, tools=True, reasoning=True)
+TOOLS_FLAGS = StartFlags(scale_out=True, tools=True, reasoning=False)
 BARE_FLAGS = StartFlags(scale_out=False, tools=False, reasoning=False)
+
+
+def no_drift(url: str, mode: str) -> list[str]:
+    """The contract's requests of one start mode sent live, against the committed answers: structural drift."""
+    committed = load_recording("vllm", VLLM_VERSION)
+    live = load_recording("vllm", VLLM_VERSION)
+    live.values = base_values(load_tokenizer(), *served_model(url))
+    live.exchanges = record_live(url, [r for r in vllm_requests() if r.mode == mode], live.values)
+    committed.exchanges = [e for e in committed.exchanges if e.request.mode == mode]
+    assert committed.exchanges
+    if "$stop_id" in live.values:  # seeded: the same third token as when the answers were recorded
+        assert live.values["$stop_id"] == committed.values["$stop_id"]
+    return drift(committed, live)
 
 
 # ---- always: the commands and the READY file ----------------------------------------------------------------
@@ -134,13 +148,14 @@ def test_seeded_answers_repeat_and_agree_across_routes(real_engines):
 @pytest.mark.real_engine
 def test_no_drift_from_the_committed_answers_with_every_flag(real_engines):
     server = real_engines.get(FULL_FLAGS)
-    committed = load_recording("vllm", VLLM_VERSION)
-    live = load_recording("vllm", VLLM_VERSION)
-    live.values = base_values(load_tokenizer(), *served_model(server.url))
-    live.exchanges = record_live(server.url, [r for r in vllm_requests() if r.mode == FULL], live.values)
-    committed.exchanges = [e for e in committed.exchanges if e.request.mode == FULL]
-    assert live.values["$stop_id"] == committed.values["$stop_id"]  # seeded: the same third token again
-    assert drift(committed, live) == []
+    assert no_drift(server.url, FULL) == []
+
+
+@pytest.mark.real_engine
+def test_no_drift_with_tools_and_no_reasoning_parser(real_engines):
+    server = real_engines.get(TOOLS_FLAGS)
+    assert no_drift(server.url, TOOLS) == []
+    assert check_engine(server.url).faithful == ["vllm-generate", "vllm-openai"]
 
 
 @pytest.mark.real_engine
@@ -160,11 +175,7 @@ def test_check_engine_on_the_real_vllm_without_its_flags(real_engines):
 @pytest.mark.real_engine
 def test_no_drift_from_the_committed_answers_without_flags(real_engines):
     server = real_engines.get(BARE_FLAGS)
-    committed = load_recording("vllm", VLLM_VERSION)
-    live = load_recording("vllm", VLLM_VERSION)
-    live.exchanges = record_live(server.url, [r for r in vllm_requests() if r.mode == BARE], live.values)
-    committed.exchanges = [e for e in committed.exchanges if e.request.mode == BARE]
-    assert drift(committed, live) == []
+    assert no_drift(server.url, BARE) == []
 
 
 @pytest.mark.real_engine

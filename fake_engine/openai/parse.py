@@ -96,7 +96,12 @@ def vllm_chat_deltas(tokenizer: Any, ids: list[int], *, tool_parsing: bool, seed
     region = "reasoning" if reasoning_parser and starts_in_reasoning and think_end in ids else "content"
     body: list[int] = []  # positions of the current tool call's body tokens
     n_calls = 0
+    spelled = _spelled_tool_call(pieces) if tool_parsing and tool not in ids else None
     for pos, tid in enumerate(ids):
+        if spelled is not None and pos >= spelled[0] and region == "content":
+            region, body = "tool", []  # `<tool_call>` spelled in text pieces (structured outputs force it so)
+        if spelled is not None and spelled[0] <= pos < spelled[1]:
+            continue  # the tag's own tokens: held back, as the hermes parser holds them
         if tid == think and has_reasoning and region == "content" and pos < ids.index(think_end):
             region = "reasoning"
             continue
@@ -127,19 +132,57 @@ def vllm_chat_deltas(tokenizer: Any, ids: list[int], *, tool_parsing: bool, seed
     return deltas
 
 
+def _spelled_tool_call(pieces: list[str]) -> tuple[int, int] | None:
+    """Where a `<tool_call>` spelled across ordinary tokens starts and ends (token positions, the end exclusive):
+    under `tool_choice` required or named, vLLM's structured outputs make the model write the tag as text, and its
+    hermes parser reads it from the text all the same."""
+    text = "".join(pieces)
+    at = text.find(TOOL_CALL)
+    if at < 0:
+        return None
+    starts, offset = [], 0
+    for piece in pieces:
+        starts.append(offset)
+        offset += len(piece)
+    first = max(i for i, start in enumerate(starts) if start <= at)
+    end = at + len(TOOL_CALL)
+    after = next((i for i, start in enumerate(starts) if start >= end), len(pieces))
+    return first, after
+
+
+_PARTIAL_NAME = re.compile(r'"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+_PARTIAL_ARGUMENTS = re.compile(r'"arguments"\s*:\s*')
+
+
+def _call_parts(text: str) -> tuple[str, str, int] | None:
+    """(name, arguments, where the arguments start in `text`) of a tool call's JSON; a call cut short (by
+    `max_tokens`) gives what is there of it once its name is complete, as vLLM 0.32's hermes parser streams it."""
+    try:
+        call = json.loads(text)
+        name, arguments = call["name"], json.dumps(call["arguments"], ensure_ascii=False)
+    except (ValueError, KeyError, TypeError):
+        named = _PARTIAL_NAME.search(text)
+        if named is None:
+            return None
+        rest = _PARTIAL_ARGUMENTS.search(text, named.end())
+        at = rest.end() if rest else -1
+        return json.loads(named.group(1)), text[at:] if rest else "", at
+    name_end = text.find(json.dumps(name, ensure_ascii=False), text.find('"name"')) + len(
+        json.dumps(name, ensure_ascii=False))
+    return name, arguments, text.find(arguments, name_end)
+
+
 def _tool_fragments(deltas: list[dict[str, Any]], body: list[int], pieces: list[str], index: int,
                     call_id: str) -> None:
     """The fragments of one tool call over its body tokens: the name where it completes, then the arguments
     spread over the tokens that spell them."""
     text = "".join(pieces[p] for p in body)
-    try:
-        call = json.loads(text)
-        name, arguments = call["name"], json.dumps(call["arguments"], ensure_ascii=False)
-    except (ValueError, KeyError, TypeError):
-        return  # not a parsable call: vLLM's hermes streams nothing for it
+    parts = _call_parts(text)
+    if parts is None:
+        return  # no name yet: vLLM's hermes streams nothing for it
+    name, arguments, args_at = parts
     name_at = text.find('"name"')
     name_end = text.find(json.dumps(name, ensure_ascii=False), name_at) + len(json.dumps(name, ensure_ascii=False))
-    args_at = text.find(arguments, name_end)
     starts = []
     offset = 0
     for p in body:

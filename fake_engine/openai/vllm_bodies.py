@@ -220,17 +220,18 @@ def generate_body(tokenizer: Any, call: OpenAICall, ids: list[int], lps: list[fl
     so far (a stream's weight-version span). Before 0.32: `{request_id, choices}` with chat-style entries."""
     text_mode = call.body.get("output_mode") == "text"
     if not call.vllm.generate_usage:
-        choice = {"index": 0, "logprobs": chat_logprobs(tokenizer, call, ids, lps), "finish_reason": finish,
-                  "token_ids": ids}
-        old: dict[str, Any] = {"request_id": call.rid, "choices": [choice]}
+        old_choice = {"index": 0, "logprobs": chat_logprobs(tokenizer, call, ids, lps), "finish_reason": finish,
+                      "token_ids": ids}
+        old: dict[str, Any] = {"request_id": call.rid, "choices": [old_choice]}
         if call.return_token_ids and prompt is not None:
             old["prompt_token_ids"] = prompt
         old.update({"prompt_logprobs": None, "kv_transfer_params": None})
         return old
     n = len(ids) if total is None else total
     versions = [{"version": WEIGHT_VERSION, "start": 0, "end": n}] if finish is not None else None
-    choice = {"index": 0, "finish_reason": finish, "stop_reason": stop_reason(call, finish, matched),
-              "token_ids": ids, "routed_experts": None, "sampling_mask": None, "weight_versions": versions}
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "stop_reason": stop_reason(call, finish, matched),
+                              "token_ids": ids, "routed_experts": None, "sampling_mask": None,
+                              "weight_versions": versions}
     if text_mode:
         choice["text"] = tokenizer.decode(ids[:-1] if finish == "stop" and matched is not None
                                           and not isinstance(matched, str) else ids, skip_special_tokens=True)

@@ -20,12 +20,13 @@ import sys
 
 from tito_rl.recorder.engine_contract.answers import Recording, answers_path, load_recording
 from tito_rl.recorder.engine_contract.exchange import Unreachable
-from tito_rl.recorder.engine_contract.requests import BARE, FULL, SGLANG, requests_for
+from tito_rl.recorder.engine_contract.requests import BARE, FULL, SGLANG, TOOLS, requests_for
 from tito_rl.recorder.engine_contract.runner import Verdict, base_values, check_fake, drift, record_live, served_model
 from tito_rl.recorder.real_engine.paths import VLLM_VERSION
 from tito_rl.recorder.real_engine.server import RealEngineError, RealVllmServer, StartFlags
 
 MODE_FLAGS = {FULL: StartFlags(scale_out=True, tools=True, reasoning=True),
+              TOOLS: StartFlags(scale_out=True, tools=True, reasoning=False),
               BARE: StartFlags(scale_out=False, tools=False, reasoning=False)}
 
 
@@ -51,7 +52,7 @@ def record_recording(url: str | None, modes: list[str], engine: str = "vllm", ve
     from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
-    requests = requests_for(SGLANG if engine == SGLANG else FULL)
+    requests = requests_for(engine)
     recording = Recording(engine=engine, version=version,
                           start_flags={m: MODE_FLAGS[m].arguments() if m in MODE_FLAGS else [] for m in modes},
                           values={})
@@ -77,14 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     fake.add_argument("--vllm-version", default=VLLM_VERSION, help="the recorded version to hold it to")
     rec = sub.add_parser("record", help="record the real vLLM's answers (starts it, once per start mode)")
     rec.add_argument("--url", default=None, help="an engine already running (one mode; default: start the real one)")
-    rec.add_argument("--mode", choices=(FULL, BARE), action="append", help="start modes (default: both)")
+    rec.add_argument("--mode", choices=(FULL, TOOLS, BARE), action="append", help="start modes (default: all)")
     rec.add_argument("--check-drift", action="store_true",
                      help="compare with the committed answers and fail on any structural difference; write nothing")
     live = sub.add_parser("live", help="the fake engine against an engine running at URL")
     live.add_argument("--url", required=True)
     live.add_argument("--engine", choices=("vllm", SGLANG), default="vllm", help="what runs at URL (default vllm)")
-    live.add_argument("--mode", choices=(FULL, BARE), default=FULL,
-                      help="vLLM's start flags (full: scale-out, auto tool choice, qwen3 reasoning; bare: none)")
+    live.add_argument("--mode", choices=(FULL, TOOLS, BARE), default=FULL,
+                      help="vLLM's start flags (full: scale-out, auto tool choice, qwen3 reasoning; tools: the same "
+                           "without reasoning; bare: none)")
     live.add_argument("--save", default=None, metavar="FILE", help="also write that engine's answers to FILE")
     args = parser.parse_args(argv)
     try:
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 with open(args.save, "w", encoding="utf-8") as out:
                     out.write(recording.to_json())
             return report(check_fake(recording, vllm_version=VLLM_VERSION), args.url)
-        modes = args.mode or [FULL, BARE]
+        modes = args.mode or [FULL, TOOLS, BARE]
         recording = record_recording(args.url, modes)
         if args.check_drift:
             found = drift(load_recording("vllm", VLLM_VERSION), recording)

@@ -18,7 +18,7 @@ from aiohttp import web
 from tito_rl.fake_engine.app import EngineOptions, create_app
 from tito_rl.fake_engine.policy import GenerateRequest, Generation
 from tito_rl.recorder.engine_contract.exchange import DONE, Answer
-from tito_rl.recorder.engine_contract.requests import BARE, SGLANG
+from tito_rl.recorder.engine_contract.requests import BARE, FULL, SGLANG
 from tito_rl.recorder.real_engine.paths import MAX_MODEL_LEN, SERVED_MODEL_NAME, VLLM_VERSION
 from tito_rl.recorder.real_engine.server import free_port
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
@@ -26,6 +26,9 @@ from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 def output_of(answer: Answer, tokenizer: Any) -> tuple[list[int], str, Any]:
     """(output ids, finish, matched) of choice 0 in a real answer; the text's ids where no ids were returned."""
+    sglang = _sglang_output(answer)
+    if sglang is not None:
+        return sglang
     choices: list[dict[str, Any]] = []
     if answer.streamed:
         for chunk in answer.chunks:
@@ -37,9 +40,6 @@ def output_of(answer: Answer, tokenizer: Any) -> tuple[list[int], str, Any]:
     text = ""
     had_ids = False
     finish, matched = "length", None
-    sglang = _sglang_output(answer)
-    if sglang is not None:
-        return sglang
     for choice in choices:
         meta = choice.get("meta_info") if isinstance(choice.get("meta_info"), dict) else {}
         own = choice.get("token_ids") or choice.get("response_token_ids") or (
@@ -97,10 +97,11 @@ def fake_options(mode: str, tokenizer: Any, vllm_version: str = VLLM_VERSION,
                              context_length=context_length, tokenizer=tokenizer,
                              vocab_size=max(len(tokenizer), 151936), openai_dialect="sglang-openai")
     full = mode != BARE
+    reasoning = mode == FULL
     return EngineOptions(
         model_name=SERVED_MODEL_NAME, model_path=SERVED_MODEL_NAME, context_length=context_length,
         tokenizer=tokenizer, vocab_size=len(tokenizer), openai_dialect="vllm-openai", vllm_version=vllm_version,
-        vllm_scale_out=full, vllm_auto_tool_choice=full, vllm_reasoning_parser=full)
+        vllm_scale_out=full, vllm_auto_tool_choice=full, vllm_reasoning_parser=reasoning)
 
 
 @contextmanager

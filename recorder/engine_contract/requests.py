@@ -1,8 +1,9 @@
 """The contract's requests: what tito's dialects send an engine, with every option they use, and the errors.
 
 Each request names the start mode it runs under: `full` (vLLM started with `--enable-scale-out`,
-`--enable-auto-tool-choice --tool-call-parser hermes` and `--reasoning-parser qwen3`) or `bare` (none of them),
-so the routes and options that need a start flag are checked both ways. Prompts are token ids of the embedded
+`--enable-auto-tool-choice --tool-call-parser hermes` and `--reasoning-parser qwen3`), `tools` (the same without the
+reasoning parser: forced tool calls then start at once) or `bare` (none of them), so the routes and options that
+need a start flag are checked both ways. Prompts are token ids of the embedded
 tokenizer or short chat messages; every sampled request is seeded, so the real engine answers alike each time.
 Two requests take a value from an earlier answer (`$stop_id`, `$stop_text`: the third token the seeded chat
 request produced, and its text), so a stop id or string is sure to be met; the values used are stored with the
@@ -15,7 +16,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-FULL, BARE = "full", "bare"
+FULL, BARE, TOOLS = "full", "bare", "tools"
 SGLANG = "sglang"  # SGLang started with --reasoning-parser qwen3 --tool-call-parser qwen25 (point it at your own)
 MODEL = "$model"  # the model name the engine serves, learned from GET /v1/models
 STOP_ID, STOP_TEXT = "$stop_id", "$stop_text"
@@ -135,6 +136,20 @@ def vllm_requests() -> list[ContractRequest]:
         r("tokenize prompt", FULL, "POST", "/tokenize", {"model": MODEL, "prompt": PROMPT_TEXT}),
         r("tokenize messages", FULL, "POST", "/tokenize", {"model": MODEL, "messages": MESSAGES}),
         r("detokenize", FULL, "POST", "/detokenize", {"model": MODEL, "tokens": "$prompt_ids"}),
+        r("tools chat json ids", TOOLS, "POST", "/v1/chat/completions", _ids_on(),
+          why="no reasoning parser: the answer is content"),
+        r("tools chat tools required", TOOLS, "POST", "/v1/chat/completions",
+          _ids_on(tools=[WEATHER_TOOL], tool_choice="required", max_tokens=24),
+          why="structured outputs spell <tool_call> in text; cut by max_tokens: content, no calls"),
+        r("tools chat tools named", TOOLS, "POST", "/v1/chat/completions",
+          _ids_on(tools=[WEATHER_TOOL], tool_choice=named, max_tokens=24)),
+        r("tools chat sse tools required", TOOLS, "POST", "/v1/chat/completions",
+          _ids_on(tools=[WEATHER_TOOL], tool_choice="required", max_tokens=24, stream=True,
+                  stream_options=SSE_USAGE), why="the cut call streamed as delta.tool_calls: its name, then arguments"),
+        r("tools chat sse tools named", TOOLS, "POST", "/v1/chat/completions",
+          _ids_on(tools=[WEATHER_TOOL], tool_choice=named, max_tokens=24, stream=True, stream_options=SSE_USAGE)),
+        r("tools chat sse tools auto", TOOLS, "POST", "/v1/chat/completions",
+          _ids_on(tools=[WEATHER_TOOL], tool_choice="auto", stream=True, stream_options=SSE_USAGE)),
         r("bare chat json ids", BARE, "POST", "/v1/chat/completions", _ids_on(),
           why="no reasoning parser: the message's reasoning field still there"),
         r("bare chat tools auto", BARE, "POST", "/v1/chat/completions",

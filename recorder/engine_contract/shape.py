@@ -131,7 +131,9 @@ def stream_parts(chunks: list[Any]) -> dict[str, list[Any]]:
 
 def _has_finish(chunk: Any) -> bool:
     choices = chunk.get("choices") if isinstance(chunk, dict) else None
-    return bool(choices) and any(isinstance(c, dict) and c.get("finish_reason") is not None for c in choices)
+    if not isinstance(choices, list):
+        return False
+    return any(isinstance(c, dict) and c.get("finish_reason") is not None for c in choices)
 
 
 def compare_answers(real: Answer, fake: Answer, name: str) -> list[str]:
