@@ -59,6 +59,12 @@ def test_without_auto_tool_choice_the_chat_check_says_so_and_stays_faithful():
     assert chat.faithful and any("--enable-auto-tool-choice" in note for note in chat.notes)
 
 
+def test_without_a_reasoning_parser_every_dialect_stays_faithful():
+    with fake(openai_dialect="vllm-openai", vllm_reasoning_parser=False) as url:
+        report = check_engine(url)
+    assert report.faithful == ["sglang", "vllm-generate", "vllm-openai"]
+
+
 def test_the_fake_engine_as_sglang_reports_sglangs_chat():
     with fake(openai_dialect="sglang-openai") as url:
         report = check_engine(url)

@@ -190,3 +190,35 @@ def test_the_model_rebuilds_byte_for_byte_from_its_seed(tmp_path):
     assert weights_digest(tmp_path) == ready.model_sha256
     assert json.loads((tmp_path / "generation_config.json").read_text()) == {"bos_token_id": 151643,
                                                                               "eos_token_id": 151645}
+
+
+def test_build_writes_ready_once_and_then_reuses_it(tmp_path, monkeypatch):
+    """The build's bookkeeping with its two slow steps stood in for: READY names what was built, and a second build
+    runs no step at all."""
+    from tito_rl.recorder.real_engine import build
+
+    steps: list[str] = []
+
+    def venv(home: Path, quiet: bool) -> Path:
+        steps.append("venv")
+        python = home / "venv" / "bin" / "python"
+        python.parent.mkdir(parents=True, exist_ok=True)
+        python.write_text("")
+        return python
+
+    def model(home: Path, python: Path, seed: int, quiet: bool) -> Path:
+        steps.append(f"model {seed}")
+        folder = home / f"tiny-qwen3-seed{seed}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"weights")
+        return folder
+
+    monkeypatch.setattr(build, "ensure_venv", venv)
+    monkeypatch.setattr(build, "ensure_model", model)
+    ready = build.build(tmp_path, seed=5, quiet=True)
+    assert steps == ["venv", "model 5"]
+    assert read_ready(tmp_path) == ready and ready.model == str(tmp_path / "tiny-qwen3-seed5")
+    assert ready.model_sha256 == weights_digest(tmp_path / "tiny-qwen3-seed5")
+    assert ready.start_command.endswith("--enable-scale-out --enable-auto-tool-choice --tool-call-parser hermes")
+    assert build.build(tmp_path, seed=5, quiet=True) == ready and steps == ["venv", "model 5"]

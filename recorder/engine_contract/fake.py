@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from tito_rl.fake_engine.app import EngineOptions, create_app
-from tito_rl.fake_engine.policy import GenerateRequest, Generation
+from tito_rl.fake_engine.policy import FinishKind, GenerateRequest, Generation
 from tito_rl.recorder.engine_contract.exchange import DONE, Answer
 from tito_rl.recorder.engine_contract.requests import BARE, FULL, SGLANG
 from tito_rl.recorder.real_engine.paths import MAX_MODEL_LEN, SERVED_MODEL_NAME, VLLM_VERSION
@@ -74,6 +74,13 @@ def _sglang_output(answer: Answer) -> tuple[list[int], str, Any] | None:
     return list(last.get("output_ids") or []), kind if kind in ("stop", "length", "abort") else "stop", matched
 
 
+def finish_kind(finish: str) -> FinishKind:
+    """An engine's finish reason as a policy's: `tool_calls` (or anything else) is a stop."""
+    if finish == "length":
+        return "length"
+    return "abort" if finish == "abort" else "stop"
+
+
 class RealTokensPolicy:
     """Answers the next request with the output the real engine gave the same request."""
 
@@ -83,8 +90,7 @@ class RealTokensPolicy:
 
     def expect(self, answer: Answer) -> None:
         ids, finish, matched = output_of(answer, self.tokenizer)
-        self.next = Generation(output_ids=ids, finish=finish if finish in ("stop", "length", "abort") else "stop",
-                               matched=matched)
+        self.next = Generation(output_ids=ids, finish=finish_kind(finish), matched=matched)
 
     def generate(self, req: GenerateRequest) -> Generation:
         return self.next
