@@ -207,7 +207,7 @@ def test_aborts_in_each_dialect(recorded: Recorded) -> None:
         cassette = read_cassette(recorded[(dialect, "client_abort")])
         (log,) = cassette.sessions.values()
         assert [a.status for a in log.agent] == [200, 499, 200, 200]
-        calls[dialect] = [e for e in log.engine if e.started_s >= 0]
+        calls[dialect] = list(log.engine)
     generate = calls["vllm-generate"]
     aborts = [e for e in generate if endpoint_of(e.path) == "abort"]
     assert [(e.path, e.status) for e in aborts] == [("/inference/v1/abort_requests", 200)]
