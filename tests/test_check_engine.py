@@ -111,6 +111,9 @@ def test_exit_codes_from_the_command_line():
     assert lines[0] == f"engine {url} (model tiny)"
     assert any("--enable-scale-out" in line for line in lines)
     assert lines[-1] == "token-faithful: sglang, vllm-openai"
+    with fake(openai_dialect="vllm-openai") as url:  # an OpenAI base URL (".../v1") names the same engine
+        assert run(Namespace(url=url + "/v1/", json=False), say=lines.append) == 0
+    assert lines[-1] == "token-faithful: sglang, vllm-generate, vllm-openai"
     closed = f"http://127.0.0.1:{free_port()}"
     result = subprocess.run([sys.executable, "-m", "tito_rl", "check-engine", closed], capture_output=True,
                             text=True, timeout=120)

@@ -191,7 +191,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
-    url = args.url.rstrip("/")
+    url = args.url.rstrip("/").removesuffix("/v1")  # the engine's root: an OpenAI base URL names /v1 too
     try:
         report = check_engine(url)
     except Unreachable as error:
