@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tito-installed
 
 .PHONY: install demo test lint bench cassettes corpus corpus-table conformance clean real-engine test-real-engine \
-	engine-contract engine-contract-live
+	engine-contract engine-contract-live real-vllm-cassettes
 
 $(STAMP): pyproject.toml requirements-parsers.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -75,6 +75,11 @@ real-engine: install
 # The tests marked real_engine, against that engine (one server at a time, 1-3 minutes per start): not in `make test`.
 test-real-engine: real-engine
 	TITO_REAL_ENGINE=1 $(BIN)/python -m pytest -q -rs -n 0 -m real_engine $(or $(TESTS),tests)
+
+# cassettes/real_vllm/ re-recorded live against that engine (tito's adapter in both vLLM dialects, rllm's gateway), seeded,
+# with their goldens (recorder/real_engine/cassettes.py). `make test` replays the committed ones with no engine.
+real-vllm-cassettes: real-engine
+	$(BIN)/python -m tito_rl.recorder.real_engine.cassettes
 
 # The fake engine held to the committed real answers (no vLLM; CI runs the same in `make test`).
 engine-contract: install

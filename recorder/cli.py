@@ -33,6 +33,7 @@ from tito_rl.recorder.record_options import add_arguments as add_arguments  # th
 from tito_rl.recorder.targets.base import TargetError
 from tito_rl.recorder.targets.registry import TITO, TargetSpec, parse_target
 from tito_rl.trajectory.adapters import serve
+from tito_rl.trajectory.adapters.engine.generate import ADAPTER_DIALECTS
 
 
 def check(args: argparse.Namespace) -> str | None:
@@ -85,6 +86,9 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--target {spec.text} needs --engine-listen HOST:PORT: the engine URL that gateway was started with"
     if spec.kind == TITO and (args.engine_listen or args.volatile):
         return "--engine-listen and --volatile are for a target other than tito's own adapter"
+    if spec.kind == TITO and args.engine_dialect not in (None, *ADAPTER_DIALECTS):
+        return (f"--engine-dialect {args.engine_dialect}: tito's adapter calls the engine in "
+                f"{', '.join(ADAPTER_DIALECTS)}")
     if args.sessions < 1 or args.concurrency < 1:
         return "--sessions and --concurrency must be >= 1"
     return None
@@ -129,7 +133,14 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
     settings = serve.settings_from(args)
     manager = serve.manager_from(args)
     spec = parse_target(args.target)
+    if spec.kind == TITO:  # the served model goes in the header: a replay sends the same name without asking
+        problem = await serve.learn_served_model(settings)
+        if problem:
+            print(f"tito record: {problem} (is the engine up? --engine-model NAME names it)", file=sys.stderr)
+            return 2
     engine = await fetch_engine_info(settings.engine_url)
+    if engine is None and spec.kind == TITO and settings.engine_model:  # vLLM: no /model_info, its model listing
+        engine = {"served_model_name": settings.engine_model}
     if engine is None:
         print(f"tito record: warning: no /model_info from {settings.engine_url}; recording without engine info",
               file=sys.stderr)
@@ -226,8 +237,9 @@ async def _start_tito(args: argparse.Namespace, settings: Any, manager: Any, tap
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    print(f"tito record: proxy on http://{host}:{port} -> {settings.engine_url}, writing {args.out}",
-          file=sys.stderr, flush=True)
+    model = f", model {settings.engine_model}" if settings.engine_model else ""
+    print(f"tito record: proxy on http://{host}:{port} -> {settings.engine_url} ({settings.engine_dialect}{model}), "
+          f"writing {args.out}", file=sys.stderr, flush=True)
     return runner.cleanup, f"http://{host}:{port}"
 
 

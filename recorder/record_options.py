@@ -14,7 +14,7 @@ from tito_rl.trajectory.dialects.view import DIALECTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    serve.add_arguments(parser)
+    serve.add_arguments(parser, engine_dialect=False)
     parser.add_argument("--out", required=True, help="cassette file to create (a folder with --per-session)")
     parser.add_argument("--per-session", action="store_true", help="one cassette per session, in the --out folder")
     parser.add_argument("--quiet", action="store_true", help="no live progress line")
@@ -62,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="http:// target: the engine-leg header carrying the session id (default "
                               "%(default)s; none: it sends none)")
     targets.add_argument("--engine-dialect", choices=DIALECTS, metavar="DIALECT",
-                         help="the engine API the target calls, where its calls alone do not say (sglang, "
-                              "sglang-openai, vllm-openai, vllm-generate; default: read from each call, "
+                         help="the engine API the target calls. tito's adapter: sglang (default), vllm-generate or "
+                              "vllm-openai (/v1/completions with token ids), as tito serve's; another target: what its "
+                              "calls alone do not say (also sglang-openai; default: read from each call, "
                               "docs/engine-dialects.md)")
     agents.add_argument("--reward", type=float, default=0.0,
                         help="reward given when an agent session finishes (scripted: the script's own finish)")

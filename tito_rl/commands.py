@@ -43,10 +43,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ("0: the replay matches its recording", "1: a difference",
          "2: the cassette cannot be replayed"), parses=True),
     "serve": Subcommand(
-        "tito_rl.trajectory.adapters.serve", "run the adapter app in front of an SGLang engine",
+        "tito_rl.trajectory.adapters.serve", "run the adapter app in front of an SGLang or vLLM engine",
         "Serves the adapter app (Anthropic Messages, OpenAI Chat and Responses, Gemini API, rendered to "
-        "token ids for SGLang's /generate) in front of an engine, a router or tito's fake engine, with the "
-        "trajectory manager building each session's samples; agents use the session id as their API key.",
+        "token ids for SGLang's /generate, or vLLM's /inference/v1/generate or /v1/completions with "
+        "--engine-dialect) in front of an engine, a router or tito's fake engine, with the trajectory manager "
+        "building each session's samples; agents use the session id as their API key.",
         ("0: stopped by SIGINT or SIGTERM", "1: --listen is not HOST:PORT",
          "2: the settings cannot be used (an unknown parser name, a chat template that does not parse)"), parses=True),
     "fake-engine": Subcommand(
@@ -70,7 +71,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "record": Subcommand(
         "tito_rl.recorder.cli", "record agent and engine traffic into a cassette",
         "The adapter app as a recording proxy in front of a live engine: both legs of every session (agent "
-        "requests and replies, engine /generate calls) are written into a cassette, secrets redacted. With "
+        "requests and replies, engine calls in their dialect) are written into a cassette, secrets redacted. With "
         "--agent it starts the agents itself and stops when they are done; otherwise it serves until stopped. "
         "Progress goes to stderr: a live line on a terminal, a line at most every 10 s otherwise. Beside a "
         "training run: --sample-rate, --rotate-sessions/--rotate-bytes (a folder of cassettes), --max-bytes, and "

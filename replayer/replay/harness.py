@@ -28,12 +28,19 @@ from tito_rl.replayer.comparison.differences import (
 )
 from tito_rl.replayer.replay.agent_leg import ReplayTap, exchange_context, request_headers, request_target
 from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE, CassetteTransport
-from tito_rl.replayer.replay.loading import ReplayInputError, adapter_settings, recorded_target, replay_target
+from tito_rl.replayer.replay.loading import (
+    ReplayInputError,
+    adapter_settings,
+    recorded_engine_model,
+    recorded_target,
+    replay_target,
+)
 from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.replay.plan import Drop, End, Finish, PlannedExchange, SessionPlan, Start
 from tito_rl.replayer.replay.results import FinishResult, SessionResult
 from tito_rl.trajectory.adapters.app import ADAPTER_KEY, create_app
-from tito_rl.trajectory.dialects.registry import is_generation, record_view
+from tito_rl.trajectory.adapters.engine.generate import DROPPED
+from tito_rl.trajectory.dialects.registry import endpoint_of, is_generation, record_view
 from tito_rl.trajectory.dialects.view import SGLANG
 from tito_rl.trajectory.manager import Linearization, TrajectoryManager
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
@@ -166,6 +173,8 @@ class Harness(HarnessBase):
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
         super().__init__(cassette, path, tokenizer, options)
         self.settings = adapter_settings(cassette.header, tokenizer, options.adapter)
+        if self.settings.engine_dialect != SGLANG and not self.settings.engine_model:
+            self.settings.engine_model = recorded_engine_model(cassette)
         self.settings.clock = self._created
         self.manager = CapturingManager(**{**(cassette.header.adapter.get("manager") or {}), **options.manager})
         self.tap = ReplayTap()
@@ -432,8 +441,9 @@ def wire_event(exchange: PlannedExchange, turns_known: bool = True) -> str | Non
     the recording knows each exchange's turn (tito's adapter); around another target it does not say."""
     record = exchange.record
     generates = [c for c in exchange.engine if is_generation(c.path)]
-    failed = [f"engine {c.path} {c.status or 'no answer'}" for c in generates if c.status != 200]
-    aborts = sum(c.path.endswith("/abort_request") for c in exchange.engine)
+    failed = [f"engine {c.path} call dropped" if c.status == 0 and c.error == DROPPED
+              else f"engine {c.path} {c.status or 'no answer'}" for c in generates if c.status != 200]
+    aborts = sum(endpoint_of(c.path) == "abort" for c in exchange.engine)
     parts: list[str] = []
     if record.retry_of is not None:
         parts.append(f"retry of #{record.retry_of} (identical body): " + (
