@@ -8,15 +8,20 @@ started with `--sessions-in` (its own reading of where its sessions are) and `--
 from __future__ import annotations
 
 import json
+import shutil
 import signal
+import subprocess
+import sys
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
 from tests.gateway_double import VOLATILE
-from tests.process_helpers import free_port, tito
+from tests.process_helpers import ROOT, free_port, stop, tito, wait_http
 from tests.test_gateway_double import gateway, volatile_flags
 from tests.test_targets_record_replay import record, replay
 from tito_rl.cassette.format.records import EngineRecord
@@ -205,3 +210,60 @@ async def test_the_http_target_tells_a_failing_finish_from_one_that_offers_no_sa
         await target.stop()
         if runner is not None:
             await runner.cleanup()
+
+
+# --- rllm's model gateway started as a process: no session API, no routing key, sessions in the URL ----------
+
+RLLM_VOLATILE = ("id", "created", "choices[*].message.tool_calls[*].id", "choices[*].delta.tool_calls[*].id")
+
+
+@contextmanager
+def rllm_gateway(worker: str, tmp_path: Path) -> Iterator[str]:
+    """`rllm-model-gateway` as a team starts it, its worker the engine tap (replay's engine), its health checks a
+    day apart (through tito they would be engine calls; a replay answers them anyway)."""
+    exe = shutil.which("rllm-model-gateway", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("rllm-model-gateway (a dev dependency) is not installed")
+    config = tmp_path / "rllm.yaml"
+    config.write_text("health_check_interval: 86400\n")
+    port = free_port()
+    proc = subprocess.Popen([exe, "--host", "127.0.0.1", "--port", str(port), "--worker", worker, "--store",
+                             "memory", "--config", str(config), "--log-level", "WARNING"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+def test_a_recording_around_rllms_gateway_as_a_process_replays_green_twice_identical(tmp_path: Path) -> None:
+    sessions = [{"id": f"ro-{fruit}-rllm", "wire": "chat", "stream": stream, "system": "You count fruit.",
+                 "tools": ["Bash"], "results": {"Bash": files}, "api_key": SECRET, "path_prefix": "/sessions/{id}",
+                 "steps": [{"prompt": f"How many are the {fruit}?"}, {"finish": 1.0}]}
+                for fruit, stream, files in (("apples", True, "a1\\na2\\na3"), ("pears", False, "p1\\np2"))]
+    script = tmp_path / "rllm.yaml.scenario"
+    script.write_text(ENGINE + "client:\n  concurrency: 1\n  sessions: " + json.dumps(sessions) + "\n")
+    out, listen, port = tmp_path / "rllm.tito", free_port(), free_port()
+    flags = ["--routing-header", "none", "--session-from", "path:/sessions/{sid}", "--engine-dialect",
+             "vllm-openai", *[f for v in RLLM_VOLATILE for f in ("--volatile", v)]]
+    with tito("fake-engine", "--script", str(script), "--listen", f"127.0.0.1:{port}", "--openai-dialect",
+              "vllm-openai", ready=f"http://127.0.0.1:{port}/health"), \
+            rllm_gateway(f"http://127.0.0.1:{listen}/v1", tmp_path) as url:
+        run = record(out, f"http://127.0.0.1:{port}", script, "--target", url, "--engine-listen",
+                     f"127.0.0.1:{listen}", *flags)
+    assert "finished, the target offers no samples" in run.stderr, run.stderr[-2000:]
+    cassette = read_cassette(out)
+    assert SECRET.encode() not in out.read_bytes()
+    assert set(cassette.sessions) == {"ro-apples-rllm", "ro-pears-rllm"}
+    for log in cassette.sessions.values():
+        assert log.samples == [] and all(a.path.startswith(f"/sessions/{log.name}/v1/") for a in log.agent)
+        assert [e.path for e in log.engine] == ["/v1/chat/completions"] * 2 and log.agent[-1].status == 200
+    listen = free_port()
+    with rllm_gateway(f"http://127.0.0.1:{listen}/v1", tmp_path) as url:
+        args = (str(out), "--target", url, "--engine-listen", f"127.0.0.1:{listen}")
+        runs = [replay(*args, *extra) for extra in (("--update-goldens",), (), ())]
+    assert [r.returncode for r in runs] == [0, 0, 0], runs[-1].stdout + runs[-1].stderr
+    assert runs[1].stdout == runs[2].stdout and "2 session(s): 2 ok" in runs[1].stdout
+    golden = out.with_suffix(".golden").read_text()
+    assert golden.count("no samples on either side at 1 finish(es): 2 exchange(s) verified") == 2, golden

@@ -328,7 +328,7 @@ class TargetHarness(HarnessBase):
 
     def _unattributed(self, path: str) -> web.Response:
         """Calls of no session: health checks answer, model info comes from the header, the rest is absent."""
-        if path in ("/health", "/health_generate"):
+        if path in ("/health", "/health_generate") or path.endswith("/health"):  # rllm's gateway: {worker}/health
             return web.Response(status=200)
         engine = self.cassette.header.engine or {}
         if path in ("/model_info", "/get_model_info"):
