@@ -108,6 +108,9 @@ class HarnessBase:
         if plan.engine_only:
             result.skipped = f"engine leg only: {plan.unanswered_engine_calls} engine call(s), no agent exchange"
             return result
+        result.skipped = self.no_session(plan)
+        if result.skipped is not None:
+            return result
         if plan.unanswered_engine_calls:
             result.notes.append(f"{plan.unanswered_engine_calls} engine call(s) after the last agent exchange "
                                 "(cut short by the recorder's end) are not replayed")
@@ -126,6 +129,10 @@ class HarnessBase:
 
     def unfinished(self, plan: SessionPlan) -> bool:
         raise NotImplementedError
+
+    def no_session(self, plan: SessionPlan) -> str | None:
+        """Why a recorded "session" is none and is not replayed (None: it is one)."""
+        return None
 
     def foreign_dialect(self, plan: SessionPlan) -> Difference | None:
         """A session whose engine calls this side cannot make: its recorded answers can serve none of them, so it

@@ -121,7 +121,9 @@ class TargetHarness(HarnessBase):
             if self.spec.kind == "http":
                 from tito_rl.recorder.targets.http import HttpTarget
 
-                self.driver = HttpTarget(self.spec.url, self.volatile, self.routing_header)
+                self.driver = HttpTarget(self.spec.url, self.volatile, self.routing_header,
+                                         session_from=(self.cassette.header.target or {}).get("session_from")
+                                         or "bearer")
             else:
                 from tito_rl.recorder.targets.registry import create_driver
 
@@ -165,6 +167,13 @@ class TargetHarness(HarnessBase):
                 "fork_threshold_tokens")))
 
     # ---- a session's run (see harness.SessionRun) ----
+
+    def no_session(self, plan: SessionPlan) -> str | None:
+        """An `anonymous` session that made no engine call, recorded around a gateway by a tito that made one of
+        the requests naming no session (health checks, model lists): they are no session, and not replayed."""
+        if plan.source == "anonymous" and not any(e.engine for e in plan.exchanges):
+            return "requests that named no session (health checks, model lists): not a session"
+        return None
 
     def unfinished(self, plan: SessionPlan) -> bool:
         return bool(plan.exchanges) and not isinstance(plan.steps[-1], Finish | Drop)
