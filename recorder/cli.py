@@ -84,6 +84,9 @@ def check(args: argparse.Namespace) -> str | None:
     if spec.kind == TITO and (args.engine_listen or args.volatile or args.session_from or args.routing_header):
         return ("--engine-listen, --volatile, --routing-header and --session-from are for a target other than "
                 "tito's own adapter")
+    if spec.kind == TITO and getattr(args, "engine_dialect", None) not in (None, "sglang"):
+        return (f"--engine-dialect {args.engine_dialect} is for a target other than tito's own adapter, which calls "
+                "SGLang's /generate (sglang)")
     if spec.kind != "http" and (args.volatile or args.routing_header):
         return (f"--volatile and --routing-header are for an http:// target: the driver of {spec.text} says its "
                 "own (TargetInfo)")

@@ -262,6 +262,15 @@ def test_an_agent_option_the_run_would_ignore_is_refused_in_one_line(tmp_path: P
     assert problem(*cli_script, "--reward", "1", "--agent-model", "m", "--sandbox", "local") is None
     assert problem("--sessions", "2").startswith("--sessions does not apply here: no agent is launched (--agent)")
     assert problem("--agent", "codex", "--task", "t", "--sessions", "4", "--concurrency", "2") is None
+    # target options that tito's own adapter (or a driver) would ignore
+    assert problem("--engine-dialect", "vllm-openai").startswith("--engine-dialect vllm-openai is for a target other")
+    assert problem("--engine-dialect", "sglang") is None
+    assert problem("--session-from", "cookie:sid").startswith("--engine-listen, --volatile, --routing-header and "
+                                                              "--session-from are for a target other")
+    assert problem("--target", "rllm", "--volatile", "id").startswith("--volatile and --routing-header are for an "
+                                                                      "http:// target")
+    assert problem("--target", "http://127.0.0.1:9", "--engine-listen", "127.0.0.1:9",
+                   "--session-from", "path:/x").endswith("names the session's segment once, as {sid}")
     argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "o.tito"), *scripted]
     args = tito_cli.build_parser(argv).parse_args(argv)
     assert record_cli.check(args) is None and (args.sessions, args.reward, args.agent_timeout) == (1, 0.0, 600.0)
