@@ -181,6 +181,9 @@ class AgentTap:
 
     async def drop(self, request: web.Request) -> web.Response:
         sid = request.match_info["sid"]
-        known = await self.drop_session(sid)
+        try:
+            known = await self.drop_session(sid)
+        except TargetFailure as exc:  # the gateway failed the drop: the session is not recorded as dropped
+            return web.json_response({"error": {"type": "target_failed", "message": str(exc)}}, status=502)
         self.recording.dropped(sid)
         return web.json_response({"dropped": sid, "known": known})
