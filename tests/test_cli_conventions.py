@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.process_helpers import ROOT
-from tito_rl import main as tito_cli
+from tito_rl.commands import SUBCOMMANDS
 from tito_rl.main import main
 from tito_rl.recorder.taps.progress import ProgressTap
 from tito_rl.trajectory.adapters.tap import AgentExchange
@@ -65,13 +65,13 @@ def test_replay_called_in_process_freezes_nothing(capsys: pytest.CaptureFixture[
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("name", list(tito_cli.SUBCOMMANDS))
+@pytest.mark.parametrize("name", list(SUBCOMMANDS))
 def test_every_subcommand_help_says_what_it_does_and_its_exit_codes(name: str, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         main([name, "--help"])
     assert exited.value.code == 0
     out = capsys.readouterr().out
-    command = tito_cli.SUBCOMMANDS[name]
+    command = SUBCOMMANDS[name]
     assert " ".join(out.split()).count(" ".join(command.description.split()[:12])) == 1  # the description
     exits = out[out.index("\nexit codes:\n"):].splitlines()[1:]
     codes = [line.split()[0] for line in exits if line.startswith("  ") and line.split()[0].isdigit()]
@@ -113,7 +113,7 @@ class Inner:
 def _progress(tty: bool) -> tuple[ProgressTap, Stream, list[float]]:
     now = [100.0]
     stream = Stream(tty)
-    return ProgressTap(Inner(), stream, clock=lambda: now[0]), stream, now  # type: ignore[arg-type]
+    return ProgressTap(Inner(), stream, clock=lambda: now[0]), stream, now
 
 
 def _exchange(turn: int) -> AgentExchange:

@@ -85,8 +85,9 @@ class TargetDriver(Protocol):
     async def finish(self, session: str, reward: float) -> list[dict[str, Any]] | TargetFinish:
         """The gateway's own finish of `session` with `reward`: its samples, in tito's layout."""
 
-    async def drop(self, session: str) -> None:
-        """The gateway's own drop: forget `session` without samples."""
+    async def drop(self, session: str) -> bool | None:
+        """The gateway's own drop: forget `session` without samples. Whether the gateway knew it, or None where
+        the gateway does not say (the agent tap answers `known` with it)."""
 
     async def stop(self) -> None:
         """Stop the gateway; nothing of it may outlive this call."""

@@ -73,6 +73,7 @@ class HarnessBase:
     volatile: tuple[str, ...] = ()  # reply fields compared only for being there
     same_adapter = False  # the recording and the replay are both tito's adapter: its turn flags compare too
     late_calls_s = 0.0  # how long an answered exchange waits for its recorded engine calls still to come
+    transport: CassetteTransport  # the engine leg, served from the cassette
 
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
         self.cassette, self.path, self.options = cassette, path, options
@@ -90,7 +91,8 @@ class HarnessBase:
         return token_id if isinstance(token_id, int) and token_id != self.tokenizer.unk_token_id else None
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        text: str = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return text
 
     def report(self, session: str, difference: Difference) -> None:
         """A difference from the recording: a failure that stops the session, or (not strict) a note."""
@@ -126,6 +128,22 @@ class HarnessBase:
         if not result.differences and self.unfinished(plan):
             await runner.finish(0.0, None)  # never finished live: linearized with reward 0
         return result
+
+    async def send(self, plan: SessionPlan, exchange: PlannedExchange) -> None:
+        """Re-send a recorded request; its answer reaches `answered` and `replayed`."""
+        raise NotImplementedError
+
+    def answered(self, key: tuple[str, int]) -> asyncio.Event:
+        raise NotImplementedError
+
+    def replayed(self, key: tuple[str, int]) -> Any:
+        raise NotImplementedError
+
+    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference:
+        raise NotImplementedError
+
+    async def drop_session(self, name: str) -> Difference | None:
+        raise NotImplementedError
 
     def unfinished(self, plan: SessionPlan) -> bool:
         raise NotImplementedError
@@ -257,7 +275,7 @@ class Harness(HarnessBase):
 class SessionRun:
     """Carries out one session's plan; see `plan` for the order and `engine_leg` for the holds."""
 
-    def __init__(self, harness: Harness, plan: SessionPlan, result: SessionResult) -> None:
+    def __init__(self, harness: HarnessBase, plan: SessionPlan, result: SessionResult) -> None:
         self.h, self.plan, self.result = harness, plan, result
         self.legs = {e.index: harness.transport.add(plan.name, e) for e in plan.exchanges}
         self.clients: dict[int, asyncio.Task[Any]] = {}

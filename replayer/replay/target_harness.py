@@ -39,6 +39,7 @@ from tito_rl.replayer.replay.results import FinishResult
 from tito_rl.trajectory.adapters.engine.transport import EngineUnreachable
 from tito_rl.trajectory.adapters.tap import AgentExchange
 from tito_rl.trajectory.dialects.registry import is_generation, view_of
+from tito_rl.trajectory.dialects.view import object_at
 from tito_rl.trajectory.events import SessionStats
 from tito_rl.trajectory.linearize import Span
 from tito_rl.trajectory.manager import Linearization
@@ -68,7 +69,7 @@ def target_linearization(samples: list[dict[str, Any]], stats: Mapping[str, Any]
         spans.append(runs)
         ones = sum(sample.loss_mask)
         trained, masked = trained + ones, masked + sample.response_length - ones
-    forks = stats.get("forks") if isinstance(stats.get("forks"), dict) else {}
+    forks = object_at(stats, "forks")
     summary = SessionStats(turns=int(stats.get("turns", 0) or 0), samples=len(built), forks=dict(sorted(forks.items())),
                            realigns=int(stats.get("realigns", 0) or 0), merges=int(stats.get("merges", 0) or 0),
                            masked_tokens=masked, trained_tokens=trained)
@@ -247,7 +248,8 @@ class TargetHarness(HarnessBase):
             return None
         stats = finished.stats if isinstance(finished, TargetFinish) else {}
         linearization = target_linearization(samples, stats)
-        tree = {"nodes": [], "target": self.target_name, "untrained_turns": stats.get("untrained_turns")}
+        tree: dict[str, Any] = {"nodes": [], "target": self.target_name,
+                                "untrained_turns": stats.get("untrained_turns")}
         return FinishResult(reward, None, samples, linearization, tree)
 
     async def drop_session(self, name: str) -> Difference | None:
