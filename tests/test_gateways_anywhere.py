@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -52,7 +53,7 @@ sessions:
       - {reasoning: Two files., text: There are two pears.}
 """
 # where the double keeps its sessions, and how the scripted client sends them there
-KINDS = {
+KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "header": ("header:x-session-id", {"headers": {"X-Session-Id": "{id}"}}),
     "cookie": ("cookie:sid", {"headers": {"Cookie": f"theme={COOKIE_SECRET}; sid={{id}}"}}),
     "path": ("path:/proxy/rollout/{sid}/attempt/{aid}", {"path_prefix": "/proxy/rollout/{id}/attempt/at-1"}),
@@ -311,8 +312,8 @@ def test_an_anonymous_session_of_health_checks_in_an_older_recording_is_not_repl
     """An older tito made the readiness checks' `GET /health` around a gateway an `anonymous` session, which
     failed replay; such a session (no engine call) is skipped, saying why."""
     out = tmp_path / "old.tito"
-    target = {"kind": "http", "ref": "http://127.0.0.1:1", "name": "http", "version": None, "volatile": [],
-              "routing_header": None, "settings": {}}
+    target: dict[str, Any] = {"kind": "http", "ref": "http://127.0.0.1:1", "name": "http", "version": None,
+                              "volatile": [], "routing_header": None, "settings": {}}
     header = Header(fingerprint(), target=target)
     with CassetteWriter(out, header) as writer:
         for _ in range(2):

@@ -99,10 +99,6 @@ class HarnessBase:
         result = self.results[session]
         (result.differences if self.options.strict else result.accepted).append(difference)
 
-    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference | None:
-        """The target's finish: its samples, a failure, or None where it offers no samples."""
-        raise NotImplementedError
-
     async def replay_session(self, plan: SessionPlan) -> SessionResult:
         result = self.results[plan.name] = SessionResult(self.path, plan.name)
         result.live_samples = [s for record in plan.finishes for s in record.samples]
@@ -139,7 +135,8 @@ class HarnessBase:
     def replayed(self, key: tuple[str, int]) -> Any:
         raise NotImplementedError
 
-    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference:
+    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference | None:
+        """The target's finish: its samples, a failure, or None where it offers no samples."""
         raise NotImplementedError
 
     async def drop_session(self, name: str) -> Difference | None:
