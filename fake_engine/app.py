@@ -31,7 +31,9 @@ from tito_rl.fake_engine.faults import FaultSchedule, FaultSpec
 from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
 from tito_rl.fake_engine.openai.calls import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH
 from tito_rl.fake_engine.openai.handler import OpenAIRoutes
+from tito_rl.fake_engine.openai.tokenize_routes import TokenizeRoutes
 from tito_rl.fake_engine.openai.vllm_bodies import models_list as vllm_models_list
+from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION
 from tito_rl.fake_engine.policy import FinishKind, GenerateRequest, Generation, Policy, PolicyError
 from tito_rl.fake_engine.serving import Dropped, Prepared, Tracked, drop, dumps, json_response
 from tito_rl.fake_engine.sessions import session_key, turn_index
@@ -86,6 +88,14 @@ class EngineOptions:
     # the request's SGLang-only fields (trajectory/dialects/registry.py); "sglang-openai" or "vllm-openai" forces
     # one (and picks GET /v1/models' shape).
     openai_dialect: str | None = None
+    # vLLM as started (docs/engine-dialects.md, "The contract"): the release whose wire shapes to answer with, and
+    # the start flags that open routes and options: `--enable-scale-out` (/inference/v1/generate; 403 without),
+    # `--enable-auto-tool-choice --tool-call-parser hermes` (tool_choice auto, required, named; 400 without),
+    # `--reasoning-parser qwen3` (the message's `reasoning` filled; null without).
+    vllm_version: str = VLLM_DEFAULT_VERSION
+    vllm_scale_out: bool = True
+    vllm_auto_tool_choice: bool = True
+    vllm_reasoning_parser: bool = True
 
 
 class Engine:
@@ -419,6 +429,10 @@ def _add_engine_routes(app: web.Application, engine: Engine, *, abort: bool) -> 
     openai = OpenAIRoutes(engine)
     for path in (CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, TOKENS_PATH):
         r.add_post(path, openai.handle)
+    if engine.options.tokenizer is not None:
+        tokenize = TokenizeRoutes(engine.options.tokenizer, engine.options.context_length)
+        r.add_post("/tokenize", tokenize.tokenize)
+        r.add_post("/detokenize", tokenize.detokenize)
 
 
 def create_app(policy: Policy, options: EngineOptions | None = None) -> web.Application:

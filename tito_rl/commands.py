@@ -54,6 +54,16 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "stopped.",
         ("0: stopped by SIGINT or SIGTERM", "1: --listen is not HOST:PORT",
          "2: the scenario, cassette or options cannot be used")),
+    "check-engine": Subcommand(
+        "tito_rl.recorder.engine_contract.check",
+        "which engine dialects a running engine answers, and whether each is token-faithful",
+        "Sends one small request per engine dialect (SGLang's /generate, vLLM's and SGLang's chat and completions "
+        "with token ids, vLLM's /inference/v1/generate) to the engine at URL and says which answer, whether each "
+        "returns what tito needs (prompt and output ids, a logprob per output id, a finish reason), and the "
+        "start flag or request field that is missing where one is (--enable-scale-out, "
+        "--enable-auto-tool-choice, return_token_ids support).",
+        ("0: at least one dialect is token-faithful", "1: none is",
+         "2: the engine cannot be reached")),
     "record": Subcommand(
         "tito_rl.recorder.cli", "record agent and engine traffic into a cassette",
         "The adapter app as a recording proxy in front of a live engine: both legs of every session (agent "
