@@ -12,6 +12,32 @@ from tito_rl.recorder.targets.registry import TITO
 from tito_rl.trajectory.adapters import serve
 from tito_rl.trajectory.dialects.view import DIALECTS
 
+# The agent options, with their defaults: each applies to some ways of running agents only, and one that does
+# not apply to this run is refused rather than ignored (`agent_option_problem`).
+AGENT_DEFAULTS = {"sessions": 1, "concurrency": 1, "sandbox": "local", "agent_model": "tito-policy",
+                  "agent_timeout": 600.0, "reward": 0.0}
+# which of them each way uses: a launched CLI with --task, a scenario's CLI script, the scripted client, none
+USED_BY = {"cli": set(AGENT_DEFAULTS), "cli-script": {"sandbox", "agent_model", "reward"},
+           "scripted": {"agent_timeout"}, "none": set()}
+WHY = {"cli-script": "the scenario's client: section lists its sessions and runs",
+       "scripted": "the scenario's client: section says its sessions, concurrency, model and rewards",
+       "none": "no agent is launched (--agent): tito records whatever connects to --listen, and finishes the "
+               "sessions left open with reward 0"}
+
+
+def agent_option_problem(args: argparse.Namespace, way: str) -> str | None:
+    """A one-line refusal of agent options this way of running agents would ignore; else fills their defaults."""
+    unused = [name for name in AGENT_DEFAULTS if getattr(args, name, None) is not None and name not in USED_BY[way]]
+    if way in ("scripted", "none") and getattr(args, "task", None):
+        unused.insert(0, "task")
+    if unused:
+        flags = ", ".join("--" + name.replace("_", "-") for name in unused)
+        return f"{flags} {'does' if len(unused) == 1 else 'do'} not apply here: {WHY[way]}"
+    for name, default in AGENT_DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+    return None
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_arguments(parser, engine_dialect=False)
@@ -42,11 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a scenario file (cassettes/scenarios/) whose client: section is a CLI script or the "
                              "scripted client's; its client.record_args are not applied here: pass them too "
                              "(tito simulate and make corpus do; a warning names any left out)")
-    agents.add_argument("--sessions", type=int, default=1, help="agent sessions to run (default 1)")
-    agents.add_argument("--concurrency", type=int, default=1, help="agent sessions at once (default 1)")
-    agents.add_argument("--sandbox", choices=("local", "e2b"), default="local")
-    agents.add_argument("--agent-model", default="tito-policy", help="model name the agent asks for")
-    agents.add_argument("--agent-timeout", type=float, default=600.0, help="seconds per agent session")
+    agents.add_argument("--sessions", type=int, help="agent sessions to run (default 1)")
+    agents.add_argument("--concurrency", type=int, help="agent sessions at once (default 1)")
+    agents.add_argument("--sandbox", choices=("local", "e2b"), help="where a CLI runs (default local)")
+    agents.add_argument("--agent-model", help="model name the agent asks for (default tito-policy)")
+    agents.add_argument("--agent-timeout", type=float, help="seconds per agent session (default 600)")
     targets = parser.add_argument_group("the system under test (recorder/targets, docs/targets.md)")
     targets.add_argument("--target", default=TITO,
                          help="tito (default: tito's adapter app), http://HOST:PORT (a running gateway whose engine "
@@ -58,16 +84,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     targets.add_argument("--volatile", action="append", default=[], metavar="PATH",
                          help="http:// target: a reply field it fills with values no replay can pin (random ids, "
                               "times), e.g. id or choices[*].message.tool_calls[*].id (repeatable)")
-    targets.add_argument("--routing-header", default=ROUTING_HEADER, metavar="NAME",
-                         help="http:// target: the engine-leg header carrying the session id (default "
-                              "%(default)s; none: it sends none)")
+    targets.add_argument("--routing-header", metavar="NAME",
+                         help=f"http:// target: the engine-leg header carrying the session id (default "
+                              f"{ROUTING_HEADER}; none: it sends none)")
+    targets.add_argument("--session-from", metavar="WHERE",
+                         help="where the target takes the session from on the agent leg: bearer (the API key, "
+                              "the default), header:NAME, cookie:NAME or path:PREFIX with {sid} for the session's "
+                              "segment (e.g. path:/proxy/rollout/{sid}); a request naming none is no session's "
+                              "(docs/targets.md)")
     targets.add_argument("--engine-dialect", choices=DIALECTS, metavar="DIALECT",
                          help="the engine API the target calls. tito's adapter: sglang (default), vllm-generate or "
                               "vllm-openai (/v1/completions with token ids), as tito serve's; another target: what its "
                               "calls alone do not say (also sglang-openai; default: read from each call, "
                               "docs/engine-dialects.md)")
-    agents.add_argument("--reward", type=float, default=0.0,
-                        help="reward given when an agent session finishes (scripted: the script's own finish)")
+    agents.add_argument("--reward", type=float,
+                        help="reward given when a launched CLI's session finishes (default 0; the scripted client "
+                             "finishes with its script's own)")
 
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -105,7 +105,8 @@ def start_logged_engine(sids: list[str], turns: list[dict[str, Any]] | None = No
     return engine
 
 
-def samples_of(finished: list[dict[str, Any]] | TargetFinish) -> list[dict[str, Any]]:
+def samples_of(finished: list[dict[str, Any]] | TargetFinish | None) -> list[dict[str, Any]]:
+    assert finished is not None, "the driver's gateway offered no samples"
     return finished.samples if isinstance(finished, TargetFinish) else finished
 
 

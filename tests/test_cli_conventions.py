@@ -198,3 +198,24 @@ def test_replay_cuts_a_long_golden_diff_unless_full_diff(candidate, capsys) -> N
         assert "-  stale line 99" in out and "cut" not in out
     finally:
         golden.write_text(kept)
+
+
+def test_progress_around_a_foreign_gateway_counts_its_turns_tokens_and_requests_without_a_session() -> None:
+    """A foreign gateway says nothing of turns: an exchange answered after a generation of its own is a turn, one
+    without is a side request; requests naming no session are counted apart."""
+    from tito_rl.trajectory.adapters.tap import EngineExchange
+
+    tap, _, _ = _progress(tty=False)
+    tap.agent_request("ro-1", "path:/r/{sid}", {})
+    assert tap.counts.line().startswith("sessions 1 (finished 0)")  # counted at its first request
+    call = EngineExchange("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 200,
+                          response={"choices": [{"message": {"content": "yo"}, "token_ids": [5, 6, 7]}],
+                                    "prompt_token_ids": [1, 2, 3, 4]}, dialect="vllm-openai")
+    tap.engine_exchange("ro-1", "path:/r/{sid}", call)
+    foreign = AgentExchange(method="POST", path="/r/ro-1/v1/chat/completions", query="", headers={}, body=b"{}",
+                            status=200, reply_headers={})
+    tap.agent_exchange("ro-1", "path:/r/{sid}", foreign)  # after a generation: a turn
+    tap.agent_exchange("ro-1", "path:/r/{sid}", foreign)  # none since: a side request (a count_tokens)
+    tap.without_session("GET /health")
+    assert tap.counts.line() == ("sessions 1 (finished 0) | turns 1 (+1 side) | tokens 4 in, 3 out | errors 0 | "
+                                 "1 without a session")

@@ -257,6 +257,38 @@ def test_record_cli_checks_the_scripted_flags(tmp_path: Path) -> None:
     assert problem("--agent", "scripted", "--scenario", str(SCENARIOS / "tool_loop.yaml")) is None
 
 
+def test_an_agent_option_the_run_would_ignore_is_refused_in_one_line(tmp_path: Path) -> None:
+    """`--sessions 24` with the scripted client used to record the script's one session and say nothing."""
+    def problem(*extra: str) -> str | None:
+        argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "o.tito"), *extra]
+        return record_cli.check(tito_cli.build_parser(argv).parse_args(argv))
+    scripted = ("--agent", "scripted", "--scenario", str(SCENARIOS / "tool_loop.yaml"))
+    assert problem(*scripted, "--sessions", "24") == (
+        "--sessions does not apply here: the scenario's client: section says its sessions, concurrency, model and "
+        "rewards")
+    assert problem(*scripted, "--concurrency", "2", "--reward", "1", "--task", "t").startswith(
+        "--task, --concurrency, --reward do not apply here")
+    assert problem(*scripted, "--agent-timeout", "30") is None  # the scripted client's sessions time out with it
+    cli_script = ("--scenario", str(SCENARIOS / "claude_tool_loop.yaml"))
+    assert problem(*cli_script, "--sessions", "4").startswith("--sessions does not apply here: the scenario's "
+                                                                "client: section lists its sessions and runs")
+    assert problem(*cli_script, "--reward", "1", "--agent-model", "m", "--sandbox", "local") is None
+    assert problem("--sessions", "2").startswith("--sessions does not apply here: no agent is launched (--agent)")
+    assert problem("--agent", "codex", "--task", "t", "--sessions", "4", "--concurrency", "2") is None
+    # target options that tito's own adapter (or a driver) would ignore
+    assert problem("--engine-dialect", "vllm-openai").startswith("--engine-dialect vllm-openai is for a target other")
+    assert problem("--engine-dialect", "sglang") is None
+    assert problem("--session-from", "cookie:sid").startswith("--engine-listen, --volatile, --routing-header and "
+                                                              "--session-from are for a target other")
+    assert problem("--target", "rllm", "--volatile", "id").startswith("--volatile and --routing-header are for an "
+                                                                      "http:// target")
+    assert problem("--target", "http://127.0.0.1:9", "--engine-listen", "127.0.0.1:9",
+                   "--session-from", "path:/x").endswith("names the session's segment once, as {sid}")
+    argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "o.tito"), *scripted]
+    args = tito_cli.build_parser(argv).parse_args(argv)
+    assert record_cli.check(args) is None and (args.sessions, args.reward, args.agent_timeout) == (1, 0.0, 600.0)
+
+
 def test_record_args_left_out_of_a_run_are_named() -> None:
     def unapplied(*extra: str) -> list[str]:
         argv = ["record", "--engine", "http://127.0.0.1:1", "--out", "o.tito", *extra]

@@ -18,7 +18,7 @@ import aiohttp
 from aiohttp import web
 
 from tito_rl.cassette.reader import Cassette
-from tito_rl.recorder.targets.registry import TITO
+from tito_rl.recorder.targets.registry import TITO, same_target
 from tito_rl.replayer.comparison.differences import (
     Difference,
     reply_difference,
@@ -86,8 +86,8 @@ class HarnessBase:
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
         self.cassette, self.path, self.options = cassette, path, options
         # through another target than the recorded one (a conformance run): replies compared by what they mean
-        self.cross_target = replay_target(cassette.header, options.target, path).text != recorded_target(
-            cassette.header)
+        self.cross_target = not same_target(replay_target(cassette.header, options.target, path).text,
+                                            recorded_target(cassette.header))
         self.tokenizer_dir = tokenizer
         self.tokenizer = load_tokenizer(tokenizer)
         self.results: dict[str, SessionResult] = {}
@@ -113,6 +113,9 @@ class HarnessBase:
         self.plans[plan.name] = plan
         if plan.engine_only:
             result.skipped = f"engine leg only: {plan.unanswered_engine_calls} engine call(s), no agent exchange"
+            return result
+        result.skipped = self.no_session(plan)
+        if result.skipped is not None:
             return result
         if plan.unanswered_engine_calls:
             result.notes.append(f"{plan.unanswered_engine_calls} engine call(s) after the last agent exchange "
@@ -140,7 +143,8 @@ class HarnessBase:
     def replayed(self, key: tuple[str, int]) -> Any:
         raise NotImplementedError
 
-    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference:
+    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference | None:
+        """The target's finish: its samples, a failure, or None where it offers no samples."""
         raise NotImplementedError
 
     async def drop_session(self, name: str) -> Difference | None:
@@ -148,6 +152,10 @@ class HarnessBase:
 
     def unfinished(self, plan: SessionPlan) -> bool:
         raise NotImplementedError
+
+    def no_session(self, plan: SessionPlan) -> str | None:
+        """Why a recorded "session" is none and is not replayed (None: it is one)."""
+        return None
 
     def foreign_dialect(self, plan: SessionPlan) -> Difference | None:
         """A session whose engine calls this side cannot make: its recorded answers can serve none of them, so it
@@ -358,6 +366,14 @@ class SessionRun:
         outcome = await self.h.finish_session(self.plan.name, reward)
         if isinstance(outcome, Difference):
             self.found(outcome)
+            return
+        if outcome is None:  # the target offers no samples (a gateway without a session API)
+            n = len(self.result.finishes) + self.result.unsampled_finishes + 1
+            if live is not None:  # one side has samples: say which has what
+                self.found(Difference("samples", f"finish {n}: the recording has {len(live)} sample(s), the "
+                                      "target offered none (it answered no samples at its finish)"))
+                return
+            self.result.unsampled_finishes += 1  # neither side has samples: replies and engine calls verified
             return
         outcome.live = live
         self.result.finishes.append(outcome)
