@@ -263,7 +263,9 @@ async def _start_tito(args: argparse.Namespace, settings: Any, manager: Any, tap
 async def _start_around(args: argparse.Namespace, settings: Any, target: Any, tap: Any,
                         progress: Any) -> tuple[Callable[[], Awaitable[None]], str]:
     """The taps around a foreign target: agents -> agent tap -> target -> engine tap -> engine."""
+    from tito_rl.recorder.metrics import MetricsTap
     from tito_rl.recorder.taps.around import TapsAround
+    from tito_rl.recorder.taps.progress import ProgressTap
     from tito_rl.recorder.taps.proxy import recorded_tap
 
     counted = recorded_tap(tap, progress, args.sample_rate, _metrics_wrap(args, tap))
@@ -283,8 +285,9 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
             await around.stop()
         finally:
             tap.close()
-            if isinstance(counted, ProgressTap):
-                counted.flush()  # the last counts: a log's lines are 10 s apart
+            line = counted.inner if isinstance(counted, MetricsTap) else counted
+            if isinstance(line, ProgressTap):
+                line.flush()  # the last counts: a log's lines are 10 s apart
             summary = around.recording.sessionless_summary()
             if summary is not None:
                 lead = "\n" if progress is not None and progress.isatty() else ""
