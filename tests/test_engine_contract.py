@@ -185,6 +185,8 @@ def test_the_sglang_contract_runs_against_any_running_sglang(tmp_path):
     assert statuses["chat sse with ids refused"] == 400 and statuses["generate unknown sampling key"] == 400
     assert recording.values["$model"] == "qwen" and recording.values["$context_length"] == 4096
     assert len(recording.values["$long_prompt_ids"]) == 4096 + 16
+    assert [e.answer.dialect for e in recording.exchanges] == [e.request.dialect for e in recording.exchanges]
+    assert {e.answer.dialect for e in recording.exchanges} == {"sglang", "sglang-openai"}
     assert check_fake(recording).ok
 
 
@@ -195,3 +197,35 @@ def test_an_unreachable_engine_is_one_line_and_exit_2(capsys):
     url = f"http://127.0.0.1:{free_port()}"
     assert main(["live", "--url", url]) == 2
     assert capsys.readouterr().err == f"engine contract: GET {url}/v1/models: ConnectionError\n"
+
+
+def test_the_live_recording_goes_through_the_engine_tap_and_keeps_what_a_direct_client_gets():
+    """The contract recorded against the fake engine through tito's engine tap, each request also sent straight to
+    the engine: the tap's answers have the direct ones' structure (statuses, bodies, every stream event and its
+    `[DONE]`), and each call carries the dialect the tap read from it."""
+    from tito_rl.fake_engine.app import create_app
+    from tito_rl.fake_engine.policies.demo import demo_policy
+    from tito_rl.recorder.engine_contract.exchange import send
+    from tito_rl.recorder.engine_contract.fake import fake_options, running_app
+    from tito_rl.recorder.engine_contract.requests import resolve
+    from tito_rl.recorder.engine_contract.runner import base_values, record_live, served_model
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    values: dict[str, object] = {}
+    streamed = 0
+    for mode in (FULL, TOOLS, BARE):
+        chosen = [r for r in vllm_requests() if r.mode == mode]
+        with running_app(create_app(demo_policy(tokenizer), fake_options(mode, tokenizer))) as url:
+            values = values or base_values(tokenizer, *served_model(url))
+            tapped = record_live(url, chosen, values)
+            assert [e.request for e in tapped] == chosen
+            for exchange in tapped:
+                request, answer = exchange.request, exchange.answer
+                direct = send(url, request.method, request.path, resolve(request.body, values))
+                assert compare_answers(direct, answer, f"{mode} {request.name}") == []
+                assert (answer.streamed, answer.chunks[-1:] if answer.streamed else None) == (
+                    direct.streamed, [DONE] if direct.streamed else None), request.name
+                assert answer.dialect == request.dialect, request.name
+                streamed += answer.streamed
+    assert values["$stop_id"] is not None and streamed >= 10

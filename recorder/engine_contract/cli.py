@@ -53,6 +53,9 @@ def record_recording(url: str | None, modes: list[str], engine: str = "vllm", ve
 
     tokenizer = load_tokenizer()
     requests = requests_for(engine)
+    # The engine tap's dialect (as `--engine-dialect`): the engine's OpenAI one, for the paths that do not say theirs
+    # (a model list, a completion with prompt ids, which SGLang and vLLM both serve).
+    dialect = "sglang-openai" if engine == SGLANG else "vllm-openai"
     recording = Recording(engine=engine, version=version,
                           start_flags={m: MODE_FLAGS[m].arguments() if m in MODE_FLAGS else [] for m in modes},
                           values={})
@@ -60,13 +63,13 @@ def record_recording(url: str | None, modes: list[str], engine: str = "vllm", ve
         chosen = [r for r in requests if r.mode == mode]
         if url is not None:
             recording.values = recording.values or base_values(tokenizer, *served_model(url))
-            recording.exchanges += record_live(url, chosen, recording.values, say)
+            recording.exchanges += record_live(url, chosen, recording.values, say, dialect)
             continue
         flags = " ".join(MODE_FLAGS[mode].arguments()) or "no flags"
         say(f"engine contract: starting the real vLLM ({mode}: {flags})")
         with RealVllmServer(MODE_FLAGS[mode]) as server:
             recording.values = recording.values or base_values(tokenizer, *served_model(server.url))
-            recording.exchanges += record_live(server.url, chosen, recording.values, say)
+            recording.exchanges += record_live(server.url, chosen, recording.values, say, dialect)
     return recording
 
 

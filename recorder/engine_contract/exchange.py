@@ -8,6 +8,7 @@ missing one is a difference like any other.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +26,12 @@ class Answer:
     chunks: list[Any] = field(default_factory=list)  # a stream's data events, parsed; DONE as the string
     text: str = ""  # the raw body where it was not JSON (a 404's HTML, a plain-text error)
     streamed: bool = False
+    dialect: str | None = None  # the dialect tito's engine tap recorded the call in (None: not through the tap)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status}
+        if self.dialect is not None:
+            out["dialect"] = self.dialect
         if self.streamed:
             out["chunks"] = self.chunks
         elif self.body is not None:
@@ -38,19 +42,22 @@ class Answer:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Answer:
+        dialect = data.get("dialect")
         if "chunks" in data:
-            return cls(status=int(data["status"]), chunks=list(data["chunks"]), streamed=True)
-        return cls(status=int(data["status"]), body=data.get("body"), text=str(data.get("text", "")))
+            return cls(status=int(data["status"]), chunks=list(data["chunks"]), streamed=True, dialect=dialect)
+        return cls(status=int(data["status"]), body=data.get("body"), text=str(data.get("text", "")),
+                   dialect=dialect)
 
 
 class Unreachable(Exception):
     """The engine did not answer at all (refused, reset, timed out)."""
 
 
-def send(base_url: str, method: str, path: str, body: Any = None, timeout_s: float = 120.0) -> Answer:
+def send(base_url: str, method: str, path: str, body: Any = None, timeout_s: float = 120.0,
+         headers: dict[str, str] | None = None) -> Answer:
     url = base_url.rstrip("/") + path
     try:
-        reply = requests.request(method, url, json=body, stream=True, timeout=timeout_s)
+        reply = requests.request(method, url, json=body, stream=True, timeout=timeout_s, headers=headers)
     except requests.RequestException as error:
         raise Unreachable(f"{method} {url}: {type(error).__name__}") from None
     with reply:
@@ -65,8 +72,13 @@ def send(base_url: str, method: str, path: str, body: Any = None, timeout_s: flo
 
 
 def read_events(reply: requests.Response) -> list[Any]:
+    return parse_events(reply.iter_lines(decode_unicode=True))
+
+
+def parse_events(lines: Iterable[str]) -> list[Any]:
+    """A stream's data events in order, each parsed; `[DONE]` kept as its marker, a non-JSON one marked so."""
     events: list[Any] = []
-    for line in reply.iter_lines(decode_unicode=True):
+    for line in lines:
         if not line or not line.startswith("data:"):
             continue
         data = line[5:].strip()

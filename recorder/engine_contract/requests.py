@@ -132,7 +132,7 @@ def vllm_requests() -> list[ContractRequest]:
         r("generate over-long", FULL, "POST", "/inference/v1/generate",
           {**_generate(), "token_ids": "$long_prompt_ids"}, dialect="vllm-generate"),
         r("sglang generate path", FULL, "POST", "/generate", {"input_ids": "$prompt_ids"},
-          why="SGLang's route on a vLLM engine"),
+          why="SGLang's route on a vLLM engine", dialect="sglang"),
         r("tokenize prompt", FULL, "POST", "/tokenize", {"model": MODEL, "prompt": PROMPT_TEXT}),
         r("tokenize messages", FULL, "POST", "/tokenize", {"model": MODEL, "messages": MESSAGES}),
         r("detokenize", FULL, "POST", "/detokenize", {"model": MODEL, "tokens": "$prompt_ids"}),
@@ -175,7 +175,7 @@ def sglang_requests() -> list[ContractRequest]:
     chat_ids = {"model": MODEL, "messages": MESSAGES, "input_ids": "$prompt_ids", "max_tokens": MAX_TOKENS,
                 "temperature": 0, "logprobs": True}
     return [
-        r("models", SGLANG, "GET", "/v1/models", dialect="sglang"),
+        r("models", SGLANG, "GET", "/v1/models", dialect="sglang-openai"),
         r("generate json", SGLANG, "POST", "/generate", _sglang_generate(), dialect="sglang"),
         r("generate sse", SGLANG, "POST", "/generate", _sglang_generate(stream=True), dialect="sglang"),
         r("generate stop id", SGLANG, "POST", "/generate",

@@ -1,9 +1,10 @@
 """Running the contract: against a live engine (recording its answers), and against the fake engine (held to them).
 
-Live, the requests of one start mode go to one running engine in order; the placeholders' values are learned as
-the run goes (the model's name from GET /v1/models, the stop id and string from the seeded chat answer). Against
-the fake engine, each recorded request is sent as it was, the fake answering with the real engine's tokens
-(`fake.RealTokensPolicy`), and the two answers compared by shape (`shape.compare_answers`).
+Live, the requests of one start mode go to one running engine in order, through tito's own engine tap in front of
+it (`tapped`: the answers kept are what the tap recorded, each with its dialect); the placeholders' values are
+learned as the run goes (the model's name from GET /v1/models, the stop id and string from the seeded chat
+answer). Against the fake engine, each recorded request is sent as it was, the fake answering with the real
+engine's tokens (`fake.RealTokensPolicy`), and the two answers compared by shape (`shape.compare_answers`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from tito_rl.recorder.engine_contract.requests import (
     resolve,
 )
 from tito_rl.recorder.engine_contract.shape import compare_answers
+from tito_rl.recorder.engine_contract.tapped import tapped_engine
 from tito_rl.recorder.real_engine.paths import MAX_MODEL_LEN
+from tito_rl.trajectory.dialects.view import VLLM_OPENAI
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 SEEDED = ("chat json ids", "generate json")  # the answer whose third token gives the stop id and string
@@ -65,16 +68,20 @@ def stop_values(answer: Answer, tokenizer: Any) -> dict[str, Any]:
 
 
 def record_live(base_url: str, requests: Iterable[ContractRequest], values: dict[str, Any],
-                progress: Callable[[str], None] = lambda line: None) -> list[Exchange]:
-    """Send each request to the engine at `base_url` in order; `values` gains the stop id and string."""
+                progress: Callable[[str], None] = lambda line: None, dialect: str = VLLM_OPENAI) -> list[Exchange]:
+    """Send each request in order through tito's engine tap in front of the engine at `base_url` (`dialect`: the
+    engine's, for the paths that do not say theirs), and keep what the tap recorded; `values` gains the stop id
+    and string."""
     tokenizer = load_tokenizer()
     out: list[Exchange] = []
-    for request in requests:
-        answer = send(base_url, request.method, request.path, resolve(request.body, values))
-        progress(f"{request.mode:4} {request.name}: {answer.status}")
-        if request.name in SEEDED and answer.status == 200 and STOP_ID not in values:
-            values.update(stop_values(answer, tokenizer))
-        out.append(Exchange(request, answer))
+    with tapped_engine(base_url, dialect) as engine:
+        for request in requests:
+            answer = engine.send(f"{request.mode} {request.name}", request.method, request.path,
+                                 resolve(request.body, values))
+            progress(f"{request.mode:4} {request.name}: {answer.status} ({answer.dialect})")
+            if request.name in SEEDED and answer.status == 200 and STOP_ID not in values:
+                values.update(stop_values(answer, tokenizer))
+            out.append(Exchange(request, answer))
     return out
 
 

@@ -101,6 +101,11 @@ class EngineTap:
             call.set_result(None)
             self.recording.engine_answered(owner, exchange, call)
 
+    def streamed(self, exchange: EngineExchange, text: str) -> Any:
+        """What is recorded of a streamed answer's whole text (`streamed_response`); a tap that keeps more of a
+        stream (the engine contract keeps every event and the `[DONE]` marker) sees the text here."""
+        return streamed_response(exchange.dialect or SGLANG, text)
+
     async def _relay(self, request: web.Request, body: bytes, exchange: EngineExchange | None) -> web.StreamResponse:
         assert self.http is not None
         try:
@@ -122,8 +127,7 @@ class EngineTap:
                             exchange.error = f"{type(exc).__name__}: {exc}"
                     if exchange is not None:
                         exchange.status = upstream.status
-                        exchange.response = streamed_response(exchange.dialect or SGLANG,
-                                                              received.decode("utf-8", errors="replace"))
+                        exchange.response = self.streamed(exchange, received.decode("utf-8", errors="replace"))
                     return response
                 payload = await upstream.read()
                 if exchange is not None:
