@@ -35,6 +35,9 @@ def test_the_recording_covers_every_contract_request_in_both_start_modes():
     assert recording.start_flags[TOOLS] == ["--enable-scale-out", "--enable-auto-tool-choice", "--tool-call-parser",
                                             "hermes"]
     assert recording.start_flags[BARE] == []
+    # Recorded through tito's engine tap: each answer carries the dialect the tap attributed the call.
+    assert [e.answer.dialect for e in recording.exchanges] == [e.request.dialect for e in recording.exchanges]
+    assert {e.answer.dialect for e in recording.exchanges} == {"vllm-openai", "vllm-generate", "sglang"}
     statuses = {e.request.name: e.answer.status for e in recording.exchanges}
     # What only a start flag opens, and what vLLM refuses, as the real engine answered.
     assert statuses["bare generate json"] == 403 and statuses["generate json"] == 200
