@@ -14,7 +14,9 @@ from tito_rl.recorder.targets.base import ENTRY_POINT_GROUP, TargetDriver, Targe
 TITO = "tito"
 # Built in, and also registered under the entry-point group by tito's own pyproject.toml.
 BUILTIN = {"tito": "tito_rl.recorder.targets.tito:create", "slime": "tito_rl.recorder.targets.slime:create",
-           "rllm": "tito_rl.recorder.targets.rllm:create", "miles": "tito_rl.recorder.targets.miles:create"}
+           "rllm": "tito_rl.recorder.targets.rllm:create", "miles": "tito_rl.recorder.targets.miles:create",
+           "verifiers": "tito_rl.recorder.targets.verifiers:create",
+           "agentlightning": "tito_rl.recorder.targets.profile:agentlightning"}
 
 
 @dataclass(frozen=True)
