@@ -29,7 +29,7 @@ test: install
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 0 trajectory cassette fake_engine recorder replayer tito_rl tests
 	# verifiers and Agent Lightning run in Pythons of their own (docs/targets.md): their environments are made once
 	# and cached in ~/.cache/tito (a stat afterwards); where no Python new enough is found their tests skip, saying so.
-	$(BIN)/python -m tito_rl.recorder.targets.gateway_envs verifiers agentlightning
+	$(BIN)/python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs -n 4
 
 lint: install

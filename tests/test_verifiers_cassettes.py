@@ -17,9 +17,9 @@ import pytest
 
 from tito_rl.cassette.format.records import EngineRecord, SamplesRecord, SessionStart
 from tito_rl.cassette.reader import CassetteReader
-from tito_rl.recorder.targets import verifiers
 from tito_rl.recorder.targets.base import TargetError, TargetOptions, TargetUnavailable
-from tito_rl.recorder.targets.gateway_envs import gateway_python
+from tito_rl.recorder.targets.own_python import verifiers
+from tito_rl.recorder.targets.own_python.envs import gateway_python
 
 try:
     gateway_python("verifiers")

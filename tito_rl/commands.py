@@ -74,6 +74,12 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "Checks scenario files without running them (every section against its typed model, one line per file "
         "saying ok or what is wrong and where), or prints a scenario file's JSON Schema for editors.",
         ("0: every file is valid, or the schema was printed", "2: a file is invalid or cannot be read")),
+    "profile": Subcommand(
+        "tito_rl.recorder.profile_cli", "check gateway profiles against their format (check), print its JSON Schema",
+        "Checks gateway profiles (a gateway adopted with a file: --target FILE, docs/targets.md) without starting "
+        "the gateway (one line per file saying ok or what is wrong and where), or prints a profile's JSON Schema "
+        "for editors.",
+        ("0: every file is valid, or the schema was printed", "2: a file is invalid or cannot be read")),
     "replay": Subcommand(
         "tito_rl.replayer.replay.cli",
         "replay cassettes through their target (tito's adapter and manager, or a gateway), verify, check goldens",

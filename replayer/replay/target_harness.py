@@ -155,7 +155,10 @@ class TargetHarness(HarnessBase):
         parsers = header.parsers or {}
         adapter = self.options.adapter
         manager = self.options.manager
+        recorded = (header.target or {}).get("settings") or {}
+        extra = {"profile": recorded["profile"]} if isinstance(recorded.get("profile"), dict) else {}
         return TargetOptions(
+            extra=extra,
             tokenizer_dir=self.tokenizer_dir,
             reasoning_parser=adapter.get("reasoning_parser", parsers.get("reasoning", "qwen3")),
             tool_parser=adapter.get("tool_parser", parsers.get("tool_call", "qwen25")),

@@ -5,7 +5,7 @@ never dependencies of tito: a driver runs them with the Python its environment v
 (`TITO_VERIFIERS_PYTHON`, `TITO_AGENTLIGHTNING_PYTHON`), else the one in the cached environment this module makes
 (`~/.cache/tito/<name>-venv`, or under `$XDG_CACHE_HOME`). `make test` runs
 
-    python -m tito_rl.recorder.targets.gateway_envs verifiers agentlightning
+    python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning
 
 which creates what is missing (a stat where it exists) with a Python new enough: `TITO_GATEWAY_BASE_PYTHON`, else
 `python3.12`/`python3.13`/`python3.14` on the PATH that runs, else a pyenv-installed one. Where none is found it
@@ -73,7 +73,7 @@ def gateway_python(name: str) -> str:
         return str(env.python)
     raise TargetUnavailable(
         f"target {name!r}: no Python with {env.spec}: set {env.python_env} to one (Python >= "
-        f"{'.'.join(map(str, env.min_python))}), or run `python -m tito_rl.recorder.targets.gateway_envs {name}`")
+        f"{'.'.join(map(str, env.min_python))}), or run `python -m tito_rl.recorder.targets.own_python.envs {name}`")
 
 
 def _version(python: str) -> tuple[int, int] | None:
@@ -128,7 +128,7 @@ def ensure(name: str, quiet: bool = False) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tito_rl.recorder.targets.gateway_envs",
+    parser = argparse.ArgumentParser(prog="python -m tito_rl.recorder.targets.own_python.envs",
                                      description="Make the cached environments of gateways that run in a Python "
                                                  "of their own (a stat where they exist).")
     parser.add_argument("names", nargs="*", help=f"which: {', '.join(ENVS)} (default: all)")

@@ -1,6 +1,6 @@
 """The built-in `verifiers` target: verifiers' interception server (`verifiers/v1/interception/server.py`, PyPI
 `verifiers` 0.4.0, prime-rl's environments), run in a Python of its own (`TITO_VERIFIERS_PYTHON`, else the cached
-environment of `tito_rl.recorder.targets.gateway_envs`).
+environment of `tito_rl.recorder.targets.own_python.envs`).
 
 Why a process of its own: verifiers pins its own stack (pydantic-config, `renderers`, transformers, aiohttp, openai,
 mcp, ...), none of which tito's environment should have to agree with; prime-rl, too, runs it apart from its trainer.
@@ -29,8 +29,8 @@ import aiohttp
 import yaml
 
 from tito_rl.recorder.targets.base import TargetError, TargetFinish, TargetInfo, TargetOptions
-from tito_rl.recorder.targets.gateway_envs import gateway_python
-from tito_rl.recorder.targets.gateway_process import GatewayProcess
+from tito_rl.recorder.targets.own_python.envs import gateway_python
+from tito_rl.recorder.targets.own_python.process import GatewayProcess
 from tito_rl.trajectory.records import Sample
 from tito_rl.trajectory.tokens.tokenizer import fingerprint, resolve_dir
 
@@ -48,7 +48,7 @@ CONFIG_KEYS = ("sampling", "renderer", "model")
 MODEL = "tito-model"
 
 SERVE = r'''
-"""tito's launcher of verifiers' interception server (recorder/targets/verifiers.py): argv[1] is its JSON config."""
+"""tito's launcher of verifiers' interception server (tito_rl.recorder.targets.own_python.verifiers)."""
 import asyncio, json, signal, socket, sys
 
 import aiohttp
