@@ -6,7 +6,10 @@ Three layers, applied by the cassette writer to everything it stores:
    appear: request bodies that echo them, SSE events, the engine's routing-key header;
 3. configurable regex patterns (`sk-ant-...`, `sk-...`, `AIza...`) catch keys the headers never showed.
 A session whose live id is a bearer token or API key is named by a stable digest of it, so the cassette
-can be shared and replay still tells sessions apart; a `/s/<sid>/` path name is kept as it is.
+can be shared and replay still tells sessions apart; a `/s/<sid>/` path name is kept as it is. A session id a
+gateway keeps where no credential is (`--session-from path:...`, `cookie:...`, a header that is not a credential:
+`trajectory.adapters.session_from`) is public: kept verbatim everywhere, never learnt as a secret, so a replay
+and a finish address the gateway's own session by it; the headers it came in (a cookie) are still redacted.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from tito_rl.trajectory.adapters.session import SECRET_SOURCES, session_digest
+from tito_rl.trajectory.adapters.session import is_secret_source, session_digest
 
 SECRET_HEADERS = frozenset({
     "authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie", "set-cookie",
@@ -37,6 +40,7 @@ DEFAULT_PATTERNS = (
 # everywhere); they are still never stored in their header, and session ids are always digested.
 MIN_LITERAL_LEN = 6
 REDACTED = "<redacted>"
+PUBLIC_SOURCE_KINDS = frozenset({"header", "cookie", "path"})  # `--session-from` kinds, as `header:NAME`
 
 
 def _all_ints(values: list[Any]) -> bool:
@@ -91,6 +95,7 @@ class Redactor:
     _global: _Literals = field(init=False)
     _scopes: dict[str, _Literals] = field(default_factory=dict, init=False)  # session name -> its own secrets
     _credentials: dict[str, str] = field(default_factory=dict, init=False)  # session name -> its live id
+    _public: set[str] = field(default_factory=set, init=False)  # session ids that are no secret (path, cookie)
 
     def __post_init__(self) -> None:
         self.patterns = tuple(self.patterns)
@@ -107,7 +112,7 @@ class Redactor:
     def add_secret(self, value: str, replacement: str = REDACTED, scope: str | None = None) -> None:
         """A literal to remove wherever it appears (in `scope`'s traffic only, when a session is given)."""
         value = value.strip()
-        if len(value) < MIN_LITERAL_LEN:
+        if len(value) < MIN_LITERAL_LEN or value in self._public:
             return
         credential = self._credentials.get(scope) if scope is not None else None
         if credential is not None and credential in value:
@@ -117,7 +122,11 @@ class Redactor:
 
     def session_name(self, session: str, source: str) -> str:
         """The name a session gets on disk; registers a secret-derived id for scrubbing in its scope."""
-        if source in SECRET_SOURCES:
+        kind, colon, _ = source.partition(":")
+        if colon and kind in PUBLIC_SOURCE_KINDS and not is_secret_source(source):
+            self._public.add(session.strip())  # where the gateway keeps it: the gateway's own name for it
+            return session
+        if is_secret_source(source):
             name = session_digest(session)
             secret = session.strip()
             if name != session and len(secret) >= MIN_LITERAL_LEN:

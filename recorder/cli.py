@@ -80,8 +80,19 @@ def check(args: argparse.Namespace) -> str | None:
         return str(exc)
     if spec.kind == "http" and not args.engine_listen:
         return f"--target {spec.text} needs --engine-listen HOST:PORT: the engine URL that gateway was started with"
-    if spec.kind == TITO and (args.engine_listen or args.volatile):
-        return "--engine-listen and --volatile are for a target other than tito's own adapter"
+    if spec.kind == TITO and (args.engine_listen or args.volatile or args.session_from or args.routing_header):
+        return ("--engine-listen, --volatile, --routing-header and --session-from are for a target other than "
+                "tito's own adapter")
+    if spec.kind != "http" and (args.volatile or args.routing_header):
+        return (f"--volatile and --routing-header are for an http:// target: the driver of {spec.text} says its "
+                "own (TargetInfo)")
+    if args.session_from:
+        from tito_rl.trajectory.adapters.session_from import SessionFromError, parse_session_from
+
+        try:
+            parse_session_from(args.session_from)
+        except SessionFromError as exc:
+            return str(exc)
     if args.sessions < 1 or args.concurrency < 1:
         return "--sessions and --concurrency must be >= 1"
     return None
@@ -201,6 +212,12 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
             await around.stop()
         finally:
             tap.close()
+            if isinstance(counted, ProgressTap):
+                counted.flush()  # the last counts: a log's lines are 10 s apart
+            summary = around.recording.sessionless_summary()
+            if summary is not None:
+                lead = "\n" if progress is not None and progress.isatty() else ""
+                print(f"{lead}tito record: {summary}", file=sys.stderr, flush=True)
 
     print(f"tito record: agents -> {ends.agent_url} -> target {args.target} -> {ends.engine_url} -> "
           f"{settings.engine_url}, writing {args.out}", file=sys.stderr, flush=True)
@@ -210,16 +227,38 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
 def build_target(spec: TargetSpec, args: argparse.Namespace) -> Any:
     """The driver (or running gateway) `--target` names, not started yet."""
     if spec.kind == "http":
+        from tito_rl.recorder.targets.base import ROUTING_HEADER
         from tito_rl.recorder.targets.http import HttpTarget
 
-        header = None if (args.routing_header or "").lower() in ("", "none") else args.routing_header
-        return HttpTarget(spec.url, tuple(args.volatile), header)
-    from tito_rl.recorder.targets.base import TargetOptions
-    from tito_rl.recorder.targets.registry import create_driver
+        named = args.routing_header or ROUTING_HEADER
+        header = None if named.lower() == "none" else named
+        target: Any = HttpTarget(spec.url, tuple(args.volatile), header,
+                                 session_from=session_from_spec(args.session_from or "bearer"))
+    else:
+        from tito_rl.recorder.targets.base import TargetOptions
+        from tito_rl.recorder.targets.registry import create_driver
 
-    options = TargetOptions(args.tokenizer, args.reasoning_parser or None, args.tool_parser or None,
-                            args.fork_threshold)
-    return create_driver(spec.text, options)
+        options = TargetOptions(args.tokenizer, args.reasoning_parser or None, args.tool_parser or None,
+                                args.fork_threshold)
+        target = create_driver(spec.text, options)
+        if args.session_from:  # the driver's gateway keeps its sessions where the user says
+            target.info.session_from = session_from_spec(args.session_from)
+    from tito_rl.trajectory.adapters.session_from import SessionFromError, parse_session_from
+
+    try:
+        where = parse_session_from(getattr(target.info, "session_from", "bearer") or "bearer")
+    except SessionFromError as exc:
+        raise TargetError(f"{spec.text}: its TargetInfo.session_from: {exc}") from None
+    if getattr(target.info, "session_path", None) is None and where.session_path is not None:
+        target.info.session_path = where.session_path  # launched CLIs get base URLs with the session in them
+    return target
+
+
+def session_from_spec(text: str) -> str:
+    """`--session-from`'s text in its normal form (`header:X-Session-Id` -> `header:x-session-id`)."""
+    from tito_rl.trajectory.adapters.session_from import parse_session_from
+
+    return parse_session_from(text).spec
 
 
 def foreign_header(header: Any, spec: TargetSpec, target: Any) -> Any:

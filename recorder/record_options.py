@@ -43,9 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     targets.add_argument("--volatile", action="append", default=[], metavar="PATH",
                          help="http:// target: a reply field it fills with values no replay can pin (random ids, "
                               "times), e.g. id or choices[*].message.tool_calls[*].id (repeatable)")
-    targets.add_argument("--routing-header", default=ROUTING_HEADER, metavar="NAME",
-                         help="http:// target: the engine-leg header carrying the session id (default "
-                              "%(default)s; none: it sends none)")
+    targets.add_argument("--routing-header", metavar="NAME",
+                         help=f"http:// target: the engine-leg header carrying the session id (default "
+                              f"{ROUTING_HEADER}; none: it sends none)")
+    targets.add_argument("--session-from", metavar="WHERE",
+                         help="where the target takes the session from on the agent leg: bearer (the API key, "
+                              "the default), header:NAME, cookie:NAME or path:PREFIX with {sid} for the session's "
+                              "segment (e.g. path:/proxy/rollout/{sid}); a request naming none is no session's "
+                              "(docs/targets.md)")
     targets.add_argument("--engine-dialect", choices=DIALECTS, metavar="DIALECT",
                          help="the engine API the target calls, where its calls alone do not say (sglang, "
                               "sglang-openai, vllm-openai, vllm-generate; default: read from each call, "

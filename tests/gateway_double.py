@@ -27,7 +27,12 @@ every engine call), `system_suffix` (appended to the system prompt before render
 `http://` target:
 
     python -m tests.gateway_double --engine http://127.0.0.1:30000 --listen 127.0.0.1:8500 [--no-routing-key] \
-        [--dialect vllm-generate]
+        [--dialect vllm-generate] [--sessions-in header:x-session-id|cookie:sid|path:/proxy/rollout/{sid}] \
+        [--no-session-api]
+
+By default it takes the session from the bearer token; `--sessions-in` makes it a gateway that keeps its sessions
+in a header, a cookie or the URL (its own reading, aiohttp's: the path form is a route prefix with `{sid}`), and
+`--no-session-api` one without tito's session API (no samples: a 404 there, as most gateways).
 """
 
 from __future__ import annotations
@@ -402,25 +407,44 @@ def settings_of(options: TargetOptions) -> dict[str, Any]:
 
 class Gateway:
     def __init__(self, engine_url: str, tokenizer: Any, routing_key: bool = True, dialect: str = SGLANG,
-                 sampling: dict[str, Any] | None = None, system_suffix: str = "") -> None:
+                 sampling: dict[str, Any] | None = None, system_suffix: str = "", sessions_in: str = "bearer",
+                 session_api: bool = True) -> None:
         self.engine_url = engine_url.rstrip("/")
         self.tokenizer = tokenizer
         self.routing_key = routing_key
         self.dialect = dialect
         self.sampling = dict(sampling or {})  # extra sampling parameters on every engine call
         self.system_suffix = system_suffix  # appended to the system prompt: a gateway whose rendering changed
+        self.sessions_in, _, self.sessions_name = sessions_in.partition(":")  # bearer, header, cookie or path
+        self.session_api = session_api
         self.sessions: dict[str, GatewaySession] = {}
         self.http: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        prefix = self.sessions_name if self.sessions_in == "path" else ""
         for path in WIRES:
-            app.router.add_post(path, self.turn)
+            app.router.add_post(prefix + path, self.turn)
         app.router.add_get("/health", self.health)
-        app.router.add_post("/tito/sessions/{sid}/finish", self.finish_route)
-        app.router.add_delete("/tito/sessions/{sid}", self.drop_route)
+        app.router.add_get("/v1/models", self.models)
+        if self.session_api:
+            app.router.add_post("/tito/sessions/{sid}/finish", self.finish_route)
+            app.router.add_delete("/tito/sessions/{sid}", self.drop_route)
         app.on_cleanup.append(self.close)
         return app
+
+    def session_of(self, request: web.Request) -> str:
+        """Where this gateway keeps its session: the bearer token, a header, a cookie or the URL."""
+        if self.sessions_in == "header":
+            return request.headers.get(self.sessions_name, "") or "default"
+        if self.sessions_in == "cookie":
+            return request.cookies.get(self.sessions_name, "") or "default"
+        if self.sessions_in == "path":
+            return request.match_info["sid"]
+        return request.headers.get("Authorization", "").removeprefix("Bearer ").strip() or "default"
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "double", "object": "model"}]})
 
     async def close(self, app: web.Application | None = None) -> None:
         if self.http is not None:
@@ -433,9 +457,9 @@ class Gateway:
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
     async def turn(self, request: web.Request) -> web.Response:
-        sid = request.headers.get("Authorization", "").removeprefix("Bearer ").strip() or "default"
+        sid = self.session_of(request)
         body = await request.json()
-        translate, reply = WIRES[request.path]
+        translate, reply = WIRES["/v1/" + request.path.split("/v1/", 1)[1]]
         messages, tools = translate(body)
         if self.system_suffix and messages and messages[0]["role"] == "system":
             messages[0] = {**messages[0], "content": messages[0]["content"] + self.system_suffix}
@@ -547,10 +571,10 @@ def create_vllm_generate(options: TargetOptions) -> GatewayDoubleTarget:
 
 
 async def serve(engine: str, host: str, port: int, routing_key: bool, tokenizer: str | None,
-                dialect: str = SGLANG) -> None:
+                dialect: str = SGLANG, sessions_in: str = "bearer", session_api: bool = True) -> None:
     settings = settings_of(TargetOptions())
     gateway = Gateway(engine, load_tokenizer(tokenizer), routing_key, dialect, settings.get("sampling"),
-                      str(settings.get("system_suffix") or ""))
+                      str(settings.get("system_suffix") or ""), sessions_in, session_api)
     runner = web.AppRunner(gateway.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -571,11 +595,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-routing-key", action="store_true", help=f"send no {ROUTING_HEADER} to the engine")
     parser.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer folder (default: Qwen3's)")
     parser.add_argument("--dialect", choices=DIALECTS, default=SGLANG, help="the engine API to call")
+    parser.add_argument("--sessions-in", default="bearer",
+                        help="where it keeps its sessions: bearer, header:NAME, cookie:NAME, path:/prefix/{sid}")
+    parser.add_argument("--no-session-api", action="store_true", help="no /tito/sessions/... routes: no samples")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         parser.error(f"--listen: HOST:PORT, got {args.listen!r}")
-    asyncio.run(serve(args.engine, host, int(port), not args.no_routing_key, args.tokenizer, args.dialect))
+    asyncio.run(serve(args.engine, host, int(port), not args.no_routing_key, args.tokenizer, args.dialect,
+                      args.sessions_in, not args.no_session_api))
     return 0
 
 

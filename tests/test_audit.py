@@ -251,6 +251,22 @@ def test_exit_codes_json_schema_and_allowlist(tmp_path: Path, capsys: pytest.Cap
     assert "allowed: pinned on purpose" in text and "FAIL" not in text
 
 
+def test_the_summary_says_what_each_count_counts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two cassettes, one firing trained-twice and coverage: the summary gives each rule's count in its unit, and
+    the sessions and cassettes it fired in, never a bare number whose unit the reader must guess."""
+    n = len(ids(FIRST))
+    two_turns(tmp_path / "a.tito", samples=lambda p0, o0, ctx, o1: [
+        sample(p0, [(o0, 1, logprobs(o0)), (ctx, 0, None), (o1, 1, logprobs(o1))]),
+        sample(p0, [(o0, 1, logprobs(o0))])])
+    two_turns(tmp_path / "b.tito")
+    assert main(["audit", str(tmp_path)]) == 1
+    text = capsys.readouterr().out
+    summary = text[text.index("audited "):].splitlines()
+    assert summary[0] == "audited 2 cassette(s), 2 session(s); rules fired:"
+    assert f"  trained-twice: {n} token(s) in 1 session(s) of 1 cassette(s)" in summary
+    assert f"  FAIL trained-twice: {n} token(s) in 1 session(s)" in text  # the cassette's own line, with its unit
+
+
 @pytest.mark.parametrize(("setup", "message"), [
     (lambda d: None, "no such file or folder"),
     (lambda d: (d / "x.tito").write_bytes(b"nope, not one"), "not a tito cassette"),

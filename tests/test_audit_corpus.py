@@ -77,7 +77,8 @@ def test_slime_recording_names_the_conformance_findings() -> None:
 def test_slime_recording_exits_1_on_its_findings(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", str(SLIME), "--fail-on", "stop-token-leak,tool-call-lost,never-trained"]) == 1
     text = capsys.readouterr().out
-    assert "FAIL stop-token-leak: 5 in 4 session(s)" in text and "FAIL tool-call-lost: 1 in 1 session(s)" in text
+    assert "FAIL stop-token-leak: 5 reply(ies) in 4 session(s)" in text
+    assert "FAIL tool-call-lost: 1 tool call(s) in 1 session(s)" in text
     assert main(["audit", str(SLIME)]) == 0  # the default --fail-on: none of its rules fires here
 
 
@@ -135,7 +136,7 @@ def test_slime_retry_names_the_retry_trained_twice() -> None:
 
 def test_slime_retry_exits_1_and_so_does_the_targets_folder(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["audit", str(RETRY)]) == 1
-    assert "FAIL trained-twice: 44 in 1 session(s): retry 44" in capsys.readouterr().out
+    assert "FAIL trained-twice: 44 token(s) in 1 session(s): retry 44" in capsys.readouterr().out
     assert main(["audit", str(ROOT / "cassettes" / "targets"), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     by_name = {Path(c["path"]).stem: c for c in out["cassettes"]}

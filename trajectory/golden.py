@@ -120,12 +120,17 @@ class GoldenFinish:
 
 
 def render_session(name: str, finishes: Sequence[GoldenFinish], names: TokenNames, drops: int = 0,
-                   wire_events: Sequence[str] = ()) -> str:
+                   wire_events: Sequence[str] = (), unsampled: int = 0, exchanges: int = 0) -> str:
     """A session's section: per finish its stats, tree, decisions and samples, one fact per line.
-    `wire_events`: exchanges the tree can not show (failures, retries, aborts), listed only when there are any."""
+    `wire_events`: exchanges the tree can not show (failures, retries, aborts), listed only when there are any.
+    `unsampled`: finishes where neither the recording nor the target had samples (a gateway without a session
+    API): the session's `exchanges` were verified on their replies and engine calls only."""
     lines = [f"== session {name} =="]
     if drops:
         lines.append(f"dropped through the session API: {drops} time(s)")
+    if unsampled:
+        lines.append(f"no samples on either side at {unsampled} finish(es): {exchanges} exchange(s) verified on "
+                     "their replies and engine calls")
     if wire_events:
         lines.append("wire events:")
         lines += ["  " + event for event in wire_events]

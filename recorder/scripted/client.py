@@ -60,6 +60,7 @@ class SessionResult:
     disconnects: int = 0  # requests the client walked away from
     finishes: dict[str, int] = field(default_factory=dict)  # replies by finish: stop, tool_calls, length
     samples: int | None = None  # from the finish reply
+    finished_without_samples: bool = False  # finished where the target offers no samples
     dropped: bool = False
     error: str | None = None
 
@@ -69,7 +70,7 @@ class SessionResult:
 
     def line(self) -> str:
         end = (f"{self.samples} sample(s)" if self.samples is not None else "dropped" if self.dropped
-               else "left open")
+               else "finished, the target offers no samples" if self.finished_without_samples else "left open")
         what = ", ".join(f"{n} {k}" for k, n in sorted(self.finishes.items()))
         status = "ok" if self.ok else f"FAILED: {self.error}"
         return (f"session {self.session_id}: {status}; {self.requests} request(s) ({what}), "
@@ -87,6 +88,12 @@ def _compact(body: dict[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def no_samples(data: Any) -> bool:
+    """A finish answered by tito's agent tap for a target that offers no samples (`taps.agent_tap`)."""
+    error = data.get("error") if isinstance(data, dict) else None
+    return isinstance(error, dict) and error.get("type") == "no_samples"
+
+
 class SessionRunner:
     def __init__(self, http: aiohttp.ClientSession, base_url: str, session: ClientSession) -> None:
         self.http = http
@@ -94,8 +101,9 @@ class SessionRunner:
         self.session = session
         self.wire: Wire = WIRE_CODECS[session.wire]
         self.result = SessionResult(session.id)
-        self.headers = {"Authorization": f"Bearer {session.id}", "Content-Type": "application/json",
-                        "Accept": self.wire.accept, "User-Agent": USER_AGENT}
+        self.headers = {"Authorization": f"Bearer {session.api_key or session.id}",
+                        "Content-Type": "application/json", "Accept": self.wire.accept, "User-Agent": USER_AGENT,
+                        **session.extra_headers}
         if session.wire == "anthropic":
             self.headers.update({"anthropic-version": "2023-06-01", "X-Stainless-Retry-Count": "0"})
         self.disconnects: dict[int, Disconnect] = {d.request: d for d in session.disconnects}
@@ -121,6 +129,9 @@ class SessionRunner:
             async with self.http.post(f"{self.base_url}/tito/sessions/{self.session.id}/finish",
                                       json={"reward": step.reward}) as resp:
                 data = await resp.json(content_type=None)
+                if resp.status == 404 and no_samples(data):  # a gateway without a session API: finished, no
+                    self.result.finished_without_samples = True  # samples (its replies and calls are recorded)
+                    return
                 if resp.status != 200:
                     raise ScriptError(f"finish answered {resp.status}: {data}")
             self.result.samples = len(data.get("samples", []))

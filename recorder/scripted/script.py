@@ -10,6 +10,8 @@ script (`fake_engine/policies/scripted.py`, which ignores `client:`) and what th
           wire: anthropic                      # anthropic | chat | responses
           stream: true
           path_prefix: /sessions/{id}          # optional: the session in the URL too (rllm's gateway, miles)
+          headers: {x-session-id: "{id}"}      # optional: sent with every model request ({id}: the session id)
+          api_key: sk-test-...                 # optional: the bearer token instead of the session id
           system: You are a coding agent.
           tools: [Bash, Read, Agent]           # catalog names (TOOL_CATALOG) or {name, description, parameters}
           results:                             # canned tool results by tool name (nothing is executed)
@@ -28,7 +30,9 @@ script (`fake_engine/policies/scripted.py`, which ignores `client:`) and what th
 `{base}{prefix}/v1/...` (`{id}` is replaced by the session id), e.g. `/sessions/{id}/v1/chat/completions` for
 rllm's gateway, whose agents are handed the base URL `.../sessions/<sid>/v1`. finish and drop still go to tito's
 agent tap (`/tito/sessions/<id>/finish`), which is not the gateway's. The prefix starts with `/`, has no trailing
-`/`, query or fragment, and `{id}` is its only placeholder.
+`/`, query or fragment, and `{id}` is its only placeholder. `headers` are for a gateway that keeps its sessions in a
+header or a cookie (`x-session-id: "{id}"`, `Cookie: "sid={id}"`; `tito record --session-from header:x-session-id`
+or `cookie:sid`); `api_key` makes the bearer token something other than the session id (a rollout's own secret).
 
 `client.concurrency: N` runs at most N sessions at once (default: all of them), as a training step's rollouts.
 The Structs below are the format (`fake_engine/scenario_model.py`): an unknown key or a wrong type is an error
@@ -164,6 +168,8 @@ class ClientSession(Strict):
     wire: Literal["anthropic", "chat", "responses"]
     steps: Annotated[tuple[Step, ...], msgspec.Meta(min_length=1)]
     path_prefix: str | None = None  # the model requests' path before the wire's (`/sessions/{id}`); None: none
+    headers: dict[str, str] = {}  # extra headers of every model request, `{id}` replaced by the session id
+    api_key: str | None = None  # the bearer token (None: the session id)
     system: str = ""
     tools: tuple[str | ToolSpec, ...] = ()
     results: dict[str, Result] = {}
@@ -189,6 +195,11 @@ class ClientSession(Strict):
     def prefix(self) -> str:
         """The path before the wire's own: `path_prefix` with the session id in place of `{id}`; "" for none."""
         return (self.path_prefix or "").replace("{id}", self.id)
+
+    @property
+    def extra_headers(self) -> dict[str, str]:
+        """`headers` with the session id in place of `{id}`."""
+        return {name: value.replace("{id}", self.id) for name, value in self.headers.items()}
 
     @property
     def agent(self) -> AgentSpec:

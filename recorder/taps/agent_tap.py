@@ -5,12 +5,14 @@ as the target sends it, and is recorded as its server-sent events. A client that
 the forwarded request too, so the target sees the disconnect the agent caused (and may abort its generation);
 the exchange is recorded with status 499, as tito's adapter records it. The session API
 (`POST /tito/sessions/{sid}/finish`, `DELETE /tito/sessions/{sid}`) is the target's finish and drop.
+
+Which session a request is comes from where the target keeps it (`SessionFrom`, `--session-from`); a request
+that names none (a health check, a model list) is forwarded and kept apart: no session's, not recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,7 +21,9 @@ import aiohttp
 from aiohttp import web
 
 from tito_rl.recorder.taps.recording import Recording, body_digest
-from tito_rl.trajectory.adapters.session import _SID, SessionRef, resolve_session
+from tito_rl.recorder.targets.base import TargetFailure
+from tito_rl.trajectory.adapters.session import SessionRef
+from tito_rl.trajectory.adapters.session_from import GATEWAY_SESSIONS, SessionFrom
 from tito_rl.trajectory.adapters.tap import AgentExchange
 
 # Not forwarded: they describe one hop's connection, or would let the target compress what is recorded.
@@ -27,7 +31,6 @@ HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connect
                          "trailer", "upgrade", "proxy-connection", "proxy-authenticate", "accept-encoding", "expect"})
 REPLY_DROPPED = HOP_HEADERS | {"content-encoding", "date", "server"}
 SSE = "text/event-stream"
-SESSIONS_PREFIX = "/sessions/"
 Finish = Callable[[str, float], Awaitable[list[dict[str, Any]] | None]]
 Drop = Callable[[str], Awaitable[bool]]
 
@@ -48,33 +51,27 @@ def split_events(text: str) -> list[str]:
     return events
 
 
-def path_session(path: str) -> str | None:
-    """The `/s/<sid>/...` prefix some clients carry their session in (tito's adapter's own)."""
-    if path.startswith("/s/"):
-        sid, _, _ = path[3:].partition("/")
-        return sid or None
-    return None
-
-
 def gateway_session(path: str) -> SessionRef | None:
     """A gateway's session in the URL (`/sessions/<sid>/v1/...`: rllm's gateway, miles' session server): the
     gateway's own session, so it names the recorded session before any credential (all of a rollout's agents
-    may share one API key)."""
-    if path.startswith(SESSIONS_PREFIX):
-        sid, slash, _ = path[len(SESSIONS_PREFIX):].partition("/")
-        if sid and slash and _SID.match(sid):
-            return SessionRef(sid, "path")
-    return None
+    may share one API key). Part of the default rule, `session_from.bearer_session`."""
+    if not path.startswith(GATEWAY_SESSIONS):
+        return None
+    ref = SessionFrom().resolve(path, {})
+    return ref if ref is not None and ref.source == "path" else None
 
 
 class AgentTap:
-    """`finish(sid, reward)` returns the target's samples, or None when it offers none; `drop(sid)` says whether
-    the target knew the session."""
+    """`finish(sid, reward)` returns the target's samples, or None when it offers none, and raises
+    `TargetFailure` when the target failed; `drop(sid)` says whether the target knew the session.
+    `session_from`: where requests carry their session (default: the credentials, `bearer`)."""
 
-    def __init__(self, recording: Recording, target_url: str, finish: Finish, drop: Drop) -> None:
+    def __init__(self, recording: Recording, target_url: str, finish: Finish, drop: Drop,
+                 session_from: SessionFrom | None = None) -> None:
         self.recording = recording
         self.target_url = target_url.rstrip("/")
         self.finish_session, self.drop_session = finish, drop
+        self.session_from = session_from or SessionFrom()
         self.http: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -96,13 +93,9 @@ class AgentTap:
 
     async def forward(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        ref = gateway_session(request.path)
+        ref = self.session_from.resolve(request.path, request.headers, request.query, body)
         if ref is None:
-            ref = resolve_session(request.headers, None, path_session(request.path), request.query)
-            if ref.source in ("anonymous", "path") and body:  # only then is the body worth parsing (tito's order:
-                with contextlib.suppress(ValueError):  # credentials, then the body's metadata, then the path)
-                    ref = resolve_session(request.headers, json.loads(body), path_session(request.path),
-                                          request.query)
+            return await self._without_session(request, body)
         headers = dict(request.headers)
         flight = self.recording.agent_arrived(ref.sid, ref.source, headers, body)
         started = self.recording.elapsed(ref.sid)
@@ -118,6 +111,16 @@ class AgentTap:
             exchange.duration_s = self.recording.elapsed(ref.sid) - started
             # Shielded: a cancelled handler still records what happened.
             asyncio.ensure_future(self.recording.agent_answered(flight, exchange, digest))
+
+    async def _without_session(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        """A request that names no session: forwarded as any other, recorded nowhere, counted apart; the engine
+        calls it causes are forwarded and not recorded either (`Recording.sessionless_arrived`)."""
+        flight = self.recording.sessionless_arrived(request.method, request.path, body)
+        try:
+            return await self._relay(request, body, AgentExchange(request.method, request.path,
+                                                                  request.query_string, {}, b"", 0, {}))
+        finally:
+            self.recording.sessionless_answered(flight)
 
     async def _relay(self, request: web.Request, body: bytes, exchange: AgentExchange) -> web.StreamResponse:
         assert self.http is not None
@@ -166,9 +169,13 @@ class AgentTap:
             reward = float(data.get("reward", 0.0))
         except (ValueError, TypeError, AttributeError):
             return web.json_response({"error": {"message": 'body must be {"reward": <float>}'}}, status=400)
-        samples = await self.finish_session(sid, reward)
+        try:
+            samples = await self.finish_session(sid, reward)
+        except TargetFailure as exc:  # the gateway failed: not the same as a gateway that has no samples
+            return web.json_response({"error": {"type": "target_failed", "message": str(exc)}}, status=502)
         if samples is None:
-            return web.json_response({"error": {"message": "the target offers no samples"}}, status=404)
+            return web.json_response({"error": {"type": "no_samples", "message": "the target offers no samples"}},
+                                     status=404)
         self.recording.finished(sid, reward, samples)
         return web.json_response({"samples": samples})
 

@@ -18,6 +18,7 @@ from tito_rl.recorder.taps.agent_tap import AgentTap
 from tito_rl.recorder.taps.engine_tap import EngineTap
 from tito_rl.recorder.taps.recording import Recording
 from tito_rl.recorder.targets.base import TargetDriver, TargetFinish
+from tito_rl.trajectory.adapters.session_from import parse_session_from
 from tito_rl.trajectory.adapters.tap import TrafficTap
 
 
@@ -49,6 +50,11 @@ class TapsAround:
     def __init__(self, tap: TrafficTap, target: TargetDriver, engine_url: str, dialect: str | None = None) -> None:
         self.tap, self.target, self.engine_url, self.dialect = tap, target, engine_url, dialect
         self.recording = Recording(tap, target.info.routing_header)
+        # where the target keeps its sessions on the agent leg (a bad spec is the driver's bug: ValueError)
+        self.session_from = parse_session_from(getattr(target.info, "session_from", "bearer") or "bearer")
+        counted = getattr(tap, "without_session", None)  # the live progress line counts them apart
+        if callable(counted):
+            self.recording.on_sessionless = counted
         self._runners: list[web.AppRunner] = []
         self._started = False
 
@@ -61,7 +67,7 @@ class TapsAround:
         self._runners.append(runner)
         target_url = await self.target.start(engine_tap_url)
         self._started = True
-        agent = AgentTap(self.recording, target_url, self._finish, self._drop)
+        agent = AgentTap(self.recording, target_url, self._finish, self._drop, self.session_from)
         app = agent.app()
         if prepare is not None:
             prepare(app)

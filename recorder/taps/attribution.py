@@ -17,7 +17,9 @@ tito's own adapter tells its tap exactly; a foreign gateway only forwards calls.
    identical first prompts and one shared key are told apart only by arrival order: a gateway that forwards
    a routing key never depends on it.
 Calls of no session (health checks, `/model_info`, `/v1/models`; without a routing key, anything but a
-generation and its abort) are forwarded and not recorded.
+generation and its abort) are forwarded and not recorded. An agent request that names no session (tracked
+under `NO_SESSION`) is never a candidate of rule 3 but by its messages: a generation whose messages are that
+request's, unchanged, is its, and is forwarded and not recorded.
 
 Each agent exchange's engine calls are written just before it, as tito's adapter writes them, so a replay
 finds each call where the live run made it.
@@ -40,6 +42,7 @@ from tito_rl.trajectory.adapters.tap import EngineExchange
 from tito_rl.trajectory.dialects.registry import is_generation, view_of
 
 MAX_REMEMBERED_RIDS = 4096
+NO_SESSION = ""  # the flights of agent requests that name no session: never recorded
 
 
 @dataclass(eq=False)
@@ -110,17 +113,22 @@ class Attribution:
             if found is not None:
                 return found
         session = self._routing_key(headers)
-        if session is not None:
+        if session is not None and session != NO_SESSION:
             flight = self._pick(self.flights.get(session, []))
             return Owner(session, self.sources.get(session, "bearer"), flight)
         if not is_generation(path):
             return None  # without a routing key only a generation says whose it is
-        flights = [f for fs in self.flights.values() for f in fs]
+        loose = self.flights.get(NO_SESSION, [])
+        flights = [f for s, fs in self.flights.items() if s != NO_SESSION for f in fs]
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if loose and isinstance(messages, list) and messages and not any(f.messages() == messages for f in flights):
+            mine = [f for f in loose if f.messages() == messages]
+            if mine:
+                return Owner(NO_SESSION, "none", mine[0])
         authorization = header_value(headers, "authorization")
         if authorization is not None:
             flights = [f for f in flights if f.authorization == authorization] or flights
         flight = None
-        messages = body.get("messages") if isinstance(body, dict) else None
         if isinstance(messages, list) and messages:
             same = [f for f in flights if f.messages() == messages]
             flight = self._pick(same)

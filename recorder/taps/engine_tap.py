@@ -15,6 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from tito_rl.recorder.taps.agent_tap import HOP_HEADERS, REPLY_DROPPED, SSE, forwarded
+from tito_rl.recorder.taps.attribution import NO_SESSION
 from tito_rl.recorder.taps.recording import Recording
 from tito_rl.trajectory.adapters.engine import fast_json
 from tito_rl.trajectory.adapters.tap import EngineExchange
@@ -82,7 +83,7 @@ class EngineTap:
         except ValueError:
             data = None
         owner = self.recording.attribution.owner(request.path, request.headers, data)
-        if owner is None:  # no session's call (health, model info): forwarded, not recorded
+        if owner is None or owner.session == NO_SESSION:  # no session's call (health, model info): not recorded
             return await self._relay(request, body, None)
         call = asyncio.get_running_loop().create_future()
         self.recording.engine_started(owner, data, call)

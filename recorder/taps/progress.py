@@ -1,6 +1,8 @@
 """Live progress of a recording: sessions, turns, tokens and errors, on one terminal line.
 
-A tap that counts what passes and forwards everything to the tap that writes; it never changes traffic.
+A tap that counts what passes and forwards everything to the tap that writes; it never changes traffic. Around
+a foreign gateway, which says nothing of turns, an agent exchange answered after a generation of its own is a
+turn, one answered without a generation a side request; requests that named no session are counted apart.
 On a terminal the line is redrawn in place (every 0.5 s at most, and at each finished session); elsewhere
 (a CI log, a file) it is a new line at most every 10 s, and a last one when the recording stops.
 """
@@ -26,10 +28,12 @@ class Counts:
     output_tokens: int = 0
     errors: int = 0
     finished: int = 0
+    sessionless: int = 0  # requests that named no session (health checks, model lists): passed through
 
     def line(self) -> str:
+        apart = f" | {self.sessionless} without a session" if self.sessionless else ""
         return (f"sessions {len(self.sessions)} (finished {self.finished}) | turns {self.turns} (+{self.side} side)"
-                f" | tokens {self.prompt_tokens} in, {self.output_tokens} out | errors {self.errors}")
+                f" | tokens {self.prompt_tokens} in, {self.output_tokens} out | errors {self.errors}{apart}")
 
 
 TERMINAL_INTERVAL_S = 0.5
@@ -48,18 +52,28 @@ class ProgressTap:
         self.counts = Counts()
         self._last: float | None = None
         self._shown = ""
+        self._generated: dict[str, int] = {}  # session -> generations answered since its last agent exchange
 
     def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
+        self.counts.sessions.add(session)
         self.inner.agent_request(session, source, headers)
+
+    def without_session(self, what: str) -> None:
+        """A request that named no session went through (`Recording.sessionless_arrived`)."""
+        self.counts.sessionless += 1
+        self.show()
 
     def agent_exchange(self, session: str, source: str, exchange: AgentExchange) -> None:
         self.counts.sessions.add(session)
+        generated = self._generated.pop(session, 0)  # its engine calls are written just before it
         if exchange.status >= 400:
             self.counts.errors += 1
         elif exchange.side:
             self.counts.side += 1
-        elif exchange.turn_index is not None:
+        elif exchange.turn_index is not None or generated:
             self.counts.turns += 1
+        else:
+            self.counts.side += 1
         self.inner.agent_exchange(session, source, exchange)
         self.show()
 
@@ -73,6 +87,8 @@ class ProgressTap:
             view = view_of(exchange.dialect, exchange.path, exchange.request, response)
             self.counts.prompt_tokens += len(view.prompt_ids or ())
             self.counts.output_tokens += len(view.output_ids or ())
+        if is_generation(exchange.path) and exchange.status == 200:
+            self._generated[session] = self._generated.get(session, 0) + 1
         if exchange.error or exchange.status >= 400 or exchange.status == 0:
             self.counts.errors += 1
         self.inner.engine_exchange(session, source, exchange)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tito_rl.recorder.taps.attribution import Attribution, InFlight, Owner, header_value
+from tito_rl.recorder.taps.attribution import NO_SESSION, Attribution, InFlight, Owner, header_value
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
 
 ENGINE_GRACE_S = 5.0  # how long an ended exchange waits for its engine calls (an abort after a disconnect)
@@ -39,6 +41,8 @@ class Recording:
         self.attribution = Attribution(routing_header)
         self.sessions: dict[str, _Session] = {}
         self.open: dict[str, str] = {}  # live session id -> source, for sessions neither finished nor dropped
+        self.sessionless: Counter[str] = Counter()  # "METHOD /path" -> requests that named no session
+        self.on_sessionless: Callable[[str], None] | None = None  # told each one (the live progress line)
 
     def session(self, sid: str) -> _Session:
         if sid not in self.sessions:
@@ -72,6 +76,31 @@ class Recording:
                 exchange.retry_of = state.attempts.get(digest)
                 state.attempts[digest] = seq
             self.tap.agent_exchange(flight.session, flight.source, exchange)
+
+    def sessionless_arrived(self, method: str, path: str, body: bytes = b"") -> InFlight:
+        """A request that names no session (a health check, a model list): counted, recorded nowhere; in flight
+        so that an engine call it causes is known as no session's (`Attribution.owner`)."""
+        what = f"{method} {path}"
+        self.sessionless[what] += 1
+        if self.on_sessionless is not None:
+            self.on_sessionless(what)
+        return self.attribution.begin(NO_SESSION, "none", body=body)
+
+    def sessionless_answered(self, flight: InFlight) -> None:
+        self.attribution.end(flight)
+
+    def sessionless_summary(self) -> str | None:
+        """One line on the requests that named no session, or None for none; a POST among them may be a turn
+        whose session the target keeps somewhere `--session-from` does not say."""
+        if not self.sessionless:
+            return None
+        total = sum(self.sessionless.values())
+        counted = sorted(self.sessionless.items(), key=lambda item: (-item[1], item[0]))
+        top = ", ".join(f"{what} ({n})" for what, n in counted[:4])
+        more = f", {len(self.sessionless) - 4} more" if len(self.sessionless) > 4 else ""
+        hint = ("; a POST may be a turn: say where the gateway keeps its sessions with --session-from"
+                if any(w.startswith("POST ") for w in self.sessionless) else "")
+        return f"{total} request(s) named no session: passed through, not recorded: {top}{more}{hint}"
 
     # engine leg
 

@@ -50,11 +50,16 @@ class TargetInfo:
     # `{id}` standing for the session id (rllm: `/sessions/{id}`). tito's launchers hand the real CLIs the base
     # URL `{agent tap}{this}`; None: the session travels as the bearer token only.
     session_path: str | None = None
+    # Where the gateway keeps its session on the agent leg (`trajectory.adapters.session_from`): `bearer` (the
+    # credentials, and a `/sessions/<sid>/` URL), `header:NAME`, `cookie:NAME` or `path:PREFIX` with `{sid}`
+    # (`path:/proxy/rollout/{sid}`). A request that names none is no session's. `--session-from` sets it.
+    session_from: str = "bearer"
 
     def to_dict(self) -> dict[str, Any]:
         out = {"name": self.name, "version": self.version, "volatile": list(self.volatile),
                "routing_header": self.routing_header, "settings": self.settings}
-        return out | ({"session_path": self.session_path} if self.session_path is not None else {})
+        out |= {"session_path": self.session_path} if self.session_path is not None else {}
+        return out | ({"session_from": self.session_from} if self.session_from != "bearer" else {})
 
 
 @dataclass
@@ -92,6 +97,11 @@ TargetFactory = Any  # Callable[[TargetOptions], TargetDriver]
 
 class TargetError(Exception):
     """A target that cannot be found, loaded or started: one line, exit 2."""
+
+
+class TargetFailure(Exception):
+    """A finish or drop the gateway failed (it answered 500, refused the connection, timed out): unlike a gateway
+    that offers no samples (a finish returning None), a failure the recording and the replay report."""
 
 
 class TargetUnavailable(TargetError):

@@ -43,6 +43,14 @@ def parse_target(text: str | None) -> TargetSpec:
     return TargetSpec(value, "driver")
 
 
+def same_target(replayed: str, recorded: str) -> bool:
+    """Whether a replay goes through the target a cassette was recorded around: the same `--target`, or any
+    `http://` address for an `http://` recording (an address is not an identity: the team starts its gateway
+    again, on another port, and replays through it; goldens apply and replies compare byte for byte)."""
+    web = ("http://", "https://")
+    return replayed == recorded or (replayed.startswith(web) and recorded.startswith(web))
+
+
 def available() -> list[str]:
     """Driver names this environment knows: the built-in ones and the entry points of `tito.targets`."""
     names = set(BUILTIN)

@@ -27,6 +27,14 @@ RULES: dict[str, str] = {
     "status-changed": "an engine error reaches the agent as another class of status",
     "regenerated-retry": "an identical re-send of an answered request generated again",
 }
+# What a rule's count counts (`RuleResult.total`, and the summary's figures).
+UNITS: dict[str, str] = {
+    "coverage": "token(s)", "trained-twice": "token(s)", "never-trained": "token(s)",
+    "trained-not-emitted": "token(s)", "logprob-mismatch": "token(s)", "missing-logprobs": "token(s)",
+    "prefix-break": "engine prompt(s)", "stop-token-leak": "reply(ies)", "tool-call-lost": "tool call(s)",
+    "text-dropped": "reply(ies)", "sampling-override": "override(s)", "status-changed": "reply(ies)",
+    "regenerated-retry": "re-send(s)",
+}
 DEFAULT_FAIL_ON = ("trained-twice", "trained-not-emitted", "logprob-mismatch")
 
 

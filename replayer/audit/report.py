@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tito_rl.replayer.audit.protocol import RULES, SCHEMA_VERSION, RuleResult
+from tito_rl.replayer.audit.protocol import RULES, SCHEMA_VERSION, UNITS, RuleResult
 from tito_rl.replayer.audit.runner import AuditReport, CassetteAudit
 
 SESSION_LINES = 20  # sessions a cassette's text lists (those with findings first); --json has them all
@@ -65,13 +65,24 @@ def render_text(report: AuditReport) -> str:
     lines: list[str] = []
     for audit in report.cassettes:
         lines += _cassette_text(audit, report.fail_on)
-    fired = {r: sum(1 for c in report.cassettes if c.findings.rules[r].fired) for r in RULES}
     failing = sorted({r for c in report.cassettes for r in c.failing(report.fail_on)}, key=list(RULES).index)
-    lines.append(f"audited {len(report.cassettes)} cassette(s); rules fired: "
-                 + (", ".join(f"{r} ({n})" for r, n in fired.items() if n) or "none"))
+    sessions = sum(c.sessions for c in report.cassettes)
+    fired = [_fired_text(report, r) for r in RULES if any(c.findings.rules[r].fired for c in report.cassettes)]
+    lines.append(f"audited {len(report.cassettes)} cassette(s), {sessions} session(s); rules fired:"
+                 + ("" if fired else " none"))
+    lines += [f"  {text}" for text in fired]
     lines.append(f"fail on {', '.join(report.fail_on) or 'nothing'}: "
                  + (f"{', '.join(failing)} fired (exit 1)" if failing else "none fired (exit 0)"))
     return "\n".join(lines) + "\n"
+
+
+def _fired_text(report: AuditReport, rule: str) -> str:
+    """What a rule's counts count, summed over the cassettes: findings, the sessions and cassettes they are in."""
+    results = [c.findings.rules[rule] for c in report.cassettes]
+    findings = sum(r.total for r in results)
+    sessions = sum(len(r.sessions) for r in results)
+    cassettes = sum(1 for r in results if r.fired)
+    return f"{rule}: {findings} {UNITS[rule]} in {sessions} session(s) of {cassettes} cassette(s)"
 
 
 def _cassette_text(audit: CassetteAudit, fail_on: tuple[str, ...]) -> list[str]:
@@ -91,7 +102,7 @@ def _cassette_text(audit: CassetteAudit, fail_on: tuple[str, ...]) -> list[str]:
             continue
         mark = "FAIL " if rule in fail_on and rule not in audit.allowed else ""
         kinds = (": " + ", ".join(f"{k} {n}" for k, n in sorted(result.kinds.items()))) if result.kinds else ""
-        lines.append(f"  {mark}{rule}: {result.total} in {len(result.sessions)} session(s){kinds}")
+        lines.append(f"  {mark}{rule}: {result.total} {UNITS[rule]} in {len(result.sessions)} session(s){kinds}")
         if result.allowed:
             lines.append(f"    allowed: {result.allowed}")
         for example in result.examples:

@@ -50,7 +50,8 @@ def preamble(cassette: str | os.PathLike[str]) -> str:
 def section(result: SessionResult, names: TokenNames) -> str:
     finishes = [GoldenFinish(f.reward, None if f.live is None else len(f.live), f.linearization, f.tree)
                 for f in result.finishes]
-    return render_session(result.session, finishes, names, result.drops, result.wire_events)
+    return render_session(result.session, finishes, names, result.drops, result.wire_events,
+                          result.unsampled_finishes, result.exchanges)
 
 
 def parse(text: str) -> tuple[str, dict[str, str]]:

@@ -2,7 +2,10 @@
 
 A request goes back as it was recorded (method, path with any `/s/<sid>` prefix, query, headers, body
 bytes), with the session's name where the credential was: the cassette redacted the live token, and the
-name is what the adapter derives everything from. One header, `X-Tito-Replay: <exchange> <session>` (the name
+name is what the adapter derives everything from. A session a gateway keeps elsewhere (`--session-from`: the
+session's source is `header:NAME`, `cookie:NAME` or `path:PREFIX`) goes back where it was: a path or a plain
+header holds it verbatim already; a cookie (redacted with the rest of the `Cookie` header) or a credential
+header gets the session's name again. One header, `X-Tito-Replay: <exchange> <session>` (the name
 percent-quoted: any name a cassette holds survives a header), tells the replay's middleware which exchange a
 request is, so engine calls and the reply are attributed exactly.
 The adapter's answer is read off its tap (`ReplayTap`): the reply bytes or SSE events it sent, its status,
@@ -21,6 +24,7 @@ from aiohttp import web
 from tito_rl.cassette.format.records import AgentRecord
 from tito_rl.cassette.redaction import REDACTED
 from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE
+from tito_rl.trajectory.adapters.session_from import COOKIE, HEADER, from_source
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange
 
 REPLAY_HEADER = "X-Tito-Replay"
@@ -32,15 +36,21 @@ TRANSPORT_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "c
 def request_headers(record: AgentRecord, source: str, name: str, index: int) -> dict[str, str]:
     """Recorded headers with the session's name as its credential; other redacted values are left out."""
     headers: dict[str, str] = {}
+    where = from_source(source)
     for key, value in record.headers.items():
         lower = key.lower()
         if lower in TRANSPORT_HEADERS:
             continue
         if value == REDACTED or REDACTED in value:
-            if lower == "authorization" and source == "bearer":
+            own = where is not None and where.kind == HEADER and where.name == lower  # `header:NAME`'s header
+            if lower == "authorization" and (source == "bearer" or own):
                 headers[key] = f"Bearer {name}"
             elif lower in ("x-api-key", "x-goog-api-key") and source == lower:
                 headers[key] = name
+            elif own:
+                headers[key] = name  # a credential header the session came in: its name in its place
+            elif where is not None and where.kind == COOKIE and lower == "cookie":
+                headers[key] = f"{where.name}={name}"  # the session's cookie; the others were redacted
             continue
         headers[key] = value
     headers[REPLAY_HEADER] = f"{index} {quote(name, safe='')}"

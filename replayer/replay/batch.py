@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tito_rl.cassette.reader import Cassette, exchange_count
+from tito_rl.recorder.targets.registry import same_target
 from tito_rl.replayer.goldens.files import GoldenBook
 from tito_rl.replayer.replay.cassette_replay import replay_each, run_sync
 from tito_rl.replayer.replay.loading import load_cassette, recorded_target, replay_target, select_sessions
@@ -55,7 +56,7 @@ class CassetteWork:
     @property
     def goldens_apply(self) -> bool:
         """Goldens pin a cassette replayed through the target it was recorded around (`CassetteResult`)."""
-        return self.target == self.recorded_target
+        return same_target(self.target, self.recorded_target)
 
 
 @dataclass

@@ -18,7 +18,7 @@ import aiohttp
 from aiohttp import web
 
 from tito_rl.cassette.reader import Cassette
-from tito_rl.recorder.targets.registry import TITO
+from tito_rl.recorder.targets.registry import TITO, same_target
 from tito_rl.replayer.comparison.differences import (
     Difference,
     reply_difference,
@@ -77,8 +77,8 @@ class HarnessBase:
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
         self.cassette, self.path, self.options = cassette, path, options
         # through another target than the recorded one (a conformance run): replies compared by what they mean
-        self.cross_target = replay_target(cassette.header, options.target, path).text != recorded_target(
-            cassette.header)
+        self.cross_target = not same_target(replay_target(cassette.header, options.target, path).text,
+                                            recorded_target(cassette.header))
         self.tokenizer_dir = tokenizer
         self.tokenizer = load_tokenizer(tokenizer)
         self.results: dict[str, SessionResult] = {}
@@ -96,6 +96,10 @@ class HarnessBase:
         """A difference from the recording: a failure that stops the session, or (not strict) a note."""
         result = self.results[session]
         (result.differences if self.options.strict else result.accepted).append(difference)
+
+    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference | None:
+        """The target's finish: its samples, a failure, or None where it offers no samples."""
+        raise NotImplementedError
 
     async def replay_session(self, plan: SessionPlan) -> SessionResult:
         result = self.results[plan.name] = SessionResult(self.path, plan.name)
@@ -330,6 +334,14 @@ class SessionRun:
         outcome = await self.h.finish_session(self.plan.name, reward)
         if isinstance(outcome, Difference):
             self.found(outcome)
+            return
+        if outcome is None:  # the target offers no samples (a gateway without a session API)
+            n = len(self.result.finishes) + self.result.unsampled_finishes + 1
+            if live is not None:  # one side has samples: say which has what
+                self.found(Difference("samples", f"finish {n}: the recording has {len(live)} sample(s), the "
+                                      "target offered none (it answered no samples at its finish)"))
+                return
+            self.result.unsampled_finishes += 1  # neither side has samples: replies and engine calls verified
             return
         outcome.live = live
         self.result.finishes.append(outcome)

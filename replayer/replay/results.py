@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tito_rl.cassette.format.records import Header
+from tito_rl.recorder.targets.registry import same_target
 from tito_rl.replayer.comparison.differences import Difference
 from tito_rl.trajectory.events import coverage_text
 from tito_rl.trajectory.manager import Linearization
@@ -31,6 +32,7 @@ class SessionResult:
     generations_not_made: int = 0  # recorded /generate calls the replay's target never made (it answered without)
     finishes: list[FinishResult] = field(default_factory=list)
     drops: int = 0
+    unsampled_finishes: int = 0  # finishes where neither the recording nor the target had samples
     wire_events: list[str] = field(default_factory=list)  # failed, retried, aborted exchanges (`replay.wire_event`)
     live_samples: list[dict[str, Any]] = field(default_factory=list)  # every sample the live run stored
     differences: list[Difference] = field(default_factory=list)  # failures: the replay stopped at the first
@@ -71,6 +73,8 @@ class SessionResult:
             words.append(f"golden {self.golden}")
         if self.finishes and not self.has_live_samples:
             words.append("no live samples")
+        if self.unsampled_finishes and not self.finishes:
+            words.append("no samples on either side: replies and engine calls verified")
         if self.drops:
             words.append("dropped" if self.drops == 1 else f"dropped {self.drops} times")
         return ", ".join(words)
@@ -100,7 +104,7 @@ class CassetteResult:
     def goldens_apply(self) -> bool:
         """A golden pins a cassette replayed through the target it was recorded around; through another target
         (a conformance run) the replay is compared with the recording only."""
-        return self.target == self.recorded_target
+        return same_target(self.target, self.recorded_target)
 
     @property
     def ok(self) -> bool:

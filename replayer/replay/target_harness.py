@@ -6,7 +6,9 @@ exchange being replayed as the recording tap attributed them (`tito_rl.recorder.
 then among that session's requests in flight; replay sends one session's requests in their recorded order and
 holds each generation until its recorded end, so the order the target saw live is the order it sees again.
 The checks are tito's: engine requests (first differing token, decoded), replies (the target's volatile fields
-masked, everything else compared), and samples at each finish where the target returns them.
+masked, everything else compared), and samples at each finish where both sides have them: a session never
+finished live through a target that offers no samples (a gateway without a session API) is verified on its
+replies and engine calls only; samples on one side only are a difference that says which side has what.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from tito_rl.recorder.taps.agent_tap import HOP_HEADERS, SSE, forwarded, split_e
 from tito_rl.recorder.taps.around import samples_of, serve
 from tito_rl.recorder.taps.attribution import header_value
 from tito_rl.recorder.taps.recording import body_digest
-from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetError, TargetFinish, TargetOptions
+from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetError, TargetFailure, TargetFinish, TargetOptions
 from tito_rl.recorder.targets.registry import TargetSpec
 from tito_rl.replayer.comparison.differences import Difference
 from tito_rl.replayer.replay.agent_leg import REPLAY_HEADER, request_headers, request_target
@@ -225,14 +227,18 @@ class TargetHarness(HarnessBase):
     def replayed(self, key: Key) -> AgentExchange:
         return self._replies[key]
 
-    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference:
+    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference | None:
+        """The target's samples; None where it offers none (`SessionRun.finish` says whether the recording
+        has some); its failure (a 500, a refused connection) is a difference of its own."""
         try:
             finished = await self.driver.finish(name, reward)
+        except TargetFailure as exc:
+            return Difference("error", f"the target's finish failed: {exc}")
         except Exception as exc:  # noqa: BLE001 - the target's own failure is what the replay reports
-            return Difference("samples", f"the target's finish failed: {type(exc).__name__}: {exc}")
+            return Difference("error", f"the target's finish failed: {type(exc).__name__}: {exc}")
         samples = samples_of(finished)
         if samples is None:
-            return Difference("samples", "the target offered no samples at this finish (the recording has them)")
+            return None
         stats = finished.stats if isinstance(finished, TargetFinish) else {}
         linearization = target_linearization(samples, stats)
         tree = {"nodes": [], "target": self.target_name, "untrained_turns": stats.get("untrained_turns")}
@@ -325,7 +331,7 @@ class TargetHarness(HarnessBase):
 
     def _unattributed(self, path: str) -> web.Response:
         """Calls of no session: health checks answer, model info comes from the header, the rest is absent."""
-        if path in ("/health", "/health_generate"):
+        if path in ("/health", "/health_generate") or path.endswith("/health"):  # rllm's gateway: {worker}/health
             return web.Response(status=200)
         engine = self.cassette.header.engine or {}
         if path in ("/model_info", "/get_model_info"):

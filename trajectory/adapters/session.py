@@ -22,6 +22,15 @@ ANONYMOUS = "anonymous"
 _SID = re.compile(r"^[A-Za-z0-9._:@+=-]{1,200}$")
 SECRET_SOURCES = frozenset({"bearer", "x-api-key", "x-goog-api-key", "query-key"})
 _DIGEST_NAME = re.compile(r"sid-[0-9a-f]{16}")
+# Headers that carry a credential: a session id read from one (`--session-from header:api-key`) is a secret.
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"})
+
+
+def is_secret_source(source: str) -> bool:
+    """Whether a session of this source is named by a credential (digested on disk, never stored as it is):
+    tito's own credential sources, and `header:NAME` for a credential header (`session_from`)."""
+    kind, _, name = source.partition(":")
+    return source in SECRET_SOURCES or (kind == "header" and name in CREDENTIAL_HEADERS)
 
 
 def session_digest(secret: str) -> str:
@@ -42,7 +51,7 @@ class SessionRef:
 
     @property
     def name(self) -> str:
-        return session_digest(self.sid) if self.source in SECRET_SOURCES else self.sid
+        return session_digest(self.sid) if is_secret_source(self.source) else self.sid
 
 
 def _valid(value: Any) -> str | None:
