@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tito_rl.recorder.targets.base import TargetOptions
-from tito_rl.recorder.targets.profiles.driver import BUILTIN_DIR, fill, select, session_matcher
+from tito_rl.recorder.targets.profiles.driver import BUILTIN_DIR, fill, select
 from tito_rl.recorder.targets.profiles.format import ProfileError, load_profile, parse_profile, profile_schema
 from tito_rl.recorder.targets.registry import create_driver
 
@@ -65,8 +65,8 @@ def test_the_shipped_profiles_are_valid_and_versioned() -> None:
     ({"profile": 2}, "profile: format version 2 is not known (this tito reads 1)"),
     ({"colour": 1}, "unknown key 'colour'"),
     ({"start": {"command": [], "ready": {"path": "/h"}}}, "start.command"),
-    ({"sessions": {"from": "path:/x"}}, "needs {sid}"),
-    ({"sessions": {"from": "query:x"}}, "from must be bearer, header:NAME, cookie:NAME or path:PREFIX"),
+    ({"sessions": {"from": "path:/x"}}, "names the session's segment once, as {sid}"),
+    ({"sessions": {"from": "query:x"}}, "expected bearer, header:NAME, cookie:NAME or path:PREFIX"),
     ({"setup": [{"path": "api/models"}]}, "setup[0]: path must start with '/'"),
     ({"samples": {"calls": {"items": "[*]", "prompt_ids": "p", "output_ids": "o"}}}, "give request"),
     ({"samples": {"function": "nocolon"}}, "function must be module:function"),
@@ -113,15 +113,6 @@ def test_select_walks_dotted_paths_and_lists() -> None:
     assert select(body, "[*].event_type") == ["model_request", "reward"]
     assert select(body, "[*].data.prompt_token_ids") == [[1, 2]]
     assert select({"samples": [1, 2]}, "samples[*]") == [1, 2]
-
-
-def test_sessions_are_found_where_the_profile_says() -> None:
-    path = session_matcher("path:/proxy/rollout/{sid}")
-    assert path("/proxy/rollout/r-1/attempt/0/mode/train/openai/v1/chat/completions", {}) == "r-1"
-    assert path("/proxy/rollouts", {}) is None and path("/healthz", {}) is None
-    assert session_matcher("header:x-session-id")("/v1", {"x-session-id": "h"}) == "h"
-    assert session_matcher("cookie:sid")("/v1", {"Cookie": "a=1; sid=c"}) == "c"
-    assert session_matcher("bearer")("/v1", {"Authorization": "Bearer b"}) == "b"
 
 
 def test_a_target_file_is_a_profile_and_its_copy_in_the_header_serves_a_replay_elsewhere(tmp_path: Path) -> None:

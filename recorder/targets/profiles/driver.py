@@ -19,7 +19,6 @@ import re
 import subprocess
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 import aiohttp
 from aiohttp import web
@@ -36,6 +35,7 @@ from tito_rl.recorder.targets.profiles.format import (
     profile_to_dict,
 )
 from tito_rl.recorder.targets.rllm_samples import build_samples
+from tito_rl.trajectory.adapters.session_from import parse_session_from
 from tito_rl.trajectory.records import Sample
 
 BUILTIN_DIR = Path(__file__).resolve().parent  # the profiles tito ships (`--target NAME`)
@@ -79,29 +79,6 @@ def one(data: Any, path: str) -> Any:
     return got[0] if got else None
 
 
-def session_matcher(session_from: str) -> Any:
-    """A function from (path, headers) to the session the request names, or None, for `sessions.from`."""
-    kind, _, arg = session_from.partition(":")
-    if kind == "path":
-        prefix = re.escape(arg).replace(re.escape("{sid}"), "(?P<sid>[^/]+)")
-        pattern = re.compile(prefix + r"(?:/|$)")
-        return lambda path, headers: (unquote(m.group("sid")) if (m := pattern.match(path)) else None)
-    if kind == "header":
-        return lambda path, headers: headers.get(arg) or None
-    if kind == "cookie":
-        def cookie(path: str, headers: Any) -> str | None:
-            for part in headers.get("Cookie", "").split(";"):
-                name, _, value = part.strip().partition("=")
-                if name == arg and value:
-                    return value
-            return None
-        return cookie
-    def bearer(path: str, headers: Any) -> str | None:
-        auth = headers.get("Authorization", "")
-        return auth[7:] or None if auth.startswith("Bearer ") else headers.get("x-api-key") or None
-    return bearer
-
-
 class ProfileTarget:
     """A gateway run as its profile says (see the module docstring)."""
 
@@ -114,12 +91,12 @@ class ProfileTarget:
         self.http: aiohttp.ClientSession | None = None
         self.relay: web.AppRunner | None = None
         self.opened: set[str] = set()
-        self.session_of = session_matcher(profile.sessions.session_from)
+        self.session_from = parse_session_from(profile.sessions.session_from)
         self.info = TargetInfo(name=profile.name, version=self._version(), volatile=tuple(profile.volatile),
                                routing_header=profile.sessions.routing_header,
                                settings={"profile": profile_to_dict(profile), "profile_source": source},
-                               session_path=profile.sessions.base_path)
-        self.info.session_from = profile.sessions.session_from  # type: ignore[attr-defined]
+                               session_path=profile.sessions.base_path,
+                               session_from=self.session_from.spec)
 
     def _python(self) -> str | None:
         spec = self.profile.python
@@ -209,13 +186,13 @@ class ProfileTarget:
 
     async def _relay(self, request: web.Request) -> web.StreamResponse:
         assert self.http is not None
-        session = self.session_of(request.path, request.headers)
-        if session is not None:
+        body = await request.read()
+        ref = self.session_from.resolve(request.path, request.headers, request.query, body)
+        if ref is not None:
             try:
-                await self.open(session)
+                await self.open(ref.sid)
             except TargetError as exc:
                 return web.json_response({"error": {"message": f"tito: {exc}"}}, status=502)
-        body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
         async with self.http.request(request.method, self.gateway_url + request.path_qs, data=body or None,
                                      headers=headers, timeout=aiohttp.ClientTimeout(total=None)) as upstream:

@@ -28,10 +28,10 @@ import msgspec
 import yaml
 
 from tito_rl.fake_engine.scenario_model import PosFloat, ScenarioError, Strict, validate
+from tito_rl.trajectory.adapters.session_from import SessionFromError, parse_session_from
 
 FORMAT_VERSION = 1
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-SESSION_FROM = re.compile(r"^(bearer|header:[A-Za-z0-9-]+|cookie:[A-Za-z0-9_.-]+|path:(/[^/?#\s]+)+)$")
 
 
 class ProfileError(ScenarioError):
@@ -88,10 +88,10 @@ class Sessions(Strict):
     drop: tuple[Call, ...] = ()  # `tito`'s drop
 
     def __post_init__(self) -> None:
-        if not SESSION_FROM.match(self.session_from):
-            raise ValueError(f"from must be bearer, header:NAME, cookie:NAME or path:PREFIX, got {self.session_from!r}")
-        if self.session_from.startswith("path:") and "{sid}" not in self.session_from:
-            raise ValueError("from: path:PREFIX needs {sid} where the session's segment is")
+        try:
+            parse_session_from(self.session_from)
+        except SessionFromError as exc:
+            raise ValueError(f"from: {str(exc).removeprefix('--session-from ')}") from None
         if self.base_path is not None and not re.fullmatch(r"(/[^/?#\s]+)+", self.base_path):
             raise ValueError(f"base_path must be a path like /sessions/{{id}}, got {self.base_path!r}")
 
