@@ -193,8 +193,10 @@ def _sampling_text(found: dict[tuple[str, str], list[str]]) -> str:
 
 
 def _wire_path(path: str) -> str:
-    """The path without a gateway's session in the URL (rllm's `/sessions/{sid}`): the wire is what follows."""
-    return re.sub(r"^/sessions/[^/]+(?=/)", "", path)
+    """The path without a gateway's session in the URL (rllm's `/sessions/{sid}`, Agent Lightning's
+    `/proxy/rollout/{rid}/attempt/{aid}/mode/{mode}/openai`): the wire is what follows, from its `/v1`."""
+    at = path.find("/v1")
+    return path[at:] if at > 0 else path
 
 
 def _client(log: Any, header_agent: dict[str, Any]) -> str:

@@ -51,6 +51,23 @@ def test_rllm_recordings_replay_through_tito_and_their_table_is_current() -> Non
     assert "input_ids at token 9486" in text  # Qwen Code's parameter-less tool: `null` vs an empty schema
 
 
+@pytest.mark.parametrize(("prefix", "count", "expected"), [
+    ("verifiers_", 3, "| verifiers_opencode_tool_loop | "),  # vllm-generate calls: prompt ids in the request
+    ("agentlightning_", 1, "| agl-loop | scripted, Chat JSON | "),  # sessions in its own URL, /proxy/rollout/{sid}
+])
+def test_verifiers_and_agent_lightning_recordings_replay_through_tito_and_their_tables_are_current(
+        prefix: str, count: int, expected: str) -> None:
+    """Recordings made around verifiers (token ids in, /inference/v1/generate) and Agent Lightning (vLLM chat, the
+    session in the proxy's URL) replay through tito's adapter, and the page holds their tables as they come out."""
+    paths = sorted(str(p.relative_to(ROOT)) for p in TARGETS.glob(f"{prefix}*.tito"))
+    assert len(paths) == count
+    run = subprocess.run([sys.executable, "-m", "tito_rl.replayer.conformance", "--target", "tito", *paths, "--check"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    marker, text = block([str(ROOT / p) for p in paths], "tito")
+    assert marker == f"{prefix.rstrip('_')}-through-tito" and expected in text
+
+
 def test_the_slime_table_is_what_the_committed_corpus_gives_through_slime() -> None:
     """Where slime is installed (TITO_SLIME_PATH), the first table is checked too: a cassette added to the corpus
     (or a change in how it replays) without `make conformance` fails here."""

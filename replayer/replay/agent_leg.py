@@ -71,6 +71,16 @@ def request_target(record: AgentRecord, source: str = "", name: str = "") -> str
     return path + (f"?{query}" if query else "")
 
 
+def adapter_target(target: str, source: str, name: str) -> str:
+    """A request to a gateway's own session URL (`path:` sources: Agent Lightning's `/proxy/rollout/{sid}/.../v1/...`)
+    as tito's adapter serves it, under `/sessions/<name>/` (the URL's session before any credential): a recording
+    made around such a gateway replays through tito's adapter with its sessions intact."""
+    at = target.find("/v1")
+    if not source.startswith("path:") or at <= 0:
+        return target
+    return f"{GATEWAY_SESSIONS}{quote(name, safe='')}{target[at:]}"
+
+
 def exchange_of(headers: dict[str, str]) -> tuple[str, int] | None:
     for key, value in headers.items():
         if key.lower() == REPLAY_HEADER.lower():

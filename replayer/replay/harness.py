@@ -26,7 +26,13 @@ from tito_rl.replayer.comparison.differences import (
     short,
     turn_locator,
 )
-from tito_rl.replayer.replay.agent_leg import ReplayTap, exchange_context, request_headers, request_target
+from tito_rl.replayer.replay.agent_leg import (
+    ReplayTap,
+    adapter_target,
+    exchange_context,
+    request_headers,
+    request_target,
+)
 from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE, CassetteTransport
 from tito_rl.replayer.replay.loading import ReplayInputError, adapter_settings, recorded_target, replay_target
 from tito_rl.replayer.replay.options import ReplayOptions
@@ -222,7 +228,7 @@ class Harness(HarnessBase):
         """Re-send a recorded request; its answer reaches `answered`/`replayed` through the adapter's tap."""
         record = exchange.record
         headers = request_headers(record, plan.source, plan.name, exchange.index)
-        target = request_target(record, plan.source, plan.name)
+        target = adapter_target(request_target(record, plan.source, plan.name), plan.source, plan.name)
         await self.request(record.method, target, data=record.body or None, headers=headers)
 
     def answered(self, key: tuple[str, int]) -> asyncio.Event:
