@@ -45,6 +45,9 @@ class Target:
     wires: frozenset[str]
     dialect: str
     session_in_url: bool = False  # sessions live in the URL: scripted sessions with a `path_prefix` are for it
+    # the URL's session prefix it takes (a scripted `path_prefix` must start with it); "": any
+    url_prefix: str = ""
+    streams: bool = True  # it serves streamed requests (Agent Lightning 1.0.2 refuses them: every CLI streams)
 
 
 TARGETS = (
@@ -52,6 +55,11 @@ TARGETS = (
     Target("slime", frozenset({"anthropic", "chat"}), "sglang"),  # Responses and Gemini answer 404 (finding 7)
     Target("rllm", frozenset({"chat"}), "vllm-openai", session_in_url=True),  # /sessions/{sid}/v1/chat/completions
     Target("miles", frozenset({"chat"}), "sglang-openai", session_in_url=True),  # its session server, the same URL
+    # verifiers' train client renders chat only (TrainClient refuses the other dialects); the session is the API key
+    Target("verifiers", frozenset({"chat"}), "vllm-generate"),
+    # Agent Lightning's proxy: chat, unstreamed, the rollout in its own URL (its profile creates it)
+    Target("agentlightning", frozenset({"chat"}), "vllm-openai", session_in_url=True, url_prefix="/proxy/rollout/",
+           streams=False),
 )
 
 
@@ -62,6 +70,8 @@ class Scenario:
     path: Path
     wires: frozenset[str]
     path_prefix: bool
+    prefixes: frozenset[str] = frozenset()  # the scripted sessions' `path_prefix` values
+    streams: bool = True  # a session streams (every real CLI does), or it is not known
 
     @property
     def name(self) -> str:
@@ -73,11 +83,16 @@ def read_scenario(path: Path) -> Scenario:
     client = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("client") or {}
     wires: set[str] = set()
     prefix = False
+    prefixes: set[str] = set()
+    streams = False
 
     def walk(node: Any) -> None:
-        nonlocal prefix
+        nonlocal prefix, streams
         if isinstance(node, dict):
             prefix = prefix or "path_prefix" in node
+            if "path_prefix" in node:
+                prefixes.add(str(node["path_prefix"]))
+            streams = streams or node.get("stream") is True
             if "wire" in node:
                 wires.add(str(node["wire"]))
             for value in node.values():
@@ -87,8 +102,10 @@ def read_scenario(path: Path) -> Scenario:
                 walk(value)
 
     walk(client)
-    wires |= {WIRE_OF_AGENT.get(a, a) for a in _agents(client) if a != "scripted"}
-    return Scenario(path, frozenset(wires or {"anthropic"}), prefix)
+    agents = {a for a in _agents(client) if a != "scripted"}
+    wires |= {WIRE_OF_AGENT.get(a, a) for a in agents}
+    return Scenario(path, frozenset(wires or {"anthropic"}), prefix, frozenset(prefixes), streams or bool(agents)
+                    or not client)
 
 
 def _agents(node: Any) -> set[str]:
@@ -101,7 +118,11 @@ def _agents(node: Any) -> set[str]:
 
 
 def runs_through(scenario: Scenario, target: Target) -> bool:
-    return scenario.wires <= target.wires and (target.session_in_url or not scenario.path_prefix)
+    if not scenario.wires <= target.wires or (scenario.streams and not target.streams):
+        return False
+    if not scenario.path_prefix:
+        return not target.url_prefix  # a gateway that takes its session from its own URL needs a scripted prefix
+    return target.session_in_url and all(p.startswith(target.url_prefix or "/sessions/") for p in scenario.prefixes)
 
 
 def present(names: list[str] | None = None) -> tuple[list[Target], dict[str, str]]:
@@ -304,7 +325,8 @@ def place(page: str, text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tito_rl.replayer.live_conformance",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--targets", help="comma-separated (default: every one present: tito, slime, rllm)")
+    parser.add_argument("--targets", help="comma-separated (default: every one present: tito, slime, rllm, miles, "
+                                          "verifiers, agentlightning)")
     parser.add_argument("--scenarios", nargs="*", metavar="NAME", help="only these scenarios (file stems)")
     parser.add_argument("--jobs", type=int, default=2, help="recordings at once (default 2)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per recording")

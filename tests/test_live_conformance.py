@@ -83,16 +83,21 @@ def test_the_table_goes_between_its_markers_and_the_rest_of_the_page_is_kept() -
 
 def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
     scenarios = {p.stem: read_scenario(p) for folder in live.SCENARIOS for p in folder.glob("*.yaml")}
-    tito, slime, rllm, miles = live.TARGETS
+    tito, slime, rllm, miles, verifiers, agentlightning = live.TARGETS
     assert scenarios["tool_loop"].wires == {"anthropic"}  # a scripted session's default wire
     assert scenarios["mixed_concurrent"].wires == {"anthropic", "responses", "gemini", "chat"}
     assert [t.name for t in live.TARGETS if runs_through(scenarios["qwen_tool_loop"], t)] == [
-        "tito", "slime", "rllm", "miles"]
+        "tito", "slime", "rllm", "miles", "verifiers"]
     assert not runs_through(scenarios["codex_tool_loop"], slime) and runs_through(scenarios["codex_tool_loop"], tito)
     assert not runs_through(scenarios["claude_tool_loop"], rllm)
     url_sessions = Scenario(Path("x.yaml"), frozenset({"chat"}), path_prefix=True)  # /sessions/{id} in the URL
     assert runs_through(url_sessions, rllm) and runs_through(url_sessions, miles)
     assert not runs_through(url_sessions, tito)
+    # Agent Lightning: its own URL prefix, and no streaming (every real CLI streams)
+    assert [t.name for t in live.TARGETS if runs_through(scenarios["agentlightning_mixed"], t)] == ["agentlightning"]
+    assert not runs_through(scenarios["rllm_mixed"], agentlightning) and not runs_through(scenarios["rllm_mixed"], tito)
+    assert not runs_through(scenarios["opencode_tool_loop"], agentlightning)
+    assert runs_through(scenarios["verifiers_mixed"], verifiers) and not runs_through(scenarios["tool_loop"], verifiers)
 
 
 def test_a_failed_recording_says_why_in_one_line() -> None:
