@@ -15,6 +15,8 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -33,15 +35,15 @@ def build_session(forked: bool) -> list[tuple[list[dict], dict, TurnRecord]]:
     rng = random.Random(7)
     first = 1_000
     step = (TOTAL_PROMPT_TOKENS - TURNS * first) * 2 // (TURNS * (TURNS - 1))
-    messages = [{"role": "system", "content": "You are a coding agent. " * 40},
-                {"role": "user", "content": "Fix the failing test in the repository."}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " * 40},
+                                      {"role": "user", "content": "Fix the failing test in the repository."}]
     prompt = [rng.randrange(150_000) for _ in range(first)]
     turns = []
     for t in range(TURNS):
         output = [rng.randrange(150_000) for _ in range(OUTPUT_TOKENS)] + [151645]
-        reply = {"role": "assistant", "content": f"step {t}",
-                 "tool_calls": [{"type": "function",
-                                 "function": {"name": "Bash", "arguments": {"command": f"ls {t}"}}}]}
+        reply: dict[str, Any] = {"role": "assistant", "content": f"step {t}",
+                                 "tool_calls": [{"type": "function",
+                                                 "function": {"name": "Bash", "arguments": {"command": f"ls {t}"}}}]}
         prompt_ids = list(prompt)
         if forked and t and t % 40 == 0:
             prompt_ids[len(prompt_ids) // 2] += 1  # token drift in the prompt region: forks
@@ -88,16 +90,15 @@ def naive_match(self: MessageTree, parent, message):
 
 @contextlib.contextmanager
 def naive() -> Iterator[None]:
-    saved = lin.common_prefix_len, MessageTree._match, mgr.linearize_chain
+    cached_chain = lin.linearize_chain  # the manager's, imported by name into tito_rl.trajectory.manager
 
     def uncached_chain(leaf, trained, threshold, events, _cache=None):
-        return saved[2](leaf, trained, threshold, events, None)
+        return cached_chain(leaf, trained, threshold, events, None)
 
-    lin.common_prefix_len, MessageTree._match, mgr.linearize_chain = naive_prefix_len, naive_match, uncached_chain
-    try:
+    with mock.patch.object(lin, "common_prefix_len", naive_prefix_len), \
+            mock.patch.object(MessageTree, "_match", naive_match), \
+            mock.patch.object(mgr, "linearize_chain", uncached_chain):
         yield
-    finally:
-        lin.common_prefix_len, MessageTree._match, mgr.linearize_chain = saved
 
 
 def best(turns, repeats: int = 3) -> tuple[float, float, int]:

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -216,9 +217,11 @@ def main() -> None:
         print(cassette)
         return
 
-    from tito_rl.cassette.reader import open_cassette
+    from tito_rl.cassette.reader import StoredSessions, open_cassette
 
-    index = open_cassette(cassette, verify=False).sessions.index
+    sessions = open_cassette(cassette, verify=False).sessions
+    assert isinstance(sessions, StoredSessions)  # an indexed cassette's, read lazily
+    index = sessions.index
     names = list(index)
     by_length = sorted(names, key=lambda n: (index[n].agent, n))
     longest, median = by_length[-1], by_length[len(by_length) // 2]
@@ -250,9 +253,9 @@ def replays(cassette: Path, folder: Path, names: list[str], exchanges: int, stea
         rows.append((n, path.stat().st_size, rss.total, steal[-1]))
     rows.append((len(names), cassette.stat().st_size, one_rss.total, steal[0]))
     base_size, base_rss = rows[0][1], rows[0][2]
-    for n, size, rss, stolen in rows:
+    for n, size, peak, stolen in rows:
         print(f"  {n:5d} sessions: cassette {size / 2**20:6.0f} MiB ({size / base_size:4.2f}x), peak memory "
-              f"{rss / 2**20:4.0f} MiB ({rss / base_rss:4.2f}x); host steal up to {stolen:.1f}%")
+              f"{peak / 2**20:4.0f} MiB ({peak / base_rss:4.2f}x); host steal up to {stolen:.1f}%")
 
 
 def lookups(cassette: Path, folder: Path, chosen: dict[str, str], index: Any, steal: list[float]) -> None:
@@ -263,7 +266,8 @@ def lookups(cassette: Path, folder: Path, chosen: dict[str, str], index: Any, st
     os.environ["TITO_PARSER_HELPER"] = "1"
     print(f"floor (Python start and the tokenizers load): {floor_s():.2f} s")
     alone = {kind: cut_with_golden(cassette, folder / f"{kind}-alone.tito", [name]) for kind, name in chosen.items()}
-    runs = [("info", lambda p, _: ("cassette", "info", str(p)), "longest")]
+    runs: list[tuple[str, Callable[[Path, str], tuple[str, ...]], str]] = [
+        ("info", lambda p, _: ("cassette", "info", str(p)), "longest")]
     runs += [(f"inspect --session ({kind}: {index[name].agent} exchanges)",
               lambda p, n: ("inspect", str(p), "--session", n), kind) for kind, name in chosen.items()]
     for label, args_of, kind in runs:

@@ -113,7 +113,8 @@ def build_session(tokenizer: Any) -> tuple[list[tuple[str, Any]], dict[str, Any]
             {"Content-Type": "text/event-stream"}, reply_events=reply, started_s=turn * 2.0, duration_s=0.6,
             turn_index=turn)))
         # The tool result: the next slice of real source text, sized to reach the target over 40 turns.
-        text, ids = "", []
+        text = ""
+        ids: list[int] = []
         while len(ids) < per_turn_tokens:
             text += sources[(turn + len(text)) % len(sources)][: 4 * per_turn_tokens]
             ids = tokenizer.encode(text)

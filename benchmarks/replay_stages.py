@@ -23,9 +23,8 @@ STAGES = ("request", "render", "encode", "engine-leg lookup", "parse", "reply", 
 
 def _targets() -> list[tuple[str, Any, str]]:
     """(stage, owner, attribute) of every function a stage's time is measured on."""
-    from tito_rl.replayer import replay
     from tito_rl.replayer.goldens import files as goldens
-    from tito_rl.replayer.replay import engine_leg
+    from tito_rl.replayer.replay import engine_leg, harness
     from tito_rl.trajectory.adapters import app
     from tito_rl.trajectory.adapters.rendering import render
     from tito_rl.trajectory.adapters.wires import anthropic, gemini, openai_chat, responses
@@ -41,8 +40,8 @@ def _targets() -> list[tuple[str, Any, str]]:
                ("reply", app.Adapter, "reply_message")]
             + [("reply", w, name) for w in wires for name in ("build_events", "build_json")]
             + [("manager", TrajectoryManager, "record_turn"), ("manager", TrajectoryManager, "record_side_turn"),
-               ("manager", replay.CapturingManager, "finish"),
-               ("compare", replay, "exchange_difference"), ("compare", replay, "samples_difference"),
+               ("manager", harness.CapturingManager, "finish"),
+               ("compare", harness, "exchange_difference"), ("compare", harness, "samples_difference"),
                ("golden", goldens.GoldenBook, "check")])
 
 

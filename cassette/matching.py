@@ -111,7 +111,9 @@ class EngineIndex:
     def add(self, record: EngineRecord) -> bool:
         """Index a /generate record with an answer; other engine calls (aborts, health) are not matched."""
         request = record.request
-        packed = packed_token_list(request.get("input_ids")) if isinstance(request, dict) else None
+        if not isinstance(request, dict):
+            return False
+        packed = packed_token_list(request.get("input_ids"))
         if packed is None or not isinstance(record.response, dict) or record.status != 200:
             return False
         call = RecordedCall(record.session, record.seq, packed,

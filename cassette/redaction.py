@@ -18,10 +18,11 @@ import re
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 from urllib.parse import parse_qsl, urlencode
 
-from tito_rl.trajectory.adapters.session import is_secret_source, session_digest
+from tito_rl.trajectory.adapters.session import is_secret_source
+from tito_rl.trajectory.adapters.session import session_digest as session_digest  # the name sessions get here
 
 SECRET_HEADERS = frozenset({
     "authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie", "set-cookie",
@@ -115,7 +116,7 @@ class Redactor:
         if len(value) < MIN_LITERAL_LEN or value in self._public:
             return
         credential = self._credentials.get(scope) if scope is not None else None
-        if credential is not None and credential in value:
+        if scope is not None and credential is not None and credential in value:
             self._scope(scope).add(value, replacement)
         else:
             self._global.add(value, replacement)
@@ -158,9 +159,18 @@ class Redactor:
 
     # scrubbing: `scope` is the session name whose traffic the value belongs to, if any
 
-    def headers(self, headers: dict[str, str], scope: str | None = None) -> dict[str, str]:
+    @overload
+    def headers(self, headers: dict[str, str], scope: str | None = None) -> dict[str, str]: ...
+
+    @overload
+    def headers(self, headers: dict[str, str | list[str]], scope: str | None = None) -> dict[str, str | list[str]]:
+        ...
+
+    def headers(self, headers: dict[str, Any], scope: str | None = None) -> dict[str, Any]:
+        """A repeated header (vcrpy keeps it as a list of values) is scrubbed value by value."""
         return {
-            k: (REDACTED if k.lower() in self.secret_headers else self.scrub_text(v, scope))
+            k: (REDACTED if k.lower() in self.secret_headers
+                else [self.scrub_text(x, scope) for x in v] if isinstance(v, list) else self.scrub_text(v, scope))
             for k, v in headers.items()
         }
 

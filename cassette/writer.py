@@ -13,7 +13,7 @@ import dataclasses
 import os
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, overload
 
 from tito_rl.cassette.format.codec import SessionCodec
 from tito_rl.cassette.format.frames import MAGIC, encode_frame
@@ -92,7 +92,7 @@ class CassetteWriter:
             request=r.scrub_json(exchange.request, name), status=exchange.status,
             response=r.scrub_json(exchange.response, name),
             error=None if exchange.error is None else r.scrub_text(exchange.error, name),
-            headers=self._headers(exchange.headers, name), started_s=float(exchange.started_s),
+            headers=dict(self._headers(exchange.headers, name)), started_s=float(exchange.started_s),
             duration_s=float(exchange.duration_s), dialect=exchange.dialect,
         ), redacted=True)
 
@@ -160,7 +160,13 @@ class CassetteWriter:
             self._started.add(name)
             self._append(SessionStart(session=name, source=source, seq=self._codec.next_seq(name)))
 
-    def _headers(self, headers: dict[str, str], session_name: str) -> dict[str, str]:
+    @overload
+    def _headers(self, headers: dict[str, str], session_name: str) -> dict[str, str]: ...
+
+    @overload
+    def _headers(self, headers: dict[str, str | list[str]], session_name: str) -> dict[str, str | list[str]]: ...
+
+    def _headers(self, headers: dict[str, Any], session_name: str) -> dict[str, Any]:
         out = self.redactor.headers(headers, session_name)
         for k in out:
             if k.lower() in ROUTING_HEADERS:

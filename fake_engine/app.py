@@ -32,7 +32,7 @@ from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
 from tito_rl.fake_engine.openai.calls import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH
 from tito_rl.fake_engine.openai.handler import OpenAIRoutes
 from tito_rl.fake_engine.openai.vllm_bodies import models_list as vllm_models_list
-from tito_rl.fake_engine.policy import GenerateRequest, Generation, Policy, PolicyError
+from tito_rl.fake_engine.policy import FinishKind, GenerateRequest, Generation, Policy, PolicyError
 from tito_rl.fake_engine.serving import Dropped, Prepared, Tracked, drop, dumps, json_response
 from tito_rl.fake_engine.sessions import session_key, turn_index
 from tito_rl.fake_engine.sglang.responses import (
@@ -224,7 +224,9 @@ class Engine:
                     extra = token_logprob(self.options.logprob_seed, greq.session_key, greq.turn_index, pos + 1,
                                           ids[pos + 1])
                     lps = lps[:pos + 1] + [extra] + lps[pos + 1:]
-        for keep, kind in ((faults.finish_length, "length"), (faults.abort_after, "abort")):
+        cuts: tuple[tuple[int | None, FinishKind], ...] = (
+            (faults.finish_length, "length"), (faults.abort_after, "abort"))
+        for keep, kind in cuts:
             if keep is not None and (keep < len(ids) or kind == "abort"):
                 ids, lps, finish = ids[:keep], lps[:keep], kind
         limit = greq.max_new_tokens
@@ -248,9 +250,10 @@ class Engine:
         if trim_stop and not sp.get("no_stop_trim", False):
             ids = ids[:-1]
         skip = sp.get("skip_special_tokens")
-        return tok.decode(ids, skip_special_tokens=True if skip is None else bool(skip))
+        text: str = tok.decode(ids, skip_special_tokens=True if skip is None else bool(skip))
+        return text
 
-    def _body(self, greq: GenerateRequest, ids: list[int], lps: list[float], finish_reason: dict | None,
+    def _body(self, greq: GenerateRequest, ids: list[int], lps: list[float], finish_reason: dict[str, Any] | None,
               cached: int, *, n_total: int, trim_stop: bool = False, e2e: float | None = None,
               sent_ts: float | None = None) -> dict[str, Any]:
         """One response body; `ids` may be a streaming delta while `n_total` counts all output so far."""

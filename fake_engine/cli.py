@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from tito_rl.fake_engine.policies.cassette import CassettePolicy
     from tito_rl.fake_engine.policies.demo import demo_policy
     from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, load_scenario
+    from tito_rl.fake_engine.policy import Policy
     from tito_rl.trajectory.adapters.serve import parse_listen
     from tito_rl.trajectory.runtime.server_process import new_event_loop, prepare_to_serve
     from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
@@ -91,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"tito fake-engine: {e}", file=sys.stderr)
         return 2
     tokenizer = load_tokenizer(args.tokenizer)
+    policy: Policy
     try:
         if args.cassette:
             policy = CassettePolicy.load(args.cassette, args.tokenizer)
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         elif args.demo:
             policy, what = demo_policy(tokenizer), "demo scenario"
         else:
+            assert scenario is not None  # the source group is required: --script when not --demo or --cassette
             policy, what = ScriptedPolicy(scenario, tokenizer), f"scenario {scenario.name!r}"
     except (OSError, ValueError, CassetteError) as e:
         print(f"tito fake-engine: {e}", file=sys.stderr)

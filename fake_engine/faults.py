@@ -11,14 +11,14 @@ from typing import Literal, get_args
 
 import msgspec
 
-from tito_rl.fake_engine.scenario_model import NonNegFloat, NonNegInt, PosInt, Strict
+from tito_rl.fake_engine.scenario_model import FrozenStrict, NonNegFloat, NonNegInt, PosInt
 
 # 529 is not an SGLang status, but agent CLIs treat it as "overloaded, retry": tests need it.
 FaultStatus = Literal[500, 502, 503, 504, 529]
 ALLOWED_STATUSES = frozenset(get_args(FaultStatus))
 
 
-class FaultSpec(Strict, frozen=True):
+class FaultSpec(FrozenStrict, frozen=True):
     """What goes wrong with one generation. Every field defaults to "nothing"."""
 
     latency_ms: NonNegFloat = 0.0  # added before the first byte of the answer

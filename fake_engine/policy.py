@@ -14,6 +14,12 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from tito_rl.fake_engine.faults import FaultSpec
 
 FinishKind = Literal["stop", "length", "abort"]
+FINISH_KINDS: tuple[FinishKind, ...] = ("stop", "length", "abort")
+
+
+def finish_kind(value: Any) -> FinishKind:
+    """A recorded finish type as one the engine plays; anything else (an engine's own, a corrupt one) as "stop"."""
+    return next((kind for kind in FINISH_KINDS if kind == value), "stop")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,10 @@ class Strict(msgspec.Struct, forbid_unknown_fields=True):
     """Base of every scenario section: a key the section does not define is an error, not ignored."""
 
 
+class FrozenStrict(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`Strict` for a section nothing changes once it is read."""
+
+
 class ScenarioError(ValueError):
     """A scenario file (or one of its sections) that does not fit its model; the message is one line."""
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tito_rl.recorder.record_options import add_arguments as add_arguments  # the options of `tito record`
+from tito_rl.recorder.record_options import agent_option_problem
 from tito_rl.recorder.targets.base import TargetError
 from tito_rl.recorder.targets.registry import TITO, TargetSpec, parse_target
 from tito_rl.trajectory.adapters import serve
@@ -83,6 +84,9 @@ def check(args: argparse.Namespace) -> str | None:
     if spec.kind == TITO and (args.engine_listen or args.volatile or args.session_from or args.routing_header):
         return ("--engine-listen, --volatile, --routing-header and --session-from are for a target other than "
                 "tito's own adapter")
+    if spec.kind == TITO and getattr(args, "engine_dialect", None) not in (None, "sglang"):
+        return (f"--engine-dialect {args.engine_dialect} is for a target other than tito's own adapter, which calls "
+                "SGLang's /generate (sglang)")
     if spec.kind != "http" and (args.volatile or args.routing_header):
         return (f"--volatile and --routing-header are for an http:// target: the driver of {spec.text} says its "
                 "own (TargetInfo)")
@@ -93,6 +97,11 @@ def check(args: argparse.Namespace) -> str | None:
             parse_session_from(args.session_from)
         except SessionFromError as exc:
             return str(exc)
+    way = ("scripted" if args.agent == "scripted" else "cli-script" if getattr(args, "cli_script", None) is not None
+           else "cli" if args.agent else "none")
+    problem = agent_option_problem(args, way)
+    if problem is not None:
+        return problem
     if args.sessions < 1 or args.concurrency < 1:
         return "--sessions and --concurrency must be >= 1"
     return None

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -28,7 +29,8 @@ def free_port() -> int:
             return port
     with socket.socket() as s:  # all tried were taken: the kernel's pick
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        picked: int = s.getsockname()[1]
+        return picked
 
 
 def _ephemeral_low() -> int:
@@ -39,7 +41,7 @@ def _ephemeral_low() -> int:
     return low if low > 11_000 else 32_768
 
 
-def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> None:
+def wait_http(url: str, proc: subprocess.Popen[Any], timeout_s: float = 90.0) -> None:
     """Until `url` answers below 500; RuntimeError if `proc` exits first, TimeoutError after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -54,7 +56,7 @@ def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 90.0) -> None
     raise TimeoutError(f"{url} did not answer within {timeout_s:.0f}s")
 
 
-def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+def stop(proc: subprocess.Popen[Any], grace_s: float = 20.0) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -12,6 +12,32 @@ from tito_rl.recorder.targets.registry import TITO
 from tito_rl.trajectory.adapters import serve
 from tito_rl.trajectory.dialects.view import DIALECTS
 
+# The agent options, with their defaults: each applies to some ways of running agents only, and one that does
+# not apply to this run is refused rather than ignored (`agent_option_problem`).
+AGENT_DEFAULTS = {"sessions": 1, "concurrency": 1, "sandbox": "local", "agent_model": "tito-policy",
+                  "agent_timeout": 600.0, "reward": 0.0}
+# which of them each way uses: a launched CLI with --task, a scenario's CLI script, the scripted client, none
+USED_BY = {"cli": set(AGENT_DEFAULTS), "cli-script": {"sandbox", "agent_model", "reward"},
+           "scripted": {"agent_timeout"}, "none": set()}
+WHY = {"cli-script": "the scenario's client: section lists its sessions and runs",
+       "scripted": "the scenario's client: section says its sessions, concurrency, model and rewards",
+       "none": "no agent is launched (--agent): tito records whatever connects to --listen, and finishes the "
+               "sessions left open with reward 0"}
+
+
+def agent_option_problem(args: argparse.Namespace, way: str) -> str | None:
+    """A one-line refusal of agent options this way of running agents would ignore; else fills their defaults."""
+    unused = [name for name in AGENT_DEFAULTS if getattr(args, name, None) is not None and name not in USED_BY[way]]
+    if way in ("scripted", "none") and getattr(args, "task", None):
+        unused.insert(0, "task")
+    if unused:
+        flags = ", ".join("--" + name.replace("_", "-") for name in unused)
+        return f"{flags} {'does' if len(unused) == 1 else 'do'} not apply here: {WHY[way]}"
+    for name, default in AGENT_DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+    return None
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_arguments(parser)
@@ -27,11 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a scenario file (cassettes/scenarios/) whose client: section is a CLI script or the "
                              "scripted client's; its client.record_args are not applied here: pass them too "
                              "(tito simulate and make corpus do; a warning names any left out)")
-    agents.add_argument("--sessions", type=int, default=1, help="agent sessions to run (default 1)")
-    agents.add_argument("--concurrency", type=int, default=1, help="agent sessions at once (default 1)")
-    agents.add_argument("--sandbox", choices=("local", "e2b"), default="local")
-    agents.add_argument("--agent-model", default="tito-policy", help="model name the agent asks for")
-    agents.add_argument("--agent-timeout", type=float, default=600.0, help="seconds per agent session")
+    agents.add_argument("--sessions", type=int, help="agent sessions to run (default 1)")
+    agents.add_argument("--concurrency", type=int, help="agent sessions at once (default 1)")
+    agents.add_argument("--sandbox", choices=("local", "e2b"), help="where a CLI runs (default local)")
+    agents.add_argument("--agent-model", help="model name the agent asks for (default tito-policy)")
+    agents.add_argument("--agent-timeout", type=float, help="seconds per agent session (default 600)")
     targets = parser.add_argument_group("the system under test (recorder/targets, docs/targets.md)")
     targets.add_argument("--target", default=TITO,
                          help="tito (default: tito's adapter app), http://HOST:PORT (a running gateway whose engine "
@@ -55,5 +81,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="the engine API the target calls, where its calls alone do not say (sglang, "
                               "sglang-openai, vllm-openai, vllm-generate; default: read from each call, "
                               "docs/engine-dialects.md)")
-    agents.add_argument("--reward", type=float, default=0.0,
-                        help="reward given when an agent session finishes (scripted: the script's own finish)")
+    agents.add_argument("--reward", type=float,
+                        help="reward given when a launched CLI's session finishes (default 0; the scripted client "
+                             "finishes with its script's own)")

@@ -20,7 +20,8 @@ from typing import Any
 import msgspec
 
 from tito_rl.fake_engine.policies.scripted import Scenario, parse_scenario, read_scenario_data
-from tito_rl.fake_engine.scenario_model import ScenarioError, validate
+from tito_rl.fake_engine.scenario_model import ScenarioError as ScenarioError  # raised by check_scenario
+from tito_rl.fake_engine.scenario_model import validate
 from tito_rl.recorder.agents.cli_script import SCRIPTED, CliClient
 from tito_rl.recorder.scripted.script import ClientScript
 
@@ -57,8 +58,9 @@ def parse_client(data: dict[str, Any] | None) -> ClientScript | CliClient | None
     """`client.agent` says which: `scripted` (the default) or a pinned CLI."""
     if data is None:
         return None
-    model = ClientScript if data.get("agent", SCRIPTED) == SCRIPTED else CliClient
-    return validate(data, model, where="client")
+    if data.get("agent", SCRIPTED) == SCRIPTED:
+        return validate(data, ClientScript, where="client")
+    return validate(data, CliClient, where="client")
 
 
 def record_args_problem(record_args: tuple[str, ...]) -> str | None:

@@ -187,7 +187,8 @@ def audit(cassettes: list[Path]) -> dict[str, Any]:
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"tito audit exited with {proc.returncode}: {proc.stderr.strip()[-500:]}")
-    return json.loads(proc.stdout)
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
 
 
 # ---- figures from the audit JSON (schema tito-audit, version 1) --------------------------------------------------

@@ -66,7 +66,7 @@ def _has_tool_result(messages: list[dict[str, Any]]) -> bool:
 
 
 def anthropic_events(number: int, model: str, blocks: list[dict[str, Any]], stop_reason: str) -> list[bytes]:
-    message = {
+    message: dict[str, Any] = {
         "id": f"msg_stub_{number:04d}",
         "type": "message",
         "role": "assistant",
@@ -78,6 +78,7 @@ def anthropic_events(number: int, model: str, blocks: list[dict[str, Any]], stop
     }
     events = [_sse("message_start", {"type": "message_start", "message": message})]
     for index, block in enumerate(blocks):
+        start: dict[str, Any]
         if block["type"] == "text":
             start = {"type": "text", "text": ""}
             delta = {"type": "text_delta", "text": block["text"]}
@@ -109,6 +110,7 @@ def anthropic_app(state: StubState, command: str = "echo hi") -> web.Application
     async def messages(request: web.Request) -> web.StreamResponse:
         seen = await _record(request, state)
         number = len(state.requests)
+        blocks: list[dict[str, Any]]
         if _has_tool_result(seen.body.get("messages", [])):
             blocks, stop = [{"type": "text", "text": "done"}], "end_turn"
         else:
@@ -350,6 +352,7 @@ def gemini_app(state: StubState, command: str = "echo hi") -> web.Application:
         seen = await _record(request, state)
         model = request.match_info["model_action"].rpartition(":")[0]
         parts = [p for c in seen.body.get("contents", []) for p in c.get("parts", [])]
+        reply: list[dict[str, Any]]
         if any("functionResponse" in p for p in parts):
             reply = [{"text": "done"}]
         else:

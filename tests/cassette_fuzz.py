@@ -24,7 +24,7 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -91,7 +91,7 @@ def with_raw(record: dict[str, Any], key: str, raw: bytes) -> bytes:
     return head + b"".join(pack(k) + pack(v) for k, v in record.items()) + pack(key) + raw
 
 
-def assemble(frames: list[Frame | bytes]) -> bytes:
+def assemble(frames: Sequence[Frame | bytes]) -> bytes:
     out = [MAGIC]
     for f in frames:
         if isinstance(f, bytes):
@@ -377,7 +377,8 @@ def fuzz(n: int = CASES, seed: int = SEED) -> Report:
     report = Report(seed)
     zlib_bomb(1 << 30)  # built before the memory baseline: it is the input, not what reading it costs
     report.rss_start_mib = peak_rss_mib()
-    started, steal = time.perf_counter(), []
+    started = time.perf_counter()
+    steal: list[float] = []
     with steal_watch(steal):
         run_cases(report, n, seed)
     report.seconds = time.perf_counter() - started

@@ -100,7 +100,7 @@ async def serve(app: web.Application) -> AsyncIterator[str]:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = site._server.sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

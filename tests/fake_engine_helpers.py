@@ -19,7 +19,7 @@ BASH = {"type": "function", "function": {"name": "Bash", "description": "Run a s
 EXEC = {"type": "function", "function": {"name": "exec_command", "description": "Run a command",
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}
 
-TOOL_LOOP = {
+TOOL_LOOP: dict[str, Any] = {
     "name": "loop",
     "turns": [
         {"reasoning": "The user wants a listing.", "text": "Let me list the files.",

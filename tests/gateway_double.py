@@ -259,7 +259,7 @@ def chat_reply(body: dict[str, Any], parsed: Parsed, usage: tuple[int, int]) -> 
                  "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
         return json.dumps(reply, ensure_ascii=False).encode(), "application/json"
     chunk = {**base, "object": "chat.completion.chunk"}
-    deltas = [{"role": "assistant"}]
+    deltas: list[dict[str, Any]] = [{"role": "assistant"}]
     if parsed.reasoning:
         deltas.append({"reasoning_content": parsed.reasoning})
     if parsed.text:
@@ -530,7 +530,7 @@ class GatewayDoubleTarget:
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
 
     async def finish(self, session: str, reward: float) -> list[dict[str, Any]]:
         assert self.gateway is not None, "not started"
@@ -579,7 +579,7 @@ async def serve(engine: str, host: str, port: int, routing_key: bool, tokenizer:
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    bound = site._server.sockets[0].getsockname()[1]
     print(f"gateway double listening on http://{host}:{bound} (engine {engine}, {dialect})", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

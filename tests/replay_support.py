@@ -132,8 +132,8 @@ def tool_loop_scenario(turns: int = 3, **turn_faults: Any) -> dict[str, Any]:
                        "tool_calls": [{"name": "shell", "arguments": {"description": f"List dir{t}",
                                                                        "command": f"ls dir{t}"}}]})
     script.append({"reasoning": "I have what I need.", "text": "The repository holds README.md and src."})
-    for t, faults in turn_faults.items():
-        script[int(t.removeprefix("t"))]["faults"] = faults
+    for key, faults in turn_faults.items():
+        script[int(key.removeprefix("t"))]["faults"] = faults
     return {"name": "replay_test", "turns": script}
 
 

@@ -17,7 +17,7 @@ from tito_rl.replayer.pytest_plugin.fixtures import ThreadedServer
 from tito_rl.trajectory.records import Sample
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
-TURNS = [
+TURNS: list[dict[str, Any]] = [
     {"reasoning": "List the files first.", "text": "Let me look at the project.",
      "tool_calls": [{"name": "shell", "arguments": {"command": "ls", "description": "List files"}}]},
     {"reasoning": "There is a README; read it.",
@@ -86,6 +86,7 @@ def start_logged_engine(sids: list[str], turns: list[dict[str, Any]] | None = No
         body = await request.read()
         response = await handler(request)
         if request.path == "/generate" and response.status == 200 and isinstance(response, web.Response):
+            assert isinstance(response.body, bytes | bytearray)  # a json_response's
             meta = json.loads(response.body)["meta_info"]
             pairs = meta["output_token_logprobs"]
             holder[0].generations.append(Generation(request.headers.get(ROUTING_HEADER),
@@ -104,7 +105,8 @@ def start_logged_engine(sids: list[str], turns: list[dict[str, Any]] | None = No
     return engine
 
 
-def samples_of(finished: list[dict[str, Any]] | TargetFinish) -> list[dict[str, Any]]:
+def samples_of(finished: list[dict[str, Any]] | TargetFinish | None) -> list[dict[str, Any]]:
+    assert finished is not None, "the driver's gateway offered no samples"
     return finished.samples if isinstance(finished, TargetFinish) else finished
 
 

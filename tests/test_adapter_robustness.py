@@ -12,10 +12,11 @@ import pytest
 from tests.adapter_double import logprob, qwen3_output
 from tests.adapter_support import running_stack
 
-TOOLS_ANTHROPIC = [{"name": "Bash", "description": "run", "input_schema": {
+# The requests below are wire JSON handed to the SDKs as they are: `Any` to mypy, not the SDKs' TypedDicts.
+TOOLS_ANTHROPIC: list[Any] = [{"name": "Bash", "description": "run", "input_schema": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
-TOOLS_CHAT = [{"type": "function", "function": {"name": "Bash", "description": "run",
-                                                "parameters": TOOLS_ANTHROPIC[0]["input_schema"]}}]
+TOOLS_CHAT: list[Any] = [{"type": "function", "function": {"name": "Bash", "description": "run",
+                                                          "parameters": TOOLS_ANTHROPIC[0]["input_schema"]}}]
 TWO_CALLS = qwen3_output("Running both.", "Two commands.", [("Bash", {"command": "ls"}), ("Bash", {"command": "pwd"})])
 
 
@@ -34,12 +35,13 @@ async def test_anthropic_sdk_stream_parallel_calls_and_token_faithful_samples(qw
         assert [b.type for b in first.content] == ["thinking", "text", "tool_use", "tool_use"]
         assert [b.input for b in first.content if b.type == "tool_use"] == [{"command": "ls"}, {"command": "pwd"}]
         assert first.stop_reason == "tool_use"
-        history = [{"role": "user", "content": "list files"},
-                   {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                   {"role": "user", "content": [
-                       {"type": "tool_result", "tool_use_id": first.content[2].id, "content": "a.txt"},
-                       {"type": "tool_result", "tool_use_id": first.content[3].id, "content": "/w",
-                        "cache_control": {"type": "ephemeral"}}]}]
+        history: list[Any] = [
+            {"role": "user", "content": "list files"},
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": first.content[2].id, "content": "a.txt"},
+                {"type": "tool_result", "tool_use_id": first.content[3].id, "content": "/w",
+                 "cache_control": {"type": "ephemeral"}}]}]
         second = await client.messages.create(model="m", max_tokens=256, system="S", tools=TOOLS_ANTHROPIC,
                                               messages=history)
         assert second.content[-1].text == "All done."
@@ -69,7 +71,7 @@ async def test_openai_chat_sdk_stream_and_compact_argument_echo(qwen_tokenizer: 
     async with running_stack(qwen_tokenizer) as stack:
         stack.double.script += [TWO_CALLS, "done"]
         client = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="sess-c", max_retries=0)
-        msgs: list[dict[str, Any]] = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
+        msgs: list[Any] = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
         stream = await client.chat.completions.create(model="m", messages=msgs, tools=TOOLS_CHAT, stream=True,
                                                       stream_options={"include_usage": True})
         calls: dict[int, dict[str, Any]] = {}
@@ -100,9 +102,9 @@ async def test_responses_sdk_stream_and_reasoning_round_trip(qwen_tokenizer: Any
     async with running_stack(qwen_tokenizer) as stack:
         stack.double.script += [TWO_CALLS, "done"]
         client = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="sess-r", max_retries=0)
-        tools = [{"type": "function", "name": "Bash", "description": "run", "strict": False,
-                  "parameters": TOOLS_ANTHROPIC[0]["input_schema"]}]
-        inp: list[dict[str, Any]] = [{"type": "message", "role": "developer", "content": [
+        tools: list[Any] = [{"type": "function", "name": "Bash", "description": "run", "strict": False,
+                             "parameters": TOOLS_ANTHROPIC[0]["input_schema"]}]
+        inp: list[Any] = [{"type": "message", "role": "developer", "content": [
             {"type": "input_text", "text": "S"}]}, {"type": "message", "role": "user", "content": [
                 {"type": "input_text", "text": "go"}]}]
         stream = await client.responses.create(model="m", input=inp, tools=tools, stream=True,

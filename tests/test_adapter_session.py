@@ -105,7 +105,12 @@ def test_echo_memory_keys_each_echo_once_and_answers_as_keying_every_time(monkey
         keyed.remember(reply)
     calls = []
     real_key = canonical.echo_key
-    monkeypatch.setattr(canonical, "echo_key", lambda m: calls.append(1) or real_key(m))
+
+    def counted_key(m):
+        calls.append(1)
+        return real_key(m)
+
+    monkeypatch.setattr(canonical, "echo_key", counted_key)
     for history in histories:
         restored = memo.restore(history)
         assert all(a is b for a, b in zip(restored, keyed.restore(history), strict=True))

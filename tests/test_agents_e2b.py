@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -196,12 +197,13 @@ def test_the_calls_made_fit_the_real_sdk_signatures(sdk: FakeSDKSandbox) -> None
     box = E2BSandbox(sdk)
     box.write_file("a", "b")
     box.run(["true"], {"A": "1"}, timeout_s=5)
+    methods: dict[str, Callable[..., Any]] = {
+        "files.make_dir": Filesystem.make_dir,
+        "files.write": Filesystem.write,
+        "commands.run": Commands.run,
+    }
     for name, *args in sdk.calls:
-        method = {
-            "files.make_dir": Filesystem.make_dir,
-            "files.write": Filesystem.write,
-            "commands.run": Commands.run,
-        }[name]
+        method = methods[name]
         if name == "commands.run":
             inspect.signature(method).bind(None, args[0], **args[1])
         else:

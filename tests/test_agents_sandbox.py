@@ -37,6 +37,7 @@ def test_two_sandboxes_never_share_a_home(tmp_path: Path) -> None:
 
 def test_named_sandbox_has_a_stable_path_and_refuses_reuse(tmp_path: Path) -> None:
     with LocalSandbox(parent=tmp_path, name="sess-1") as box:
+        assert isinstance(box, LocalSandbox)  # Sandbox.__enter__ is typed to return the base class
         assert box.root == (tmp_path / "sess-1").resolve()
         with pytest.raises(SandboxError, match="sess-1 exists: a recording of the same session is running"):
             LocalSandbox(parent=tmp_path, name="sess-1")
@@ -164,7 +165,7 @@ def test_bad_commands_are_clear_errors(sandbox: LocalSandbox) -> None:
     with pytest.raises(SandboxError, match="not found"):
         sandbox.run(["/nonexistent/agent-cli"], ENV, timeout_s=5)
     with pytest.raises(ValueError, match="list of strings"):
-        sandbox.run("echo hi", ENV, timeout_s=5)  # type: ignore[arg-type]
+        sandbox.run("echo hi", ENV, timeout_s=5)  # a str: a Sequence[str] to mypy, refused at run time
     with pytest.raises(ValueError, match="invalid environment entry"):
         sandbox.run(["true"], {"PATH": None}, timeout_s=5)  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="timeout_s"):

@@ -29,7 +29,7 @@ class EnvEchoLauncher(AgentLauncher):
         env = self._base_env(home, binary, base_path) | {"TOKEN": task.session_id}
         return LaunchPlan([binary, "-c", code], env, {"cfg.txt": task.root_url})
 
-    def launch(self, sandbox, task, binary=None):  # type: ignore[no-untyped-def]
+    def launch(self, sandbox, task, binary=None):
         return super().launch(sandbox, task, binary=sys.executable)
 
 
@@ -69,6 +69,7 @@ def test_bad_plans_are_rejected() -> None:
 def test_local_factory_names_the_sandbox_after_the_sessions_cassette_name(tmp_path: Path) -> None:
     # Not after the id: it is the API key, scrubbed from recorded bodies, and the path is in the prompt.
     with sandbox_factory("local", parent=tmp_path)("rec-codex-0007") as box:
+        assert isinstance(box, LocalSandbox)
         assert box.root == (tmp_path / session_digest("rec-codex-0007")).resolve()
         assert "rec-codex-0007" not in str(box.root)
 

@@ -173,8 +173,9 @@ def test_nothing_imports_tito_by_a_bare_folder_name() -> None:
     bare = []
     for path in python_files():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if not isinstance(node, ast.Import | ast.ImportFrom) or isinstance(node, ast.ImportFrom) and node.level:
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             bare += [f"{rel(path)}:{node.lineno}: {name}" for name in names if name.split(".")[0] in OLD_NAMES]
     assert not bare, "imports by a bare folder name:\n" + "\n".join(bare)
 
@@ -191,9 +192,21 @@ def test_no_folder_is_a_long_flat_list() -> None:
 
 def test_pyproject_installs_every_package_under_the_namespace() -> None:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert setuptools["package-dir"] == {f"{NAMESPACE}.{top}": top for top in LAYERS[:-1]}
+    assert "package-dir" not in setuptools  # the links below are the one mapping: wheel, editable, checkers alike
     packages = sorted(module_name(p) for top in LAYERS for p in (ROOT / top).rglob("__init__.py"))
     assert setuptools["packages"] == packages
+
+
+@pytest.mark.parametrize("top", LAYERS[:-1])
+def test_namespace_links_each_top_level_folder(top: str) -> None:
+    """`tito_rl/<folder>` is a relative link to the top-level folder, so that an editor, mypy and setuptools all read
+    `tito_rl.<folder>.x` from `<folder>/x.py` in the checkout, with no configuration and no import hook."""
+    link = ROOT / NAMESPACE / top
+    assert link.is_symlink(), f"{rel(link)} is not a link (git config core.symlinks false?)"
+    assert str(link.readlink()) == f"../{top}"
+    assert link.resolve() == (ROOT / top).resolve()
+    links = sorted(p.name for p in (ROOT / NAMESPACE).iterdir() if p.is_symlink())
+    assert links == sorted(LAYERS[:-1])
 
 
 @pytest.mark.parametrize("top", LAYERS)
@@ -202,3 +215,25 @@ def test_every_folder_is_a_package(top: str) -> None:
     missing = [rel(d) for d in [ROOT / top, *(ROOT / top).rglob("*")] if d.is_dir()
                and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists()]
     assert not missing
+
+
+def static_path(module: str) -> Path | None:
+    """Where a static resolver (mypy, pyright, an editor) finds `module` from the checkout's root: the dotted name as
+    folders, a module file or a package's __init__.py; no import hook, no setuptools mapping."""
+    base = ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def test_every_tito_import_resolves_statically_to_its_file_in_the_checkout() -> None:
+    """Issue #37: an editor following `tito_rl.replayer.replay.cli` lands on `replayer/replay/cli.py`, because
+    `tito_rl/replayer` links there; every module tito imports, and every module tito has, is found that way."""
+    found, edges = graph()
+    unresolved = [f"{rel(e.source)}:{e.line} imports {e.target}" for e in edges
+                  if static_path(e.target) is None or static_path(e.target).resolve() != found[e.target].resolve()]
+    assert not unresolved, "imports a static resolver cannot follow:\n" + "\n".join(unresolved)
+    for name, path in found.items():
+        at = static_path(name)
+        assert at is not None and at.resolve() == path.resolve(), f"{name}: {at} is not {rel(path)}"

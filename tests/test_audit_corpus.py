@@ -35,7 +35,8 @@ def test_hand_counts_from_the_raw_records() -> None:
     assert (capped, leaks, errors, emitted, trained) == (17, 5, 2, 642, 442)
     chat_sse = cassette.sessions[CHAT_SSE]
     assert chat_sse.engine[0].response["text"].count("<tool_call>") == 2
-    assert "".join(chat_sse.agent[0].reply_events).count('"name": "read_file"') == 1
+    events = chat_sse.agent[0].reply_events
+    assert events is not None and "".join(events).count('"name": "read_file"') == 1
     # the chat sessions' earlier turns: emitted, in no sample's trained tokens (slime realigned them)
     assert [len(e.response["output_ids"]) for e in cassette.sessions[CHAT_JSON].engine if e.status == 200] == \
         [46, 49, 36]

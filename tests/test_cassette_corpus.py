@@ -4,6 +4,7 @@ These read the committed files only; a re-recording that loses a scenario's poin
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -157,7 +158,8 @@ def test_length_truncated_turn_then_the_client_goes_on() -> None:
     log = only("length_truncated")
     assert statuses(log) == [200] * 3 and all(a.reply_events is None for a in log.agent)  # JSON replies
     assert finishes(generations(log)) == ["stop", "length", "stop"]
-    assert json.loads(log.agent[1].reply_body)["stop_reason"] == "max_tokens"
+    reply = log.agent[1].reply_body
+    assert reply is not None and json.loads(reply)["stop_reason"] == "max_tokens"
     assert json.loads(log.agent[2].body)["messages"][-1]["content"][0]["text"].startswith("Your answer was cut off")
 
 
@@ -183,7 +185,7 @@ def test_scenario_paths_default_to_every_scenario() -> None:
 def test_a_scenario_around_a_target_not_installed_is_skipped_saying_why(monkeypatch: pytest.MonkeyPatch) -> None:
     assert target_missing(SCENARIOS / "tool_loop.yaml") is None  # tito's adapter: always here
     monkeypatch.delenv("TITO_SLIME_PATH", raising=False)
-    monkeypatch.setattr(slime_env.importlib.util, "find_spec", lambda name, *a: None)  # no slime on the path
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # no slime on the path
     # slime imported earlier in this process (a TITO_SLIME_PATH run) is remembered: look again, as a new process would
     from tito_rl.recorder.targets import slime
 

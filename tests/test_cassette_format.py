@@ -23,7 +23,7 @@ from tito_rl.cassette.format.frames import (
     encode_frame,
 )
 from tito_rl.cassette.format.packing import PackedIds, mask_rle, mask_unrle, pack_u32, packed_token_list, unpack_u32
-from tito_rl.cassette.format.records import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
+from tito_rl.cassette.format.records import AgentRecord, DropRecord, EngineRecord, Header, Record, SamplesRecord
 from tito_rl.cassette.writer import CassetteWriter
 
 token_lists = st.lists(st.integers(min_value=0, max_value=0xFFFFFFFF), max_size=200)
@@ -92,9 +92,10 @@ def test_engine_records_store_prompts_as_deltas_against_the_previous_context() -
     assert len(frames[1]) < 400 < 4000 < len(frames[0])
     for seq, frame in enumerate(frames):
         length, flags, crc = decode_frame_header(frame[: FRAME_HEADER.size], 0)
-        rec = reader.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
-        assert rec.request["input_ids"] == (p1 if seq == 0 else p2)
-        assert rec.response["meta_info"]["output_token_logprobs"][0] == [-0.5, rec.response["output_ids"][0], None]
+        back = reader.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
+        assert isinstance(back, EngineRecord)
+        assert back.request["input_ids"] == (p1 if seq == 0 else p2)
+        assert back.response["meta_info"]["output_token_logprobs"][0] == [-0.5, back.response["output_ids"][0], None]
 
 
 @given(token_lists, st.integers(-250, 250), st.integers(-250, 250))
@@ -164,7 +165,7 @@ def test_a_finished_session_s_delta_bases_are_let_go_and_a_later_record_still_de
     records += [SamplesRecord("a", 2, 1.0, [sample]), DropRecord("b", 2)]
     encoded = [codec.encode(r) for r in records]
     assert codec.held_bytes() == 4 * (5000 + 2) + 20000  # only session c's, which has not ended
-    later = [engine("a", 3, prompts["a"] + [5, 151645, 9]), agent("a", 4, b"x" * 20001)]
+    later: list[Record] = [engine("a", 3, prompts["a"] + [5, 151645, 9]), agent("a", 4, b"x" * 20001)]
     encoded += [codec.encode(r) for r in later]
     assert encoded[-2]["request"]["input_ids"].prefix == 0  # whole: its base was let go
     decoded = [reader.decode(decode_payload(encode_frame(e)[FRAME_HEADER.size:], *_frame_bits(encode_frame(e)), 0))
@@ -235,11 +236,11 @@ def test_a_reader_asking_for_packed_samples_gets_the_same_records_and_lets_finis
                 if x.get("rollout_log_probs") is not None:
                     assert type(y["rollout_log_probs"]) is PackedColumn
                     assert y["rollout_log_probs"].tolist() == x["rollout_log_probs"]
-        for a, b in pairs:
-            if isinstance(a, EngineRecord):
-                assert b.request == a.request and b.response == a.response
-            elif isinstance(a, AgentRecord):
-                assert b.body == a.body
+        for read, read_packed in pairs:
+            if isinstance(read, EngineRecord):
+                assert read_packed.request == read.request and read_packed.response == read.response
+            elif isinstance(read, AgentRecord):
+                assert read_packed.body == read.body
 
 
 def test_release_lets_a_finished_session_s_bases_go() -> None:

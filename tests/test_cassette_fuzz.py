@@ -311,8 +311,9 @@ def allowed_types(hint: object) -> set[type] | None:
         return None
     if typing.get_origin(hint) in (typing.Union, pytypes.UnionType):
         parts = [allowed_types(h) for h in typing.get_args(hint)]
-        return None if None in parts else set().union(*parts)
-    origin = typing.get_origin(hint) or hint
+        known = [p for p in parts if p is not None]
+        return None if len(known) < len(parts) else set[type]().union(*known)
+    origin = typing.cast(type, typing.get_origin(hint) or hint)  # a class, or a generic's class (list[int] -> list)
     return {int, float} if origin is float else {type(None)} if hint is type(None) else {origin}
 
 

@@ -55,7 +55,9 @@ def test_each_session_read_through_the_index_equals_the_full_read(three_sessions
     index = lazy.sessions.index
     assert [(e.agent, e.engine, e.samples) for e in index.values()] == [(2, 0, 0), (3, 3, 3)]
     monkeypatch.undo()
-    scanned = open_cassette(three_sessions, verify=True).sessions.index  # every frame checked, same index
+    rescanned = open_cassette(three_sessions, verify=True).sessions  # every frame checked, same index
+    assert isinstance(rescanned, StoredSessions)
+    scanned = rescanned.index
     assert {k: (list(v.frames), v.agent, v.engine, v.samples) for k, v in scanned.items()} == \
         {k: (list(v.frames), v.agent, v.engine, v.samples) for k, v in index.items()}
 

@@ -126,7 +126,8 @@ async def test_record_then_replay_through_the_adapter_and_fake_engine(tmp_path: 
     # Samples come back exact, except that the live session id (the bearer token) is now the session's name.
     assert live_samples and all(s["metadata"]["session"] == BEARER for s in live_samples)
     assert log.samples == [{**s, "metadata": {**s["metadata"], "session": name}} for s in live_samples]
-    assert "tool_use" in log.agent[0].reply_events[0] + "".join(log.agent[0].reply_events)
+    events = log.agent[0].reply_events
+    assert events is not None and "tool_use" in events[0] + "".join(events)
 
     replay_tap = _EngineTap()
     policy = CassettePolicy.load(path)

@@ -59,15 +59,15 @@ def test_a_recorded_session_reads_back_field_for_field(recorded: Path, traffic: 
         assert got.response == sent.response  # output ids, logprob triples, cached_tokens: exact
         assert (got.started_s, got.duration_s) == (sent.started_s, sent.duration_s)
         assert got.headers == {"X-SMG-Routing-Key": name}
-    for got, sent in zip(log.agent, agent_in, strict=True):
-        assert isinstance(got, AgentRecord)
-        assert (got.method, got.path, got.query, got.status) == (sent.method, sent.path, sent.query, sent.status)
-        assert got.body == sent.body.replace(API_KEY.encode(), REDACTED.encode())
-        assert got.reply_events == sent.reply_events and got.reply_body is None
-        assert got.headers["User-Agent"] == sent.headers["User-Agent"]
-        assert got.headers["Authorization"] == got.headers["x-api-key"] == got.headers["Cookie"] == REDACTED
-        assert got.reply_headers["Set-Cookie"] == REDACTED
-        assert (got.turn_index, got.side, got.retry_of) == (sent.turn_index, sent.side, sent.retry_of)
+    for rec, sent in zip(log.agent, agent_in, strict=True):
+        assert isinstance(rec, AgentRecord)
+        assert (rec.method, rec.path, rec.query, rec.status) == (sent.method, sent.path, sent.query, sent.status)
+        assert rec.body == sent.body.replace(API_KEY.encode(), REDACTED.encode())
+        assert rec.reply_events == sent.reply_events and rec.reply_body is None
+        assert rec.headers["User-Agent"] == sent.headers["User-Agent"]
+        assert rec.headers["Authorization"] == rec.headers["x-api-key"] == rec.headers["Cookie"] == REDACTED
+        assert rec.reply_headers["Set-Cookie"] == REDACTED
+        assert (rec.turn_index, rec.side, rec.retry_of) == (sent.turn_index, sent.side, sent.retry_of)
     assert log.samples == [final_sample(traffic)]
     assert log.finishes[0].reward == 1.0
 
@@ -95,6 +95,21 @@ def test_configurable_patterns_catch_keys_no_header_showed(tmp_path: Path) -> No
     assert custom.encode() not in data and b"AIzaSyA-secret-in-query" not in data
     log = read_cassette(path).sessions["run-1"]  # a /s/<sid>/ path name is kept as the session's name
     assert log.source == "path" and log.agent[0].path == "/s/run-1/v1/messages"
+
+
+def test_a_repeated_engine_header_is_scrubbed_value_by_value(tmp_path: Path) -> None:
+    """vcrpy keeps a repeated header as a list of values (EngineRecord.headers allows it). The writer scrubbed a
+    header as one string and failed on a list ("expected string or bytes-like object") as soon as any secret pattern
+    was set, which is always; found by mypy (issue #37)."""
+    path = tmp_path / "repeated.tito"
+    key = "sk-ant-" + "k3y" * 10
+    with CassetteWriter(path, header()) as writer:
+        writer.write_engine(EngineRecord(
+            session="run-1", seq=0, method="POST", path="/generate", dialect="sglang", request={"input_ids": [1, 2]},
+            status=200, response={"text": "x"}, headers={"X-Trace": ["plain", f"t={key}"], "Accept": "*/*"}))
+    assert key.encode() not in path.read_bytes()
+    (record,) = read_cassette(path).sessions["run-1"].engine
+    assert record.headers == {"X-Trace": ["plain", f"t={REDACTED}"], "Accept": "*/*"}
 
 
 def test_hand_truncated_tail_keeps_every_complete_record(recorded: Path, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -17,12 +18,13 @@ from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 ROOT = Path(__file__).resolve().parent.parent
 CASSETTE = ROOT / "cassettes" / "drift_realign.tito"
 
-MESSAGES = [{"role": "system", "content": "Sé brief ✓"}, {"role": "user", "content": "<list> & \"quote\""},
-            {"role": "assistant", "content": "ok", "tool_calls": [
-                {"type": "function", "function": {"name": "ls", "arguments": {"path": "/ü", "n": [1, 2.5]}}}]},
-            {"role": "tool", "content": "a\nb"}]
-TOOLS = [{"type": "function", "function": {"name": "ls", "description": "list <files>",
-                                           "parameters": {"type": "object", "properties": {"p": {"type": "x"}}}}}]
+MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "Sé brief ✓"}, {"role": "user", "content": "<list> & \"quote\""},
+    {"role": "assistant", "content": "ok", "tool_calls": [
+        {"type": "function", "function": {"name": "ls", "arguments": {"path": "/ü", "n": [1, 2.5]}}}]},
+    {"role": "tool", "content": "a\nb"}]
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {
+    "name": "ls", "description": "list <files>", "parameters": {"type": "object", "properties": {"p": {"type": "x"}}}}}]
 # Each exercises one part of the environment transformers sets up.
 TEMPLATES = {
     "tojson": "{% for m in messages %}{{ m | tojson }}|{{ m | tojson(indent=2, sort_keys=true) }}{% endfor %}"
@@ -45,8 +47,9 @@ def test_templates_render_as_transformers_renders_them(name: str) -> None:
 
     tokenizer = load_tokenizer()
     kwargs = {**tokenizer.special_tokens_map, "custom_kwarg": "K"}
-    expected, _ = render_jinja_template([MESSAGES], tools=TOOLS, chat_template=TEMPLATES[name],
-                                        add_generation_prompt=True, **kwargs)
+    # transformers annotates it `-> str`; it returns the renders and their generation indices
+    expected, _ = cast("tuple[list[str], list[Any]]", render_jinja_template(
+        [MESSAGES], tools=list(TOOLS), chat_template=TEMPLATES[name], add_generation_prompt=True, **kwargs))
     got = chat_template.render(TEMPLATES[name], MESSAGES, TOOLS, add_generation_prompt=True,
                                special_tokens=tokenizer.special_tokens_map, custom_kwarg="K")
     assert got == expected[0]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.process_helpers import ROOT
-from tito_rl import main as tito_cli
+from tito_rl.commands import SUBCOMMANDS
 from tito_rl.main import main
 from tito_rl.recorder.taps.progress import ProgressTap
 from tito_rl.trajectory.adapters.tap import AgentExchange
@@ -65,13 +65,13 @@ def test_replay_called_in_process_freezes_nothing(capsys: pytest.CaptureFixture[
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("name", list(tito_cli.SUBCOMMANDS))
+@pytest.mark.parametrize("name", list(SUBCOMMANDS))
 def test_every_subcommand_help_says_what_it_does_and_its_exit_codes(name: str, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         main([name, "--help"])
     assert exited.value.code == 0
     out = capsys.readouterr().out
-    command = tito_cli.SUBCOMMANDS[name]
+    command = SUBCOMMANDS[name]
     assert " ".join(out.split()).count(" ".join(command.description.split()[:12])) == 1  # the description
     exits = out[out.index("\nexit codes:\n"):].splitlines()[1:]
     codes = [line.split()[0] for line in exits if line.startswith("  ") and line.split()[0].isdigit()]
@@ -113,7 +113,7 @@ class Inner:
 def _progress(tty: bool) -> tuple[ProgressTap, Stream, list[float]]:
     now = [100.0]
     stream = Stream(tty)
-    return ProgressTap(Inner(), stream, clock=lambda: now[0]), stream, now  # type: ignore[arg-type]
+    return ProgressTap(Inner(), stream, clock=lambda: now[0]), stream, now
 
 
 def _exchange(turn: int) -> AgentExchange:
@@ -198,3 +198,24 @@ def test_replay_cuts_a_long_golden_diff_unless_full_diff(candidate, capsys) -> N
         assert "-  stale line 99" in out and "cut" not in out
     finally:
         golden.write_text(kept)
+
+
+def test_progress_around_a_foreign_gateway_counts_its_turns_tokens_and_requests_without_a_session() -> None:
+    """A foreign gateway says nothing of turns: an exchange answered after a generation of its own is a turn, one
+    without is a side request; requests naming no session are counted apart."""
+    from tito_rl.trajectory.adapters.tap import EngineExchange
+
+    tap, _, _ = _progress(tty=False)
+    tap.agent_request("ro-1", "path:/r/{sid}", {})
+    assert tap.counts.line().startswith("sessions 1 (finished 0)")  # counted at its first request
+    call = EngineExchange("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 200,
+                          response={"choices": [{"message": {"content": "yo"}, "token_ids": [5, 6, 7]}],
+                                    "prompt_token_ids": [1, 2, 3, 4]}, dialect="vllm-openai")
+    tap.engine_exchange("ro-1", "path:/r/{sid}", call)
+    foreign = AgentExchange(method="POST", path="/r/ro-1/v1/chat/completions", query="", headers={}, body=b"{}",
+                            status=200, reply_headers={})
+    tap.agent_exchange("ro-1", "path:/r/{sid}", foreign)  # after a generation: a turn
+    tap.agent_exchange("ro-1", "path:/r/{sid}", foreign)  # none since: a side request (a count_tokens)
+    tap.without_session("GET /health")
+    assert tap.counts.line() == ("sessions 1 (finished 0) | turns 1 (+1 side) | tokens 4 in, 3 out | errors 0 | "
+                                 "1 without a session")

@@ -5,6 +5,7 @@ loopback; the scripted client only, so no CLI is needed (tests/test_simulate.py 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_client_of_dispatches_on_client_agent(tmp_path: Path) -> None:
     paths = {}
     for name, client in (("s", {"sessions": []}), ("c", {"agent": "gemini-cli", "task": "t"}), ("bare", None)):
-        data = {"turns": [{"text": "x"}]} | ({"client": client} if client is not None else {})
+        data: dict[str, Any] = {"turns": [{"text": "x"}]} | ({"client": client} if client is not None else {})
         paths[name] = tmp_path / f"{name}.yaml"
         paths[name].write_text(yaml.safe_dump(data))
     assert corpus.client_of(paths["s"]) == "scripted" and corpus.client_of(paths["c"]) == "gemini-cli"

@@ -316,7 +316,7 @@ def tokens_chunks() -> list[dict[str, Any]]:
     parts, chunks, done = [OUTPUT[:1], OUTPUT[1:10], OUTPUT[10:]], [], 0
     for i, part in enumerate(parts):
         lps = LOGPROBS[done:done + len(part)]
-        chunk = {"request_id": "f" * 32, "usage": None, "output_mode": "tokens", "choices": [{
+        chunk: dict[str, Any] = {"request_id": "f" * 32, "usage": None, "output_mode": "tokens", "choices": [{
             "index": 0, "finish_reason": "stop" if i == 2 else None, "stop_reason": None, "token_ids": part,
             "routed_experts": None, "sampling_mask": None, "weight_versions": None,
             "logprobs": {"content": [{"token_id": t, "logprob": lp, "rank": 1, "top_logprobs": []}

@@ -25,7 +25,7 @@ async def test_only_gone_clients_complete_and_the_timer_stops_when_nothing_waits
     watcher = DisconnectWatcher(0.01)
     staying, leaving, vanished = Request(Transport()), Request(Transport()), Request(Transport())
     futures = [watcher.watch(r) for r in (staying, leaving, vanished)]
-    leaving.transport.closing = True  # type: ignore[union-attr]
+    leaving.transport.closing = True
     vanished.transport = None
     await asyncio.wait_for(asyncio.gather(futures[1], futures[2]), 1.0)
     assert not futures[0].done()
@@ -41,7 +41,7 @@ def test_a_watcher_kept_across_event_loops_still_ticks() -> None:
     async def one_run() -> None:
         request = Request(Transport())
         gone = watcher.watch(request)
-        request.transport.closing = True  # type: ignore[union-attr]
+        request.transport.closing = True
         await asyncio.wait_for(gone, 1.0)
 
     async def leave_a_timer_behind() -> None:

@@ -20,7 +20,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "R
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 SET_UP = [
     "make demo   # installs into .venv, then replays a recorded Claude Code session: no engine, no GPU",
-    "make test   # installs into .venv, then runs ruff and the whole test suite",
+    "make test   # installs into .venv, then runs make lint (ruff, mypy) and the whole test suite",
 ]
 
 

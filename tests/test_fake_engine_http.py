@@ -126,12 +126,12 @@ async def test_abort_prefix_all_and_unknown_rid():
     assert reasons == {"job": "abort", "job-2": "abort", "other": "stop"}
 
     async with serve(scenario) as (url, s, _):
-        tasks = [asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid=f"r{i}")))
+        posts = [asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid=f"r{i}")))
                  for i in range(3)]
         await asyncio.sleep(0.1)
         async with s.post(url + "/abort_request", json={"rid": "", "abort_all": True}) as r:
             assert r.status == 200
-        kinds = [(await (await t).json())["meta_info"]["finish_reason"]["type"] for t in tasks]
+        kinds = [(await (await t).json())["meta_info"]["finish_reason"]["type"] for t in posts]
     assert kinds == ["abort"] * 3
 
 

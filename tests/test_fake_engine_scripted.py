@@ -118,7 +118,9 @@ def test_example_scenarios_load():
 def test_drift_split_decodes_the_same_but_reencodes_differently():
     tok = tokenizer()
     ids = tok.encode("Let me list the files.", add_special_tokens=False) + [151645]
-    drifted, pos = inject_split(tok, ids)
+    split = inject_split(tok, ids)
+    assert split is not None
+    drifted, pos = split
     assert len(drifted) == len(ids) + 1
     assert tok.decode(drifted) == tok.decode(ids)
     text = tok.decode(drifted[:-1])
@@ -133,13 +135,17 @@ def test_several_splits_spread_from_the_first_splittable_token_to_the_last():
             '{"command": "ls -la src"}}\n</tool_call>')
     ids = tok.encode(text, add_special_tokens=False) + [151645]
     splittable = [p for p, t in enumerate(ids) if t < 151643 and split_token(tok, t) is not None]
-    drifted, positions = inject_splits(tok, ids, 4)
+    splits = inject_splits(tok, ids, 4)
+    assert splits is not None
+    drifted, positions = splits
     assert len(drifted) == len(ids) + 4 and tok.decode(drifted) == tok.decode(ids) and drifted[-1] == 151645
     originals = [p - k for k, p in enumerate(positions)]  # each split shifts the later ones by one
     assert originals[0] == splittable[0] and originals[-1] == splittable[-1] and len(set(originals)) == 4
     assert all(tok.decode(drifted[p:p + 2]) == tok.decode([ids[o]]) for p, o in zip(positions, originals, strict=True))
     assert any('"' in tok.decode([ids[o]]) for o in originals)  # some land inside the tool call's JSON
-    every, _ = inject_splits(tok, ids, 1000)
+    all_splits = inject_splits(tok, ids, 1000)
+    assert all_splits is not None
+    every, _ = all_splits
     assert len(every) == len(ids) + len(splittable)  # more than there are: each splittable token once
     assert inject_splits(tok, ids, 1) == (inject_split(tok, ids)[0], [inject_split(tok, ids)[1]])
     assert inject_splits(tok, ids, 0) is None and inject_splits(tok, [151645], 3) is None

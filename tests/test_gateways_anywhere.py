@@ -8,6 +8,7 @@ started with `--sessions-in` (its own reading of where its sessions are) and `--
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,9 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -24,11 +27,15 @@ from tests.gateway_double import VOLATILE
 from tests.process_helpers import ROOT, free_port, stop, tito, wait_http
 from tests.test_gateway_double import gateway, volatile_flags
 from tests.test_targets_record_replay import record, replay
-from tito_rl.cassette.format.records import EngineRecord
+from tito_rl.cassette.format.records import EngineRecord, Header
 from tito_rl.cassette.reader import read_cassette
 from tito_rl.cassette.redaction import REDACTED
+from tito_rl.cassette.writer import CassetteWriter
+from tito_rl.recorder.taps.around import TapsAround
 from tito_rl.recorder.targets.base import TargetFailure
 from tito_rl.recorder.targets.http import HttpTarget
+from tito_rl.trajectory.adapters.tap import AgentExchange
+from tito_rl.trajectory.tokens.tokenizer import fingerprint
 
 SECRET = "sk-rollout-secret-0123456789abcdef0123456789abcdef"
 COOKIE_SECRET = "dark-cookie-secret-42"
@@ -46,7 +53,7 @@ sessions:
       - {reasoning: Two files., text: There are two pears.}
 """
 # where the double keeps its sessions, and how the scripted client sends them there
-KINDS = {
+KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "header": ("header:x-session-id", {"headers": {"X-Session-Id": "{id}"}}),
     "cookie": ("cookie:sid", {"headers": {"Cookie": f"theme={COOKIE_SECRET}; sid={{id}}"}}),
     "path": ("path:/proxy/rollout/{sid}/attempt/{aid}", {"path_prefix": "/proxy/rollout/{id}/attempt/at-1"}),
@@ -170,7 +177,11 @@ def test_requests_that_name_no_session_pass_through_and_are_no_session(tmp_path:
         err = rec.communicate(timeout=30)[1].decode()
     assert set(read_cassette(out).sessions) == {"ro-one"}  # no "anonymous" session of the health checks
     assert "request(s) named no session: passed through, not recorded: GET /health" in err, err
-    assert "GET /v1/models (1)" in err and "sessions 1" in err, err
+    assert "GET /v1/models (1)" in err, err
+    # the live line's last counts: the session, its turn and tokens (the gateway's finish at stop gave samples)
+    last = [line for line in err.splitlines() if line.startswith("tito record: sessions")][-1]
+    assert re.fullmatch(r"tito record: sessions 1 \(finished 1\) \| turns 1 \(\+0 side\) \| tokens [1-9]\d* in, "
+                        r"[1-9]\d* out \| errors 0 \| [2-9]\d* without a session", last), last
 
 
 class _Finishing:
@@ -267,3 +278,50 @@ def test_a_recording_around_rllms_gateway_as_a_process_replays_green_twice_ident
     assert runs[1].stdout == runs[2].stdout and "2 session(s): 2 ok" in runs[1].stdout
     golden = out.with_suffix(".golden").read_text()
     assert golden.count("no samples on either side at 1 finish(es): 2 exchange(s) verified") == 2, golden
+
+
+@pytest.mark.parametrize(("status", "answer", "kind"), [(500, 502, "target_failed"), (404, 404, "no_samples")])
+async def test_the_agent_tap_tells_the_agent_a_failed_finish_from_one_without_samples(
+        tmp_path: Path, status: int, answer: int, kind: str) -> None:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", _Finishing(status).handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    writer = CassetteWriter(tmp_path / "finish.tito", Header("sha256:test"))
+    around = TapsAround(writer, HttpTarget(f"http://127.0.0.1:{port}"), "http://127.0.0.1:1")
+    try:
+        ends = await around.start(("127.0.0.1", 0), ("127.0.0.1", 0))
+        async with aiohttp.ClientSession() as http, \
+                http.post(f"{ends.agent_url}/tito/sessions/ro-1/finish", json={"reward": 1.0}) as resp:
+            assert resp.status == answer
+            error = (await resp.json())["error"]
+        assert error["type"] == kind
+        if status == 500:
+            assert "finish (POST /tito/sessions/ro-1/finish) answered 500" in error["message"]
+        async with aiohttp.ClientSession() as http, http.delete(f"{ends.agent_url}/tito/sessions/ro-1") as resp:
+            assert resp.status == (502 if status == 500 else 200)  # a failed drop is the gateway's failure too
+    finally:
+        await around.stop()
+        writer.close()
+        await runner.cleanup()
+
+
+def test_an_anonymous_session_of_health_checks_in_an_older_recording_is_not_replayed(tmp_path: Path) -> None:
+    """An older tito made the readiness checks' `GET /health` around a gateway an `anonymous` session, which
+    failed replay; such a session (no engine call) is skipped, saying why."""
+    out = tmp_path / "old.tito"
+    target: dict[str, Any] = {"kind": "http", "ref": "http://127.0.0.1:1", "name": "http", "version": None,
+                              "volatile": [], "routing_header": None, "settings": {}}
+    header = Header(fingerprint(), target=target)
+    with CassetteWriter(out, header) as writer:
+        for _ in range(2):
+            writer.agent_request("anonymous", "anonymous", {"Accept": "*/*"})
+            writer.agent_exchange("anonymous", "anonymous", AgentExchange("GET", "/health", "", {"Accept": "*/*"},
+                                                                           b"", 200, {}, reply_body=b'{"ok":true}'))
+    listen = free_port()
+    with gateway(f"http://127.0.0.1:{listen}") as url:
+        run = replay(str(out), "--target", url, "--engine-listen", f"127.0.0.1:{listen}")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "skipped (requests that named no session (health checks, model lists): not a session)" in run.stdout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tito_rl.trajectory.golden import TokenizerNames, render_sample, render_samples
@@ -23,8 +25,9 @@ def render(tok, messages) -> list[int]:
 def session(qwen_tokenizer):
     tok = qwen_tokenizer
     m = TrajectoryManager()
-    msgs = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "List files."}]
-    call = {"role": "assistant", "content": "",
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                  {"role": "user", "content": "List files."}]
+    call: dict[str, Any] = {"role": "assistant", "content": "",
             "tool_calls": [{"type": "function", "function": {"name": "Bash", "arguments": {"command": "ls"}}}]}
     out1 = tok.encode('<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>') + [IM_END]
     p1 = render(tok, msgs)

@@ -374,7 +374,12 @@ def test_script_in_a_cassette_never_runs_or_leaves_its_element(pages: dict[str, 
     `</script>`, `<img onerror>` and quotes are shown as text where they belong, and nothing of theirs runs."""
     page = browser.new_page()
     dialogs: list[str] = []
-    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+    def dismiss(d: Any) -> None:
+        dialogs.append(d.message)
+        d.dismiss()
+
+    page.on("dialog", dismiss)
     page.goto(pages["pwn"].as_uri())
     page.wait_for_load_state("load")
     assert page.evaluate("typeof window.__pwned") == "undefined" and dialogs == []

@@ -65,7 +65,7 @@ def tito_wheel(tmp_path: Path) -> Path:
     source = tmp_path / "source"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for folder in PACKAGE_FOLDERS:
-        shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
+        shutil.copytree(ROOT / folder, source / folder, ignore=ignore, symlinks=True)  # as a clone has them
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
     out = tmp_path / "dist"

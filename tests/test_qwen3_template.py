@@ -56,9 +56,10 @@ def messages(draw: Any) -> list[dict[str, Any]]:
     return out
 
 
-tools = st.one_of(st.none(), st.just([]), st.lists(st.fixed_dictionaries(
-    {"type": st.just("function"), "function": st.fixed_dictionaries(
-        {"name": text, "description": text, "parameters": json_value})}), min_size=1, max_size=3))
+tools: st.SearchStrategy[list[dict[str, Any]] | None] = st.one_of(
+    st.none(), st.just([]), st.lists(st.fixed_dictionaries(
+        {"type": st.just("function"), "function": st.fixed_dictionaries(
+            {"name": text, "description": text, "parameters": json_value})}), min_size=1, max_size=3))
 
 
 @pytest.fixture(scope="module", params=[(True, None), (False, None), (True, False), (False, True)],
@@ -112,7 +113,7 @@ def test_tool_blocks_are_cached_by_exact_json_type(renderer: ChatRenderer) -> No
 
 
 def test_inputs_outside_the_transcription_go_to_jinja(renderer: ChatRenderer) -> None:
-    odd = [
+    odd: list[list[dict[str, Any]]] = [
         [{"role": "user", "content": [{"type": "text", "text": "list content"}]}],
         [{"role": "user", "content": None}],
         [{"role": "assistant", "content": "x", "tool_calls": [{"function": {"name": None, "arguments": "{}"}}]}],

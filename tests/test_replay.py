@@ -81,7 +81,7 @@ def test_a_changed_chat_template_fails_at_its_first_changed_token_and_update_gol
     assert replay(path, update_goldens=True).ok  # the golden of the recording
     template = load_tokenizer().chat_template.replace("'\\n</tool_response>'", "'\\n</tool_response>\\n'")
     assert template != load_tokenizer().chat_template
-    changed = {"adapter": {"chat_template": template}}
+    changed: dict[str, Any] = {"adapter": {"chat_template": template}}
 
     result = replay(path, **changed)
     (session,) = result.sessions

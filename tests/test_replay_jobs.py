@@ -66,7 +66,8 @@ def test_workers_give_the_same_bytes_as_one_process(corpus: Path, tmp_path: Path
     failed = [c for c in cases if c.find("failure") is not None]
     assert len(failed) == 1 and failed[0].get("classname").endswith("drift_realign.tito")
     failure = failed[0].find("failure")
-    assert "FAIL: golden changed" in failure.get("message") and "-  sample 0: reward 1, 280 tokens" in failure.text
+    assert failure is not None and failure.text is not None
+    assert "FAIL: golden changed" in failure.get("message", "") and "-  sample 0: reward 1, 280 tokens" in failure.text
 
 
 def test_shards_replay_every_session_exactly_once(corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -110,8 +110,10 @@ def test_sample_differences_name_sample_field_token_and_turn() -> None:
     assert samples_difference(live, same, str) is None
     changed = json.loads(json.dumps(live))
     changed[0]["tokens"][3] = 9
-    summary, detail, turn = samples_difference(live, changed, lambda ids: " ".join(map(str, ids)),
-                                               turn_of=lambda sample, token: 7 if token >= 2 else None)
+    difference = samples_difference(live, changed, lambda ids: " ".join(map(str, ids)),
+                                    turn_of=lambda sample, token: 7 if token >= 2 else None)
+    assert difference is not None
+    summary, detail, turn = difference
     assert summary == "sample 0: tokens differ" and turn == 7
     assert "first difference at index 3 (token 3, in turn 7's response)" in detail[0]
     assert detail[1].startswith("recorded: …'1 2 3' | '4'") and detail[2].startswith("replayed: …'1 2 3' | '9'")

@@ -37,8 +37,15 @@ from tito_rl.trajectory.adapters.session import session_digest
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 
-def _reply_blocks(events: list[str]) -> list[dict[str, Any]]:
+def _json_reply(body: bytes | None) -> Any:
+    """A JSON reply's body, parsed."""
+    assert body is not None, "a stream, not a JSON reply"
+    return json.loads(body)
+
+
+def _reply_blocks(events: list[str] | None) -> list[dict[str, Any]]:
     """The assistant blocks an Anthropic stream carried, rebuilt here independently of the client's parser."""
+    assert events is not None, "a JSON reply, not a stream"
     blocks: list[dict[str, Any]] = []
     for event in events:
         data = json.loads(event.split("data: ", 1)[1])
@@ -157,14 +164,14 @@ async def test_json_replies_on_all_three_wires_concurrently(tmp_path: Path) -> N
     assert [r.samples for r in results] == [1, 1, None] and results[2].dropped
     a, c, r = (session_log(cassette, f"json-{w}") for w in ("anthropic", "chat", "responses"))
     assert [x.reply_events for log in (a, c, r) for x in log.agent] == [None] * 6  # JSON replies
-    tool_use = json.loads(a.agent[0].reply_body)["content"][-1]
+    tool_use = _json_reply(a.agent[0].reply_body)["content"][-1]
     assert bodies(a)[1]["messages"][-1]["content"][0]["tool_use_id"] == tool_use["id"]
-    call = json.loads(c.agent[0].reply_body)["choices"][0]["message"]["tool_calls"][0]
+    call = _json_reply(c.agent[0].reply_body)["choices"][0]["message"]["tool_calls"][0]
     echoed = bodies(c)[1]["messages"][2]
     assert "reasoning_content" not in echoed and echoed["tool_calls"][0]["id"] == call["id"]
     assert echoed["tool_calls"][0]["function"]["arguments"] == '{"command":"ls"}'  # re-serialised compactly
     assert call["function"]["arguments"] == '{"command": "ls"}'
-    output = json.loads(r.agent[0].reply_body)["output"]
+    output = _json_reply(r.agent[0].reply_body)["output"]
     sent = bodies(r)[1]
     assert sent["input"][0]["role"] == "developer" and sent["input"][-1]["call_id"] == output[-1]["call_id"]
     assert sent["input"][2] == {**output[0], "content": None} and list(sent["input"][2])[:3] == ["type", "id",
@@ -180,10 +187,11 @@ async def test_concurrency_runs_sessions_in_turn_and_generated_outputs_differ_pe
                                                                             "arguments": {"command": "cat a"}}]},
              {"reasoning": "Done.", "text": "Read."}]
     ids = [f"gen-{i}" for i in range(3)]
-    scenario = {"name": "generated", "after_last": "error", "turns": turns, "client": {"concurrency": 1, "sessions": [
-        {"id": sid, "wire": "chat", "stream": False, "system": "You are agent G.", "tools": ["run_shell_command"],
-         "results": {"run_shell_command": {"lines": 30}}, "steps": [{"prompt": "Read a."}, {"finish": 1.0}]}
-        for sid in ids]}}
+    scenario: dict[str, Any] = {
+        "name": "generated", "after_last": "error", "turns": turns, "client": {"concurrency": 1, "sessions": [
+            {"id": sid, "wire": "chat", "stream": False, "system": "You are agent G.", "tools": ["run_shell_command"],
+             "results": {"run_shell_command": {"lines": 30}}, "steps": [{"prompt": "Read a."}, {"finish": 1.0}]}
+            for sid in ids]}}
     cassette, results = await record_scenario(scenario, tmp_path / "g.tito")
     assert [r.ok for r in results] == [True] * 3, [r.line() for r in results]
     order = [session_digest(sid) for sid in ids]
@@ -228,20 +236,57 @@ def test_record_cli_checks_the_scripted_flags(tmp_path: Path) -> None:
     def problem(*extra: str) -> str | None:
         argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "o.tito"), *extra]
         return record_cli.check(tito_cli.build_parser(argv).parse_args(argv))
+
+    def refusal(*extra: str) -> str:
+        said = problem(*extra)
+        assert said is not None, extra
+        return said
     assert problem("--agent", "scripted") == "--agent scripted needs --scenario FILE"
-    assert "no `client:` section" in problem("--agent", "scripted", "--scenario", "fake_engine/examples/"
-                                                                                  "claude_tool_loop.yaml")
+    assert "no `client:` section" in refusal("--agent", "scripted", "--scenario", "fake_engine/examples/"
+                                                                                   "claude_tool_loop.yaml")
     # Without --agent, the scenario's client: section says who plays the client.
     assert problem("--scenario", str(SCENARIOS / "tool_loop.yaml")) is None
-    assert "has no client: section: name the CLI with --agent" in problem(
+    assert "has no client: section: name the CLI with --agent" in refusal(
         "--scenario", "fake_engine/examples/claude_tool_loop.yaml")
     argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "o.tito"),
             "--scenario", str(SCENARIOS / "claude_tool_loop.yaml")]
     args = tito_cli.build_parser(argv).parse_args(argv)
     assert record_cli.check(args) is None
     assert args.agent == "claude-code" and args.cli_script.sessions[0].agent == "claude-code"
-    assert "needs --task (or --scenario)" in problem("--agent", "codex")
+    assert "needs --task (or --scenario)" in refusal("--agent", "codex")
     assert problem("--agent", "scripted", "--scenario", str(SCENARIOS / "tool_loop.yaml")) is None
+
+
+def test_an_agent_option_the_run_would_ignore_is_refused_in_one_line(tmp_path: Path) -> None:
+    """`--sessions 24` with the scripted client used to record the script's one session and say nothing."""
+    def problem(*extra: str) -> str | None:
+        argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "o.tito"), *extra]
+        return record_cli.check(tito_cli.build_parser(argv).parse_args(argv))
+    scripted = ("--agent", "scripted", "--scenario", str(SCENARIOS / "tool_loop.yaml"))
+    assert problem(*scripted, "--sessions", "24") == (
+        "--sessions does not apply here: the scenario's client: section says its sessions, concurrency, model and "
+        "rewards")
+    assert problem(*scripted, "--concurrency", "2", "--reward", "1", "--task", "t").startswith(
+        "--task, --concurrency, --reward do not apply here")
+    assert problem(*scripted, "--agent-timeout", "30") is None  # the scripted client's sessions time out with it
+    cli_script = ("--scenario", str(SCENARIOS / "claude_tool_loop.yaml"))
+    assert problem(*cli_script, "--sessions", "4").startswith("--sessions does not apply here: the scenario's "
+                                                                "client: section lists its sessions and runs")
+    assert problem(*cli_script, "--reward", "1", "--agent-model", "m", "--sandbox", "local") is None
+    assert problem("--sessions", "2").startswith("--sessions does not apply here: no agent is launched (--agent)")
+    assert problem("--agent", "codex", "--task", "t", "--sessions", "4", "--concurrency", "2") is None
+    # target options that tito's own adapter (or a driver) would ignore
+    assert problem("--engine-dialect", "vllm-openai").startswith("--engine-dialect vllm-openai is for a target other")
+    assert problem("--engine-dialect", "sglang") is None
+    assert problem("--session-from", "cookie:sid").startswith("--engine-listen, --volatile, --routing-header and "
+                                                              "--session-from are for a target other")
+    assert problem("--target", "rllm", "--volatile", "id").startswith("--volatile and --routing-header are for an "
+                                                                      "http:// target")
+    assert problem("--target", "http://127.0.0.1:9", "--engine-listen", "127.0.0.1:9",
+                   "--session-from", "path:/x").endswith("names the session's segment once, as {sid}")
+    argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "o.tito"), *scripted]
+    args = tito_cli.build_parser(argv).parse_args(argv)
+    assert record_cli.check(args) is None and (args.sessions, args.reward, args.agent_timeout) == (1, 0.0, 600.0)
 
 
 def test_record_args_left_out_of_a_run_are_named() -> None:

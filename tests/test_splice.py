@@ -371,7 +371,9 @@ async def test_a_template_that_renders_history_around_a_turn_otherwise_is_not_sp
 
 async def test_an_output_ending_on_another_special_token_is_not_spliced(qwen_tokenizer) -> None:
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
-        stack.double.output_ids = lambda text: qwen_tokenizer.encode(text, add_special_tokens=False) + [151643]
+        # the double's method, replaced for this test: every output ends on <|endoftext|>
+        stack.double.output_ids = (  # type: ignore[method-assign]
+            lambda text: qwen_tokenizer.encode(text, add_special_tokens=False) + [151643])
         stack.double.script += [qwen3_output("", "", [("Bash", {"command": "ls"})]), "Done."]
         messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
         reply = await ask(http, stack.url, "e", messages)

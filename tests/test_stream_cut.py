@@ -34,7 +34,7 @@ async def test_the_chosen_reply_is_cut_and_the_others_pass_through() -> None:
         url = await relay.start()
         try:
             async with aiohttp.ClientSession() as http:
-                replies = []
+                replies: list[bytes | None] = []
                 for _ in range(3):
                     try:
                         async with http.post(url + "/v1/messages?beta=true", data=b'{"a":1}',

@@ -394,6 +394,7 @@ async def test_against_the_fake_engine_in_vllm_dialect() -> None:
             if probe.status in (404, 405):
                 pytest.skip("the fake engine does not serve POST /v1/chat/completions yet")
         driver = create_driver("rllm", TargetOptions())
+        assert isinstance(driver, rllm.RllmTarget)
         base = await driver.start(engine.url)
         store = driver.app.state.store
         write = store.store_trace

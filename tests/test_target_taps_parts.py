@@ -45,11 +45,11 @@ def test_without_a_routing_key_a_prompt_goes_to_the_session_whose_context_it_ext
     a = Attribution(None)
     s1, s2 = a.begin("s1", "bearer"), a.begin("s2", "bearer")
     o1 = a.owner("/generate", KEY, {"input_ids": [5, 6]})  # no key read, no context yet: arrival order
-    assert o1.flight is s1
+    assert o1 is not None and o1.flight is s1
     a.generate_started(o1, {})
     a.generate_answered(o1, "/generate", {"input_ids": [5, 6]}, {"output_ids": [7, 8]}, "sglang")
     o2 = a.owner("/generate", {}, {"input_ids": [5, 6]})
-    assert o2.flight is s2
+    assert o2 is not None and o2.flight is s2
     a.generate_started(o2, {})
     a.generate_answered(o2, "/generate", {"input_ids": [5, 6]}, {"output_ids": [9]}, "sglang")
     a.end(s1)
@@ -191,3 +191,31 @@ async def test_a_cut_stream_and_a_hang_up_pass_through_the_agent_tap_and_are_rec
     cut, gone = [e for kind, e in tap.calls if kind == "agent"]
     assert cut.status == 200 and cut.reply_events == ['data: {"n": 1}\n\n', 'data: {"n": 2}\n\n']
     assert gone.status == 499 and gone.path == "/slow"
+
+
+class DropTarget(StubTarget):
+    """A gateway whose drop says whether it knew the session: True, False, or None (slime's, rllm's and miles' say
+    nothing)."""
+
+    def __init__(self, knows: bool | None) -> None:
+        super().__init__()
+        self.knows = knows
+
+    async def drop(self, session: str) -> bool | None:  # type: ignore[override]
+        return self.knows
+
+
+@pytest.mark.parametrize("knows", [True, False, None])
+async def test_a_drop_answers_known_only_when_the_target_says(knows: bool | None) -> None:
+    """The tap answered `known: false` for every target whose drop returns nothing, as if the gateway had never seen
+    the session (found by mypy, issue #37: `bool(None)`); a target that cannot tell now answers `known: null`."""
+    tap, target = Collected(), DropTarget(knows)
+    around = TapsAround(tap, target, "http://127.0.0.1:9")
+    ends = await around.start(("127.0.0.1", 0), ("127.0.0.1", 0))
+    try:
+        async with aiohttp.ClientSession() as http, http.delete(ends.agent_url + "/tito/sessions/gone-1") as resp:
+            assert resp.status == 200
+            assert await resp.json() == {"dropped": "gone-1", "known": knows}
+    finally:
+        await around.stop()
+    assert ("dropped", "gone-1") in tap.calls

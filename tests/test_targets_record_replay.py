@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ def record(out: Path, engine: str, scenario: Path, *extra: str) -> subprocess.Co
 
 
 @pytest.fixture(scope="module")
-def engine() -> str:
+def engine() -> Iterator[str]:
     port = free_port()
     with tito("fake-engine", "--script", str(TOOL_LOOP), "--listen", f"127.0.0.1:{port}",
               ready=f"http://127.0.0.1:{port}/health"):

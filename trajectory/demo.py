@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from tito_rl.trajectory.golden import render_samples
 from tito_rl.trajectory.manager import TrajectoryManager
 from tito_rl.trajectory.synthetic import SyntheticSession, assistant, system, tool, user
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     parser.add_argument("--reward", type=float, default=1.0, help="reward given at session finish")
     parser.add_argument("--reward-policy", choices=("full", "split"), default="full")
     parser.add_argument("--fork-threshold", type=int, default=1024, help="fork_threshold_tokens")
@@ -42,8 +43,8 @@ def build_session(manager: TrajectoryManager) -> SyntheticSession:
     return s
 
 
-def print_tree(tree: dict, names: dict[int, str]) -> None:
-    children: dict[int | None, list[dict]] = {}
+def print_tree(tree: dict[str, Any], names: dict[int, str]) -> None:
+    children: dict[int | None, list[dict[str, Any]]] = {}
     for node in tree["nodes"]:
         children.setdefault(node["parent"], []).append(node)
 

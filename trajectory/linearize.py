@@ -13,6 +13,7 @@ spans) is masked with 0.0 logprobs. `FIRST_TRAINED` starts it at the first train
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tito_rl.trajectory.events import Event
 from tito_rl.trajectory.records import Sample
@@ -93,7 +94,7 @@ class Builder:
                 break
         return "context", None
 
-    def to_sample(self, reward: float, metadata: dict, response_start: str = AFTER_PROMPT) -> Sample | None:
+    def to_sample(self, reward: float, metadata: dict[str, Any], response_start: str = AFTER_PROMPT) -> Sample | None:
         """None when no token is trained. A realign only rewrites tokens after the last response's start,
         never the first prompt, so `prompt_length` always marks the end of the sample's prompt."""
         try:

@@ -40,7 +40,7 @@ SAMPLE_KEYS: dict[str, Any] = {"tokens": list[TokenId], "response_length": int, 
                                "rollout_log_probs": list[float], "reward": float, "metadata": dict[str, Any]}
 
 
-def check_fields(record: Any, kind: str, built: Built | None = None) -> None:
+def check_fields(record: object, kind: str, built: Built | None = None) -> None:
     """A CorruptCassetteError naming the first field of `record` (a dataclass) that has another type than
     declared, or breaks a value rule of the format. `built`: the lists the decoder made, by id, with the type
     of their items."""
@@ -82,9 +82,15 @@ def _check_headers(headers: dict[str, Any], where: str) -> None:
             raise CorruptCassetteError(f"corrupt cassette: {where}: {key!r} is not an HTTP header"[:200])
 
 
-@functools.cache
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
+    """A record class's field types, resolved once (the decoder checks every record it reads)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = get_type_hints(cls)
+    return hints
 
 
 Built = dict[int, Any]

@@ -229,6 +229,7 @@ def _encode_openai(state: _SessionState, dialect: str, request: Any, response: A
         stored: dict[str, Any] = {}
         if key is not None:
             packed = packed_token_list(request[key])
+            assert packed is not None  # the key was chosen for holding a token list
             stored = {KEY_FIELD: key, IDS_FIELD: token_delta(state.context, packed)}
             state.context, prompt_set = packed, True
         text = json.dumps({**request, key: None} if key is not None else request, ensure_ascii=False,

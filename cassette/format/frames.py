@@ -82,7 +82,7 @@ def located(exc: CorruptCassetteError, offset: int) -> CorruptCassetteError:
     return CorruptCassetteError(f"{text} (the record at byte {offset})")
 
 
-def inflate(payload: bytes, budget: DecodeBudget) -> bytes | bytearray:
+def inflate(payload: bytes | bytearray, budget: DecodeBudget) -> bytes | bytearray:
     """zlib-decompressed `payload`, inflated `INFLATE_CHUNK` bytes at a time, each spent from `budget` as it comes:
     a bomb fails one chunk past what the budget had left, in memory the budget bounds, however far it would
     inflate. So the writer may compress any record by any ratio. A record of one chunk (most are) is returned as

@@ -23,7 +23,7 @@ class SessionIndex:
     """Where one session's frames are (byte offsets, in order) and what they hold."""
 
     session: str
-    frames: array = field(default_factory=lambda: array("Q"))
+    frames: array[int] = field(default_factory=lambda: array("Q"))
     agent: int = 0
     engine: int = 0
     samples: int = 0  # sample maps over all its finishes
@@ -56,7 +56,8 @@ def decode_index_at(record: dict[str, Any]) -> int | None:
     offset = record.get("offset")
     if record.get("t") != INDEX_AT or not isinstance(offset, bytes) or len(offset) != _OFFSET.size:
         return None
-    return _OFFSET.unpack(offset)[0]
+    at: int = _OFFSET.unpack(offset)[0]
+    return at
 
 
 def decode_index(record: dict[str, Any], end: int) -> list[SessionIndex] | None:
@@ -69,7 +70,8 @@ def decode_index(record: dict[str, Any], end: int) -> list[SessionIndex] | None:
                 or not isinstance(entry.get("frames"), bytes) or len(entry["frames"]) % _OFFSET.size:
             return None
         counts = [entry.get(k) for k in ("agent", "engine", "samples")]
-        if not all(isinstance(c, int) and c >= 0 for c in counts):
+        agent, engine, samples = (c if isinstance(c, int) and c >= 0 else -1 for c in counts)
+        if min(agent, engine, samples) < 0:
             return None
         frames = array("Q")
         frames.frombytes(entry["frames"])
@@ -77,5 +79,5 @@ def decode_index(record: dict[str, Any], end: int) -> list[SessionIndex] | None:
             frames.byteswap()
         if any(offset >= end for offset in frames[-1:]):
             return None
-        out.append(SessionIndex(entry["session"], frames, *counts))
+        out.append(SessionIndex(entry["session"], frames, agent, engine, samples))
     return out

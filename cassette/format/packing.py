@@ -35,7 +35,7 @@ def unpack_array(data: bytes, typecode: str, what: str) -> list[Any]:
     return arr.tolist()
 
 
-def pack_u32(values: list[int] | array) -> bytes:
+def pack_u32(values: list[int] | array[int]) -> bytes:
     return pack_array(values, "I")
 
 

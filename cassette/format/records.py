@@ -164,6 +164,7 @@ def record_from_dict(record: dict[str, Any]) -> Record:
         raise CorruptCassetteError(f"corrupt cassette: unknown record type {record['t']!r}")
     known = {f.name for f in fields(cls)}
     try:
-        return cls(**{k: v for k, v in record.items() if k in known})
+        built: Record = cls(**{k: v for k, v in record.items() if k in known})
+        return built
     except TypeError as exc:
         raise CorruptCassetteError(f"corrupt cassette: bad {record['t']} record: {exc}") from exc

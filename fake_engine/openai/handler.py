@@ -42,7 +42,9 @@ class EngineCore(Protocol):
     """What the routes need of `app.Engine` (a Protocol: the app imports this module, not the reverse)."""
 
     options: Any
-    restarting: bool
+
+    @property
+    def restarting(self) -> bool: ...
 
     async def prepare(self, request: web.Request, greq: GenerateRequest,
                       error_body: Callable[[int, str], Any] | None = None) -> Prepared | web.Response: ...
@@ -135,7 +137,8 @@ class OpenAIRoutes:
     def _text(self, call: OpenAICall, ids: list[int], finish: str) -> str:
         """The output text: the stop token never in it (special, and vLLM/SGLang trim a matched stop)."""
         keep = ids[:-1] if finish == "stop" and ids and not call.body.get("no_stop_trim") else ids
-        return self.tokenizer.decode(keep, skip_special_tokens=call.skip_special_tokens)
+        text: str = self.tokenizer.decode(keep, skip_special_tokens=call.skip_special_tokens)
+        return text
 
     def _body(self, call: OpenAICall, greq: GenerateRequest, ids: list[int], lps: list[float], finish: str,
               matched: Any, cached: int, start: float) -> dict[str, Any]:

@@ -59,7 +59,8 @@ def _hermes(content: str | None, seed: str) -> tuple[list[dict[str, Any]], str |
 
 def vllm_chat(text: str, *, thinking: bool, tool_parsing: bool, seed: str) -> ParsedChat:
     """The non-streamed message vLLM's qwen3 + hermes parsers make of `text` (module docstring)."""
-    reasoning, content = None, text
+    reasoning: str | None = None
+    content: str | None = text
     if THINK in text and THINK_END in text:
         rest = text.partition(THINK)[2]
         reasoning, _, after = rest.partition(THINK_END)

@@ -27,7 +27,8 @@ def _byte_decoder() -> dict[str, int]:
 
 
 def token_text(tokenizer: Any, token_id: int) -> str:
-    return tokenizer.decode([token_id], skip_special_tokens=False)
+    text: str = tokenizer.decode([token_id], skip_special_tokens=False)
+    return text
 
 
 def token_bytes(tokenizer: Any, token_id: int) -> list[int]:

@@ -13,9 +13,7 @@ from typing import Any
 
 from tito_rl.cassette.matching import EngineIndex, NoMatch, RecordedCall
 from tito_rl.cassette.reader import CassetteReader
-from tito_rl.fake_engine.policy import GenerateRequest, Generation, PolicyError
-
-FINISH_TYPES = ("stop", "length", "abort")
+from tito_rl.fake_engine.policy import GenerateRequest, Generation, PolicyError, finish_kind
 
 
 class CassettePolicy:
@@ -53,9 +51,7 @@ def generation_from_response(call: RecordedCall) -> Generation:
     if isinstance(triples, list) and len(triples) == len(output_ids):
         logprobs = [float(t[0]) if t and t[0] is not None else 0.0 for t in triples]
     finish = meta.get("finish_reason") or {}
-    kind = finish.get("type", "stop") if isinstance(finish, dict) else "stop"
-    if kind not in FINISH_TYPES:
-        kind = "stop"
+    kind = finish_kind(finish.get("type", "stop") if isinstance(finish, dict) else "stop")
     matched = finish.get("matched") if isinstance(finish, dict) and kind == "stop" else None
     return Generation(output_ids=output_ids, logprobs=logprobs, finish=kind, matched=matched,
                       cached_tokens=int(meta.get("cached_tokens") or 0))

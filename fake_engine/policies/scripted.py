@@ -41,11 +41,11 @@ from tito_rl.fake_engine.logprobs import logprobs_for
 from tito_rl.fake_engine.policies.prompt_tools import WORKDIR, offered_tools, resolve_call, with_workdir, workdir_of
 from tito_rl.fake_engine.policies.qwen3_output import EOS_ID, ToolCall, render_ids
 from tito_rl.fake_engine.policy import GenerateRequest, Generation, PolicyError
-from tito_rl.fake_engine.scenario_model import NonNegInt, PosInt, ScenarioError, Strict, validate
+from tito_rl.fake_engine.scenario_model import FrozenStrict, NonNegInt, PosInt, ScenarioError, Strict, validate
 from tito_rl.fake_engine.sessions import IM_END, assistant_turns_after, last_user_start, opening_end, prompt_digest
 
 
-class ToolCallSpec(Strict, frozen=True):
+class ToolCallSpec(FrozenStrict, frozen=True):
     """A tool call: a role (`shell`, `read`, ...) or one client's tool name, with Claude Code's argument names."""
 
     name: str
@@ -68,7 +68,7 @@ class ScriptedTurn(Strict):
 Turns = Annotated[tuple[str | ScriptedTurn, ...], msgspec.Meta(min_length=1)]
 
 
-class SessionMatch(Strict, frozen=True):
+class SessionMatch(FrozenStrict, frozen=True):
     """When a scripted session plays a request (every given key must hold; none: any request)."""
 
     routing_key: str | None = None  # X-SMG-Routing-Key
@@ -103,6 +103,11 @@ class Scenario(Strict):
         if self.sessions is None:
             raise ValueError("needs `sessions` (or a top-level `turns` list)")
         self.seed = self.seed or self.name
+
+    @property
+    def played(self) -> tuple[ScriptedSession, ...]:
+        """The sessions as played: `__post_init__` made the shorthand one, so there is always at least one."""
+        return self.sessions or ()
 
 
 def parse_scenario(data: Any, default_name: str = "scenario") -> Scenario:
@@ -164,7 +169,7 @@ class ScriptedPolicy:
 
     def _session(self, req: GenerateRequest, opening: str) -> tuple[int, ScriptedSession, int]:
         """The session, its index and the request's turn in it."""
-        for i, s in enumerate(self.scenario.sessions):
+        for i, s in enumerate(self.scenario.played):
             match = s.match
             if match.routing_key is not None and match.routing_key != req.routing_key:
                 continue
@@ -183,7 +188,8 @@ class ScriptedPolicy:
             end = input_ids.index(IM_END, start)
         except ValueError:
             end = len(input_ids)
-        return self.tokenizer.decode(input_ids[start:end])
+        text: str = self.tokenizer.decode(input_ids[start:end])
+        return text
 
     def _ids(self, index: tuple[int, int], turn: ScriptedTurn, opening: str) -> list[int]:
         if turn.ids is not None:
@@ -214,6 +220,7 @@ class ScriptedPolicy:
                                   f"(it scripts {len(session.turns)})", status=400)
             t_index = len(session.turns) - 1
         turn = session.turns[t_index]
+        assert isinstance(turn, ScriptedTurn)  # ScriptedSession.__post_init__ made every text one
         faults, finish = turn.faults, turn.finish
         if turn.fault_attempts is not None:
             key = (prompt_digest(req.input_ids), s_index, req.turn_index)
@@ -235,5 +242,5 @@ class ScriptedPolicy:
             if len(self._logprobs) > 4096:
                 self._logprobs.popitem(last=False)
         lps = list(lps)
-        return Generation(output_ids=ids, logprobs=lps, finish=finish,  # type: ignore[arg-type]
+        return Generation(output_ids=ids, logprobs=lps, finish=finish,
                           faults=faults)

@@ -41,7 +41,7 @@ def get_profile(name: str) -> VersionProfile:
         raise ValueError(f"unknown SGLang version profile {name!r}; known: {sorted(PROFILES)}") from None
 
 
-def finish_stop(matched: int | str | list[int]) -> dict[str, Any]:
+def finish_stop(matched: int | str | list[int] | None) -> dict[str, Any]:
     return {"type": "stop", "matched": matched}
 
 

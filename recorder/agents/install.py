@@ -58,7 +58,8 @@ def install_command(pin: AgentPin, target: str, npm: str = "npm") -> list[str]:
 def installed_version(pin: AgentPin, prefix: Path = DEFAULT_PREFIX) -> str | None:
     manifest = install_dir(pin, prefix) / "node_modules" / pin.npm_package / "package.json"
     try:
-        return json.loads(manifest.read_text())["version"]
+        version = json.loads(manifest.read_text())["version"]
+        return version if isinstance(version, str) else None
     except (OSError, ValueError, KeyError):
         return None
 

@@ -34,14 +34,15 @@ async def finish_session(base_url: str, session_id: str, reward: float) -> int:
     async with aiohttp.ClientSession() as http, \
             http.post(f"{base_url}/tito/sessions/{session_id}/finish", json={"reward": reward}) as resp:
         data = await resp.json()
-        return len(data.get("samples", []))
+        return len(data.get("samples", [])) if isinstance(data, dict) else 0
 
 
 async def result_or_exit_code(work: asyncio.Future[T], stop: asyncio.Event) -> T | int:
     """The agents' results, or the exit code: 130 when a stop came first, 1 when a sandbox could not be made
     (e.g. the same scenario recorded twice at once: its sandbox paths are fixed)."""
     stopper = asyncio.ensure_future(stop.wait())
-    done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    waiting: set[asyncio.Future[Any]] = {work, stopper}
+    done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
     if work not in done:
         print("tito record: stop requested; open sessions are finalized with reward 0", file=sys.stderr)
         return 130
@@ -106,9 +107,9 @@ async def run_script_sessions(args: argparse.Namespace, script: CliScript, base_
                   f"{run.duration_s:.1f}s", file=sys.stderr, flush=True)
             if not run_ok(spec, run):
                 print(f"  stderr: {run.stderr_tail[-800:]}\n  stdout: {run.stdout_tail[-800:]}", file=sys.stderr)
-        relay = relays.get(outcome.session.id)
-        if relay is not None:
-            cut = ", ".join(f"#{n}" for n in relay.cut) or "none (no reply had that many events)"
+        cutter = relays.get(outcome.session.id)
+        if cutter is not None:
+            cut = ", ".join(f"#{n}" for n in cutter.cut) or "none (no reply had that many events)"
             print(f"tito record: session {outcome.session.id}: replies cut mid-stream: {cut}", file=sys.stderr)
         print(f"tito record: session {outcome.session.id}: {samples} sample(s)", file=sys.stderr, flush=True)
     return 1 if failed else 0

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tito_rl.recorder.agents.install import DEFAULT_PREFIX, ensure_installed, install_command
 from tito_rl.recorder.agents.pid_namespace import pid_namespace_prefix, resolve_program
@@ -68,7 +68,7 @@ class Sandbox(ABC):
     def close(self) -> None:
         """Release the sandbox; safe to call twice."""
 
-    def __enter__(self) -> Sandbox:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -15,14 +15,14 @@ from collections.abc import Sequence
 import aiohttp
 from aiohttp import web
 
-from tito_rl.fake_engine.scenario_model import Strict
+from tito_rl.fake_engine.scenario_model import FrozenStrict
 
 # Per connection, or set by aiohttp itself from the bytes it sends: never copied across the relay.
 HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
                          "proxy-connection", "host", "content-length"})
 
 
-class StreamCut(Strict, frozen=True):
+class StreamCut(FrozenStrict, frozen=True):
     """Cut the session's `request`-th request (0-based, in arrival order, counting every request) after
     `after_events` server-sent events of its reply, by closing the connection (`cut_streams:` entries)."""
 

@@ -170,7 +170,7 @@ class SessionRunner:
 
     async def model_turn(self, conv: Conversation) -> AssistantReply:
         s = self.session
-        body = _compact(self.wire.body(s.model, conv.agent.system, conv.agent.tools, conv.history, s.max_tokens,
+        body = _compact(self.wire.body(s.model, conv.agent.system, conv.agent.specs, conv.history, s.max_tokens,
                                        s.stream, s.id))
         index = self.result.requests
         self.result.requests += 1

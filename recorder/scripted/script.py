@@ -48,13 +48,21 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from tito_rl.fake_engine.policies.scripted import read_scenario_data
-from tito_rl.fake_engine.scenario_model import NonNegFloat, NonNegInt, PosInt, ScenarioError, Strict, validate
+from tito_rl.fake_engine.scenario_model import (
+    FrozenStrict,
+    NonNegFloat,
+    NonNegInt,
+    PosInt,
+    ScenarioError,
+    Strict,
+    validate,
+)
 
 WIRES = ("anthropic", "chat", "responses")
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
 
 
-class ToolSpec(Strict, frozen=True):
+class ToolSpec(FrozenStrict, frozen=True):
     """A tool offered to the model: a catalog name in the file (`Bash`), or this mapping."""
 
     name: str
@@ -82,7 +90,7 @@ TOOL_CATALOG: dict[str, ToolSpec] = {t.name: t for t in (
 )}
 
 
-class CannedResult(Strict, frozen=True):
+class CannedResult(FrozenStrict, frozen=True):
     """`{subagent: NAME}` or `{lines: N}` (msgspec takes one mapping type in a union: the two share it)."""
 
     subagent: str | None = None
@@ -112,8 +120,13 @@ class AgentSpec(Strict):
             raise ValueError(f"unknown tool {unknown[0]!r} in tools; catalog: {', '.join(sorted(TOOL_CATALOG))}")
         self.tools = tuple(TOOL_CATALOG[t] if isinstance(t, str) else t for t in self.tools)
 
+    @property
+    def specs(self) -> tuple[ToolSpec, ...]:
+        """The tools as specs: `__post_init__` looked every catalog name up."""
+        return tuple(t for t in self.tools if isinstance(t, ToolSpec))
 
-class Disconnect(Strict, frozen=True):
+
+class Disconnect(FrozenStrict, frozen=True):
     """The client goes away `after_ms` into its `request`-th model request (0-based, per session, re-sends
     not counted), then re-sends the identical body `resend_after_ms` later."""
 
@@ -122,7 +135,7 @@ class Disconnect(Strict, frozen=True):
     resend_after_ms: NonNegFloat = 300.0
 
 
-class Step(Strict, frozen=True):
+class Step(FrozenStrict, frozen=True):
     """One of: `prompt` (a user message, then the tool loop), `compact` (a summary turn, then the history is
     that summary), `finish` (POST /tito/sessions/<id>/finish with this reward), `drop` (DELETE the session)."""
 

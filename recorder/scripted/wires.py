@@ -177,7 +177,8 @@ class ChatWire:
 
     def parse(self, raw: bytes, stream: bool) -> AssistantReply:
         if stream:
-            text, raw_calls, finish = "", {}, None
+            text, finish = "", None
+            raw_calls: dict[int, dict[str, Any]] = {}
             for chunk in sse_data(raw):
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
@@ -233,7 +234,7 @@ class ResponsesWire:
         if stream:
             events = sse_data(raw)
             items = [e["item"] for e in events if e.get("type") == "response.output_item.done"]
-            final = next((e["response"] for e in reversed(events) if e.get("type") in (
+            final: dict[str, Any] = next((e["response"] for e in reversed(events) if e.get("type") in (
                 "response.completed", "response.incomplete")), {})
         else:
             final = json.loads(raw)

@@ -32,7 +32,7 @@ HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connect
 REPLY_DROPPED = HOP_HEADERS | {"content-encoding", "date", "server"}
 SSE = "text/event-stream"
 Finish = Callable[[str, float], Awaitable[list[dict[str, Any]] | None]]
-Drop = Callable[[str], Awaitable[bool]]
+Drop = Callable[[str], Awaitable[bool | None]]
 
 
 def forwarded(headers: Any, dropped: frozenset[str] = HOP_HEADERS) -> dict[str, str]:
@@ -63,8 +63,8 @@ def gateway_session(path: str) -> SessionRef | None:
 
 class AgentTap:
     """`finish(sid, reward)` returns the target's samples, or None when it offers none, and raises
-    `TargetFailure` when the target failed; `drop(sid)` says whether the target knew the session.
-    `session_from`: where requests carry their session (default: the credentials, `bearer`)."""
+    `TargetFailure` when the target failed; `drop(sid)` says whether the target knew the session (None: a target
+    that cannot tell). `session_from`: where requests carry their session (default: the credentials, `bearer`)."""
 
     def __init__(self, recording: Recording, target_url: str, finish: Finish, drop: Drop,
                  session_from: SessionFrom | None = None) -> None:
@@ -181,6 +181,9 @@ class AgentTap:
 
     async def drop(self, request: web.Request) -> web.Response:
         sid = request.match_info["sid"]
-        known = await self.drop_session(sid)
+        try:
+            known = await self.drop_session(sid)
+        except TargetFailure as exc:  # the gateway failed the drop: the session is not recorded as dropped
+            return web.json_response({"error": {"type": "target_failed", "message": str(exc)}}, status=502)
         self.recording.dropped(sid)
         return web.json_response({"dropped": sid, "known": known})

@@ -78,8 +78,8 @@ class TapsAround:
     async def _finish(self, sid: str, reward: float) -> list[dict[str, Any]] | None:
         return samples_of(await self.target.finish(sid, reward))
 
-    async def _drop(self, sid: str) -> bool:
-        return bool(await self.target.drop(sid))
+    async def _drop(self, sid: str) -> bool | None:
+        return await self.target.drop(sid)
 
     async def stop(self) -> None:
         """Finish open sessions with reward 0 through the target, then stop the agent tap, target, engine tap."""

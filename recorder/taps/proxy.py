@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from tito_rl.cassette.format.records import Header
 from tito_rl.cassette.writer import CassetteWriter, PerSessionTap
@@ -34,7 +35,8 @@ async def fetch_engine_info(engine_url: str, timeout_s: float = 5.0) -> dict[str
             try:
                 async with http.get(engine_url.rstrip("/") + path) as resp:
                     if resp.status == 200:
-                        return await resp.json(content_type=None)
+                        info = await resp.json(content_type=None)
+                        return info if isinstance(info, dict) else None
             except ValueError:  # not JSON: try the older route
                 continue
             except (aiohttp.ClientError, TimeoutError):
@@ -44,7 +46,8 @@ async def fetch_engine_info(engine_url: str, timeout_s: float = 5.0) -> dict[str
 
 def adapter_settings_dict(settings: AdapterSettings) -> dict[str, Any]:
     data = {k: v for k, v in asdict(settings).items() if k not in SECRET_SETTINGS}
-    return json.loads(json.dumps(data, default=str))
+    plain: dict[str, Any] = json.loads(json.dumps(data, default=str))
+    return plain
 
 
 def build_header(settings: AdapterSettings, engine: dict[str, Any] | None, agent: dict[str, Any] | None = None,
@@ -78,7 +81,7 @@ def create_recording_app(settings: AdapterSettings, tap: CassetteWriter | PerSes
     app = create_app(settings, manager=manager, tap=counted)
 
     @web.middleware
-    async def refuse_once_recording_failed(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def refuse_once_recording_failed(request: web.Request, handler: Handler) -> web.StreamResponse:
         # Traffic that is not recorded is worse than none: agents and /health get the reason instead.
         failure = getattr(tap, "failure", None)
         if failure:

@@ -82,11 +82,13 @@ class TargetDriver(Protocol):
     async def start(self, engine_url: str) -> str:
         """Start the gateway with `engine_url` as its engine; return the base URL agents' requests go to."""
 
-    async def finish(self, session: str, reward: float) -> list[dict[str, Any]] | TargetFinish:
-        """The gateway's own finish of `session` with `reward`: its samples, in tito's layout."""
+    async def finish(self, session: str, reward: float) -> list[dict[str, Any]] | TargetFinish | None:
+        """The gateway's own finish of `session` with `reward`: its samples, in tito's layout; None where the
+        gateway offers no samples; `TargetFailure` where it failed."""
 
-    async def drop(self, session: str) -> None:
-        """The gateway's own drop: forget `session` without samples."""
+    async def drop(self, session: str) -> bool | None:
+        """The gateway's own drop: forget `session` without samples. Whether the gateway knew it, or None where
+        the gateway does not say (the agent tap answers `known` with it)."""
 
     async def stop(self) -> None:
         """Stop the gateway; nothing of it may outlive this call."""

@@ -39,11 +39,10 @@ class HttpTarget:
     async def finish(self, session: str, reward: float) -> TargetFinish | None:
         status, data = await self._call("POST", f"/tito/sessions/{quote(session, safe='')}/finish",
                                         {"reward": reward}, "finish")
-        samples = data.get("samples") if isinstance(data, dict) else None
-        if status in NO_SESSION_API or not isinstance(samples, list):
+        if status in NO_SESSION_API or not isinstance(data, dict) or not isinstance(data.get("samples"), list):
             return None  # the gateway offers no samples: replies and engine calls are still recorded
-        stats = data.get("stats") if isinstance(data.get("stats"), dict) else {}
-        return TargetFinish(samples, stats)
+        samples, stats = data["samples"], data.get("stats")
+        return TargetFinish(samples, stats if isinstance(stats, dict) else {})
 
     async def drop(self, session: str) -> bool:
         status, data = await self._call("DELETE", f"/tito/sessions/{quote(session, safe='')}", None, "drop")

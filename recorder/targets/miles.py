@@ -263,7 +263,10 @@ class MilesTarget:
         if self.http is None:
             raise RuntimeError("the miles target is not started")
         async with self.http.post(f"{self.url}/tito/sessions/{session}/{op}") as response:
-            return await response.json()
+            answer = await response.json()
+        if not isinstance(answer, dict):
+            raise RuntimeError(f"miles' session server answered {op} with {type(answer).__name__}, not an object")
+        return answer
 
     def _last_error(self) -> str:
         """The server's last stderr line (an import error, say), for a one-line failure."""

@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, cast
 
 from tito_rl.recorder.targets.base import ENTRY_POINT_GROUP, TargetDriver, TargetError, TargetOptions, TargetUnavailable
 
@@ -83,7 +83,7 @@ def load_factory(name: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise TargetUnavailable(f"target {name!r}: cannot import {module_name}: {exc}") from None
-    factory = module
+    factory: Any = module
     for part in attribute.split(".") if attribute else []:
         factory = getattr(factory, part, None)
         if factory is None:
@@ -107,4 +107,4 @@ def create_driver(name: str, options: TargetOptions) -> TargetDriver:
     missing = [m for m in ("info", "start", "finish", "drop", "stop") if not hasattr(driver, m)]
     if missing:
         raise TargetError(f"target {name!r}: the driver lacks {', '.join(missing)} (see recorder/targets/base.py)")
-    return driver
+    return cast(TargetDriver, driver)

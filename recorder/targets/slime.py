@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -26,6 +27,8 @@ from tito_rl.recorder.targets.slime_env import Slime, import_slime
 from tito_rl.recorder.targets.slime_stats import DriftLog, observe, tree_counts
 from tito_rl.trajectory.records import Sample
 from tito_rl.trajectory.tokens.tokenizer import fingerprint, load_tokenizer
+
+T = TypeVar("T")
 
 VOLATILE = (
     "id",  # Anthropic message `msg_<hex>`, OpenAI completion and chunk `chatcmpl_<hex>` (secrets.token_hex)
@@ -115,7 +118,7 @@ class SlimeTarget:
         if handle is not None:
             await asyncio.to_thread(_stop, handle)
 
-    async def _on_gateway(self, coro: Any) -> Any:
+    async def _on_gateway(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the gateway's loop, where slime's sessions and their in-flight turns live."""
         if self.handle is None:
             coro.close()
@@ -130,8 +133,9 @@ class SlimeTarget:
         holders = self._holders(session)
         turns = sum(a.manager.turn_count(session) for a in holders)
         counts = [tree_counts(a.manager, session) for a in holders]
-        leaves = None if any(c[0] is None for c in counts) else sum(c[0] for c in counts)
-        merges = None if any(c[1] is None for c in counts) else sum(c[1] for c in counts)
+        leaf_counts, merge_counts = [c[0] for c in counts], [c[1] for c in counts]
+        leaves = None if None in leaf_counts else sum(n for n in leaf_counts if n is not None)
+        merges = None if None in merge_counts else sum(n for n in merge_counts if n is not None)
         samples: list[dict[str, Any]] = []
         with DriftLog() as log:
             for adapter in holders:

@@ -112,7 +112,7 @@ def _stand_in_sample() -> None:
 
     utils = importlib.import_module("slime.utils")
     module = types.ModuleType(TYPES_MODULE, "tito's stand-in for slime.utils.types: only Sample (torch is absent)")
-    module.Sample = slime_sample.Sample
+    module.Sample = slime_sample.Sample  # type: ignore[attr-defined]  # a module made here, its one name set
     sys.modules[TYPES_MODULE] = module
     utils.types = module  # type: ignore[attr-defined]
     print("tito: torch is not installed, so the slime target stands in slime.utils.types.Sample with a "

@@ -26,7 +26,7 @@ class Sample:
     multimodal_inputs: dict[str, Any] | None = None
     multimodal_train_inputs: dict[str, Any] | None = None
     multimodal_train_input_id: str | None = None
-    apply_chat_template_kwargs: dict = field(default_factory=dict)
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     response: str = ""
     response_length: int = 0
     label: str | None = None
@@ -49,10 +49,10 @@ class Sample:
 
     status: Status = Status.PENDING
 
-    metadata: dict = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
     generate_function_path: str | None = None
     custom_rm_path: str | None = None
-    train_metadata: dict | None = None
+    train_metadata: dict[str, Any] | None = None
     session_id: str | None = None
     non_generation_time: float = 0.0
 

@@ -79,7 +79,7 @@ class Coverage(RuleFamily):
         raw = sample.get("rollout_log_probs")
         logprobs = as_floats(raw) if raw is not None and len(raw) == length else None
         owner = np.full(len(tokens), -1, dtype=np.int32)  # the call each position belongs to
-        candidates = []
+        candidates: list[tuple[int, int, int]] = []
         for i, call in enumerate(calls):
             p = call.prompt_len
             if p is None or p >= len(tokens):
@@ -87,16 +87,16 @@ class Coverage(RuleFamily):
             n = common_prefix(call.output, tokens[p:p + len(call.output)])
             if n:
                 candidates.append((p, i, n))
-        matches = []
+        found: list[tuple[int, int, int, int]] = []
         crc, done = 0, 0  # the sample's prefixes checksummed once, in order of the candidates' prompt lengths
         for p, i, n in sorted(candidates):
             crc, done = digest(tokens[done:p], crc), p
             if crc == calls[i].prompt_digest:
-                matches.append((n, -i, i, p))
+                found.append((n, -i, i, p))
         # the longest match owns a position; between equal ones (a re-send generated again with the same tokens,
         # as a deterministic engine does) the call trained least so far, so each generation is traced to a sample
         # of its own, as distinct outputs would be, not one generation to both and the other to none
-        matches = [(n, -int(trained[i].sum()), -i, i, p) for n, _, i, p in matches]
+        matches = [(n, -int(trained[i].sum()), -i, i, p) for n, _, i, p in found]
         for n, _, _, i, p in sorted(matches, reverse=True):
             free = owner[p:p + n] == -1
             owner[p:p + n][free] = i

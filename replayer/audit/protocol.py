@@ -158,7 +158,8 @@ def tokenizer() -> Any:
 
 def decode(ids: Any) -> str:
     """Token ids as text, special tokens kept (they are often the finding)."""
-    return tokenizer().decode([int(i) for i in ids], skip_special_tokens=False)
+    text: str = tokenizer().decode([int(i) for i in ids], skip_special_tokens=False)
+    return text
 
 
 def special_texts() -> tuple[str, ...]:

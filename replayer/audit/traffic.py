@@ -194,8 +194,8 @@ def records(reader: CassetteReader) -> Iterator[Any]:
 def _call(record: EngineRecord, index: int) -> tuple[Call, np.ndarray | None]:
     request = record.request
     packed = request.get("input_ids") if isinstance(request, dict) else None
-    if isinstance(packed, PackedIds):  # the view would build the list; the audit reads the bytes
-        record.request = {**request, "input_ids": None}
+    if isinstance(packed, PackedIds) and isinstance(request, dict):  # the view would build the list; the audit
+        record.request = {**request, "input_ids": None}  # reads the bytes
     view = record_view(record)
     if isinstance(packed, PackedIds):
         prompt: np.ndarray | None = np.frombuffer(packed.packed, dtype=U32)

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from tito_rl.cassette.format.errors import CassetteError
 from tito_rl.cassette.reader import CassetteSummary, summarize
@@ -87,7 +88,7 @@ ACTIONS = {
 }
 
 
-def target_line(target: dict | None) -> str:
+def target_line(target: dict[str, Any] | None) -> str:
     """Who sat between the two legs: tito's adapter, or a gateway with its name and version."""
     if not target:
         return "tito (tito's own adapter app)"

@@ -269,7 +269,8 @@ def turn_locator(spans: Sequence[Sequence[Any]]) -> Callable[[int, int], int | N
     def turn_of(sample: int, token: int) -> int | None:
         for span in spans[sample] if sample < len(spans) else []:
             if span.start <= token < span.start + span.length:
-                return span.turn_index
+                turn: int | None = span.turn_index
+                return turn
         return None
     return turn_of
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from tito_rl.replayer.comparison.differences import parse_json, sse_payload
 
-STOPS = {"end_turn": "stop", "stop": "stop", "stop_sequence": "stop", "STOP": "stop", "completed": "stop",
+STOPS: dict[Any, str] = {
+         "end_turn": "stop", "stop": "stop", "stop_sequence": "stop", "STOP": "stop", "completed": "stop",
          "tool_use": "tool_calls", "tool_calls": "tool_calls", "function_call": "tool_calls",
          "max_tokens": "length", "length": "length", "MAX_TOKENS": "length", "incomplete": "length"}
 
@@ -175,7 +176,9 @@ def _responses(found: Meaning, payloads: list[dict[str, Any]]) -> None:
 
 
 def _gemini(found: Meaning, payloads: list[dict[str, Any]]) -> None:
-    texts, thoughts, calls = [], [], []
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[Any] = []
     for p in payloads:
         for candidate in p.get("candidates") or []:
             for part in (candidate.get("content") or {}).get("parts") or []:

@@ -159,11 +159,11 @@ def _colored(lines: list[str]) -> list[str]:
         removed, added = value
         pairs = [changed_spans(removed[n], added[n]) if n < len(added) else None for n in range(len(removed))]
         for n, old in enumerate(removed):
-            spans = pairs[n][0] if pairs[n] else []
-            out.append(RED + "-" + _highlight(old, spans, RED) + RESET)
+            pair = pairs[n]
+            out.append(RED + "-" + _highlight(old, pair[0] if pair else [], RED) + RESET)
         for n, new in enumerate(added):
-            spans = pairs[n][1] if n < len(pairs) and pairs[n] else []
-            out.append(GREEN + "+" + _highlight(new, spans, GREEN) + RESET)
+            pair = pairs[n] if n < len(pairs) else None
+            out.append(GREEN + "+" + _highlight(new, pair[1] if pair else [], GREEN) + RESET)
     return out
 
 

@@ -20,6 +20,7 @@ from tito_rl.cassette.reader import Cassette
 from tito_rl.replayer.replay.plan import PlannedExchange, SessionPlan, plan_session
 from tito_rl.replayer.replay.results import CassetteResult, FinishResult
 from tito_rl.trajectory.dialects.registry import is_generation, record_view
+from tito_rl.trajectory.dialects.view import object_at
 from tito_rl.trajectory.golden import TokenizerNames, TokenNames, span_runs
 from tito_rl.trajectory.linearize import Span
 from tito_rl.trajectory.manager import Linearization
@@ -185,7 +186,7 @@ def _read_generate(row: ExchangeRow, call: EngineRecord) -> None:
         row.prompt_tokens, view = len(ids), record_view(replace(call, request={**request, "input_ids": []}))
     else:
         view = record_view(call)
-        usage = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+        usage = object_at(response, "usage")
         prompt_tokens = prompt_tokens if type(prompt_tokens) is int else usage.get("prompt_tokens")
         row.prompt_tokens = (len(view.prompt_ids) if view.prompt_ids is not None
                              else prompt_tokens if type(prompt_tokens) is int else None)

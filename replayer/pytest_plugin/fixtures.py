@@ -102,7 +102,8 @@ class AdapterHandle:
                                          data=json.dumps({"reward": reward}).encode(),
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as resp:
-            return json.loads(resp.read())["samples"]
+            samples: list[dict[str, Any]] = json.loads(resp.read())["samples"]
+        return samples
 
 
 def start_adapter(engine_url: str, manager: Any = None, tap: Any = None, **settings: Any) -> AdapterHandle:

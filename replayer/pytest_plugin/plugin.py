@@ -299,9 +299,9 @@ def _shown(config: pytest.Config, path: Path) -> str:
 @pytest.fixture
 def tito_fake_engine() -> Iterator[Any]:
     """`tito_fake_engine(scenario, **EngineOptions) -> url`: a scripted fake engine on loopback."""
-    from tito_rl.replayer.pytest_plugin.fixtures import start_fake_engine
+    from tito_rl.replayer.pytest_plugin.fixtures import ThreadedServer, start_fake_engine
 
-    servers: list[Any] = []
+    servers: list[ThreadedServer] = []
 
     def start(scenario: Any, **options: Any) -> str:
         servers.append(start_fake_engine(scenario, **options))

@@ -165,7 +165,8 @@ def _token_mismatch(recorded: list[int], request: list[int], index: int, tokeniz
                f"(no tokenizer to decode them: {exc})"
 
     def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=False)
+        text: str = tokenizer.decode(ids, skip_special_tokens=False)
+        return text
 
     lines = [head, *token_context(recorded, request, index, decode, MATCH_LABELS)]
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")
@@ -240,7 +241,7 @@ def _raw(body: Any) -> bytes | None:
     return bytes(body)
 
 
-def _single_values(headers: dict[str, Any]) -> dict[str, str]:
+def _single_values(headers: dict[str, Any]) -> dict[str, str | list[str]]:
     return {k: (v[0] if isinstance(v, list) and len(v) == 1 else v) for k, v in (headers or {}).items()}
 
 

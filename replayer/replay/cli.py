@@ -124,9 +124,12 @@ def _replay(args: argparse.Namespace) -> int:
     report = Report(works, args, verbosity)
     progress = Progress()
     progress.add_total(batch.total_exchanges(works) if progress.bar is not None else 0)
+    def done(outcome: batch.SessionOutcome) -> None:
+        progress.step(outcome.exchanges)
+        report.add(outcome)
+
     try:
-        batch.replay_all(works, job, processes, lambda outcome: (progress.step(outcome.exchanges),
-                                                                       report.add(outcome)))
+        batch.replay_all(works, job, processes, done)
     except ReplayInputError as exc:
         return _unusable(str(exc))
     finally:

@@ -79,6 +79,7 @@ class HarnessBase:
     volatile: tuple[str, ...] = ()  # reply fields compared only for being there
     same_adapter = False  # the recording and the replay are both tito's adapter: its turn flags compare too
     late_calls_s = 0.0  # how long an answered exchange waits for its recorded engine calls still to come
+    transport: CassetteTransport  # the engine leg, served from the cassette
 
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
         self.cassette, self.path, self.options = cassette, path, options
@@ -96,16 +97,13 @@ class HarnessBase:
         return token_id if isinstance(token_id, int) and token_id != self.tokenizer.unk_token_id else None
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        text: str = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return text
 
     def report(self, session: str, difference: Difference) -> None:
         """A difference from the recording: a failure that stops the session, or (not strict) a note."""
         result = self.results[session]
         (result.differences if self.options.strict else result.accepted).append(difference)
-
-    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference | None:
-        """The target's finish: its samples, a failure, or None where it offers no samples."""
-        raise NotImplementedError
 
     async def replay_session(self, plan: SessionPlan) -> SessionResult:
         result = self.results[plan.name] = SessionResult(self.path, plan.name)
@@ -113,6 +111,9 @@ class HarnessBase:
         self.plans[plan.name] = plan
         if plan.engine_only:
             result.skipped = f"engine leg only: {plan.unanswered_engine_calls} engine call(s), no agent exchange"
+            return result
+        result.skipped = self.no_session(plan)
+        if result.skipped is not None:
             return result
         if plan.unanswered_engine_calls:
             result.notes.append(f"{plan.unanswered_engine_calls} engine call(s) after the last agent exchange "
@@ -130,8 +131,29 @@ class HarnessBase:
             await runner.finish(0.0, None)  # never finished live: linearized with reward 0
         return result
 
+    async def send(self, plan: SessionPlan, exchange: PlannedExchange) -> None:
+        """Re-send a recorded request; its answer reaches `answered` and `replayed`."""
+        raise NotImplementedError
+
+    def answered(self, key: tuple[str, int]) -> asyncio.Event:
+        raise NotImplementedError
+
+    def replayed(self, key: tuple[str, int]) -> Any:
+        raise NotImplementedError
+
+    async def finish_session(self, name: str, reward: float) -> FinishResult | Difference | None:
+        """The target's finish: its samples, a failure, or None where it offers no samples."""
+        raise NotImplementedError
+
+    async def drop_session(self, name: str) -> Difference | None:
+        raise NotImplementedError
+
     def unfinished(self, plan: SessionPlan) -> bool:
         raise NotImplementedError
+
+    def no_session(self, plan: SessionPlan) -> str | None:
+        """Why a recorded "session" is none and is not replayed (None: it is one)."""
+        return None
 
     def foreign_dialect(self, plan: SessionPlan) -> Difference | None:
         """A session whose engine calls this side cannot make: its recorded answers can serve none of them, so it
@@ -256,7 +278,7 @@ class Harness(HarnessBase):
 class SessionRun:
     """Carries out one session's plan; see `plan` for the order and `engine_leg` for the holds."""
 
-    def __init__(self, harness: Harness, plan: SessionPlan, result: SessionResult) -> None:
+    def __init__(self, harness: HarnessBase, plan: SessionPlan, result: SessionResult) -> None:
         self.h, self.plan, self.result = harness, plan, result
         self.legs = {e.index: harness.transport.add(plan.name, e) for e in plan.exchanges}
         self.clients: dict[int, asyncio.Task[Any]] = {}

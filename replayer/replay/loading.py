@@ -50,7 +50,7 @@ def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None,
         raise ReplayInputError(f"{path}: recorded with the tokenizer in {folder}, which is not on this machine; "
                                "pass --tokenizer DIR")
     try:
-        check_tokenizer(cassette.header, fingerprint(folder), path)
+        check_tokenizer(cassette.header, fingerprint(folder), os.fspath(path))
     except TokenizerMismatchError as exc:
         raise ReplayInputError(str(exc)) from None
     except FileNotFoundError as exc:

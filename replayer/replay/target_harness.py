@@ -39,6 +39,7 @@ from tito_rl.replayer.replay.results import FinishResult
 from tito_rl.trajectory.adapters.engine.transport import EngineUnreachable
 from tito_rl.trajectory.adapters.tap import AgentExchange
 from tito_rl.trajectory.dialects.registry import is_generation, view_of
+from tito_rl.trajectory.dialects.view import object_at
 from tito_rl.trajectory.events import SessionStats
 from tito_rl.trajectory.linearize import Span
 from tito_rl.trajectory.manager import Linearization
@@ -68,7 +69,7 @@ def target_linearization(samples: list[dict[str, Any]], stats: Mapping[str, Any]
         spans.append(runs)
         ones = sum(sample.loss_mask)
         trained, masked = trained + ones, masked + sample.response_length - ones
-    forks = stats.get("forks") if isinstance(stats.get("forks"), dict) else {}
+    forks = object_at(stats, "forks")
     summary = SessionStats(turns=int(stats.get("turns", 0) or 0), samples=len(built), forks=dict(sorted(forks.items())),
                            realigns=int(stats.get("realigns", 0) or 0), merges=int(stats.get("merges", 0) or 0),
                            masked_tokens=masked, trained_tokens=trained)
@@ -121,7 +122,9 @@ class TargetHarness(HarnessBase):
             if self.spec.kind == "http":
                 from tito_rl.recorder.targets.http import HttpTarget
 
-                self.driver = HttpTarget(self.spec.url, self.volatile, self.routing_header)
+                self.driver = HttpTarget(self.spec.url, self.volatile, self.routing_header,
+                                         session_from=(self.cassette.header.target or {}).get("session_from")
+                                         or "bearer")
             else:
                 from tito_rl.recorder.targets.registry import create_driver
 
@@ -168,6 +171,13 @@ class TargetHarness(HarnessBase):
                 "fork_threshold_tokens")))
 
     # ---- a session's run (see harness.SessionRun) ----
+
+    def no_session(self, plan: SessionPlan) -> str | None:
+        """An `anonymous` session that made no engine call, recorded around a gateway by a tito that made one of
+        the requests naming no session (health checks, model lists): they are no session, and not replayed."""
+        if plan.source == "anonymous" and not any(e.engine for e in plan.exchanges):
+            return "requests that named no session (health checks, model lists): not a session"
+        return None
 
     def unfinished(self, plan: SessionPlan) -> bool:
         return bool(plan.exchanges) and not isinstance(plan.steps[-1], Finish | Drop)
@@ -241,7 +251,8 @@ class TargetHarness(HarnessBase):
             return None
         stats = finished.stats if isinstance(finished, TargetFinish) else {}
         linearization = target_linearization(samples, stats)
-        tree = {"nodes": [], "target": self.target_name, "untrained_turns": stats.get("untrained_turns")}
+        tree: dict[str, Any] = {"nodes": [], "target": self.target_name,
+                                "untrained_turns": stats.get("untrained_turns")}
         return FinishResult(reward, None, samples, linearization, tree)
 
     async def drop_session(self, name: str) -> Difference | None:

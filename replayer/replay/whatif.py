@@ -102,4 +102,4 @@ def overrides(get: Callable[[str], Any], prefix: str = "") -> tuple[dict[str, An
 
 
 def engine_match_order(get: Callable[[str], Any]) -> bool:
-    return get("engine_match") == "order"
+    return bool(get("engine_match") == "order")

@@ -297,7 +297,8 @@ class Adapter:
 
         gone = self.disconnects.watch(request)
         try:
-            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            waiting: set[asyncio.Future[Any]] = {task, gone}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if task.done():
                 return task.result()
             await abort()

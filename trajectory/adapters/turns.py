@@ -79,7 +79,8 @@ def number(body: dict[str, Any], key: str, kind: type = float) -> float | int | 
         raise BadRequest(f"{key} must be a number, got {value!r}")
     if not math.isfinite(value):  # Python's JSON reads NaN and Infinity; JSON out to the engine cannot carry them
         raise BadRequest(f"{key} must be a finite number, got {value!r}")
-    return kind(value)
+    converted: float | int = kind(value)
+    return converted
 
 
 def stop_list(value: Any, key: str) -> list[str] | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from tito_rl.trajectory.dialects.sglang import _ids
 from tito_rl.trajectory.dialects.streams import merged_chunks
-from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE, EngineView, sampling_view
+from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE, EngineView, object_at, sampling_view
 
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's `return_tokens_as_token_ids`: each logprob entry's token reads token_id:N
 # Request keys that are not sampling parameters (the rest of a chat or completion request's scalars are).
@@ -45,7 +45,7 @@ def openai_view(dialect: str, endpoint: str, request: dict[str, Any], response: 
     if not chat and prompt is None:
         prompt = request.get("prompt")
     prompt_ids = _ids(prompt)
-    extra = request.get("extra_body") if isinstance(request.get("extra_body"), dict) else {}
+    extra = object_at(request, "extra_body")
     asked = (prompt_ids is not None or any(bool(request.get(k)) for k in PROMPT_ID_FLAGS)
              or bool(extra.get("return_token_ids")))
     view = EngineView(dialect, endpoint, prompt_ids, sampling=sampling_view(sampling),
@@ -55,7 +55,7 @@ def openai_view(dialect: str, endpoint: str, request: dict[str, Any], response: 
         return view
     choices = body.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    sglext = body.get("sglext") if isinstance(body.get("sglext"), dict) else {}
+    sglext = object_at(body, "sglext")
     if view.prompt_ids is None:
         view.prompt_ids = _known(_ids(body.get("prompt_token_ids")), _ids(choice.get("prompt_token_ids")),
                                  _ids(sglext.get("input_ids")))
@@ -64,7 +64,7 @@ def openai_view(dialect: str, endpoint: str, request: dict[str, Any], response: 
     view.finish_reason = choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None
     view.logprobs = _logprobs(choice)
     if chat:
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        message = object_at(choice, "message")
         content = message.get("content")
         view.text = content if isinstance(content, str) else None
         # vLLM <= 0.11.0 and SGLang: reasoning_content; vLLM 0.11.1-0.15.1 both (same value); 0.16+: reasoning.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tito_rl.trajectory.dialects.view import SGLANG, EngineView, sampling_view
+from tito_rl.trajectory.dialects.view import SGLANG, EngineView, object_at, sampling_view
 
 
 def generate_view(request: dict[str, Any], response: Any) -> EngineView:
@@ -19,7 +19,7 @@ def generate_view(request: dict[str, Any], response: Any) -> EngineView:
     view.output_ids = _ids(response.get("output_ids"))
     text = response.get("text")
     view.text = text if isinstance(text, str) else None
-    meta = response.get("meta_info") if isinstance(response.get("meta_info"), dict) else {}
+    meta = object_at(response, "meta_info")
     triples = meta.get("output_token_logprobs")
     if isinstance(triples, list) and all(isinstance(t, list | tuple) and t for t in triples):
         view.logprobs = [t[0] if isinstance(t[0], int | float) else None for t in triples]
@@ -35,5 +35,6 @@ def _ids(value: Any) -> list[int] | None:
     if isinstance(value, list | tuple) and all(type(v) is int for v in value):
         return list(value)
     if hasattr(value, "tolist") and hasattr(value, "packed"):  # the reader's PackedIds
-        return value.tolist()
+        ids: list[int] = value.tolist()
+        return ids
     return None

@@ -77,7 +77,8 @@ def merged_chunks(chunks: list[Any]) -> dict[str, Any] | None:
 
 
 def _merge_tool_fragment(tools: dict[int, dict[str, Any]], fragment: dict[str, Any]) -> None:
-    index = fragment.get("index") if type(fragment.get("index")) is int else len(tools)
+    given = fragment.get("index")
+    index = given if type(given) is int else len(tools)
     call = tools.setdefault(index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
     if fragment.get("id"):
         call["id"] = fragment["id"]

@@ -9,6 +9,7 @@ downstream (replay matching, goldens, inspect, audit) reads calls through it and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,13 @@ SGLANG_OPENAI = "sglang-openai"  # SGLang's OpenAI server: /v1/chat/completions 
 VLLM_OPENAI = "vllm-openai"  # vLLM's /v1/chat/completions and /v1/completions with return_token_ids
 VLLM_GENERATE = "vllm-generate"  # vLLM's token-in, token-out /inference/v1/generate
 DIALECTS = (SGLANG, SGLANG_OPENAI, VLLM_OPENAI, VLLM_GENERATE)
+
+def object_at(body: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The JSON object under `key`, or {} where there is none or something else: bodies come from engines and
+    gateways tito does not control, so a field is read for what it is, never assumed."""
+    value = body.get(key)
+    return value if isinstance(value, dict) else {}
+
 
 # Sampling parameters under one set of names (OpenAI's), whatever the dialect calls them.
 SAMPLING_NAMES = {

@@ -51,7 +51,7 @@ def verify_paths_deferred() -> Iterator[list[ssl.SSLContext]]:
         deferred.append(context)
 
     own_method = ssl.SSLContext.__dict__.get("set_default_verify_paths")
-    ssl.SSLContext.set_default_verify_paths = defer  # type: ignore[method-assign]
+    ssl.SSLContext.set_default_verify_paths = defer  # type: ignore[method-assign,assignment]
     try:
         yield deferred
     finally:
@@ -75,7 +75,8 @@ class _ConnectorLoader(importlib.abc.Loader):
         self.loader = loader
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self.loader.create_module(spec)
+        module: ModuleType | None = self.loader.create_module(spec)
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
         with verify_paths_deferred() as deferred:

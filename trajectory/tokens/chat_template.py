@@ -23,7 +23,8 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 __all__ = ["SecurityError", "TemplateError", "compile_template", "render"]
 
@@ -43,7 +44,7 @@ class _GenerationBlock(jinja2.ext.Extension):
 
     @staticmethod
     def _body(caller: Any) -> str:
-        return caller()
+        return str(caller())
 
 
 def _raise_exception(message: str) -> None:

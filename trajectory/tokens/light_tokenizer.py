@@ -91,7 +91,7 @@ def from_parts(folder: Path, config: dict[str, Any]) -> RustTokenizer:
     """The tokenizer a pinned folder's tokenizer.json holds, built as transformers' Qwen2Tokenizer builds it: BPE over
     vocab.json and merges.txt under NFC, the Qwen split and byte-level, then the config's added tokens in id order."""
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
-    pipeline = {
+    pipeline: dict[str, Any] = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": {"type": "NFC"},
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
@@ -204,7 +204,8 @@ class LightTokenizer:
 
     @property
     def all_special_ids(self) -> list[int]:
-        return [self._tokenizer.token_to_id(t) for t in self.all_special_tokens]
+        ids = (self._tokenizer.token_to_id(t) for t in self.all_special_tokens)
+        return [i for i in ids if i is not None]
 
     # ---- chat template ----
 

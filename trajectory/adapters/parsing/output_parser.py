@@ -28,5 +28,6 @@ class OutputParser:
         if self.reasoning_parser or (self.tool_parser and tools):
             helped, parsed = parser_process.ask(("parse", self.reasoning_parser, self.tool_parser, text, tools))
             if helped:
+                assert isinstance(parsed, ParsedOutput)
                 return parsed
         return self._here.parse(text, tools)

@@ -71,10 +71,10 @@ class SglangInstallError(ImportError):
 class Parsers:
     """The classes the adapter calls (see ../shared/notes/sglang-http.md, "Parsers")."""
 
-    FunctionCallParser: type
-    ReasoningParser: type
-    Tool: type
-    Function: type
+    FunctionCallParser: Any
+    ReasoningParser: Any
+    Tool: Any
+    Function: Any
 
 
 def sglang_module(name: str) -> ModuleType:
@@ -120,7 +120,8 @@ def _deferred_model_builds() -> Iterator[None]:
 
     def model_rebuild(cls: type[BaseModel], *args: Any, **kwargs: Any) -> bool | None:
         if args or kwargs or cls.__pydantic_complete__:
-            return rebuild.__func__(cls, *args, **kwargs)
+            built: bool | None = rebuild.__func__(cls, *args, **kwargs)
+            return built
         return None  # built on first use
 
     before = defaults["defer_build"]
@@ -130,7 +131,7 @@ def _deferred_model_builds() -> Iterator[None]:
         yield
     finally:
         defaults["defer_build"] = before
-        BaseModel.model_rebuild = rebuild  # type: ignore[method-assign]
+        BaseModel.model_rebuild = rebuild  # type: ignore[method-assign,assignment]
 
 
 @contextlib.contextmanager
@@ -191,7 +192,7 @@ def _deferred_package(name: str) -> None:
     spec = importlib.util.find_spec(name)
     if spec is None or spec.loader is None or spec.submodule_search_locations is None:
         return
-    module = importlib.util.module_from_spec(spec)
+    module, loader = importlib.util.module_from_spec(spec), spec.loader
     exports = _reexports(spec.origin)
 
     def complete(attribute: str) -> Any:
@@ -202,7 +203,7 @@ def _deferred_package(name: str) -> None:
             return value
         if module.__dict__.get("__getattr__") is complete:
             del module.__dict__["__getattr__"]
-            spec.loader.exec_module(module)
+            loader.exec_module(module)
         try:
             return module.__dict__[attribute]
         except KeyError:

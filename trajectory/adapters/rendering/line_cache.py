@@ -34,7 +34,7 @@ class LineCache:
         self.backend = backend  # the Rust tokenizer
         self.max_tokens = max_tokens
         self.batch_lines = batch_lines
-        self._lines: OrderedDict[str, array] = OrderedDict()
+        self._lines: OrderedDict[str, array[int]] = OrderedDict()
         self._tokens = 0
         self.hits = self.misses = 0
 
@@ -51,7 +51,7 @@ class LineCache:
             out.extend(self._line(line) if ids is None else ids)
         return out.tolist()
 
-    def _encode_new(self, lines: list[str]) -> dict[str, array]:
+    def _encode_new(self, lines: list[str]) -> dict[str, array[int]]:
         """Many lines not seen before (a long tool result) in one call: the Rust tokenizer spreads them over the
         cores (a 109k-token session's replay encodes in half the time on two)."""
         new = [line for line in dict.fromkeys(lines) if line not in self._lines]
@@ -65,7 +65,7 @@ class LineCache:
                 self._keep(line, ids)
         return fresh
 
-    def _line(self, line: str) -> array:
+    def _line(self, line: str) -> array[int]:
         ids = self._lines.get(line)
         if ids is not None:
             self._lines.move_to_end(line)
@@ -77,7 +77,7 @@ class LineCache:
             self._keep(line, ids)
         return ids
 
-    def _keep(self, line: str, ids: array) -> None:
+    def _keep(self, line: str, ids: array[int]) -> None:
         if len(ids) >= self.max_tokens:
             return
         self._lines[line] = ids

@@ -95,9 +95,9 @@ class ChatRenderer:
         return untrack(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
-        if self._decoder is not None:
-            return self._decoder.decode(ids, skip_special_tokens=False)
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        decoder = self._decoder if self._decoder is not None else self.tokenizer
+        text: str = decoder.decode(ids, skip_special_tokens=False)
+        return text
 
 
 @dataclass

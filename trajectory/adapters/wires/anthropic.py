@@ -111,7 +111,7 @@ def build_events(request: TurnRequest, reply: TurnReply) -> list[str]:
     for index, block in enumerate(blocks):
         kind = block["type"]
         if kind == "thinking":
-            opening = {"type": "thinking", "thinking": "", "signature": ""}
+            opening: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
             deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},
                       {"type": "signature_delta", "signature": block["signature"]}]
         elif kind == "text":

@@ -93,8 +93,9 @@ def _call(part: dict[str, Any], where: str) -> dict[str, Any]:
 def response_text(response: Any) -> str:
     """A function response as the tool message's text: Gemini CLI's `{"output": text}` is the text itself,
     anything else compact JSON (key order kept: the client's own order is what it re-sends)."""
-    if isinstance(response, dict) and len(response) == 1 and isinstance(response.get("output"), str):
-        return response["output"]
+    output = response.get("output") if isinstance(response, dict) and len(response) == 1 else None
+    if isinstance(output, str):
+        return output
     return json.dumps(response, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -126,7 +127,9 @@ def _user(parts: list[Any], where: str) -> list[dict[str, Any]]:
 
 
 def _model(parts: list[Any], where: str) -> dict[str, Any]:
-    reasoning, content, calls = [], [], []
+    reasoning: list[str] = []
+    content: list[str] = []
+    calls: list[dict[str, Any]] = []
     for j, part in enumerate(parts):
         at = f"{where}.parts[{j}]"
         kind = _kind(part, at)

@@ -35,7 +35,8 @@ def decode_reasoning(item: dict[str, Any]) -> str:
 
 class _Assistant:
     def __init__(self) -> None:
-        self.reasoning, self.content, self.calls = "", "", []
+        self.reasoning, self.content = "", ""
+        self.calls: list[dict[str, Any]] = []
 
     def empty(self) -> bool:
         return not (self.reasoning or self.content or self.calls)
