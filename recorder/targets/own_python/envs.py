@@ -137,8 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown gateway {', '.join(unknown)}: give {', '.join(ENVS)}")
     names = args.names or list(ENVS)
+
+    def one(name: str) -> str | None:
+        try:
+            return ensure(name)
+        except TargetError as exc:  # a TITO_*_PYTHON that names no executable: said, and its tests say so too
+            print(f"gateway_envs: {exc}", file=sys.stderr)
+            return None
+
     with ThreadPoolExecutor(max_workers=len(names)) as pool:  # pip's downloads and installs overlap
-        found = list(pool.map(ensure, names))
+        found = list(pool.map(one, names))
     for name, python in zip(names, found, strict=True):
         if python is not None:
             print(f"{name}: {python}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -171,8 +172,6 @@ class ProfileTarget:
                 raise TargetError(f"target {self.profile.name!r}: {what} call {call.method} {path} answered "
                                   f"{response.status}: {' '.join(text.split())[:200]}")
         with contextlib.suppress(ValueError):
-            import json
-
             return json.loads(text) if text else None
         return None
 
