@@ -105,8 +105,8 @@ def test_tito_profile_check_and_schema(tmp_path: Path) -> None:
 
 def test_placeholders_fill_strings_and_keep_a_whole_placeholders_type() -> None:
     values = {"session": "s1", "reward": 0.5, "engine": "http://e"}
-    assert fill({"value": "{reward}", "url": "{engine}/v1", "x": ["{session}", "{unknown}", "{{lit}}"]}, values) == \
-        {"value": 0.5, "url": "http://e/v1", "x": ["s1", "{unknown}", "{lit}"]}
+    assert fill({"value": "{reward}", "url": "{engine}/v1", "x": ["{session}", "{unknown}", "{{session}}"]}, values) \
+        == {"value": 0.5, "url": "http://e/v1", "x": ["s1", "{unknown}", "{session}"]}
 
 
 def test_select_walks_dotted_paths_and_lists() -> None:

@@ -43,7 +43,7 @@ BUILTIN_DIR = Path(__file__).resolve().parent  # the profiles tito ships (`--tar
 CALL_TIMEOUT_S = 600.0
 HOP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer",
                  "upgrade", "accept-encoding"})
-_PLACEHOLDER = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+_PLACEHOLDER = re.compile(r"(?<!\{)\{([a-z_][a-z0-9_]*)\}(?!\})")  # `{{name}}` is the literal `{name}`
 
 
 def fill(value: Any, values: dict[str, Any]) -> Any:
