@@ -61,8 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     targets = parser.add_argument_group("the system under test (recorder/targets, docs/targets.md)")
     targets.add_argument("--target", default=TITO,
                          help="tito (default: tito's adapter app), http://HOST:PORT (a running gateway whose engine "
-                              "URL is --engine-listen), a driver's name (slime, or an entry point of tito.targets) or "
-                              "module:attribute (a driver factory)")
+                              "URL is --engine-listen), a driver's name (slime, rllm, miles, verifiers, "
+                              "agentlightning, or an entry point of tito.targets), module:attribute (a driver "
+                              "factory) or a gateway profile FILE.yaml (docs/targets.md)")
     targets.add_argument("--engine-listen", metavar="HOST:PORT",
                          help="where the engine tap listens, the target's engine URL (required with an http:// "
                               "target; a driver's gateway gets a free loopback port by default)")
