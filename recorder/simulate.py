@@ -154,7 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole recording")
     parser.add_argument("--target", metavar="TARGET",
                         help="record through this gateway instead of the one the scenario's record_args name: tito, "
-                             "slime, rllm, a tito.targets entry point or module:attribute (docs/targets.md)")
+                             "slime, rllm, miles, verifiers, agentlightning, a tito.targets entry point, "
+                             "module:attribute or a gateway profile FILE.yaml (docs/targets.md)")
     parser.add_argument("--engine-dialect", metavar="DIALECT",
                         choices=("sglang", "sglang-openai", "vllm-openai", "vllm-generate"),
                         help="the engine API the fake engine answers in where a call could be either, and the "
