@@ -48,8 +48,8 @@ class GatewayProcess:
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, cwd=cwd, env={**os.environ, **(env or {})}, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE if port_line else asyncio.subprocess.DEVNULL, stderr=self.log,
-                start_new_session=True)
+                stdout=asyncio.subprocess.PIPE if port_line else asyncio.subprocess.DEVNULL, stderr=self.log)
+            # In tito's process group: whoever stops tito's group (tito simulate, a CI job) stops the gateway too.
         except OSError as exc:
             await self.stop()
             raise TargetError(f"target {self.name!r}: cannot run {argv[0]}: {exc.strerror or exc}") from None

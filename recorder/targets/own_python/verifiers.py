@@ -49,7 +49,7 @@ MODEL = "tito-model"
 
 SERVE = r'''
 """tito's launcher of verifiers' interception server (tito_rl.recorder.targets.own_python.verifiers)."""
-import asyncio, json, signal, socket, sys
+import asyncio, json, os, signal, socket, sys
 
 import aiohttp
 from aiohttp import web
@@ -180,7 +180,16 @@ async def main():
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
+    parent = os.getppid()
+
+    async def orphaned():  # tito's process killed outright: no SIGTERM comes, so leave with it
+        while os.getppid() == parent:
+            await asyncio.sleep(1.0)
+        stop.set()
+
+    watch = asyncio.ensure_future(orphaned())
     await stop.wait()
+    watch.cancel()
     await runner.cleanup()
     await http.close()
     await server.stop()
