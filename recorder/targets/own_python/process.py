@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
+import signal
 import socket
+import sys
 import tempfile
 from collections.abc import Sequence
 from typing import IO
@@ -22,6 +25,14 @@ from tito_rl.recorder.targets.base import TargetError
 
 STOP_TIMEOUT_S = 10.0
 POLL_S = 0.1
+
+
+def _die_with_parent() -> None:
+    """In the child, before its program runs (Linux): SIGTERM when the thread that started it ends, so a gateway
+    never outlives a tito that was killed outright (SIGKILL gives tito no chance to stop it)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -48,7 +59,8 @@ class GatewayProcess:
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, cwd=cwd, env={**os.environ, **(env or {})}, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE if port_line else asyncio.subprocess.DEVNULL, stderr=self.log)
+                stdout=asyncio.subprocess.PIPE if port_line else asyncio.subprocess.DEVNULL, stderr=self.log,
+                preexec_fn=_die_with_parent)
             # In tito's process group: whoever stops tito's group (tito simulate, a CI job) stops the gateway too.
         except OSError as exc:
             await self.stop()
