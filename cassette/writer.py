@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, overload
+from typing import Any, BinaryIO, Protocol, overload
 
 from tito_rl.cassette.format.codec import SessionCodec
 from tito_rl.cassette.format.frames import MAGIC, encode_frame
@@ -33,6 +34,16 @@ from tito_rl.cassette.redaction import Redactor
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange
 
 CASSETTE_SUFFIX = ".tito"
+
+
+class RecordObserver(Protocol):
+    """Sees each record a cassette writer writes, once written, and the cassette's close (`tito record
+    --metrics`: the live audit, `tito_rl.replayer.audit.live`)."""
+
+    def record(self, record: Record) -> None: ...
+
+    def close(self) -> None: ...
+
 # The adapter's routing header carries the live session id (often the bearer token) to the engine.
 ROUTING_HEADERS = frozenset({"x-smg-routing-key"})
 
@@ -41,9 +52,12 @@ class CassetteWriter:
     """Implements `tito_rl.trajectory.adapters.tap.TrafficTap`; give it to the adapter app to record."""
 
     def __init__(self, target: str | os.PathLike[str] | BinaryIO, header: Header,
-                 redactor: Redactor | None = None, fsync: bool = False, header_redacted: bool = False) -> None:
+                 redactor: Redactor | None = None, fsync: bool = False, header_redacted: bool = False,
+                 observer: RecordObserver | None = None) -> None:
         """`target`: a new file's path, or an open binary stream (in-memory serialization, vcrpy).
-        `header_redacted`: the header was read from a cassette (cut, merge) and is written as it is."""
+        `header_redacted`: the header was read from a cassette (cut, merge) and is written as it is.
+        `observer`: hears every record once written, and the close."""
+        self.observer = observer
         self.redactor = redactor or Redactor()
         self._codec = SessionCodec()
         self._names: dict[str, str] = {}
@@ -138,6 +152,13 @@ class CassetteWriter:
             if self.path is not None and not self._file.closed:
                 self._write(encode_index(list(self._index.values()), self._offset))
                 self._file.close()
+                if self.observer is not None:
+                    self.observer.close()
+
+    @property
+    def bytes_written(self) -> int:
+        """The file's size so far (its index included once closed)."""
+        return self._offset
 
     def __enter__(self) -> CassetteWriter:
         return self
@@ -182,6 +203,8 @@ class CassetteWriter:
             entry.frames.append(self._offset)
             entry.count(record)
             self._write(frame)
+            if self.observer is not None:
+                self.observer.record(record)
 
     def _write(self, data: bytes) -> None:
         if self._file.closed:
@@ -198,10 +221,12 @@ class CassetteWriter:
 class PerSessionTap:
     """One cassette per session, in a folder: `<session name>.tito`, named as the cassette names it."""
 
-    def __init__(self, folder: Path, header: Header, redactor: Redactor | None = None) -> None:
+    def __init__(self, folder: Path, header: Header, redactor: Redactor | None = None,
+                 observer: Callable[[Header], RecordObserver] | None = None) -> None:
         self.folder = folder
         self.header = header
         self.redactor = redactor or Redactor()
+        self.observer = observer
         self.writers: dict[str, CassetteWriter] = {}
         folder.mkdir(parents=True, exist_ok=True)
 
@@ -211,6 +236,8 @@ class PerSessionTap:
             name = self.redactor.session_name(session, source)
             writer = self.writers[session] = CassetteWriter(self.folder / f"{name}{CASSETTE_SUFFIX}", self.header,
                                                             self.redactor)
+            if self.observer is not None:
+                writer.observer = self.observer(writer.header)
         return writer
 
     def agent_request(self, session: str, source: str, headers: dict[str, str]) -> None:
@@ -228,11 +255,22 @@ class PerSessionTap:
     def session_dropped(self, session: str, source: str) -> None:
         self._writer(session, source).session_dropped(session, source)
 
+    @property
+    def bytes_written(self) -> int:
+        return sum(w.bytes_written for w in self.writers.values())
+
     def close(self) -> None:
         for writer in self.writers.values():
             writer.close()
 
 
-def open_writer(out: Path, header: Header, per_session: bool) -> CassetteWriter | PerSessionTap:
-    """The tap that writes `out`: one cassette file, or a folder of one cassette per session."""
-    return PerSessionTap(out, header) if per_session else CassetteWriter(out, header)
+def open_writer(out: Path, header: Header, per_session: bool,
+                observer: Callable[[Header], RecordObserver] | None = None) -> CassetteWriter | PerSessionTap:
+    """The tap that writes `out`: one cassette file, or a folder of one cassette per session; `observer(header)`
+    makes each cassette's observer from the header that cassette has."""
+    if per_session:
+        return PerSessionTap(out, header, observer=observer)
+    writer = CassetteWriter(out, header)
+    if observer is not None:
+        writer.observer = observer(writer.header)
+    return writer

@@ -29,9 +29,11 @@ from aiohttp import web
 from tito_rl.fake_engine.drift import inject_splits
 from tito_rl.fake_engine.faults import FaultSchedule, FaultSpec
 from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
-from tito_rl.fake_engine.openai.calls import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH
+from tito_rl.fake_engine.openai.calls import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, vllm_error
 from tito_rl.fake_engine.openai.handler import OpenAIRoutes
+from tito_rl.fake_engine.openai.tokenize_routes import TokenizeRoutes
 from tito_rl.fake_engine.openai.vllm_bodies import models_list as vllm_models_list
+from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION
 from tito_rl.fake_engine.policy import FinishKind, GenerateRequest, Generation, Policy, PolicyError
 from tito_rl.fake_engine.serving import Dropped, Prepared, Tracked, drop, dumps, json_response
 from tito_rl.fake_engine.sessions import session_key, turn_index
@@ -60,6 +62,8 @@ from tito_rl.trajectory.dialects.view import VLLM_GENERATE, VLLM_OPENAI
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
 TOKENS_PATH = "/v1/chat/completions/tokens"  # /inference/v1/generate's earlier name (prime-rl PR #1422)
+VLLM_ABORT_PATHS = ("/inference/v1/abort_requests", "/abort_requests")
+VLLM_ID_PREFIXES = ("generate-tokens-", "cmpl-", "chatcmpl-", "")  # the engine's ids of a request_id, then as is
 FLUSH_CACHE_TEXT = ("Cache flushed.\nPlease check backend logs for more details. "
                     "(When there are running or waiting requests, the operation will not be performed.)\n")
 
@@ -86,6 +90,14 @@ class EngineOptions:
     # the request's SGLang-only fields (trajectory/dialects/registry.py); "sglang-openai" or "vllm-openai" forces
     # one (and picks GET /v1/models' shape).
     openai_dialect: str | None = None
+    # vLLM as started (docs/engine-dialects.md, "The contract"): the release whose wire shapes to answer with, and
+    # the start flags that open routes and options: `--enable-scale-out` (/inference/v1/generate; 403 without),
+    # `--enable-auto-tool-choice --tool-call-parser hermes` (tool_choice auto, required, named; 400 without),
+    # `--reasoning-parser qwen3` (the message's `reasoning` filled; null without).
+    vllm_version: str = VLLM_DEFAULT_VERSION
+    vllm_scale_out: bool = True
+    vllm_auto_tool_choice: bool = True
+    vllm_reasoning_parser: bool = True
 
 
 class Engine:
@@ -366,6 +378,25 @@ class Engine:
         self.abort(str(body.get("rid") or ""), bool(body.get("abort_all") or False))
         return web.Response(status=200)
 
+    async def handle_abort_requests(self, request: web.Request) -> web.Response:
+        """vLLM's `/inference/v1/abort_requests` (and `/abort_requests`): `{"request_ids": [...]}`, each the engine's
+        id of a request (`/inference/v1/generate` runs `request_id` X as `generate-tokens-X`, completions as
+        `cmpl-X`) or the bare `request_id`; unknown ids are ignored. 200 with no body, as vLLM 0.32 answers."""
+        try:
+            body = json.loads(await request.read() or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return json_response(vllm_error(400, f"JSON decode error: {e}"), 400)
+        ids = body.get("request_ids") if isinstance(body, dict) else None
+        if not isinstance(ids, list):
+            return json_response(vllm_error(400, "Missing 'request_ids' in request body"), 400)
+        for request_id in map(str, ids):
+            for prefix in VLLM_ID_PREFIXES:
+                rid = request_id.removeprefix(prefix)
+                if rid in self.tracked:
+                    self.abort(rid, False)
+                    break
+        return web.Response(status=200)
+
     async def handle_health(self, request: web.Request) -> web.Response:
         return web.Response(status=503 if self.restarting else 200)
 
@@ -406,6 +437,8 @@ def _add_engine_routes(app: web.Application, engine: Engine, *, abort: bool) -> 
     r.add_route("PUT", "/generate", engine.handle_generate)
     if abort:
         r.add_post("/abort_request", engine.handle_abort)
+        for path in VLLM_ABORT_PATHS:
+            r.add_post(path, engine.handle_abort_requests)
     r.add_get("/health", engine.handle_health)
     r.add_get("/health_generate", engine.handle_health)
     r.add_get("/get_model_info", engine.handle_model_info)
@@ -419,6 +452,10 @@ def _add_engine_routes(app: web.Application, engine: Engine, *, abort: bool) -> 
     openai = OpenAIRoutes(engine)
     for path in (CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, TOKENS_PATH):
         r.add_post(path, openai.handle)
+    if engine.options.tokenizer is not None:
+        tokenize = TokenizeRoutes(engine.options.tokenizer, engine.options.context_length)
+        r.add_post("/tokenize", tokenize.tokenize)
+        r.add_post("/detokenize", tokenize.detokenize)
 
 
 def create_app(policy: Policy, options: EngineOptions | None = None) -> web.Application:

@@ -12,6 +12,7 @@ import sys
 import msgspec
 
 from tito_rl.fake_engine.faults import ALLOWED_STATUSES, FaultSchedule, FaultSpec
+from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION, VLLM_PROFILES
 from tito_rl.fake_engine.scenario_model import ScenarioError, validate
 from tito_rl.fake_engine.sglang.responses import DEFAULT_PROFILE, PROFILES
 
@@ -38,6 +39,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--openai-dialect", choices=("sglang-openai", "vllm-openai"), default=None,
                         help="answer /v1/chat/completions and /v1/completions as this engine (default: told by "
                              "each request's SGLang-only fields); also picks GET /v1/models' shape")
+    v = parser.add_argument_group("vLLM as started (the vLLM dialects; docs/engine-dialects.md)")
+    v.add_argument("--vllm-version", choices=sorted(VLLM_PROFILES), default=VLLM_DEFAULT_VERSION,
+                   help="vLLM release whose wire shapes to mimic (default: the one the engine contract checked live)")
+    v.add_argument("--no-scale-out", action="store_true",
+                   help="as vLLM started without --enable-scale-out: /inference/v1/generate answers 403")
+    v.add_argument("--no-auto-tool-choice", action="store_true",
+                   help="as vLLM started without --enable-auto-tool-choice: tool_choice auto/required/named is a 400")
+    v.add_argument("--no-reasoning-parser", action="store_true",
+                   help="as vLLM started without --reasoning-parser: the message's reasoning stays null")
     f = parser.add_argument_group("faults (applied to every /generate unless --fault-first/--fault-every)")
     f.add_argument("--fault-latency-ms", type=float, default=0.0)
     f.add_argument("--fault-token-delay-ms", type=float, default=0.0)
@@ -113,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
         version_profile=args.version_profile, incremental_streaming=args.incremental_streaming,
         router=args.router, max_running_requests=args.max_running_requests, tokenizer=tokenizer,
         vocab_size=max(len(tokenizer), 151936), faults=faults, host=args.host, port=args.port,
-        openai_dialect=getattr(args, "openai_dialect", None))
+        openai_dialect=getattr(args, "openai_dialect", None), vllm_version=args.vllm_version,
+        vllm_scale_out=not args.no_scale_out, vllm_auto_tool_choice=not args.no_auto_tool_choice,
+        vllm_reasoning_parser=not args.no_reasoning_parser)
     print(f"tito fake-engine: {what} on http://{args.host}:{args.port} (SGLang {args.version_profile} "
           f"profile{', router mode' if args.router else ''})", flush=True)
     app = create_app(policy, options)

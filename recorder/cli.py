@@ -34,11 +34,15 @@ from tito_rl.recorder.record_options import agent_option_problem
 from tito_rl.recorder.targets.base import TargetError
 from tito_rl.recorder.targets.registry import TITO, TargetSpec, parse_target
 from tito_rl.trajectory.adapters import serve
+from tito_rl.trajectory.adapters.engine.generate import ADAPTER_DIALECTS
 
 
 def check(args: argparse.Namespace) -> str | None:
     out = Path(args.out)
-    if args.per_session:
+    problem = check_run_options(args)
+    if problem:
+        return problem
+    if args.per_session or args.rotate_sessions or args.rotate_bytes:
         if out.exists() and not out.is_dir():
             return f"--out {out} exists and is not a folder"
     elif out.exists():
@@ -84,9 +88,9 @@ def check(args: argparse.Namespace) -> str | None:
     if spec.kind == TITO and (args.engine_listen or args.volatile or args.session_from or args.routing_header):
         return ("--engine-listen, --volatile, --routing-header and --session-from are for a target other than "
                 "tito's own adapter")
-    if spec.kind == TITO and getattr(args, "engine_dialect", None) not in (None, "sglang"):
-        return (f"--engine-dialect {args.engine_dialect} is for a target other than tito's own adapter, which calls "
-                "SGLang's /generate (sglang)")
+    if spec.kind == TITO and args.engine_dialect not in (None, *ADAPTER_DIALECTS):
+        return (f"--engine-dialect {args.engine_dialect}: tito's adapter calls the engine in "
+                f"{', '.join(ADAPTER_DIALECTS)}")
     if spec.kind != "http" and (args.volatile or args.routing_header):
         return (f"--volatile and --routing-header are for an http:// target: the driver of {spec.text} says its "
                 "own (TargetInfo)")
@@ -107,15 +111,53 @@ def check(args: argparse.Namespace) -> str | None:
     return None
 
 
+def check_run_options(args: argparse.Namespace) -> str | None:
+    """--sample-rate, rotation and the cap: their values, read into `args.layout` (`writer_process.Layout`)."""
+    from tito_rl.cassette.rotation import Rotation
+    from tito_rl.cassette.writer_process import Layout
+    from tito_rl.recorder.record_options import parse_size
+
+    if not 0.0 < args.sample_rate <= 1.0:
+        return f"--sample-rate {args.sample_rate}: expected a fraction of the sessions, above 0 and at most 1"
+    sizes: dict[str, int | None] = {}
+    for flag in ("rotate_bytes", "max_bytes"):
+        text = getattr(args, flag)
+        try:
+            sizes[flag] = None if text is None else parse_size(text)
+        except ValueError:
+            return f"--{flag.replace('_', '-')} {text}: expected a size such as 4096, 512M or 2G"
+    if args.rotate_sessions is not None and args.rotate_sessions < 1:
+        return "--rotate-sessions must be >= 1"
+    rotating = args.rotate_sessions is not None or sizes["rotate_bytes"] is not None
+    if rotating and args.per_session:
+        return "--per-session and --rotate-sessions/--rotate-bytes each choose the cassettes: give one"
+    rotation = Rotation(args.rotate_sessions, sizes["rotate_bytes"]) if rotating else None
+    if args.metrics:
+        try:
+            serve.parse_listen(args.metrics)
+        except SystemExit:  # its message names --listen
+            return f"--metrics {args.metrics}: expected HOST:PORT"
+    observer = getattr(args, "live_audit", None) if args.metrics else None
+    args.layout = Layout(args.per_session, rotation, sizes["max_bytes"], observer)
+    return None
+
+
 async def serve_until_signal(args: argparse.Namespace) -> int:
 
-    from tito_rl.cassette.writer_process import RecorderError
+    from tito_rl.cassette.writer_process import Layout, RecorderError
     from tito_rl.recorder.taps.proxy import build_header, fetch_engine_info, open_tap
 
     settings = serve.settings_from(args)
     manager = serve.manager_from(args)
     spec = parse_target(args.target)
+    if spec.kind == TITO:  # the served model goes in the header: a replay sends the same name without asking
+        problem = await serve.learn_served_model(settings)
+        if problem:
+            print(f"tito record: {problem} (is the engine up? --engine-model NAME names it)", file=sys.stderr)
+            return 2
     engine = await fetch_engine_info(settings.engine_url)
+    if engine is None and spec.kind == TITO and settings.engine_model:  # vLLM: no /model_info, its model listing
+        engine = {"served_model_name": settings.engine_model}
     if engine is None:
         print(f"tito record: warning: no /model_info from {settings.engine_url}; recording without engine info",
               file=sys.stderr)
@@ -140,9 +182,25 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         header = foreign_header(header, spec, target)
         # a gateway that takes its session from the URL: the launchers add it to each CLI's base URL
         args.session_path = getattr(target.info, "session_path", None)
+    metrics = None
+    if getattr(args, "metrics", None):
+        from tito_rl.recorder.metrics import RecordMetrics
+
+        metrics = RecordMetrics(str((header.target or {}).get("name") or TITO))
+        host, port = serve.parse_listen(args.metrics)
+        try:
+            port = metrics.serve(host, port)
+        except OSError as exc:
+            print(f"tito record: --metrics {args.metrics}: {exc}", file=sys.stderr)
+            return 2
+        print(f"tito record: metrics on http://{host}:{port}/metrics", file=sys.stderr, flush=True)
+        args.metrics_recorder = metrics
     try:
-        tap = open_tap(Path(args.out), header, args.per_session)
+        tap = open_tap(Path(args.out), header, getattr(args, "layout", None) or Layout(args.per_session),
+                       on_event=metrics.writer_event if metrics is not None else None)
     except RecorderError as exc:
+        if metrics is not None:
+            metrics.stop()
         print(f"tito record: {exc}", file=sys.stderr)
         return 2
     progress = None if args.quiet else sys.stderr
@@ -173,6 +231,8 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
             await stop.wait()
     finally:
         await stopper()  # finalizes open sessions and closes the cassette
+        if metrics is not None:
+            metrics.stop()
         lead = "\n" if not args.quiet and sys.stderr.isatty() else ""  # ends the live line ("\r") on a terminal
         print(f"{lead}tito record: stopped; cassette at {args.out}", file=sys.stderr, flush=True)
     return rc
@@ -187,24 +247,28 @@ async def _start_tito(args: argparse.Namespace, settings: Any, manager: Any, tap
     from tito_rl.trajectory.runtime.server_process import prepare_to_serve
 
     host, port = serve.parse_listen(args.listen)
-    app = create_recording_app(settings, tap, progress=progress, manager=manager)
+    app = create_recording_app(settings, tap, progress=progress, manager=manager, sample_rate=args.sample_rate,
+                               wrap=_metrics_wrap(args, tap))
     prepare_to_serve(app)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    print(f"tito record: proxy on http://{host}:{port} -> {settings.engine_url}, writing {args.out}",
-          file=sys.stderr, flush=True)
+    model = f", model {settings.engine_model}" if settings.engine_model else ""
+    print(f"tito record: proxy on http://{host}:{port} -> {settings.engine_url} ({settings.engine_dialect}{model}), "
+          f"writing {args.out}", file=sys.stderr, flush=True)
     return runner.cleanup, f"http://{host}:{port}"
 
 
 async def _start_around(args: argparse.Namespace, settings: Any, target: Any, tap: Any,
                         progress: Any) -> tuple[Callable[[], Awaitable[None]], str]:
     """The taps around a foreign target: agents -> agent tap -> target -> engine tap -> engine."""
+    from tito_rl.recorder.metrics import MetricsTap
     from tito_rl.recorder.taps.around import TapsAround
     from tito_rl.recorder.taps.progress import ProgressTap
+    from tito_rl.recorder.taps.proxy import recorded_tap
 
-    counted = ProgressTap(tap, progress) if progress is not None else tap
+    counted = recorded_tap(tap, progress, args.sample_rate, _metrics_wrap(args, tap))
     around = TapsAround(counted, target, settings.engine_url, getattr(args, "engine_dialect", None))
     listen = serve.parse_listen(args.listen)
     engine_listen = serve.parse_listen(args.engine_listen) if args.engine_listen else ("127.0.0.1", 0)
@@ -221,8 +285,9 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
             await around.stop()
         finally:
             tap.close()
-            if isinstance(counted, ProgressTap):
-                counted.flush()  # the last counts: a log's lines are 10 s apart
+            line = counted.inner if isinstance(counted, MetricsTap) else counted
+            if isinstance(line, ProgressTap):
+                line.flush()  # the last counts: a log's lines are 10 s apart
             summary = around.recording.sessionless_summary()
             if summary is not None:
                 lead = "\n" if progress is not None and progress.isatty() else ""
@@ -231,6 +296,16 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
     print(f"tito record: agents -> {ends.agent_url} -> target {args.target} -> {ends.engine_url} -> "
           f"{settings.engine_url}, writing {args.out}", file=sys.stderr, flush=True)
     return stop, ends.agent_url
+
+
+def _metrics_wrap(args: argparse.Namespace, tap: Any) -> Callable[[Any], Any] | None:
+    """With --metrics: the tap counting what the proxy sees around the rest of the chain (`recorder/metrics.py`)."""
+    metrics = getattr(args, "metrics_recorder", None)
+    if metrics is None:
+        return None
+    from tito_rl.recorder.metrics import MetricsTap
+
+    return lambda inner: MetricsTap(inner, metrics, args.sample_rate, lambda: bool(getattr(tap, "capped", False)))
 
 
 def build_target(spec: TargetSpec, args: argparse.Namespace) -> Any:

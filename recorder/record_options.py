@@ -40,10 +40,25 @@ def agent_option_problem(args: argparse.Namespace, way: str) -> str | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    serve.add_arguments(parser)
+    serve.add_arguments(parser, engine_dialect=False)
     parser.add_argument("--out", required=True, help="cassette file to create (a folder with --per-session)")
     parser.add_argument("--per-session", action="store_true", help="one cassette per session, in the --out folder")
     parser.add_argument("--quiet", action="store_true", help="no live progress line")
+    run = parser.add_argument_group("recording a training run (docs/recording.md#recording-a-training-run)")
+    run.add_argument("--sample-rate", type=float, default=1.0, metavar="R",
+                     help="record this fraction of the sessions, whole, chosen from each session id (the same "
+                          "ones on a rerun); the others are served and not recorded (default 1)")
+    run.add_argument("--rotate-sessions", type=int, metavar="N",
+                     help="a new cassette every N sessions: --out is a folder of part-NNNNNN.tito, each closed once "
+                          "its sessions end")
+    run.add_argument("--rotate-bytes", metavar="SIZE",
+                     help="a new cassette once one reaches SIZE bytes (e.g. 512M, 2G; with --rotate-sessions, "
+                          "whichever comes first); --out is a folder")
+    run.add_argument("--metrics", metavar="HOST:PORT",
+                     help="serve Prometheus metrics on http://HOST:PORT/metrics: sessions, turns, tokens, each "
+                          "tito audit rule's findings as sessions finish, coverage, the taps' time, bytes written")
+    run.add_argument("--max-bytes", metavar="SIZE",
+                     help="stop recording once SIZE bytes are written in all (the proxy keeps serving and says so)")
     agents = parser.add_argument_group("agents launched for you")
     agents.add_argument("--agent", help="claude-code, codex, qwen-code, opencode or gemini-cli (pinned versions), "
                         "or scripted: the scripted client plays --scenario's client: section; default: the one "
@@ -79,9 +94,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               "segment (e.g. path:/proxy/rollout/{sid}); a request naming none is no session's "
                               "(docs/targets.md)")
     targets.add_argument("--engine-dialect", choices=DIALECTS, metavar="DIALECT",
-                         help="the engine API the target calls, where its calls alone do not say (sglang, "
-                              "sglang-openai, vllm-openai, vllm-generate; default: read from each call, "
+                         help="the engine API the target calls. tito's adapter: sglang (default), vllm-generate or "
+                              "vllm-openai (/v1/completions with token ids), as tito serve's; another target: what its "
+                              "calls alone do not say (also sglang-openai; default: read from each call, "
                               "docs/engine-dialects.md)")
     agents.add_argument("--reward", type=float,
                         help="reward given when a launched CLI's session finishes (default 0; the scripted client "
                              "finishes with its script's own)")
+
+
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """`4096`, `512K`, `2G`, `1.5T` (binary units; a trailing `B` or `iB` allowed) as bytes; ValueError otherwise."""
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = raw[-1:] if raw[-1:] in UNITS else ""
+    number = float(raw[: len(raw) - len(unit)])
+    if not number > 0 or number != number:  # nan
+        raise ValueError(text)
+    return int(number * UNITS[unit])

@@ -3,6 +3,7 @@ client against the proxy, the cassette written by an in-process writer, then rea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from tito_rl.recorder.scripted.client import SessionResult, run_script
 from tito_rl.recorder.scripted.script import load_client_script, parse_client_script
 from tito_rl.recorder.taps.proxy import build_header, create_recording_app
 from tito_rl.trajectory.adapters.app import AdapterSettings
+from tito_rl.trajectory.adapters.serve import learn_served_model
 from tito_rl.trajectory.adapters.session import session_digest
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
@@ -25,20 +27,27 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "cassettes" / "scenarios"
 
 
-async def record_scenario(scenario: Path | dict[str, Any], out: Path) -> tuple[Cassette, list[SessionResult]]:
+async def record_scenario(scenario: Path | dict[str, Any], out: Path, engine: EngineOptions | None = None,
+                          **settings: Any) -> tuple[Cassette, list[SessionResult]]:
     """A corpus scenario file or an inline one (both sides); `client.record_args` only knows
-    --no-preserve-reasoning here."""
+    --no-preserve-reasoning here. `settings`: more `AdapterSettings` (`engine_dialect`...); `engine`: the fake
+    engine's options (its tokenizer is set here). The served model is asked of the engine first, as `tito record`
+    does for a vLLM dialect."""
     if isinstance(scenario, Path):
         engine_script, client = load_scenario(scenario), load_client_script(scenario)
     else:
         engine_script, client = parse_scenario(scenario), parse_client_script(scenario["client"])
     tokenizer = load_tokenizer()
-    settings = AdapterSettings(preserve_reasoning="--no-preserve-reasoning" not in client.record_args)
-    writer = CassetteWriter(out, build_header(settings, None, {"client": "scripted"}))  # as `tito record` writes
-    async with serve(create_engine(ScriptedPolicy(engine_script, tokenizer),
-                                   EngineOptions(tokenizer=tokenizer))) as engine_url:
-        settings.engine_url = engine_url
-        async with serve(create_recording_app(settings, writer)) as url:
+    adapter = AdapterSettings(preserve_reasoning="--no-preserve-reasoning" not in client.record_args, **settings)
+    options = dataclasses.replace(engine or EngineOptions(), tokenizer=tokenizer)
+    async with serve(create_engine(ScriptedPolicy(engine_script, tokenizer), options)) as engine_url:
+        learned = dataclasses.replace(adapter, engine_url=engine_url)
+        assert await learn_served_model(learned) is None
+        adapter.engine_model, adapter.context_length = learned.engine_model, learned.context_length
+        # as `tito record` writes it (with the default engine URL: a header that does not change from run to run)
+        writer = CassetteWriter(out, build_header(adapter, None, {"client": "scripted"}))
+        adapter.engine_url = engine_url
+        async with serve(create_recording_app(adapter, writer)) as url:
             results = await run_script(client, url)
     return read_cassette(out), results
 

@@ -322,3 +322,24 @@ def test_a_long_audit_draws_a_bar_over_the_bytes_read_on_a_terminal_only() -> No
     bar.close()
     assert terminal.getvalue().startswith("\raudit:")  # drawn on the terminal (and cleared: leave=False)
     assert progress_bar(paths, io.StringIO()) is None
+
+
+def test_jobs_audit_a_folder_in_workers_with_the_report_of_one_process(capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = str(Path(__file__).resolve().parent.parent / "cassettes")
+    outputs = []
+    for argv in (["--json"], ["--json", "-j", "2"], [], ["-j", "3"]):
+        code = main(["audit", corpus, *argv])
+        outputs.append((code, capsys.readouterr().out))
+    assert outputs[0] == outputs[1] and outputs[2] == outputs[3]  # the same bytes, the same exit code
+    report = json.loads(outputs[1][1])
+    assert len(report["cassettes"]) > 20 and sum(r["total"] for r in report["rules"].values()) > 0
+
+
+def test_jobs_say_an_unusable_cassette_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    two_turns(tmp_path / "a.tito")
+    (tmp_path / "b.tito").write_bytes(b"not a cassette at all")
+    assert main(["audit", str(tmp_path), "-j", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tito audit: {tmp_path / 'b.tito'}: ") and err.count("\n") == 1
+    assert main(["audit", str(tmp_path), "-j", "0"]) == 2
+    assert capsys.readouterr().err == "tito audit: --jobs must be >= 1\n"

@@ -11,7 +11,6 @@ import re
 import struct
 import subprocess
 import sys
-import time
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -31,10 +30,13 @@ from tito_rl.cassette.format.records import RECORD_TYPES, Header, SamplesRecord
 from tito_rl.cassette.reader import CassetteReader, read_cassette
 from tito_rl.cassette.writer import CassetteWriter
 from tito_rl.main import main
+from tito_rl.replayer.replay.harness import STEP_TIMEOUT_S
 
 
 def test_the_seeded_fuzz_run_finds_nothing_in_bounded_time_and_memory() -> None:
-    """A few thousand cases in a process of their own (so its peak memory is theirs), well under a minute."""
+    """A few thousand cases in a process of their own (so its peak memory is theirs). How long they take is a
+    benchmark's figure (`benchmarks/bench_fuzz.py`: the slowest case against the mean), not an assertion that a busy
+    host fails; the timeout only catches a hang, at many times the normal run (about 10 s on a quiet host)."""
     done = subprocess.run([sys.executable, "-m", "tests.cassette_fuzz", "--json"], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     report = json.loads(done.stdout)
@@ -48,9 +50,7 @@ def test_the_seeded_fuzz_run_finds_nothing_in_bounded_time_and_memory() -> None:
                  "bad value", "frames", "ext type"):  # each reaches a check that refuses it
         assert outcomes[kind].get("CorruptCassetteError", 0) > 0, (kind, outcomes[kind])
     assert outcomes["bad value"].get("read", 0) > 0  # a name like `../x` is data: read, then replayed below
-    assert report["slowest_s"] < 5, report["slowest_case"]
     assert report["rss_peak_mib"] - report["rss_start_mib"] < 512, report
-    assert report["seconds"] < 120, report["seconds"]
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -81,13 +81,13 @@ def test_a_mutated_file_through_every_tool_is_a_result_or_one_line(case: fuzz.Ca
     path = tmp_path / "hostile.tito"
     path.write_bytes(case.data)
     refused = fuzz.read_all(case.data) not in ("read", "truncated tail")  # a finding fails here
+    stalled = f"within {STEP_TIMEOUT_S:g} s"  # replay's own hang bound, in a difference (-v: every one)
     tools = {"tito cassette info": ["cassette", "info", str(path)], "tito cassette export": ["cassette", "export",
-             str(path)], "tito replay": ["replay", str(path)],
+             str(path)], "tito replay": ["replay", "-v", str(path)],
              "tito inspect": ["inspect", str(path), "--html", str(tmp_path / "page.html")]}
     for name, argv in tools.items():
-        started = time.monotonic()
         code, out, err = run(*argv)
-        assert time.monotonic() - started < 30, (name, "a stall: the replay waits 60 s for an answer")
+        assert stalled not in out + err, (name, out)  # the replay gave up waiting on a request: a hang, not a refusal
         assert "Traceback" not in out + err, (name, err)
         if refused:  # export streams the records it read before the bad one: its output is cut, its exit 2
             assert code == 2 and (out == "" or name.endswith("export")) and len(err.splitlines()) == 1, (name, err)

@@ -25,14 +25,15 @@ USER = {"role": "user", "content": "list the files"}
 MESSAGES = [SYSTEM, USER]
 THINK, THINK_END, TOOL_CALL, TOOL_CALL_END, IM_END = 151667, 151668, 151657, 151658, 151645
 
-# Fields of the table the fake engine does not serve: later or other releases than the ones it mimics
-# (vLLM 0.11.1-0.15 for the OpenAI routes, 0.11.1-0.29 for /inference/v1/generate; SGLang 0.5.23).
+# Fields of the table the fake engine does not serve by default: other releases than the ones it mimics (vLLM 0.32.0,
+# the release the engine contract checks live, unless --vllm-version says otherwise; SGLang 0.5.23).
 NOT_SERVED = {
     "choices[].token_ids@sglang-openai" + CHAT,  # SGLang 0.5.17 only; 0.5.18 on: response_token_ids
     "sglext.input_ids", "sglext.output_ids",  # SGLang's sglext: only when asked (return_*_in_sglext)
-    "choices[].logprobs.content[].token_id",  # vLLM 0.32
-    "choices[].stop_reason@vllm-generate" + TOKENS,  # vLLM 0.32
-    "choices[].text@vllm-generate" + TOKENS,  # vLLM 0.32 output_mode text
+    "choices[].message.reasoning_content@vllm-openai" + CHAT,  # vLLM up to 0.15.1 (--vllm-version 0.15.1)
+    "choices[].delta.reasoning_content@vllm-openai" + CHAT,
+    "choices[].logprobs.content[].token@vllm-generate" + TOKENS,  # vLLM 0.11.1 to 0.31 (--vllm-version 0.31.0)
+    "choices[].text@vllm-generate" + TOKENS,  # vLLM 0.32 output_mode text: only when asked
 }
 
 
@@ -105,7 +106,8 @@ async def test_vllm_chat_renders_parses_and_reads_back():
     assert set(choice["logprobs"]["content"][0]) == {"token", "logprob", "bytes", "top_logprobs"}
     assert choice["finish_reason"] == "tool_calls" and choice["stop_reason"] is None
     # vLLM's qwen3 reasoning parser and hermes tool parser: nothing stripped, arguments as json.dumps writes them.
-    assert message["reasoning"] == message["reasoning_content"] == "\nThe user wants a listing.\n"
+    assert message["reasoning"] == "\nThe user wants a listing.\n"
+    assert "reasoning_content" not in message  # gone in vLLM 0.16.0; the fake engine mimics 0.32.0
     assert message["content"] == "\n\nLet me list the files.\n"
     [call] = message["tool_calls"]
     assert call["id"].startswith("chatcmpl-tool-") and call["type"] == "function"
@@ -205,11 +207,14 @@ async def test_tool_choice_none_leaves_tool_calls_in_the_content():
 @pytest.mark.parametrize("stream", [False, True])
 async def test_vllm_completions(stream: bool):
     prompt = first_prompt()
-    # rllm's gateway: a literal extra_body in the JSON stands for the root flag.
-    req = {"model": "m", "prompt": prompt, "logprobs": 0, "extra_body": {"return_token_ids": True}, "stream": stream}
+    req = {"model": "m", "prompt": prompt, "logprobs": 0, "return_token_ids": True, "stream": stream}
     async with serve() as (url, s, _):
         answer = await _post(s, url, COMPLETIONS, req)
         ids, lps = await _reference(s, url, prompt)
+        # A literal extra_body key (what rllm's gateway adds beside the root flag) is ignored, as vLLM 0.32 does.
+        nested = await _post(s, url, COMPLETIONS, {**req, "return_token_ids": None,
+                                                    "extra_body": {"return_token_ids": True}, "stream": False})
+    assert nested["choices"][0]["token_ids"] is None and nested["choices"][0]["prompt_token_ids"] is None
     view = view_of(None, COMPLETIONS, req, answer)
     assert (view.dialect, view.prompt_ids, view.output_ids, view.logprobs) == (VLLM_OPENAI, prompt, ids, lps)
     assert view.finish_reason == "stop"
@@ -242,7 +247,9 @@ async def test_vllm_generate(stream: bool):
     assert (view.dialect, view.prompt_ids, view.output_ids, view.logprobs) == (VLLM_GENERATE, prompt, ids, lps)
     assert view.finish_reason == "stop" and view.sampling["max_tokens"] == 512
     body = answer if not stream else answer[-1]
-    assert body["choices"][0]["logprobs"]["content"][-1]["token"] == f"token_id:{ids[-1]}"
+    last = body["choices"][0]["logprobs"]["content"][-1]  # vLLM 0.32: ids, not "token_id:N" strings
+    assert (last["token_id"], last["rank"], last["top_logprobs"][0]["token_id"]) == (ids[-1], 1, ids[-1])
+    assert body["choices"][0]["weight_versions"] == [{"version": "default", "start": 0, "end": len(ids)}]
     _pinned(VLLM_GENERATE, TOKENS, None if stream else answer, answer if stream else [])
 
 
@@ -376,3 +383,32 @@ async def test_a_forwarded_bearer_key_picks_the_scenario_session_where_no_routin
     assert "I am beta." in beta["choices"][0]["message"]["content"]
     assert "I am alpha." in alpha["choices"][0]["message"]["content"]
     assert "I am beta." in routed["choices"][0]["message"]["content"]  # a routing key still comes first
+
+
+# ---- older vLLM releases (--vllm-version) ------------------------------------------------------------
+
+
+async def test_older_vllm_releases_write_their_own_shapes():
+    prompt = first_prompt()
+    generate = {"token_ids": prompt, "sampling_params": {"max_tokens": 512, "logprobs": 0}, "return_token_ids": True}
+    chat = {"messages": MESSAGES, "tools": [BASH], "return_token_ids": True}
+    async with serve(vllm_version="0.31.0") as (url, s, _):
+        old_generate = await _post(s, url, TOKENS, generate)
+    async with serve(vllm_version="0.15.1") as (url, s, _):
+        old_chat = await _post(s, url, CHAT, chat)
+    entry = old_generate["choices"][0]["logprobs"]["content"][-1]
+    assert entry["token"].startswith("token_id:") and "token_id" not in entry and "usage" not in old_generate
+    message = old_chat["choices"][0]["message"]
+    assert message["reasoning_content"] == message["reasoning"] == "\nThe user wants a listing.\n"
+    assert old_chat["system_fingerprint"] is None and old_chat["usage"]["completion_tokens_details"] is None
+
+
+async def test_start_flags_close_what_vllm_closes_without_them():
+    async with serve(vllm_scale_out=False, vllm_auto_tool_choice=False, vllm_reasoning_parser=False) as (url, s, _):
+        generate = await s.post(url + TOKENS, json={"token_ids": first_prompt(), "sampling_params": {}})
+        tools = await s.post(url + CHAT, json={"messages": MESSAGES, "tools": [BASH], "tool_choice": "auto"})
+        plain = await _post(s, url, CHAT, {"messages": MESSAGES, "tools": [BASH], "tool_choice": "none"})
+    assert generate.status == 403 and "--enable-scale-out" in (await generate.json())["error"]["message"]
+    assert tools.status == 400 and "--enable-auto-tool-choice" in (await tools.json())["error"]["message"]
+    message = plain["choices"][0]["message"]  # no reasoning parser: the think block stays in the content
+    assert message["reasoning"] is None and message["content"].startswith("<think>")

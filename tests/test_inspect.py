@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -211,15 +210,12 @@ def test_a_150k_token_session_stays_small_with_every_trained_token_shown() -> No
     n, prompt = 150_000, 20_000
     spans = [Span(t, start, 400, True) for t, start in enumerate(range(prompt + 5_000, n, 10_000))]
     spans[3] = Span(3, spans[3].start, 400, False)  # one output carried untrained (masked)
-    started = time.perf_counter()
-    page = render_html(synthetic(list(range(n)), prompt, spans, [], []))
-    elapsed = time.perf_counter() - started
+    page = render_html(synthetic(list(range(n)), prompt, spans, [], []))  # its time: benchmarks/bench_inspect_page.py
     trained = sum(s.length for s in spans if s.trained)
     shown = {kind: page.count(f'class="tok {kind}" data-i=') for kind in ("prompt", "context", "masked", "trained")}
     assert shown["trained"] == trained and shown["masked"] == 400, shown
     assert shown["prompt"] + shown["context"] <= (len(spans) + 1) * 2 * FOLD_RUN, shown  # the rest is folded
     assert len(page) < 6_000_000, len(page)
-    assert elapsed < 20, elapsed
 
 
 # --- the page in a real browser --------------------------------------------------------------------------------

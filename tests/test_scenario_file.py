@@ -19,7 +19,8 @@ from tests.process_helpers import ROOT
 from tito_rl.recorder.scenario_file import ScenarioError, check_scenario, scenario_schema
 
 COMMITTED = sorted((ROOT / "cassettes" / "scenarios").glob("*.yaml")) + sorted(
-    (ROOT / "fake_engine" / "examples").glob("*.yaml"))
+    (ROOT / "fake_engine" / "examples").glob("*.yaml")) + sorted(
+    (ROOT / "cassettes" / "real_vllm" / "scenarios").glob("*.yaml"))
 SCRIPTED = {"sessions": [{"id": "s-0", "wire": "chat", "steps": [{"prompt": "hi"}, {"finish": 1}]}]}
 CLI = {"agent": "codex", "task": "List the files."}
 

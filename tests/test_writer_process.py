@@ -35,7 +35,7 @@ def _record(tap: Any, traffic: list[tuple[str, Any]]) -> None:
     tap.close()
 
 
-def _wait_gone(pid: int, timeout_s: float = 30.0) -> None:
+def _wait_gone(pid: int, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

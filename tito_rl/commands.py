@@ -25,6 +25,9 @@ class Subcommand:
     # It parses engine output through tito's adapter: sglang's parsers start loading in a helper process before
     # anything else loads (trajectory/adapters/parsing/parser_process.py).
     parses: bool = False
+    # Parts of a higher layer a command's module may use without importing them, by name (`args.<key>`): the
+    # table sits above every layer (docs/architecture.md), so it may name them.
+    injects: tuple[tuple[str, str], ...] = ()
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
@@ -40,10 +43,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ("0: the replay matches its recording", "1: a difference",
          "2: the cassette cannot be replayed"), parses=True),
     "serve": Subcommand(
-        "tito_rl.trajectory.adapters.serve", "run the adapter app in front of an SGLang engine",
+        "tito_rl.trajectory.adapters.serve", "run the adapter app in front of an SGLang or vLLM engine",
         "Serves the adapter app (Anthropic Messages, OpenAI Chat and Responses, Gemini API, rendered to "
-        "token ids for SGLang's /generate) in front of an engine, a router or tito's fake engine, with the "
-        "trajectory manager building each session's samples; agents use the session id as their API key.",
+        "token ids for SGLang's /generate, or vLLM's /inference/v1/generate or /v1/completions with "
+        "--engine-dialect) in front of an engine, a router or tito's fake engine, with the trajectory manager "
+        "building each session's samples; agents use the session id as their API key.",
         ("0: stopped by SIGINT or SIGTERM", "1: --listen is not HOST:PORT",
          "2: the settings cannot be used (an unknown parser name, a chat template that does not parse)"), parses=True),
     "fake-engine": Subcommand(
@@ -54,15 +58,29 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "stopped.",
         ("0: stopped by SIGINT or SIGTERM", "1: --listen is not HOST:PORT",
          "2: the scenario, cassette or options cannot be used")),
+    "check-engine": Subcommand(
+        "tito_rl.recorder.engine_contract.check",
+        "which engine dialects a running engine answers, and whether each is token-faithful",
+        "Sends one small request per engine dialect (SGLang's /generate, vLLM's and SGLang's chat and completions "
+        "with token ids, vLLM's /inference/v1/generate) to the engine at URL and says which answer, whether each "
+        "returns what tito needs (prompt and output ids, a logprob per output id, a finish reason), and the "
+        "start flag or request field that is missing where one is (--enable-scale-out, "
+        "--enable-auto-tool-choice, return_token_ids support).",
+        ("0: at least one dialect is token-faithful", "1: none is",
+         "2: the engine cannot be reached")),
     "record": Subcommand(
         "tito_rl.recorder.cli", "record agent and engine traffic into a cassette",
         "The adapter app as a recording proxy in front of a live engine: both legs of every session (agent "
-        "requests and replies, engine /generate calls) are written into a cassette, secrets redacted. With "
+        "requests and replies, engine calls in their dialect) are written into a cassette, secrets redacted. With "
         "--agent it starts the agents itself and stops when they are done; otherwise it serves until stopped. "
-        "Progress goes to stderr: a live line on a terminal, a line at most every 10 s otherwise.",
+        "Progress goes to stderr: a live line on a terminal, a line at most every 10 s otherwise. Beside a "
+        "training run: --sample-rate, --rotate-sessions/--rotate-bytes (a folder of cassettes), --max-bytes, and "
+        "--metrics HOST:PORT (Prometheus: sessions, turns, tokens, each audit rule's findings as sessions finish).",
         ("0: stopped, or every started session succeeded",
          "1: a started agent session failed, or --listen is not HOST:PORT",
-         "2: the options or the output cannot be used", "130: interrupted while agents ran")),
+         "2: the options or the output cannot be used", "130: interrupted while agents ran"),
+        # --metrics: `tito audit`'s rules run on each record the writer process writes (replayer/audit/live.py)
+        injects=(("live_audit", "tito_rl.replayer.audit.live:observer"),)),
     "simulate": Subcommand(
         "tito_rl.recorder.simulate", "a scenario: fake engine, recording proxy, the real CLI; cassette and golden",
         "Records one scenario end to end with no GPU: the fake engine plays its script, tito record runs the "

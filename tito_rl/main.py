@@ -76,7 +76,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
                 add_actions(sp, name, module.ACTIONS)
             else:
                 module.add_arguments(sp)
-            sp.set_defaults(_module=module)
+            sp.set_defaults(_module=module, **dict(command.injects))
     return parser
 
 

@@ -3,10 +3,10 @@ messages the engine renders), what the caller asked to get back, and the policy'
 
 Which engine a shared path speaks is told as the recorder tells it (`trajectory/dialects/registry.py`): SGLang's
 own request fields (`input_ids`, `return_meta_info`, `return_prompt_token_ids`, `no_stop_trim`) mean
-`sglang-openai`, anything else `vllm-openai`; `EngineOptions.openai_dialect` may force one. rllm's gateway sends a
-literal `extra_body: {"return_token_ids": true}` in the JSON (what the OpenAI client would have merged into the
-root): it counts as the root flag. Error envelopes are each engine's: vLLM's nested `{"error": {...}}`, SGLang's
-flat `{"object": "error", ...}`.
+`sglang-openai`, anything else `vllm-openai`; `EngineOptions.openai_dialect` may force one. A literal `extra_body:
+{"return_token_ids": true}` in the JSON (what the OpenAI client would have merged into the root; rllm's gateway sends
+it beside the root flag) is ignored as vLLM 0.32 ignores it (the engine contract: 200, no ids). Error envelopes
+are each engine's: vLLM's nested `{"error": {...}}`, SGLang's flat `{"object": "error", ...}`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION, VllmProfile, vllm_profile
 from tito_rl.fake_engine.sglang.validation import EngineHTTPError
 from tito_rl.trajectory.dialects.registry import detect_dialect, endpoint_of
 from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE
@@ -26,8 +27,11 @@ GENERATE_PATH = "/inference/v1/generate"
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
-def vllm_error(status: int, message: str, err_type: str = "BadRequestError") -> dict[str, Any]:
-    return {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+def vllm_error(status: int, message: str, err_type: str = "BadRequestError",
+               param: str | None = None) -> dict[str, Any]:
+    """vLLM's envelope; `param` names the field at fault (`body.<field>` for a missing one, `max_tokens`,
+    `input_tokens`), as 0.32 fills it."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
 
 
 def sglang_error(status: int, message: str, err_type: str = "BadRequestError") -> dict[str, Any]:
@@ -43,8 +47,11 @@ def error_body(dialect: str, status: int, message: str) -> dict[str, Any]:
     return vllm_error(status, message, err_type)
 
 
-def bad_request(dialect: str, message: str) -> EngineHTTPError:
-    return EngineHTTPError(400, error_body(dialect, 400, message))
+def bad_request(dialect: str, message: str, param: str | None = None) -> EngineHTTPError:
+    body = error_body(dialect, 400, message)
+    if param is not None and isinstance(body.get("error"), dict):
+        body["error"]["param"] = param
+    return EngineHTTPError(400, body)
 
 
 @dataclass
@@ -67,7 +74,10 @@ class OpenAICall:
     max_tokens: int | None = None  # None: up to the context length
     skip_special_tokens: bool = True
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM: `stream_options.continuous_usage_stats`, usage on every chunk
     sampling: dict[str, Any] = field(default_factory=dict)  # as the policy sees them (SGLang's names)
+    vllm: VllmProfile = field(default_factory=lambda: vllm_profile(VLLM_DEFAULT_VERSION))  # the release imitated
+    reasoning_parser: bool = True  # vLLM started with `--reasoning-parser qwen3`
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:
@@ -85,9 +95,12 @@ class OpenAICall:
         return not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
 
 
-def _flag(body: dict[str, Any], key: str) -> bool:
+def _flag(body: dict[str, Any], key: str, dialect: str = "") -> bool:
+    """A root flag. vLLM reads only the root (a literal `extra_body` key is an unknown field it ignores: no ids,
+    which shows a gateway's bug instead of hiding it); SGLang's server takes the nested one too."""
     extra = body.get("extra_body")
-    return bool(body.get(key)) or (isinstance(extra, dict) and bool(extra.get(key)))
+    nested = dialect == SGLANG_OPENAI and isinstance(extra, dict) and bool(extra.get(key))
+    return bool(body.get(key)) or nested
 
 
 def _ids(value: Any) -> list[int] | None:
@@ -123,14 +136,15 @@ def parse_call(path: str, body: Any, headers: Mapping[str, str], model_name: str
     if endpoint == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise bad_request(dialect, "messages: Field required (a non-empty list)")
+            raise bad_request(dialect, "messages: Field required (a non-empty list)", "body.messages")
         prompt = _ids(body.get("input_ids")) if dialect == SGLANG_OPENAI else None
         if dialect == SGLANG_OPENAI and body.get("input_ids") is not None and prompt is None:
             raise bad_request(dialect, "input_ids: Input should be a non-empty list of integers")
     else:
         prompt = _ids(body.get("prompt"))
         if prompt is None:
-            raise bad_request(dialect, "prompt: the fake engine takes a token-id prompt (a list of integers)")
+            raise bad_request(dialect, "prompt: the fake engine takes a token-id prompt (a list of integers)",
+                              "body.prompt")
     logprobs_value = body.get("logprobs")
     if endpoint == "completions":
         logprobs, top = logprobs_value is not None and logprobs_value is not False, int(logprobs_value or 0)
@@ -138,14 +152,16 @@ def parse_call(path: str, body: Any, headers: Mapping[str, str], model_name: str
         logprobs, top = bool(logprobs_value), int(body.get("top_logprobs") or 0)
     call = OpenAICall(
         dialect=dialect, endpoint=endpoint, body=body, prompt_ids=prompt, stream=stream, rid=rid, model=model,
-        logprobs=logprobs, top_logprobs=top, return_token_ids=_flag(body, "return_token_ids"),
+        logprobs=logprobs, top_logprobs=top, return_token_ids=_flag(body, "return_token_ids", dialect),
         return_prompt_token_ids=bool(body.get("return_prompt_token_ids")),
         return_meta_info=bool(body.get("return_meta_info")),
         tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),
         max_tokens=_int(body, "max_completion_tokens", "max_tokens"),
         skip_special_tokens=body.get("skip_special_tokens", True) is not False,
         include_usage=isinstance(body.get("stream_options"), dict)
-        and bool(body["stream_options"].get("include_usage")))
+        and bool(body["stream_options"].get("include_usage")),
+        continuous_usage=isinstance(body.get("stream_options"), dict)
+        and bool(body["stream_options"].get("continuous_usage_stats")))
     if dialect == SGLANG_OPENAI and stream:
         # SGLang 0.5.23 serving_chat refuses these on a stream (ValueError -> 400).
         for key in ("return_prompt_token_ids", "return_token_ids", "return_meta_info"):
@@ -168,9 +184,11 @@ def _generate_call(body: dict[str, Any], rid: str, model_name: str, stream: bool
     """vLLM's `/inference/v1/generate`: `token_ids` and `sampling_params` (vLLM's SamplingParams names)."""
     prompt = _ids(body.get("token_ids"))
     if prompt is None:
-        raise bad_request(VLLM_GENERATE, "token_ids: Input should be a non-empty list of integers")
+        raise bad_request(VLLM_GENERATE, "token_ids: Input should be a non-empty list of integers", "body.token_ids")
     params = body.get("sampling_params")
-    if params is not None and not isinstance(params, dict):
+    if params is None:  # vLLM's GenerateRequest requires it (pydantic: 400)
+        raise bad_request(VLLM_GENERATE, "sampling_params: Field required", "body.sampling_params")
+    if not isinstance(params, dict):
         raise bad_request(VLLM_GENERATE, "sampling_params: Input should be a valid dictionary")
     params = params or {}
     logprobs = params.get("logprobs")

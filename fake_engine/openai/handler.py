@@ -17,10 +17,19 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from tito_rl.fake_engine.openai import sglang_bodies, vllm_bodies
-from tito_rl.fake_engine.openai.calls import OpenAICall, bad_request, dialect_of, error_body, parse_call
+from tito_rl.fake_engine.openai.calls import (
+    GENERATE_PATH,
+    OpenAICall,
+    bad_request,
+    dialect_of,
+    error_body,
+    parse_call,
+    vllm_error,
+)
 from tito_rl.fake_engine.openai.parse import sglang_chat, vllm_chat, vllm_chat_deltas
 from tito_rl.fake_engine.openai.render import render_chat
 from tito_rl.fake_engine.openai.tokens import text_pieces
+from tito_rl.fake_engine.openai.vllm_versions import vllm_profile
 from tito_rl.fake_engine.policy import GenerateRequest
 from tito_rl.fake_engine.serving import Dropped, Prepared, Tracked, drop, dumps, json_response
 from tito_rl.fake_engine.sessions import session_key, turn_index
@@ -33,9 +42,12 @@ from tito_rl.fake_engine.sglang.responses import (
     meta_info,
 )
 from tito_rl.fake_engine.sglang.validation import EngineHTTPError, check_context
-from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE
+from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE, VLLM_OPENAI
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
+# vLLM 0.32's answers where a start flag is missing (the engine contract recorded them).
+SCALE_OUT_REFUSAL = "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them."
+AUTO_TOOL_REFUSAL = '"{}" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 
 
 class EngineCore(Protocol):
@@ -100,12 +112,15 @@ class OpenAIRoutes:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise bad_request(dialect_of(request.path, None, opts.openai_dialect), f"JSON decode error: {e}") from None
         call = parse_call(request.path, body, request.headers, opts.model_name, opts.openai_dialect)
+        self._as_started(call, request.path)
         prompt = call.prompt_ids if call.prompt_ids is not None else render_chat(
             self.tokenizer, body, lambda m: error_body(call.dialect, 400, m))
         try:
             check_context(len(prompt), call.max_tokens, opts.context_length)
         except EngineHTTPError as e:
-            raise bad_request(call.dialect, _message_of(e.body)) from None
+            over_prompt = len(prompt) >= opts.context_length
+            param = None if call.dialect == VLLM_GENERATE else ("input_tokens" if over_prompt else "max_tokens")
+            raise bad_request(call.dialect, _message_of(e.body), param) from None
         routing = request.headers.get(ROUTING_HEADER) or forwarded_bearer(request.headers)
         greq = GenerateRequest(
             input_ids=prompt, sampling_params=call.sampling, rid=call.rid, stream=call.stream,
@@ -130,6 +145,21 @@ class OpenAIRoutes:
         return json_response(self._body(call, greq, ids, lps, finish, prepared.matched, prepared.cached_tokens,
                                         start))
 
+    def _as_started(self, call: OpenAICall, path: str) -> None:
+        """The vLLM release and start flags the engine imitates (`EngineOptions.vllm_*`): the routes and options a
+        missing flag closes answer as vLLM 0.32 answers them."""
+        opts = self.engine.options
+        call.vllm = vllm_profile(opts.vllm_version)
+        call.reasoning_parser = opts.vllm_reasoning_parser
+        if call.dialect == VLLM_GENERATE and call.vllm.generate_token_ids_in_logprobs:
+            call.tokens_as_ids = bool(call.body.get("return_tokens_as_token_ids"))
+        if path == GENERATE_PATH and not opts.vllm_scale_out:
+            raise EngineHTTPError(403, vllm_error(403, SCALE_OUT_REFUSAL, "PermissionDeniedError"))
+        choice = call.body.get("tool_choice")
+        if (call.dialect == VLLM_OPENAI and call.tools is not None and not opts.vllm_auto_tool_choice
+                and choice not in (None, "none")):
+            raise bad_request(call.dialect, AUTO_TOOL_REFUSAL.format(choice if isinstance(choice, str) else "named"))
+
     # ---- non-streamed bodies -----------------------------------------------------------------------
     def _seed(self, greq: GenerateRequest) -> str:
         return f"{greq.session_key}|{greq.turn_index}"
@@ -144,15 +174,32 @@ class OpenAIRoutes:
               matched: Any, cached: int, start: float) -> dict[str, Any]:
         tok, created, prompt = self.tokenizer, int(time.time()), greq.input_ids
         if call.dialect == VLLM_GENERATE:
-            return vllm_bodies.generate_body(tok, call, ids, lps, finish, prompt)
+            return vllm_bodies.generate_body(tok, call, ids, lps, finish, prompt, matched, created=created)
         if call.endpoint == "completions":
             pieces = text_pieces(tok, ids, call.skip_special_tokens)
-            return vllm_bodies.completion_body(tok, call, prompt, ids, lps, finish, pieces, created)
+            return vllm_bodies.completion_body(tok, call, prompt, ids, lps, finish, pieces, created, matched)
         if call.dialect == SGLANG_OPENAI:
             return self._sglang_body(call, greq, ids, lps, finish, matched, cached, start, created)
         parsed = vllm_chat(self._text(call, ids, finish), thinking=call.thinking, tool_parsing=call.tool_parsing,
-                           seed=self._seed(greq))
-        return vllm_bodies.chat_body(tok, call, prompt, ids, lps, finish, parsed, created)
+                           seed=self._seed(greq), reasoning_parser=call.reasoning_parser,
+                           starts_in_reasoning=call.vllm.starts_in_reasoning)
+        if parsed.content is None and call.body.get("tool_choice") not in (None, "auto", "none"):
+            parsed.content = ""  # forced tool calls: vLLM's message content is a string
+        return vllm_bodies.chat_body(tok, call, prompt, ids, lps, finish, parsed, created, matched,
+                                     sum(self._reasoning_at(call, greq, ids, finish)))
+
+    def _deltas(self, call: OpenAICall, greq: GenerateRequest, ids: list[int]) -> list[dict[str, Any]]:
+        return vllm_chat_deltas(self.tokenizer, ids, tool_parsing=call.tool_parsing, seed=self._seed(greq),
+                                skip_special=call.skip_special_tokens, reasoning_keys=call.vllm.reasoning_keys,
+                                reasoning_parser=call.reasoning_parser,
+                                starts_in_reasoning=call.vllm.starts_in_reasoning and call.thinking)
+
+    def _reasoning_at(self, call: OpenAICall, greq: GenerateRequest, ids: list[int], finish: str) -> list[bool]:
+        """Per output token: whether it went to the reasoning (the usage's `reasoning_tokens`)."""
+        if call.endpoint != "chat" or not call.reasoning_parser:
+            return [False] * len(ids)
+        deltas = self._deltas(call, greq, ids)
+        return [bool(d) and "reasoning" in d for d in deltas] + [False] * (len(ids) - len(deltas))
 
     def _sglang_finish(self, finish: str, matched: Any, ids: list[int]) -> dict[str, Any]:
         if finish == "stop":
@@ -203,7 +250,8 @@ class OpenAIRoutes:
             if chunk:  # an empty one: tokens decoded, nothing sent for them
                 await write(chunk)
         if call.include_usage:
-            await write(self._usage_chunk(call, len(greq.input_ids), produced, created))
+            reasoned = sum(self._reasoning_at(call, greq, ids[:produced], finish))
+            await write(self._usage_chunk(call, len(greq.input_ids), produced, created, reasoned))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -216,9 +264,10 @@ class OpenAIRoutes:
         if call.dialect == VLLM_GENERATE:
             for i in range(n):
                 out.append((1, vllm_bodies.generate_body(tok, call, ids[i:i + 1], lps[i:i + 1],
-                                                         finish if i == n - 1 else None, prompt if i == 0 else None)))
+                                                         finish if i == n - 1 else None, prompt if i == 0 else None,
+                                                         matched, chunk=True, total=i + 1)))
             if not n:
-                out.append((0, vllm_bodies.generate_body(tok, call, [], [], finish, prompt)))
+                out.append((0, vllm_bodies.generate_body(tok, call, [], [], finish, prompt, matched, chunk=True)))
             return out
         if call.endpoint == "completions":
             pieces = text_pieces(tok, ids, call.skip_special_tokens)
@@ -226,16 +275,23 @@ class OpenAIRoutes:
             for i in range(n):
                 out.append((1, vllm_bodies.completion_chunk(tok, call, ids[i:i + 1], lps[i:i + 1], pieces[i:i + 1],
                                                             offset, created, finish if i == n - 1 else None,
-                                                            prompt if i == 0 else None)))
+                                                            prompt if i == 0 else None, matched)))
                 offset += len(pieces[i])
             if not n:
-                out.append((0, vllm_bodies.completion_chunk(tok, call, [], [], [], 0, created, finish, prompt)))
-            return out
+                out.append((0, vllm_bodies.completion_chunk(tok, call, [], [], [], 0, created, finish, prompt,
+                                                            matched)))
+            if call.dialect == SGLANG_OPENAI:
+                return out
+            return vllm_bodies.with_stream_usage(call, out, len(prompt), [False] * n)
         sglang = call.dialect == SGLANG_OPENAI
-        keys = ("reasoning_content",) if sglang else vllm_bodies.REASONING_KEYS
         stream_ids = ids[:-1] if finish == "stop" and ids and not call.body.get("no_stop_trim") and sglang else ids
-        deltas = vllm_chat_deltas(tok, stream_ids, tool_parsing=call.tool_parsing, seed=self._seed(greq),
-                                  skip_special=call.skip_special_tokens, reasoning_keys=keys)
+        if sglang:
+            deltas = vllm_chat_deltas(tok, stream_ids, tool_parsing=call.tool_parsing, seed=self._seed(greq),
+                                      skip_special=call.skip_special_tokens, reasoning_keys=("reasoning_content",))
+        else:
+            deltas = self._deltas(call, greq, stream_ids)
+            if finish == "stop" and n and not isinstance(matched, str) and len(deltas) == n:
+                deltas[-1] = {}  # a stop id's text is never sent (vLLM 0.32: its chunk's delta is empty)
         deltas += [{}] * (n - len(deltas))
         called = any("tool_calls" in d for d in deltas)
         final = vllm_bodies.finish_reason(finish, called)
@@ -258,10 +314,10 @@ class OpenAIRoutes:
                 out.append((1, {}))  # vLLM sends nothing for a token the parser holds back
                 continue
             out.append((1, vllm_bodies.chat_chunk(tok, call, deltas[i], ids[i:i + 1], lps[i:i + 1], created,
-                                                  final if last else None)))
+                                                  final if last else None, matched)))
         if not n:
-            out.append((0, vllm_bodies.chat_chunk(tok, call, {}, [], [], created, finish)))
-        return out
+            out.append((0, vllm_bodies.chat_chunk(tok, call, {}, [], [], created, finish, matched)))
+        return vllm_bodies.with_stream_usage(call, out, len(prompt), self._reasoning_at(call, greq, ids, finish))
 
     def _abort_chunk(self, call: OpenAICall, created: int) -> dict[str, Any]:
         tok = self.tokenizer
@@ -273,13 +329,14 @@ class OpenAIRoutes:
             return sglang_bodies.chat_chunk(tok, call, {}, [], [], created, "abort")
         return vllm_bodies.chat_chunk(tok, call, {}, [], [], created, "abort")
 
-    def _usage_chunk(self, call: OpenAICall, prompt: int, completion: int, created: int) -> dict[str, Any]:
+    def _usage_chunk(self, call: OpenAICall, prompt: int, completion: int, created: int,
+                     reasoned: int = 0) -> dict[str, Any]:
         if call.dialect == SGLANG_OPENAI:
             return {"id": call.rid, "object": "chat.completion.chunk", "created": created,
                     "model": sglang_bodies.model_of(call), "choices": [],
                     "usage": sglang_bodies.usage(prompt, completion)}
         name = "text_completion" if call.endpoint == "completions" else "chat.completion.chunk"
-        return vllm_bodies.usage_chunk(call, prompt, completion, created, name)
+        return vllm_bodies.usage_chunk(call, prompt, completion, created, name, reasoned)
 
 
 def forwarded_bearer(headers: Any) -> str | None:

@@ -57,15 +57,25 @@ def _hermes(content: str | None, seed: str) -> tuple[list[dict[str, Any]], str |
     return calls, before or None
 
 
-def vllm_chat(text: str, *, thinking: bool, tool_parsing: bool, seed: str) -> ParsedChat:
-    """The non-streamed message vLLM's qwen3 + hermes parsers make of `text` (module docstring)."""
+def vllm_chat(text: str, *, thinking: bool, tool_parsing: bool, seed: str, reasoning_parser: bool = True,
+              starts_in_reasoning: bool = False) -> ParsedChat:
+    """The non-streamed message vLLM's qwen3 + hermes parsers make of `text` (module docstring). Without a reasoning
+    parser the text is all content. vLLM 0.32's qwen3 parser (`starts_in_reasoning`) reads everything before
+    `</think>` as reasoning when thinking is on, a leading `<think>` dropped. It does so even when no `</think>`
+    ever comes (all reasoning, content null); the fake engine reads such a text as content, deliberately
+    (docs/engine-dialects.md, "Left out": a scripted turn without reasoning has no think block at all)."""
     reasoning: str | None = None
     content: str | None = text
-    if THINK in text and THINK_END in text:
+    if not reasoning_parser:
+        pass
+    elif starts_in_reasoning and thinking and THINK_END in text:
+        rest = text[len(THINK):] if text.startswith(THINK) else text
+        reasoning, _, after = rest.partition(THINK_END)
+        content = after or None
+    elif THINK in text and THINK_END in text:
         rest = text.partition(THINK)[2]
         reasoning, _, after = rest.partition(THINK_END)
         content = after or None
-    del thinking  # the 0.11-era qwen3 parser decides on the tags alone
     if not tool_parsing:
         return ParsedChat(reasoning, content)
     calls, content = _hermes(content, seed)
@@ -73,23 +83,32 @@ def vllm_chat(text: str, *, thinking: bool, tool_parsing: bool, seed: str) -> Pa
 
 
 def vllm_chat_deltas(tokenizer: Any, ids: list[int], *, tool_parsing: bool, seed: str, skip_special: bool = True,
-                     reasoning_keys: tuple[str, ...] = ("reasoning", "reasoning_content")) -> list[dict[str, Any]]:
-    """One delta per output token, as vLLM streams them with `return_token_ids` (module docstring)."""
+                     reasoning_keys: tuple[str, ...] = ("reasoning", "reasoning_content"),
+                     reasoning_parser: bool = True, starts_in_reasoning: bool = False) -> list[dict[str, Any]]:
+    """One delta per output token, as vLLM streams them with `return_token_ids` (module docstring; `vllm_chat`
+    for the reasoning parser's two behaviours)."""
     think, think_end, tool, tool_end = tokenizer.convert_tokens_to_ids([THINK, THINK_END, TOOL_CALL, TOOL_CALL_END])
-    control = {think, think_end, *((tool, tool_end) if tool_parsing else ())}
+    control = {*((think, think_end) if reasoning_parser else ()), *((tool, tool_end) if tool_parsing else ())}
     special = set(getattr(tokenizer, "all_special_ids", []))
     pieces = text_pieces(tokenizer, ids, skip_special_tokens=skip_special)
-    has_reasoning = think in ids and think_end in ids
+    has_reasoning = reasoning_parser and think in ids and think_end in ids
     deltas: list[dict[str, Any]] = [{} for _ in ids]
-    region = "content"
+    region = "reasoning" if reasoning_parser and starts_in_reasoning and think_end in ids else "content"
     body: list[int] = []  # positions of the current tool call's body tokens
     n_calls = 0
+    spelled = _spelled_tool_call(pieces) if tool_parsing and tool not in ids else None
     for pos, tid in enumerate(ids):
+        if spelled is not None and pos >= spelled[0] and region == "content":
+            region, body = "tool", []  # `<tool_call>` spelled in text pieces (structured outputs force it so)
+        if spelled is not None and spelled[0] <= pos < spelled[1]:
+            continue  # the tag's own tokens: held back, as the hermes parser holds them
         if tid == think and has_reasoning and region == "content" and pos < ids.index(think_end):
             region = "reasoning"
             continue
         if tid == think_end and region == "reasoning":
             region = "content"
+            continue
+        if tid == think and region == "reasoning" and starts_in_reasoning:
             continue
         if tool_parsing and tid == tool and region == "content":
             region, body = "tool", []
@@ -113,19 +132,57 @@ def vllm_chat_deltas(tokenizer: Any, ids: list[int], *, tool_parsing: bool, seed
     return deltas
 
 
+def _spelled_tool_call(pieces: list[str]) -> tuple[int, int] | None:
+    """Where a `<tool_call>` spelled across ordinary tokens starts and ends (token positions, the end exclusive):
+    under `tool_choice` required or named, vLLM's structured outputs make the model write the tag as text, and its
+    hermes parser reads it from the text all the same."""
+    text = "".join(pieces)
+    at = text.find(TOOL_CALL)
+    if at < 0:
+        return None
+    starts, offset = [], 0
+    for piece in pieces:
+        starts.append(offset)
+        offset += len(piece)
+    first = max(i for i, start in enumerate(starts) if start <= at)
+    end = at + len(TOOL_CALL)
+    after = next((i for i, start in enumerate(starts) if start >= end), len(pieces))
+    return first, after
+
+
+_PARTIAL_NAME = re.compile(r'"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+_PARTIAL_ARGUMENTS = re.compile(r'"arguments"\s*:\s*')
+
+
+def _call_parts(text: str) -> tuple[str, str, int] | None:
+    """(name, arguments, where the arguments start in `text`) of a tool call's JSON; a call cut short (by
+    `max_tokens`) gives what is there of it once its name is complete, as vLLM 0.32's hermes parser streams it."""
+    try:
+        call = json.loads(text)
+        name, arguments = call["name"], json.dumps(call["arguments"], ensure_ascii=False)
+    except (ValueError, KeyError, TypeError):
+        named = _PARTIAL_NAME.search(text)
+        if named is None:
+            return None
+        rest = _PARTIAL_ARGUMENTS.search(text, named.end())
+        at = rest.end() if rest else -1
+        return json.loads(named.group(1)), text[at:] if rest else "", at
+    name_end = text.find(json.dumps(name, ensure_ascii=False), text.find('"name"')) + len(
+        json.dumps(name, ensure_ascii=False))
+    return name, arguments, text.find(arguments, name_end)
+
+
 def _tool_fragments(deltas: list[dict[str, Any]], body: list[int], pieces: list[str], index: int,
                     call_id: str) -> None:
     """The fragments of one tool call over its body tokens: the name where it completes, then the arguments
     spread over the tokens that spell them."""
     text = "".join(pieces[p] for p in body)
-    try:
-        call = json.loads(text)
-        name, arguments = call["name"], json.dumps(call["arguments"], ensure_ascii=False)
-    except (ValueError, KeyError, TypeError):
-        return  # not a parsable call: vLLM's hermes streams nothing for it
+    parts = _call_parts(text)
+    if parts is None:
+        return  # no name yet: vLLM's hermes streams nothing for it
+    name, arguments, args_at = parts
     name_at = text.find('"name"')
     name_end = text.find(json.dumps(name, ensure_ascii=False), name_at) + len(json.dumps(name, ensure_ascii=False))
-    args_at = text.find(arguments, name_end)
     starts = []
     offset = 0
     for p in body:

@@ -170,8 +170,8 @@ class SessionRunner:
 
     async def model_turn(self, conv: Conversation) -> AssistantReply:
         s = self.session
-        body = _compact(self.wire.body(s.model, conv.agent.system, conv.agent.specs, conv.history, s.max_tokens,
-                                       s.stream, s.id))
+        body = _compact({**self.wire.body(s.model, conv.agent.system, conv.agent.specs, conv.history, s.max_tokens,
+                                          s.stream, s.id), **s.extra_body})
         index = self.result.requests
         self.result.requests += 1
         if index in self.disconnects:

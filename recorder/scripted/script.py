@@ -20,6 +20,7 @@ script (`fake_engine/policies/scripted.py`, which ignores `client:`) and what th
           subagents:
             explorer: {system: You explore., tools: [Read], results: {Read: "..."}}
           disconnects: [{request: 1, after_ms: 300, resend_after_ms: 300}]   # client aborts
+          extra_body: {seed: 7}                # merged into every model request's body, as the OpenAI SDK's
           steps:
             - prompt: List the files.          # a user message, then the tool loop (max_turns)
             - compact: Summarise the work.     # a summary turn, then the history is that summary
@@ -189,6 +190,7 @@ class ClientSession(Strict):
     stream: bool = True
     model: str = "tito-policy"
     max_tokens: PosInt = 32000
+    extra_body: dict[str, Any] = {}  # fields added to every model request's body (`{seed: 7, temperature: 0.7}`)
     subagents: dict[str, AgentSpec] = {}
     disconnects: tuple[Disconnect, ...] = ()  # client aborts
     retries: NonNegInt = 3  # re-sends of the identical body after a retryable status

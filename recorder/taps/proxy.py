@@ -8,6 +8,7 @@ still open (their samples are written with reward 0) before closing the file.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
@@ -18,8 +19,9 @@ from aiohttp.typedefs import Handler
 
 from tito_rl.cassette.format.records import Header
 from tito_rl.cassette.writer import CassetteWriter, PerSessionTap
-from tito_rl.cassette.writer_process import WriterProcessTap
+from tito_rl.cassette.writer_process import Layout, WriterProcessTap
 from tito_rl.recorder.taps.progress import ProgressTap
+from tito_rl.recorder.taps.sampling import SamplingTap
 from tito_rl.trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
 from tito_rl.trajectory.adapters.tap import TrafficTap
 from tito_rl.trajectory.tokens.tokenizer import fingerprint
@@ -69,15 +71,26 @@ def build_header(settings: AdapterSettings, engine: dict[str, Any] | None, agent
     return header
 
 
-def open_tap(out: Path, header: Header, per_session: bool) -> WriterProcessTap:
+def open_tap(out: Path, header: Header, layout: Layout,
+             on_event: Callable[[dict[str, Any]], None] | None = None) -> WriterProcessTap:
     """The recording proxy's tap: a writer process, so recording is off the event loop (`writer_process`)."""
-    return WriterProcessTap(out, header, per_session)
+    return WriterProcessTap(out, header, layout=layout, on_event=on_event)
+
+
+def recorded_tap(tap: TrafficTap, progress: TextIO | None = None, sample_rate: float = 1.0,
+                 wrap: Callable[[TrafficTap], TrafficTap] | None = None) -> TrafficTap:
+    """What the proxy's traffic goes through: `wrap` (the metrics), the progress line (every session), then the
+    sampling (`--sample-rate`), then the writer."""
+    sampled: TrafficTap = SamplingTap(tap, sample_rate) if sample_rate < 1.0 else tap
+    counted = ProgressTap(sampled, progress) if progress is not None else sampled
+    return wrap(counted) if wrap is not None else counted
 
 
 def create_recording_app(settings: AdapterSettings, tap: CassetteWriter | PerSessionTap | WriterProcessTap,
-                         progress: TextIO | None = None, manager: Any = None) -> web.Application:
+                         progress: TextIO | None = None, manager: Any = None, sample_rate: float = 1.0,
+                         wrap: Callable[[TrafficTap], TrafficTap] | None = None) -> web.Application:
     """The adapter app with `tap` on both legs; closing the app finalizes open sessions and the cassette."""
-    counted: TrafficTap = ProgressTap(tap, progress) if progress is not None else tap
+    counted = recorded_tap(tap, progress, sample_rate, wrap)
     app = create_app(settings, manager=manager, tap=counted)
 
     @web.middleware
@@ -96,8 +109,9 @@ def create_recording_app(settings: AdapterSettings, tap: CassetteWriter | PerSes
         for sid in list(adapter.manager.sessions()):
             samples = [s.to_dict() for s in adapter.manager.finish(sid, 0.0)]
             counted.session_finished(sid, "api", 0.0, samples)
-        if isinstance(counted, ProgressTap):
-            counted.flush()
+        flush = getattr(counted, "flush", None)
+        if flush is not None:  # the progress line's last counts
+            flush()
         tap.close()
 
     app.on_shutdown.append(finalize)

@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cassettes, or folders standing for the *.tito files in them")
     parser.add_argument("--json", action="store_true", help="print the audit as JSON (docs/audit.md, its schema)")
     parser.add_argument("--html", metavar="FILE", help="write the audit as one self-contained HTML page")
+    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                        help="worker processes auditing cassettes in parallel, one cassette each at a time (default "
+                             "1: this process); a run's folder of rotated cassettes spreads over them")
     parser.add_argument("--fail-on", default=",".join(DEFAULT_FAIL_ON), metavar="RULES",
                         help=f"comma-separated rule ids that exit 1 when they fire (default: "
                              f"{','.join(DEFAULT_FAIL_ON)}; empty: never); rules: {', '.join(RULES)}")
@@ -32,9 +35,12 @@ def run(args: argparse.Namespace) -> int:
     from tito_rl.replayer.audit.report import render_text, to_json
     from tito_rl.replayer.audit.runner import AuditInputError, audit, parse_rules
 
+    if args.jobs < 1:
+        print("tito audit: --jobs must be >= 1", file=sys.stderr)
+        return EXIT_UNUSABLE
     bar = progress_bar(args.inputs)
     try:
-        report = audit(args.inputs, parse_rules(args.fail_on), bar.update if bar is not None else None)
+        report = audit(args.inputs, parse_rules(args.fail_on), bar.update if bar is not None else None, args.jobs)
     except AuditInputError as exc:
         print(f"tito audit: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -70,6 +70,9 @@ def _plain(text: str, specials: tuple[str, ...]) -> str:
     return text.strip()
 
 
+CLIENT_GONE = 499  # what a recording says of an exchange whose agent hung up before its reply
+
+
 def status_class(status: int) -> str:
     """What a client does with a status: retry it as overload, give up on it as an error, and so on."""
     if status == 0:
@@ -148,8 +151,8 @@ class Replies(RuleFamily):
             return
         engine = generating[-1]
         agent = exchange.record.status
-        if status_class(engine.status) == status_class(agent):
-            return
+        if agent == CLIENT_GONE or status_class(engine.status) == status_class(agent):
+            return  # an agent that went away got no status; its call dropped (vLLM's abort) is no engine error
         example = None
         if self.findings.wants_example("status-changed"):
             body = (exchange.record.reply_body or b"")[:80].decode("utf-8", "replace")

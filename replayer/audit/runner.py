@@ -149,10 +149,15 @@ def parse_expectations(text: str) -> tuple[tuple[str, ...], float | None]:
 
 
 def audit(inputs: list[str], fail_on: tuple[str, ...] = DEFAULT_FAIL_ON,
-          progress: Callable[[int], None] | None = None) -> AuditReport:
-    """Every cassette of `inputs`, in order; `progress(n)` hears n more bytes read (a bar over their sizes)."""
+          progress: Callable[[int], None] | None = None, jobs: int = 1) -> AuditReport:
+    """Every cassette of `inputs`, in order; `progress(n)` hears n more bytes read (a bar over their sizes).
+    `jobs` > 1: the cassettes are audited in that many worker processes, a cassette each at a time (a run's
+    folder of rotated cassettes, `tito record --rotate-sessions`); the report is the one `jobs=1` makes."""
+    paths = cassette_paths(inputs)
+    if jobs > 1 and len(paths) > 1:
+        return AuditReport(_audit_in_workers(paths, jobs, progress), fail_on)
     audits = []
-    for path in cassette_paths(inputs):
+    for path in paths:
         done = 0
 
         def step(bytes_read: int) -> None:
@@ -163,3 +168,27 @@ def audit(inputs: list[str], fail_on: tuple[str, ...] = DEFAULT_FAIL_ON,
 
         audits.append(audit_cassette(path, step))
     return AuditReport(audits, fail_on)
+
+
+def _audit_in_workers(paths: list[Path], jobs: int, progress: Callable[[int], None] | None) -> list[CassetteAudit]:
+    """Each cassette audited in a worker (forked where the platform can: nothing to load again), its result sent
+    back whole; results in cassette order, an unusable one raising here as it would in one process."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    audits = []
+    with context.Pool(min(jobs, len(paths))) as pool:
+        for path, result in zip(paths, pool.imap(_audit_one, paths), strict=True):
+            if isinstance(result, AuditInputError):
+                raise result
+            audits.append(result)
+            if progress is not None:
+                progress(path.stat().st_size)
+    return audits
+
+
+def _audit_one(path: Path) -> CassetteAudit | AuditInputError:
+    try:
+        return audit_cassette(path)
+    except AuditInputError as exc:
+        return exc

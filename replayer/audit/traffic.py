@@ -215,71 +215,86 @@ def _call(record: EngineRecord, index: int) -> tuple[Call, np.ndarray | None]:
     return call, prompt
 
 
+class Feed:
+    """The rule families fed one cassette's records in file order (module docstring): by `stream` from a file, or
+    by a recording as it writes them (`tito_rl.replayer.audit.live`), so both count the same findings."""
+
+    def __init__(self, header: Header, families: list[RuleFamily], findings: Findings) -> None:
+        self.header, self.families, self.findings = header, families, findings
+        self.states: dict[str, SessionState] = {}
+
+    def state_of(self, name: str) -> SessionState:
+        found = self.states.get(name)
+        if found is None:
+            found = self.states[name] = SessionState(name, self.header)
+            self.findings.figure(name)
+        return found
+
+    def feed(self, record: Any) -> None:
+        families, findings = self.families, self.findings
+        if isinstance(record, EngineRecord):
+            state = self.state_of(record.session)
+            call, prompt = _call(record, state.calls)
+            state.calls += 1
+            findings.figure(state.name).engine_calls += 1
+            for family in families:
+                family.call(state, call, prompt)
+            state.pending.append(call)
+            state.since_finish.append(call)
+        elif isinstance(record, AgentRecord):
+            state = self.state_of(record.session)
+            exchange = Exchange(state.exchanges, record, state.pending, seq=record.seq)
+            state.exchanges += 1
+            findings.figure(state.name).exchanges += 1
+            state.pending = []
+            for call in exchange.calls:
+                call.exchange, call.side = exchange.index, record.side
+                for example in call.examples:
+                    example.exchange = exchange.index
+                call.examples = []
+            exchange.retry_of = record.retry_of
+            answer = exchange.answer
+            exchange.regenerated = (exchange.retry_of is not None and answer is not None
+                                    and exchange.retry_of in state.answered)
+            if answer is not None and exchange.index not in state.answered:
+                state.answered[exchange.index] = (answer.seq, answer.output[:48].copy())
+            for family in families:
+                family.exchange(state, exchange)
+            exchange.record = None
+            state.finish_exchanges[exchange.index] = exchange
+        elif isinstance(record, SamplesRecord | DropRecord):
+            state = self.state_of(record.session)
+            finish = Finish(record if isinstance(record, SamplesRecord) else None, state.since_finish,
+                            state.finish_exchanges)
+            for family in families:
+                family.finish(state, finish)
+            # a finished session's chains and calls are let go: memory follows the sessions live at once
+            state.since_finish, state.finish_exchanges, state.answered = [], {}, {}
+            state.breaks, state.notes = {}, {}
+        else:  # a session's start
+            self.state_of(record.session)
+
+    def end(self) -> None:
+        """The cassette ended: each session's calls after its last finish go to the families' `end`."""
+        for state in self.states.values():
+            for family in self.families:
+                family.end(state)
+
+
 def stream(path: str | Path, families: list[RuleFamily], findings: Findings,
            progress: Callable[[int], None] | None = None) -> StreamResult:
     """Read `path` once, feeding each record to every rule family (module docstring). `progress(bytes_read)` hears
     how far the pass has got at each session's end."""
-    states: dict[str, SessionState] = {}
     with CassetteReader(path) as reader:
-        header = reader.header
-
-        def state_of(name: str) -> SessionState:
-            found = states.get(name)
-            if found is None:
-                found = states[name] = SessionState(name, header)
-                findings.figure(name)
-            return found
-
+        feed = Feed(reader.header, families, findings)
         for record in records(reader):
-            if isinstance(record, EngineRecord):
-                state = state_of(record.session)
-                call, prompt = _call(record, state.calls)
-                state.calls += 1
-                findings.figure(state.name).engine_calls += 1
-                for family in families:
-                    family.call(state, call, prompt)
-                state.pending.append(call)
-                state.since_finish.append(call)
-            elif isinstance(record, AgentRecord):
-                state = state_of(record.session)
-                exchange = Exchange(state.exchanges, record, state.pending, seq=record.seq)
-                state.exchanges += 1
-                findings.figure(state.name).exchanges += 1
-                state.pending = []
-                for call in exchange.calls:
-                    call.exchange, call.side = exchange.index, record.side
-                    for example in call.examples:
-                        example.exchange = exchange.index
-                    call.examples = []
-                exchange.retry_of = record.retry_of
-                answer = exchange.answer
-                exchange.regenerated = (exchange.retry_of is not None and answer is not None
-                                        and exchange.retry_of in state.answered)
-                if answer is not None and exchange.index not in state.answered:
-                    state.answered[exchange.index] = (answer.seq, answer.output[:48].copy())
-                for family in families:
-                    family.exchange(state, exchange)
-                exchange.record = None
-                state.finish_exchanges[exchange.index] = exchange
-            elif isinstance(record, SamplesRecord | DropRecord):
-                state = state_of(record.session)
-                finish = Finish(record if isinstance(record, SamplesRecord) else None, state.since_finish,
-                                state.finish_exchanges)
-                for family in families:
-                    family.finish(state, finish)
-                # a finished session's chains and calls are let go: memory follows the sessions live at once
-                state.since_finish, state.finish_exchanges, state.answered = [], {}, {}
-                state.breaks, state.notes = {}, {}
-                if progress is not None:
-                    progress(reader.bytes_read)
-            else:  # a session's start
-                state_of(record.session)
-        for state in states.values():
-            for family in families:
-                family.end(state)
+            feed.feed(record)
+            if progress is not None and isinstance(record, SamplesRecord | DropRecord):
+                progress(reader.bytes_read)
+        feed.end()
         if progress is not None:
             progress(reader.bytes_read)
-        return StreamResult(header, reader.truncated, len(states))
+        return StreamResult(reader.header, reader.truncated, len(feed.states))
 
 
 def request_json(record: AgentRecord) -> dict[str, Any]:

@@ -13,10 +13,12 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tito_rl.cassette.format.errors import CassetteError
 from tito_rl.cassette.reader import CassetteSummary, summarize
+from tito_rl.cassette.writer import CASSETTE_SUFFIX
 from tito_rl.replayer.cassette_tools.cut_merge import (
     CassetteToolError,
     Written,
@@ -35,7 +37,7 @@ UNUSABLE = "2: the input cannot be used (no such file, not a cassette, corrupt)"
 
 
 def _info_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", help="cassette file")
+    parser.add_argument("path", help="cassette file, or a folder of them (a recorded run)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -63,7 +65,9 @@ ACTIONS = {
         "print the header and per-session counts",
         "Prints a cassette's header (format, tito version, tokenizer, parsers, target, agent, engine) and each "
         "session's agent exchanges, engine calls, samples and drops, without replaying it; says whether the file "
-        "was cut short (a killed recording). --json prints the same for machines.",
+        "was cut short (a killed recording). A folder (a run recorded with --rotate-sessions) is read as one "
+        "recording: the first cassette's header, then every session with the cassette holding it. --json prints "
+        "the same for machines.",
         ("0: printed", UNUSABLE), _info_arguments),
     "export": (
         "print the records as JSON (token ids resolved, bodies parsed)",
@@ -134,11 +138,38 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    if Path(args.path).is_dir():
+        return _folder_info(Path(args.path), args.json)
     summary = summarize(args.path, verify=False)  # a cassette's stored index answers without reading records
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2))
     else:
         print(format_text(summary))
+    return EXIT_OK
+
+
+def _folder_info(folder: Path, as_json: bool) -> int:
+    """A run's folder: each cassette summarized from its index, shown as one recording."""
+    paths = sorted(folder.glob(f"*{CASSETTE_SUFFIX}"))
+    if not paths:
+        return _unusable("info", f"{folder}: no cassettes (*{CASSETTE_SUFFIX}) in this folder")
+    summaries = [(p, summarize(p, verify=False)) for p in paths]
+    if as_json:
+        print(json.dumps({"path": str(folder), "cassettes": [{"path": p.name, **s.to_dict()} for p, s in summaries],
+                          "sessions": sum(len(s.sessions) for _, s in summaries),
+                          "truncated": [p.name for p, s in summaries if s.truncated]}, indent=2))
+        return EXIT_OK
+    first = format_text(summaries[0][1]).split("\n\n", 1)[0]  # the header lines
+    rows = [(s.session, p.name, s) for p, summary in summaries for s in summary.sessions]
+    width = max([len("session")] + [len(name) for name, _, _ in rows])
+    part = max(len(p.name) for p in paths)
+    lines = [first, "", f"{'session':<{width}}  {'cassette':<{part}}  agent  engine  samples"]
+    lines += [f"{name:<{width}}  {where:<{part}}  {s.agent_exchanges:>5}  {s.engine_exchanges:>6}  {s.samples:>7}"
+              for name, where, s in rows]
+    cut = [p.name for p, s in summaries if s.truncated]
+    lines.append(f"{len(rows)} session(s) in {len(paths)} cassette(s)")
+    lines.append(f"truncated: {', '.join(cut)} (the last record is incomplete)" if cut else "truncated: no")
+    print("\n".join(lines))
     return EXIT_OK
 
 

@@ -121,14 +121,34 @@ def unified_diff(old: str, new: str, label: str) -> list[str]:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock per golden file, outside the cassette folder (no lock files beside goldens)."""
+    """An exclusive lock per golden file, outside the cassette folder (no lock files beside goldens), removed by
+    its holder before it lets go, so that a run leaves nothing in the temp folder. A waiter may then hold a lock
+    on the removed file while a newcomer creates a fresh one: so the lock counts only once the file locked is
+    still the one at the path, else it is taken again."""
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
-    with open(Path(tempfile.gettempdir()) / f"tito-golden-{key}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    lock = Path(tempfile.gettempdir()) / f"tito-golden-{key}.lock"
+    while True:
+        with open(lock, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                if not _same_file(handle.fileno(), lock):
+                    continue  # removed (or replaced) by the holder before us: take the one there now
+                try:
+                    yield
+                finally:
+                    lock.unlink(missing_ok=True)
+                return
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        there = path.stat()
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
 class GoldenBook:

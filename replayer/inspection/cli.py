@@ -17,7 +17,7 @@ EXIT_OK, EXIT_UNUSABLE = 0, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("cassette", metavar="CASSETTE", help="a cassette file")
+    parser.add_argument("cassette", metavar="CASSETTE", help="a cassette file, or a folder of them (a recorded run)")
     parser.add_argument("--session", action="append", default=[], metavar="NAME",
                         help="inspect only this session (repeatable)")
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML page instead of printing")
@@ -39,12 +39,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from tito_rl.replayer.inspection.gather import inspect_cassette
+    from pathlib import Path
+
+    from tito_rl.replayer.inspection.gather import inspect_cassette, inspect_folder
     from tito_rl.replayer.inspection.text import render_text
     from tito_rl.replayer.replay.loading import ReplayInputError
 
     try:
-        inspection = inspect_cassette(args.cassette, args.session or None, args.tokenizer)
+        inspect = inspect_folder if Path(args.cassette).is_dir() else inspect_cassette
+        inspection = inspect(args.cassette, args.session or None, args.tokenizer)
     except ReplayInputError as exc:
         print(f"tito inspect: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE

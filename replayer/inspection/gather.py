@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from tito_rl.cassette.format.packing import PackedIds
@@ -124,6 +125,34 @@ def inspect_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | Non
 
     result = run_sync(replay_loaded(cassette, str(path), folder, sessions, ReplayOptions(strict=False, on_plan=keep)))
     return inspection_of(cassette, result, folder, rows)
+
+
+def inspect_folder(folder: str | os.PathLike[str], sessions: Iterable[str] | None = None,
+                   tokenizer: str | None = None) -> Inspection:
+    """A run's folder of cassettes (`tito record --rotate-sessions`) as one inspection: each cassette holding a
+    session asked for (every one without `sessions`), in name order, under the first one's header."""
+    from tito_rl.cassette.reader import open_cassette
+    from tito_rl.cassette.writer import CASSETTE_SUFFIX
+    from tito_rl.replayer.replay.loading import ReplayInputError
+
+    paths = sorted(Path(folder).glob(f"*{CASSETTE_SUFFIX}"))
+    if not paths:
+        raise ReplayInputError(f"{folder}: no cassettes (*{CASSETTE_SUFFIX}) in this folder")
+    wanted = None if sessions is None else list(sessions)
+    parts: list[Inspection] = []
+    found: set[str] = set()
+    for path in paths:
+        names = set(open_cassette(path, verify=False).sessions) if wanted is not None else set()
+        here = None if wanted is None else [s for s in wanted if s in names]
+        if here is None or here:
+            found.update(here or ())
+            parts.append(inspect_cassette(path, here, tokenizer))
+    missing = [s for s in wanted or () if s not in found]
+    if missing:
+        raise ReplayInputError(f"{folder}: no session {', '.join(map(repr, missing))} in its cassettes")
+    first = parts[0]
+    return Inspection(str(folder), first.header, any(p.truncated for p in parts),
+                      [v for p in parts for v in p.sessions], first.names)
 
 
 PlanRows = tuple[list["ExchangeRow"], int]  # a session's exchange rows and its unanswered engine calls

@@ -7,9 +7,9 @@ request), not guessed from its content: the exchange's recorded calls are served
 /generate is checked against its recorded twin (input_ids, and the sampling params that change results;
 never the random rid) before it is answered.
 
-A /generate is held until the replay says the exchange ends (`release`), so concurrent requests of one
-session end in their recorded order; an /abort_request releases its generation, as the engine answers an
-aborted request with its partial output.
+A generation is held until the replay says the exchange ends (`release`), so concurrent requests of one
+session end in their recorded order; an abort (SGLang's /abort_request, vLLM's /abort_requests) releases its
+generation, as the engine answers an aborted request with its partial output.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class CassetteTransport:
                     raise EngineUnreachable(f"replay: {difference.summary}")
             leg.arrived.set()
             await leg.release.wait()
-        elif path.endswith("/abort_request"):
+        elif endpoint_of(path) == "abort":  # SGLang's /abort_request, vLLM's /abort_requests
             leg.release.set()
         if leg.stopped:
             raise EngineUnreachable(f"replay: {STOPPED}")

@@ -34,16 +34,24 @@ from tito_rl.replayer.replay.agent_leg import (
     request_target,
 )
 from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE, CassetteTransport
-from tito_rl.replayer.replay.loading import ReplayInputError, adapter_settings, recorded_target, replay_target
+from tito_rl.replayer.replay.loading import (
+    ReplayInputError,
+    adapter_settings,
+    recorded_engine_model,
+    recorded_target,
+    replay_target,
+)
 from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.replay.plan import Drop, End, Finish, PlannedExchange, SessionPlan, Start
 from tito_rl.replayer.replay.results import FinishResult, SessionResult
 from tito_rl.trajectory.adapters.app import ADAPTER_KEY, create_app
-from tito_rl.trajectory.dialects.registry import is_generation, record_view
+from tito_rl.trajectory.adapters.engine.generate import DROPPED
+from tito_rl.trajectory.dialects.registry import endpoint_of, is_generation, record_view
 from tito_rl.trajectory.dialects.view import SGLANG
 from tito_rl.trajectory.manager import Linearization, TrajectoryManager
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
+UNIX_PATH_MAX = 107  # a Unix socket's path, in bytes (Linux's sun_path holds 108 with the terminating NUL)
 STEP_TIMEOUT_S = 60.0  # a step that takes this long is a hang: reported as a difference, never waited out
 _CREATED = re.compile(rb'"created(?:_at)?":\s*(\d+)')
     # its rows there, so a session is read from the file once)
@@ -179,6 +187,8 @@ class Harness(HarnessBase):
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
         super().__init__(cassette, path, tokenizer, options)
         self.settings = adapter_settings(cassette.header, tokenizer, options.adapter)
+        if self.settings.engine_dialect != SGLANG and not self.settings.engine_model:
+            self.settings.engine_model = recorded_engine_model(cassette)
         self.settings.clock = self._created
         self.manager = CapturingManager(**{**(cassette.header.adapter.get("manager") or {}), **options.manager})
         self.tap = ReplayTap()
@@ -211,7 +221,7 @@ class Harness(HarnessBase):
             raise ReplayInputError(f"{self.path}: {exc}") from None
         self.adapter = app[ADAPTER_KEY]
         app.middlewares.append(exchange_context)
-        self._dir = tempfile.mkdtemp(prefix="tito-replay-")
+        self._dir = tempfile.mkdtemp(prefix="tito-replay-", dir=_socket_parent())
         socket_path = os.path.join(self._dir, "adapter.sock")
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
@@ -453,8 +463,9 @@ def wire_event(exchange: PlannedExchange, turns_known: bool = True) -> str | Non
     the recording knows each exchange's turn (tito's adapter); around another target it does not say."""
     record = exchange.record
     generates = [c for c in exchange.engine if is_generation(c.path)]
-    failed = [f"engine {c.path} {c.status or 'no answer'}" for c in generates if c.status != 200]
-    aborts = sum(c.path.endswith("/abort_request") for c in exchange.engine)
+    failed = [f"engine {c.path} call dropped" if c.status == 0 and c.error == DROPPED
+              else f"engine {c.path} {c.status or 'no answer'}" for c in generates if c.status != 200]
+    aborts = sum(endpoint_of(c.path) == "abort" for c in exchange.engine)
     parts: list[str] = []
     if record.retry_of is not None:
         parts.append(f"retry of #{record.retry_of} (identical body): " + (
@@ -477,3 +488,10 @@ def _reply_text(body: bytes | None, events: list[str] | None) -> str:
     if events is not None:
         return "".join(events)
     return (body or b"").decode("utf-8", errors="replace")
+
+
+def _socket_parent() -> str | None:
+    """Where the adapter's socket folder goes: the temp folder, unless a deep TMPDIR would make the socket's path
+    longer than a Unix socket's may be (the replay failed with `AF_UNIX path too long`); then /tmp."""
+    longest = os.path.join(tempfile.gettempdir(), "tito-replay-" + "x" * 8, "adapter.sock")
+    return "/tmp" if len(os.fsencode(longest)) > UNIX_PATH_MAX and os.path.isdir("/tmp") else None

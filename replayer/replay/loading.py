@@ -110,6 +110,17 @@ def adapter_settings(header: Header, tokenizer: str | None, overrides: dict[str,
     return AdapterSettings(**values, disconnect_poll_s=0.002)
 
 
+def recorded_engine_model(cassette: Cassette) -> str | None:
+    """The served model the recording's engine calls named: what a replay sends where the header does not say it
+    (an adapter that asked the engine mid-run, `EngineClient.served_model`)."""
+    for name in cassette.sessions:
+        for record in cassette.sessions[name].engine:
+            model = record.request.get("model") if isinstance(record.request, dict) else None
+            if isinstance(model, str) and model:
+                return model
+    return None
+
+
 def select_sessions(cassette: Cassette, path: str, names: Iterable[str] | None,
                     missing_ok: bool = False) -> list[str]:
     """The sessions to replay, in cassette order; `missing_ok` skips names this cassette lacks."""

@@ -1,7 +1,8 @@
-"""The adapter application: agent wire formats in, SGLang /generate out, one TurnRecord per turn.
+"""The adapter application: agent wire formats in, token ids to the engine (SGLang's /generate by default, or vLLM's
+/inference/v1/generate or /v1/completions: `AdapterSettings.engine_dialect`), one TurnRecord per turn.
 
 One aiohttp app serves many concurrent sessions. Per turn: translate the request to canonical messages,
-render the chat template (incrementally encoded), call /generate, parse the output with sglang's parsers,
+render the chat template (incrementally encoded), call the engine, parse the output with sglang's parsers,
 send the reply in the client's wire format, then record the turn in the TrajectoryManager. Every agent
 exchange and engine call is reported to a `TrafficTap`, which is where a recorder listens.
 
@@ -41,6 +42,7 @@ from tito_rl.trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS, che
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, NullTap, TrafficTap
 from tito_rl.trajectory.adapters.turns import BadRequest, TurnReply, TurnRequest
 from tito_rl.trajectory.adapters.wires import anthropic, gemini, openai_chat, responses
+from tito_rl.trajectory.dialects.view import SGLANG
 from tito_rl.trajectory.records import TurnRecord
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
@@ -68,6 +70,9 @@ class AdapterSettings:
     chat_template: str | None = None  # template text in place of the tokenizer's (None: the tokenizer's)
     fold_system: bool = True  # mid-list system messages -> <system-reminder> in a user message
     model_name: str = "tito"
+    engine_dialect: str = SGLANG  # the engine API called (`engine.generate.ADAPTER_DIALECTS`, docs/engine-dialects.md)
+    engine_model: str | None = None  # the engine's served model, which vLLM calls name (None: asked of the engine)
+    engine_seed: int | None = None  # a sampling seed sent with every generation (reproducible engine legs)
     side_patterns: tuple[str, ...] = DEFAULT_SIDE_PATTERNS  # title/summary prompts answered but never trained
     engine_timeout_s: float = 600.0
     abort_grace_s: float = 5.0  # how long to wait for an aborted generation's partial output
@@ -130,7 +135,8 @@ class Adapter:
         self.splicer = Splicer(self.renderer)
         self.parser = OutputParser(settings.reasoning_parser, settings.tool_parser)
         self.engine = EngineClient(settings.engine_url, settings.client_session_factory,
-                                   settings.engine_timeout_s, settings.rid_factory, engine_transport, settings.clock)
+                                   settings.engine_timeout_s, settings.rid_factory, engine_transport, settings.clock,
+                                   settings.engine_dialect, settings.engine_model)
         self.sessions: dict[str, SessionState] = {}
         self.disconnects = DisconnectWatcher(settings.disconnect_poll_s)
         self._eos = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None}
@@ -280,18 +286,21 @@ class Adapter:
                         on_disconnect: Callable[[Generation], None]) -> Generation | None:
         """The generation, or None when the client went away (then aborted, and reported to on_disconnect)."""
         params = sampling_params(turn.sampling, len(prompt_ids), self.settings.context_length,
-                                 self.settings.default_max_tokens)
+                                 self.settings.default_max_tokens, self.settings.engine_seed)
         if params is None:  # no context left: no call, an empty `length` turn (reference behaviour)
             return Generation(rid, [], [], "length", len(prompt_ids), created=int(self.engine.clock()))
         on_exchange = self._engine_reporter(ref, request)
         task = asyncio.ensure_future(self.engine.generate(ref.sid, rid, prompt_ids, params, on_exchange, state.t0))
 
         async def abort() -> None:
-            await self.engine.abort(rid, on_exchange, state.t0)
-            try:  # the engine answers an aborted request with its partial output
+            told = await self.engine.abort(rid, on_exchange, state.t0)
+            try:  # an engine told of the abort answers the request with its partial output
+                if not told:
+                    raise TimeoutError
                 partial = await asyncio.wait_for(asyncio.shield(task), self.settings.abort_grace_s)
             except (TimeoutError, EngineError):
-                task.cancel()
+                task.cancel()  # dropping the call is the abort where the engine has no route for one (vLLM)
+                await asyncio.gather(task, return_exceptions=True)  # its exchange reported before the agent's
                 partial = Generation(rid, [], [], "abort", len(prompt_ids))
             on_disconnect(partial)
 

@@ -1,18 +1,35 @@
-"""`tito serve`: the adapter app standalone, in front of an SGLang engine (or router, or fake engine)."""
+"""`tito serve`: the adapter app standalone, in front of an SGLang or vLLM engine (or router, or fake engine)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from typing import Any
 
 from tito_rl.trajectory.adapters.app import AdapterSettings
+from tito_rl.trajectory.adapters.engine.generate import ADAPTER_DIALECTS
 from tito_rl.trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS
+from tito_rl.trajectory.dialects.view import SGLANG
+
+ENGINE_DIALECT_HELP = ("the engine API tito's adapter calls: sglang (SGLang's /generate), vllm-generate (vLLM's "
+                       "/inference/v1/generate, started with --enable-scale-out) or vllm-openai (vLLM's "
+                       "/v1/completions with a token-id prompt and return_token_ids); default sglang "
+                       "(docs/engine-dialects.md)")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, engine_dialect: bool = True) -> None:
+    """`engine_dialect`: also `--engine-dialect` (tito record adds its own, which also names a foreign target's)."""
     d = AdapterSettings()
     parser.add_argument("--engine", required=True, help="engine base URL, e.g. http://127.0.0.1:30000")
+    if engine_dialect:
+        parser.add_argument("--engine-dialect", choices=ADAPTER_DIALECTS, metavar="DIALECT", help=ENGINE_DIALECT_HELP)
+    parser.add_argument("--engine-model", metavar="NAME",
+                        help="the served model a vLLM engine is called with (default: the first one its /v1/models "
+                             "lists)")
+    parser.add_argument("--engine-seed", type=int, metavar="N",
+                        help="a sampling seed sent with every generation (vLLM's seed, SGLang's sampling_seed): the "
+                             "same session gives the same engine answers")
     parser.add_argument("--listen", default="127.0.0.1:8400", help="HOST:PORT to serve on (default %(default)s)")
     parser.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer folder (default: embedded Qwen3)")
     parser.add_argument("--tool-parser", default=d.tool_parser, help="sglang tool-call parser (default %(default)s)")
@@ -45,7 +62,8 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         reasoning_parser=args.reasoning_parser or None, context_length=args.context_length,
         default_max_tokens=args.default_max_tokens, model_name=args.model_name,
         preserve_reasoning=not args.no_preserve_reasoning, splice=not args.no_splice,
-        fold_system=not args.no_fold_system,
+        fold_system=not args.no_fold_system, engine_dialect=args.engine_dialect or SGLANG,
+        engine_model=args.engine_model, engine_seed=args.engine_seed,
         side_patterns=(() if args.no_default_side_patterns else DEFAULT_SIDE_PATTERNS) + tuple(args.side_pattern))
 
 
@@ -53,6 +71,23 @@ def manager_from(args: argparse.Namespace) -> Any:
     from tito_rl.trajectory.manager import TrajectoryManager
 
     return TrajectoryManager(fork_threshold_tokens=args.fork_threshold, reward_policy=args.reward_policy)
+
+
+async def learn_served_model(settings: AdapterSettings) -> str | None:
+    """For a vLLM dialect without `--engine-model`: the served model asked of the engine into `settings` (and the
+    context length capped at the engine's). Returns what went wrong, in one line, or None."""
+    if settings.engine_dialect == SGLANG or settings.engine_model:
+        return None
+    from tito_rl.trajectory.adapters.engine.served_model import ServedModelError, fetch_served_model
+
+    try:
+        served = await fetch_served_model(settings.engine_url)
+    except ServedModelError as exc:
+        return f"cannot learn the engine's served model: {exc}"
+    settings.engine_model = served.name
+    if served.max_model_len is not None and served.max_model_len < settings.context_length:
+        settings.context_length = served.max_model_len
+    return None
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -75,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
     from tito_rl.trajectory.runtime.server_process import new_event_loop, prepare_to_serve
 
     settings = settings_from(args)
+    problem = asyncio.run(learn_served_model(settings))
+    if problem:
+        print(f"tito serve: warning: {problem}; it is asked again before the first generation", file=sys.stderr)
     try:
         app = create_app(settings, manager_from(args))
     except ValueError as exc:  # an unknown parser, a chat template that does not parse or escapes its sandbox
@@ -98,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
 
     def listening(_aiohttp_banner: str) -> None:
         # Called by run_app once the socket listens: tito's own line in place of aiohttp's banner.
-        print(f"tito serve: adapter on http://{host}:{port} -> {settings.engine_url}", file=sys.stderr, flush=True)
+        model = f", model {settings.engine_model}" if settings.engine_model else ""
+        print(f"tito serve: adapter on http://{host}:{port} -> {settings.engine_url} "
+              f"({settings.engine_dialect}{model})", file=sys.stderr, flush=True)
 
     web.run_app(app, host=host, port=port, loop=new_event_loop(), print=listening)
     return 0

@@ -1,4 +1,6 @@
-"""The SGLang `/generate` client: sampling parameters, rids, aborts (router-aware) and error mapping.
+"""The engine client of tito's adapter: sampling parameters, rids, aborts (router-aware) and error mapping, in the
+engine dialect the adapter is set to call (`ADAPTER_DIALECTS`): SGLang's `/generate` (the default), vLLM's
+`/inference/v1/generate`, or vLLM's `/v1/completions` with a token-id prompt (`vllm.py`).
 
 Every call is reported to a callback as an `EngineExchange`, so a recorder sees the engine leg exactly as
 sent and received. The bytes travel through an `EngineTransport` (`transport`): HTTP to a live engine by
@@ -7,56 +9,39 @@ default; a replay plugs in one that answers from a cassette.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from tito_rl.trajectory.adapters.engine import vllm
+from tito_rl.trajectory.adapters.engine.generation import EngineError, Generation, failed_call
+from tito_rl.trajectory.adapters.engine.served_model import MODELS_PATH, ServedModelError, read_listing
 from tito_rl.trajectory.adapters.engine.transport import EngineAnswer, EngineTransport, EngineUnreachable, HttpTransport
 from tito_rl.trajectory.adapters.tap import EngineExchange
-from tito_rl.trajectory.dialects.view import SGLANG
+from tito_rl.trajectory.dialects.view import SGLANG, VLLM_GENERATE, VLLM_OPENAI
 from tito_rl.trajectory.runtime.untracked import untrack
+
+__all__ = ["ADAPTER_DIALECTS", "EngineClient", "EngineError", "Generation", "new_rid", "parse_generation",
+           "sampling_params"]
 
 # Start of every request's sampling params: ids must round-trip, so nothing is skipped or trimmed.
 BASE_SAMPLING = {"skip_special_tokens": False, "spaces_between_special_tokens": False, "no_stop_trim": True}
 CLIENT_SAMPLING = ("temperature", "top_p", "top_k", "stop")
-
-
-# Engine statuses that mean "busy, send it again": the client gets its own wire's overloaded status, which its
-# retry logic knows (Anthropic's 529 overloaded_error, 503 on the OpenAI and Gemini wires), not a plain 502.
-OVERLOADED_ENGINE_STATUSES = frozenset({529})
-
-
-class EngineError(Exception):
-    """The engine failed a call; `status` is the HTTP status the adapter answers the agent with, unless
-    `overloaded`: then the agent's wire says how it spells "overloaded" (`OVERLOADED_STATUS` per wire)."""
-
-    def __init__(self, status: int, message: str, overloaded: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.overloaded = overloaded
-
-
-@dataclass
-class Generation:
-    rid: str
-    output_ids: list[int]
-    output_log_probs: list[float]
-    finish_reason: str  # stop, length, abort
-    prompt_tokens: int
-    cached_tokens: int = 0
-    raw: dict[str, Any] = field(default_factory=dict)
-    created: int = 0  # when the engine answered (Unix seconds): the `created` that OpenAI wires show
+# A call's error when the adapter dropped it (its agent went away): how a vLLM engine without an abort route is aborted.
+DROPPED = "cancelled: the agent went away before the engine answered"
+# The engine APIs tito's adapter calls (it renders the prompt itself, so only token-in routes).
+ADAPTER_DIALECTS = (SGLANG, VLLM_GENERATE, VLLM_OPENAI)
 
 
 def sampling_params(client: dict[str, Any], prompt_len: int, context_length: int,
-                    default_max_tokens: int) -> dict[str, Any] | None:
+                    default_max_tokens: int, seed: int | None = None) -> dict[str, Any] | None:
     """Reference rules: base params, max_new_tokens capped by the client and the context left, the client's
-    temperature/top_p/top_k/stop on top. None when no context is left (the turn is an empty `length`)."""
+    temperature/top_p/top_k/stop on top, and `seed` as SGLang's `sampling_seed` where one is set. SGLang's names:
+    a vLLM dialect renames them (`vllm.vllm_sampling`). None when no context is left (an empty `length` turn)."""
     left = context_length - prompt_len
     if left <= 0:
         return None
@@ -65,6 +50,8 @@ def sampling_params(client: dict[str, Any], prompt_len: int, context_length: int
     for key in CLIENT_SAMPLING:
         if client.get(key) is not None:
             params[key] = client[key]
+    if seed is not None:
+        params["sampling_seed"] = seed
     return params
 
 
@@ -77,13 +64,22 @@ ExchangeCallback = Callable[[EngineExchange], None]
 
 
 class EngineClient:
+    """`dialect`: the engine API called (`ADAPTER_DIALECTS`); `model`: the served model's name, which the vLLM
+    dialects send (None: learned from the engine's `GET /v1/models` before the first generation)."""
+
     def __init__(self, base_url: str, session_factory: Callable[[], Awaitable[aiohttp.ClientSession]] | None = None,
                  timeout_s: float = 600.0, rid_factory: Callable[[], str] = new_rid,
-                 transport: EngineTransport | None = None, clock: Callable[[], float] = time.time) -> None:
+                 transport: EngineTransport | None = None, clock: Callable[[], float] = time.time,
+                 dialect: str = SGLANG, model: str | None = None) -> None:
+        if dialect not in ADAPTER_DIALECTS:
+            raise ValueError(f"tito's adapter calls the engine in {', '.join(ADAPTER_DIALECTS)}, not {dialect!r}")
         self.base_url = base_url.rstrip("/")
         self.transport: EngineTransport = transport or HttpTransport(session_factory, timeout_s)
         self.rid_factory = rid_factory
         self.clock = clock
+        self.dialect = dialect
+        self.model = model
+        self._learning: asyncio.Lock | None = None
 
     async def close(self) -> None:
         await self.transport.close()
@@ -91,7 +87,7 @@ class EngineClient:
     async def _call(self, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str],
                     on_exchange: ExchangeCallback, t0: float, base: str | None = None) -> EngineAnswer:
         exchange = EngineExchange(method, path, body, 0, headers=dict(headers), started_s=time.monotonic() - t0,
-                                  dialect=SGLANG)
+                                  dialect=self.dialect)
         started = time.monotonic()
         try:
             answer = await self.transport.send(method, (base or self.base_url) + path, body, headers)
@@ -101,30 +97,67 @@ class EngineClient:
             exchange.error = exc.text
             raise EngineError(504 if exc.timed_out else 502,
                               f"engine unreachable at {self.base_url}{path}: {exc.text}") from exc
+        except asyncio.CancelledError:  # the agent went away: the call is dropped, which a vLLM engine takes as abort
+            exchange.error = DROPPED
+            raise
         finally:
             exchange.duration_s = time.monotonic() - started
             if base:
                 exchange.path = base + path
             on_exchange(exchange)
 
+    async def served_model(self, t0: float) -> str:
+        """The served model's name, asked of the engine once when not known. Not a session's call, so no tap hears
+        of it (as the recorder's engine tap leaves model info out); a replay reads the name from the recording."""
+        if self.model is None:
+            self._learning = self._learning or asyncio.Lock()
+            async with self._learning:
+                if self.model is None:
+                    answer = await self._call("GET", MODELS_PATH, None, {}, lambda _exchange: None, t0)
+                    if answer.status != 200:
+                        raise failed_call(MODELS_PATH, answer.status, _error_text(answer.body))
+                    try:
+                        self.model = read_listing(answer.body).name
+                    except ServedModelError as exc:
+                        raise EngineError(502, f"engine {exc}") from None
+        return self.model
+
     async def generate(self, sid: str, rid: str, input_ids: list[int], params: dict[str, Any],
                        on_exchange: ExchangeCallback, t0: float) -> Generation:
-        body = {"rid": rid, "input_ids": input_ids, "sampling_params": params, "return_logprob": True}
-        answer = await self._call("POST", "/generate", body, {"X-SMG-Routing-Key": sid}, on_exchange, t0)
-        if answer.status != 200:
-            raise EngineError(400 if 400 <= answer.status < 500 else 502, f"engine /generate failed "
-                              f"({answer.status}): {_error_text(answer.body)}",
-                              overloaded=answer.status in OVERLOADED_ENGINE_STATUSES)
-        generation = parse_generation(rid, answer.body)
+        headers = {"X-SMG-Routing-Key": sid}
+        if self.dialect == SGLANG:
+            body = {"rid": rid, "input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+            answer = await self._call("POST", "/generate", body, headers, on_exchange, t0)
+            if answer.status != 200:
+                raise failed_call("/generate", answer.status, _error_text(answer.body))
+            generation = parse_generation(rid, answer.body)
+        else:
+            model = await self.served_model(t0)
+            path, body = vllm.request(self.dialect, rid, input_ids, params, model)
+            answer = await self._call("POST", path, body, headers, on_exchange, t0)
+            if answer.status != 200:
+                raise failed_call(path, answer.status, _error_text(answer.body) + vllm.route_hint(path, answer.status))
+            generation = vllm.parse_answer(self.dialect, path, rid, body, answer.body)
         generation.created = int(self.clock())
         return generation
 
-    async def abort(self, rid: str, on_exchange: ExchangeCallback, t0: float) -> None:
-        """Best effort: the engine's /abort_request, or, behind a router (404), every listed worker's."""
+    async def abort(self, rid: str, on_exchange: ExchangeCallback, t0: float) -> bool:
+        """Best effort; True when the engine was told, so the generation's call answers with its partial output.
+        SGLang: its /abort_request, or, behind a router (404), every listed worker's. vLLM's generate: its
+        /inference/v1/abort_requests (`--enable-scale-out`). vLLM's completions have no abort route: the call
+        is dropped (False), which vLLM takes as an abort, and the output so far is lost with it."""
+        if self.dialect == VLLM_OPENAI:
+            return False
+        if self.dialect == VLLM_GENERATE:
+            try:
+                answer = await self._call("POST", vllm.ABORT_PATH, vllm.abort_body(rid), {}, on_exchange, t0)
+            except EngineError:
+                return False
+            return 200 <= answer.status < 300
         try:
             answer = await self._call("POST", "/abort_request", {"rid": rid}, {}, on_exchange, t0)
             if answer.status != 404:
-                return
+                return True
             listing = await self._call("GET", "/workers", None, {}, on_exchange, t0)
             for url in worker_urls(listing.body) if listing.status == 200 else []:
                 try:
@@ -132,7 +165,8 @@ class EngineClient:
                 except EngineError:
                     continue
         except EngineError:
-            return
+            pass
+        return True
 
 
 def worker_urls(listing: Any) -> list[str]:

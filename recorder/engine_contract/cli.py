@@ -1,0 +1,122 @@
+"""The contract's make targets and its live form for any engine (docs/engine-dialects.md, "The contract").
+
+    python -m tito_rl.recorder.engine_contract.cli check-fake          # make engine-contract (no vLLM)
+    python -m tito_rl.recorder.engine_contract.cli record --check-drift  # make engine-contract-live
+    python -m tito_rl.recorder.engine_contract.cli live --url URL [--mode full|bare]
+    python -m tito_rl.recorder.engine_contract.cli live --engine sglang --url URL    # any running SGLang
+
+`record` starts the real vLLM once per start mode (`recorder/real_engine`), sends the requests, and writes the
+answers (`--check-drift`: compares them with the committed ones first and fails on any structural difference,
+writing nothing). `live` holds the fake engine to an engine already running at URL: the user's own vLLM started
+with the flags of one mode, or an SGLang (`--engine sglang`, e.g. on a GPU machine); exit 0 when the fake engine
+answers every request with the real one's structure (differences left out on purpose are counted, not failed),
+1 on a difference, 2 when the engine cannot be used. `--save FILE` keeps that engine's answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tito_rl.recorder.engine_contract.answers import Recording, answers_path, load_recording
+from tito_rl.recorder.engine_contract.exchange import Unreachable
+from tito_rl.recorder.engine_contract.requests import BARE, FULL, SGLANG, TOOLS, requests_for
+from tito_rl.recorder.engine_contract.runner import Verdict, base_values, check_fake, drift, record_live, served_model
+from tito_rl.recorder.real_engine.paths import VLLM_VERSION
+from tito_rl.recorder.real_engine.server import RealEngineError, RealVllmServer, StartFlags
+
+MODE_FLAGS = {FULL: StartFlags(scale_out=True, tools=True, reasoning=True),
+              TOOLS: StartFlags(scale_out=True, tools=True, reasoning=False),
+              BARE: StartFlags(scale_out=False, tools=False, reasoning=False)}
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def report(verdict: Verdict, against: str) -> int:
+    for lines in verdict.differences.values():
+        for line in lines:
+            say(f"  {line}")
+    for key, lines in verdict.left_out.items():
+        say(f"  left out on purpose ({key}, docs/engine-dialects.md): {len(lines)} difference(s)")
+    bad = len(verdict.differences)
+    say(f"engine contract: {verdict.checked - bad} of {verdict.checked} requests answered by the fake engine "
+        f"with {against}'s structure")
+    return 0 if verdict.ok else 1
+
+
+def record_recording(url: str | None, modes: list[str], engine: str = "vllm", version: str = VLLM_VERSION
+                     ) -> Recording:
+    """The contract's answers from the engine at `url` (one start mode), or from the real vLLM started per mode."""
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    requests = requests_for(engine)
+    recording = Recording(engine=engine, version=version,
+                          start_flags={m: MODE_FLAGS[m].arguments() if m in MODE_FLAGS else [] for m in modes},
+                          values={})
+    for mode in modes:
+        chosen = [r for r in requests if r.mode == mode]
+        if url is not None:
+            recording.values = recording.values or base_values(tokenizer, *served_model(url))
+            recording.exchanges += record_live(url, chosen, recording.values, say)
+            continue
+        flags = " ".join(MODE_FLAGS[mode].arguments()) or "no flags"
+        say(f"engine contract: starting the real vLLM ({mode}: {flags})")
+        with RealVllmServer(MODE_FLAGS[mode]) as server:
+            recording.values = recording.values or base_values(tokenizer, *served_model(server.url))
+            recording.exchanges += record_live(server.url, chosen, recording.values, say)
+    return recording
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tito_rl.recorder.engine_contract.cli",
+                                     description="Hold the fake engine to a real engine's answers.")
+    sub = parser.add_subparsers(dest="action", required=True)
+    fake = sub.add_parser("check-fake", help="the fake engine against the committed real answers (no vLLM)")
+    fake.add_argument("--vllm-version", default=VLLM_VERSION, help="the recorded version to hold it to")
+    rec = sub.add_parser("record", help="record the real vLLM's answers (starts it, once per start mode)")
+    rec.add_argument("--url", default=None, help="an engine already running (one mode; default: start the real one)")
+    rec.add_argument("--mode", choices=(FULL, TOOLS, BARE), action="append", help="start modes (default: all)")
+    rec.add_argument("--check-drift", action="store_true",
+                     help="compare with the committed answers and fail on any structural difference; write nothing")
+    live = sub.add_parser("live", help="the fake engine against an engine running at URL")
+    live.add_argument("--url", required=True)
+    live.add_argument("--engine", choices=("vllm", SGLANG), default="vllm", help="what runs at URL (default vllm)")
+    live.add_argument("--mode", choices=(FULL, TOOLS, BARE), default=FULL,
+                      help="vLLM's start flags (full: scale-out, auto tool choice, qwen3 reasoning; tools: the same "
+                           "without reasoning; bare: none)")
+    live.add_argument("--save", default=None, metavar="FILE", help="also write that engine's answers to FILE")
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "check-fake":
+            return report(check_fake(load_recording("vllm", args.vllm_version)), f"vLLM {args.vllm_version}")
+        if args.action == "live":
+            mode = SGLANG if args.engine == SGLANG else args.mode
+            recording = record_recording(args.url, [mode], args.engine, "live")
+            if args.save:
+                with open(args.save, "w", encoding="utf-8") as out:
+                    out.write(recording.to_json())
+            return report(check_fake(recording, vllm_version=VLLM_VERSION), args.url)
+        modes = args.mode or [FULL, TOOLS, BARE]
+        recording = record_recording(args.url, modes)
+        if args.check_drift:
+            found = drift(load_recording("vllm", VLLM_VERSION), recording)
+            for line in found:
+                say(f"  {line}")
+            say(f"engine contract: {'drift: ' + str(len(found)) + ' difference(s)' if found else 'no drift'} "
+                f"from {answers_path('vllm', VLLM_VERSION)}")
+            return 1 if found else 0
+        path = answers_path("vllm", VLLM_VERSION)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(recording.to_json(), encoding="utf-8")
+        say(f"engine contract: {len(recording.exchanges)} answers written to {path}")
+        return 0
+    except (RealEngineError, FileNotFoundError, ValueError, Unreachable) as error:
+        print(f"engine contract: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
