@@ -276,8 +276,9 @@ def test_an_agent_option_the_run_would_ignore_is_refused_in_one_line(tmp_path: P
     assert problem("--sessions", "2").startswith("--sessions does not apply here: no agent is launched (--agent)")
     assert problem("--agent", "codex", "--task", "t", "--sessions", "4", "--concurrency", "2") is None
     # target options that tito's own adapter (or a driver) would ignore
-    assert problem("--engine-dialect", "vllm-openai").startswith("--engine-dialect vllm-openai is for a target other")
-    assert problem("--engine-dialect", "sglang") is None
+    assert problem("--engine-dialect", "sglang-openai").startswith("--engine-dialect sglang-openai: tito's adapter "
+                                                                   "calls the engine in sglang, vllm-generate")
+    assert problem("--engine-dialect", "sglang") is None and problem("--engine-dialect", "vllm-openai") is None
     assert problem("--session-from", "cookie:sid").startswith("--engine-listen, --volatile, --routing-header and "
                                                               "--session-from are for a target other")
     assert problem("--target", "rllm", "--volatile", "id").startswith("--volatile and --routing-header are for an "
