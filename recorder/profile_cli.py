@@ -23,12 +23,16 @@ ACTIONS = {
         "check gateway profile files against the format; exit 2 if any is invalid",
         "Checks each gateway profile (docs/targets.md) against the format without starting the gateway: one line "
         "per file, ok or what is wrong and where, e.g. samples.calls.prompt_ids.",
-        ("0: every file is valid", "2: a file is invalid or cannot be read"), _check_arguments),
+        ("0: every file is valid", "2: a file is invalid or cannot be read"),
+        _check_arguments,
+    ),
     "schema": (
         "print the JSON Schema of a gateway profile file",
         "Prints the JSON Schema of a gateway profile, made from the same model check uses, for editors (YAML "
         "language servers read `# yaml-language-server: $schema=profile.schema.json`).",
-        ("0: printed",), lambda parser: None),
+        ("0: printed",),
+        lambda parser: None,
+    ),
 }
 
 
@@ -46,9 +50,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"tito profile check: {exc}", file=sys.stderr)
             invalid += 1
             continue
-        where = "samples from " + ("a function" if profile.samples and profile.samples.function else
-                                   "its calls" if profile.samples and profile.samples.calls else
-                                   "ready rows" if profile.samples else "nowhere (replies and engine calls only)")
-        print(f"{path}: ok (profile {profile.profile}, {profile.name}, sessions from "
-              f"{profile.sessions.session_from}, {where})")
+        where = "samples from " + (
+            "a function"
+            if profile.samples and profile.samples.function
+            else "its calls"
+            if profile.samples and profile.samples.calls
+            else "ready rows"
+            if profile.samples
+            else "nowhere (replies and engine calls only)"
+        )
+        print(
+            f"{path}: ok (profile {profile.profile}, {profile.name}, sessions from "
+            f"{profile.sessions.session_from}, {where})"
+        )
     return EXIT_INVALID if invalid else EXIT_OK

@@ -25,12 +25,16 @@ ACTIONS = {
         "Checks each scenario file against its typed model without running it (the engine's script, the "
         "client's, faults, stream cuts): one line per file, ok or what is wrong and where, e.g. "
         "turns[3].tool_calls[0].arguments.",
-        ("0: every file is valid", "2: a file is invalid or cannot be read"), _check_arguments),
+        ("0: every file is valid", "2: a file is invalid or cannot be read"),
+        _check_arguments,
+    ),
     "schema": (
         "print the JSON Schema of a scenario file",
         "Prints the JSON Schema of a scenario file, made from the same model check uses, for editors "
         "(YAML language servers read `# yaml-language-server: $schema=scenario.schema.json`).",
-        ("0: printed",), lambda parser: None),
+        ("0: printed",),
+        lambda parser: None,
+    ),
 }
 
 

@@ -32,8 +32,9 @@ FIELDS = ("tokens", "response_length", "loss_mask", "rollout_log_probs")
 
 
 def run_tito(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_corpus_has_the_scripted_recording_with_its_golden_and_scenario() -> None:
@@ -52,8 +53,10 @@ def test_recorded_through_the_profile_with_the_proxys_own_engine_request() -> No
     agent = [r for r in records if isinstance(r, AgentRecord)]
     assert engine and {r.dialect for r in engine} == {"vllm-openai"}
     # the proxy asks for token ids and logprobs, and sets the temperature itself (1.0 in train mode)
-    assert all(r.request["return_token_ids"] is True and r.request["logprobs"] is True
-               and r.request["temperature"] == 1.0 for r in engine)
+    assert all(
+        r.request["return_token_ids"] is True and r.request["logprobs"] is True and r.request["temperature"] == 1.0
+        for r in engine
+    )
     assert {r.status for r in engine} == {200, 529} and {r.status for r in agent} == {200}  # it retried the 529s
     # the rollout id in the URL is the session, kept verbatim (not a secret): replay and finish address it
     starts = [r for r in records if isinstance(r, SessionStart)]
@@ -77,16 +80,23 @@ def test_replays_through_agent_lightning_with_no_engine_twice_identical_with_the
         row = json.loads(line)
         replayed.setdefault(row["session"], []).append({k: row[k] for k in FIELDS})
     with CassetteReader(MIXED) as reader:
-        live = {r.session: [{k: s[k] for k in FIELDS} for s in r.samples] for r in reader.records()
-                if isinstance(r, SamplesRecord) and r.samples}
+        live = {
+            r.session: [{k: s[k] for k in FIELDS} for s in r.samples]
+            for r in reader.records()
+            if isinstance(r, SamplesRecord) and r.samples
+        }
     assert replayed == live and sum(len(v) for v in live.values()) == 11
 
 
 def test_a_profile_that_turns_the_proxys_logprobs_off_fails_the_replay_naming_the_field(tmp_path: Path) -> None:
     text = (BUILTIN_DIR / "agentlightning.yaml").read_text()
     changed = tmp_path / "agl-no-logprobs.yaml"
-    changed.write_text(text.replace('"default_proxy.model_name={model}",',
-                                    '"default_proxy.model_name={model}", "default_proxy.include_log_probs=false",'))
+    changed.write_text(
+        text.replace(
+            '"default_proxy.model_name={model}",',
+            '"default_proxy.model_name={model}", "default_proxy.include_log_probs=false",',
+        )
+    )
     assert changed.read_text() != text
     run = run_tito("replay", str(MIXED), "--target", str(changed))
     assert run.returncode == 1, run.stdout + run.stderr

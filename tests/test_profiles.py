@@ -27,17 +27,31 @@ SCENARIO = ROOT / "cassettes" / "targets" / "scenarios" / "rllm_mixed.yaml"
 def double_profile(tmp_path: Path) -> Path:
     """A profile for the gateway double started as a process: its session API gives ready samples."""
     profile = {
-        "profile": 1, "name": "double", "description": "tests/gateway_double.py as a process",
-        "python": {"default": sys.executable}, "version": "test",
-        "start": {"command": ["{python}", "-m", "tests.gateway_double", "--engine", "{engine}", "--listen",
-                              "{host}:{port}"],
-                  "cwd": str(ROOT), "ready": {"path": "/health"}},
-        "sessions": {"from": "bearer", "routing_header": "X-SMG-Routing-Key",
-                     "drop": [{"method": "DELETE", "path": "/tito/sessions/{session}"}]},
-        "samples": {"request": {"method": "POST", "path": "/tito/sessions/{session}/finish",
-                                "json": {"reward": "{reward}"}},
-                    "rows": {"items": "samples[*]", "tokens": "tokens", "response_length": "response_length",
-                             "loss_mask": "loss_mask", "logprobs": "rollout_log_probs"}},
+        "profile": 1,
+        "name": "double",
+        "description": "tests/gateway_double.py as a process",
+        "python": {"default": sys.executable},
+        "version": "test",
+        "start": {
+            "command": ["{python}", "-m", "tests.gateway_double", "--engine", "{engine}", "--listen", "{host}:{port}"],
+            "cwd": str(ROOT),
+            "ready": {"path": "/health"},
+        },
+        "sessions": {
+            "from": "bearer",
+            "routing_header": "X-SMG-Routing-Key",
+            "drop": [{"method": "DELETE", "path": "/tito/sessions/{session}"}],
+        },
+        "samples": {
+            "request": {"method": "POST", "path": "/tito/sessions/{session}/finish", "json": {"reward": "{reward}"}},
+            "rows": {
+                "items": "samples[*]",
+                "tokens": "tokens",
+                "response_length": "response_length",
+                "loss_mask": "loss_mask",
+                "logprobs": "rollout_log_probs",
+            },
+        },
         "volatile": ["id", "created", "choices[*].message.tool_calls[*].id", "choices[*].delta.tool_calls[*].id"],
     }
     path = tmp_path / "double.yaml"
@@ -46,8 +60,9 @@ def double_profile(tmp_path: Path) -> Path:
 
 
 def run_tito(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_rl", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 # ---- the format ----
@@ -62,17 +77,20 @@ def test_the_shipped_profiles_are_valid_and_versioned() -> None:
     assert profile.samples is not None and profile.samples.calls is not None and profile.samples.merge == "prefix"
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"profile": 2}, "profile: format version 2 is not known (this tito reads 1)"),
-    ({"colour": 1}, "unknown key 'colour'"),
-    ({"start": {"command": [], "ready": {"path": "/h"}}}, "start.command"),
-    ({"sessions": {"from": "path:/x"}}, "names the session's segment once, as {sid}"),
-    ({"sessions": {"from": "query:x"}}, "expected bearer, header:NAME, cookie:NAME or path:PREFIX"),
-    ({"setup": [{"path": "api/models"}]}, "setup[0]: path must start with '/'"),
-    ({"samples": {"calls": {"items": "[*]", "prompt_ids": "p", "output_ids": "o"}}}, "give request"),
-    ({"samples": {"function": "nocolon"}}, "function must be module:function"),
-    ({"samples": {"request": {"path": "/s"}}}, "give exactly one of calls, rows, function"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"profile": 2}, "profile: format version 2 is not known (this tito reads 1)"),
+        ({"colour": 1}, "unknown key 'colour'"),
+        ({"start": {"command": [], "ready": {"path": "/h"}}}, "start.command"),
+        ({"sessions": {"from": "path:/x"}}, "names the session's segment once, as {sid}"),
+        ({"sessions": {"from": "query:x"}}, "expected bearer, header:NAME, cookie:NAME or path:PREFIX"),
+        ({"setup": [{"path": "api/models"}]}, "setup[0]: path must start with '/'"),
+        ({"samples": {"calls": {"items": "[*]", "prompt_ids": "p", "output_ids": "o"}}}, "give request"),
+        ({"samples": {"function": "nocolon"}}, "function must be module:function"),
+        ({"samples": {"request": {"path": "/s"}}}, "give exactly one of calls, rows, function"),
+    ],
+)
 def test_a_wrong_profile_is_one_line_naming_where(change: dict[str, Any], message: str) -> None:
     data = yaml.safe_load((BUILTIN_DIR / "agentlightning.yaml").read_text()) | change
     with pytest.raises(ProfileError) as caught:
@@ -105,8 +123,9 @@ def test_tito_profile_check_and_schema(tmp_path: Path) -> None:
 
 def test_placeholders_fill_strings_and_keep_a_whole_placeholders_type() -> None:
     values = {"session": "s1", "reward": 0.5, "engine": "http://e"}
-    assert fill({"value": "{reward}", "url": "{engine}/v1", "x": ["{session}", "{unknown}", "{{session}}"]}, values) \
-        == {"value": 0.5, "url": "http://e/v1", "x": ["s1", "{unknown}", "{session}"]}
+    assert fill(
+        {"value": "{reward}", "url": "{engine}/v1", "x": ["{session}", "{unknown}", "{{session}}"]}, values
+    ) == {"value": 0.5, "url": "http://e/v1", "x": ["s1", "{unknown}", "{session}"]}
 
 
 def test_select_walks_dotted_paths_and_lists() -> None:

@@ -34,21 +34,29 @@ MIXED = TARGETS / "verifiers_mixed.tito"
 
 def run_tito(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if k != verifiers.CONFIG_ENV} | (env or {})
-    return subprocess.run([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=full)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=full
+    )
 
 
 def live_samples(path: Path) -> dict[str, list[dict[str, object]]]:
     """The samples the live run's finishes returned, by session, as the cassette holds them."""
     with CassetteReader(path) as reader:
-        return {r.session: [{k: s[k] for k in ("tokens", "response_length", "loss_mask", "rollout_log_probs")}
-                            for s in r.samples] for r in reader.records()
-                if isinstance(r, SamplesRecord)}
+        return {
+            r.session: [
+                {k: s[k] for k in ("tokens", "response_length", "loss_mask", "rollout_log_probs")} for s in r.samples
+            ]
+            for r in reader.records()
+            if isinstance(r, SamplesRecord)
+        }
 
 
 def test_the_corpus_has_the_scripted_and_both_cli_recordings() -> None:
-    assert [p.stem for p in CASSETTES] == ["verifiers_mixed", "verifiers_opencode_tool_loop",
-                                           "verifiers_qwen_tool_loop"]
+    assert [p.stem for p in CASSETTES] == [
+        "verifiers_mixed",
+        "verifiers_opencode_tool_loop",
+        "verifiers_qwen_tool_loop",
+    ]
     for path in CASSETTES:
         assert path.with_suffix(".golden").is_file(), path
         assert (TARGETS / "scenarios" / f"{path.stem}.yaml").is_file(), path
@@ -64,8 +72,7 @@ def test_recorded_around_verifiers_on_vllm_generate_routed_by_session_id(path: P
     sessions = {r.session for r in records if isinstance(r, SessionStart)}
     assert engine and {r.dialect for r in engine if r.path.endswith("/generate")} == {"vllm-generate"}
     generate = [r for r in engine if r.path == "/inference/v1/generate"]
-    assert generate and all(r.request["sampling_params"]["logprobs"] == 1 and r.request["token_ids"]
-                            for r in generate)
+    assert generate and all(r.request["sampling_params"]["logprobs"] == 1 and r.request["token_ids"] for r in generate)
     assert all(r.session in sessions for r in generate)
 
 
@@ -83,7 +90,8 @@ def test_each_verifiers_cassette_replays_with_no_engine_twice_identical_with_the
         row = json.loads(line)
         assert len(row["loss_mask"]) == row["response_length"] == len(row["rollout_log_probs"])
         replayed.setdefault(row["session"], []).append(
-            {k: row[k] for k in ("tokens", "response_length", "loss_mask", "rollout_log_probs")})
+            {k: row[k] for k in ("tokens", "response_length", "loss_mask", "rollout_log_probs")}
+        )
     live: dict[str, list[dict[str, object]]] = {}
     for path in CASSETTES:
         live |= live_samples(path)
@@ -102,8 +110,11 @@ def test_a_verifiers_whose_engine_request_changes_fails_the_replay_naming_the_fi
 
 def test_the_settings_file_is_checked_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "vf.yaml"
-    for text, why in (("colour: red\n", "unknown field"), ("sampling: 3\n", "must be a mapping"),
-                      ("- a\n", "a mapping")):
+    for text, why in (
+        ("colour: red\n", "unknown field"),
+        ("sampling: 3\n", "must be a mapping"),
+        ("- a\n", "a mapping"),
+    ):
         config.write_text(text)
         monkeypatch.setenv(verifiers.CONFIG_ENV, str(config))
         with pytest.raises(TargetError, match=why):

@@ -69,8 +69,9 @@ class EngineTap:
         return app
 
     async def _open(self, app: web.Application) -> None:
-        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                          timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+        self.http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False
+        )
 
     async def _close(self, app: web.Application) -> None:
         if self.http is not None:
@@ -88,9 +89,15 @@ class EngineTap:
         call = asyncio.get_running_loop().create_future()
         self.recording.engine_started(owner, data, call)
         started = self.recording.elapsed(owner.session)
-        exchange = EngineExchange(request.method, request.path, data if isinstance(data, dict) else None, 0,
-                                  headers=forwarded(request.headers, CLIENT_HEADERS), started_s=started,
-                                  dialect=detect_dialect(request.path, data, hint=self.dialect))
+        exchange = EngineExchange(
+            request.method,
+            request.path,
+            data if isinstance(data, dict) else None,
+            0,
+            headers=forwarded(request.headers, CLIENT_HEADERS),
+            started_s=started,
+            dialect=detect_dialect(request.path, data, hint=self.dialect),
+        )
         try:
             return await self._relay(request, body, exchange)
         except asyncio.CancelledError:
@@ -104,8 +111,9 @@ class EngineTap:
     async def _relay(self, request: web.Request, body: bytes, exchange: EngineExchange | None) -> web.StreamResponse:
         assert self.http is not None
         try:
-            async with self.http.request(request.method, self.engine_url + request.path_qs, data=body or None,
-                                         headers=forwarded(request.headers)) as upstream:
+            async with self.http.request(
+                request.method, self.engine_url + request.path_qs, data=body or None, headers=forwarded(request.headers)
+            ) as upstream:
                 headers = forwarded(upstream.headers, REPLY_DROPPED)
                 if upstream.content_type == SSE:
                     response = web.StreamResponse(status=upstream.status, headers=headers)
@@ -122,8 +130,9 @@ class EngineTap:
                             exchange.error = f"{type(exc).__name__}: {exc}"
                     if exchange is not None:
                         exchange.status = upstream.status
-                        exchange.response = streamed_response(exchange.dialect or SGLANG,
-                                                              received.decode("utf-8", errors="replace"))
+                        exchange.response = streamed_response(
+                            exchange.dialect or SGLANG, received.decode("utf-8", errors="replace")
+                        )
                     return response
                 payload = await upstream.read()
                 if exchange is not None:

@@ -67,7 +67,7 @@ def request_target(record: AgentRecord, source: str = "", name: str = "") -> str
         query = urlencode([(k, name if k == "key" and REDACTED in v else v) for k, v in pairs])
     redacted_sid = f"{GATEWAY_SESSIONS}{REDACTED}/"
     if source == "path" and path.startswith(redacted_sid):
-        path = f"{GATEWAY_SESSIONS}{quote(name, safe='')}/{path[len(redacted_sid):]}"
+        path = f"{GATEWAY_SESSIONS}{quote(name, safe='')}/{path[len(redacted_sid) :]}"
     return path + (f"?{query}" if query else "")
 
 
@@ -91,8 +91,9 @@ def exchange_of(headers: dict[str, str]) -> tuple[str, int] | None:
 
 
 @web.middleware
-async def exchange_context(request: web.Request,
-                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def exchange_context(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """Marks the handler's context with the exchange it serves; the tasks it starts inherit it."""
     token = CURRENT_EXCHANGE.set(exchange_of(dict(request.headers)))
     try:

@@ -50,8 +50,9 @@ class GatewayEnv:
 
 ENVS = {
     "verifiers": GatewayEnv("verifiers", "verifiers==0.4.0", "TITO_VERIFIERS_PYTHON", (3, 11), "verifiers.v1"),
-    "agentlightning": GatewayEnv("agentlightning", "agentlightning==1.0.2", "TITO_AGENTLIGHTNING_PYTHON", (3, 12),
-                                 "agentlightning.server.app"),
+    "agentlightning": GatewayEnv(
+        "agentlightning", "agentlightning==1.0.2", "TITO_AGENTLIGHTNING_PYTHON", (3, 12), "agentlightning.server.app"
+    ),
 }
 BASE_ENV = "TITO_GATEWAY_BASE_PYTHON"
 
@@ -73,13 +74,18 @@ def gateway_python(name: str) -> str:
         return str(env.python)
     raise TargetUnavailable(
         f"target {name!r}: no Python with {env.spec}: set {env.python_env} to one (Python >= "
-        f"{'.'.join(map(str, env.min_python))}), or run `python -m tito_rl.recorder.targets.own_python.envs {name}`")
+        f"{'.'.join(map(str, env.min_python))}), or run `python -m tito_rl.recorder.targets.own_python.envs {name}`"
+    )
 
 
 def _version(python: str) -> tuple[int, int] | None:
     try:
-        run = subprocess.run([python, "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"],
-                             capture_output=True, text=True, timeout=30)
+        run = subprocess.run(
+            [python, "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     parts = run.stdout.split() if run.returncode == 0 else []
@@ -106,31 +112,40 @@ def ensure(name: str, quiet: bool = False) -> str | None:
         return gateway_python(name)
     base = base_python(env.min_python)
     if base is None:
-        print(f"gateway_envs: no Python >= {'.'.join(map(str, env.min_python))} found for {env.spec} (set {BASE_ENV}); "
-              f"its tests will skip", file=sys.stderr)
+        print(
+            f"gateway_envs: no Python >= {'.'.join(map(str, env.min_python))} found for {env.spec} (set {BASE_ENV}); "
+            f"its tests will skip",
+            file=sys.stderr,
+        )
         return None
     if not quiet:
         print(f"gateway_envs: installing {env.spec} into {env.folder} (once; cached)", file=sys.stderr, flush=True)
     shutil.rmtree(env.folder, ignore_errors=True)
     env.folder.parent.mkdir(parents=True, exist_ok=True)
-    steps = [[base, "-m", "venv", str(env.folder)],
-             [str(env.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", env.spec],
-             [str(env.python), "-c", f"import {env.module}"]]
+    steps = [
+        [base, "-m", "venv", str(env.folder)],
+        [str(env.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", env.spec],
+        [str(env.python), "-c", f"import {env.module}"],
+    ]
     for step in steps:
         run = subprocess.run(step, capture_output=True, text=True)
         if run.returncode != 0:
             lines = [x for x in (run.stderr or run.stdout).splitlines() if x.strip() and not x.startswith("WARNING")]
-            print(f"gateway_envs: {env.spec}: {' '.join(step[:3])} failed: {lines[-1] if lines else run.returncode}",
-                  file=sys.stderr)
+            print(
+                f"gateway_envs: {env.spec}: {' '.join(step[:3])} failed: {lines[-1] if lines else run.returncode}",
+                file=sys.stderr,
+            )
             return None
     env.stamp.write_text(env.spec + "\n")
     return str(env.python)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tito_rl.recorder.targets.own_python.envs",
-                                     description="Make the cached environments of gateways that run in a Python "
-                                                 "of their own (a stat where they exist).")
+    parser = argparse.ArgumentParser(
+        prog="python -m tito_rl.recorder.targets.own_python.envs",
+        description="Make the cached environments of gateways that run in a Python "
+        "of their own (a stat where they exist).",
+    )
     parser.add_argument("names", nargs="*", help=f"which: {', '.join(ENVS)} (default: all)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in ENVS]

@@ -50,17 +50,28 @@ class GatewayProcess:
         self.proc: asyncio.subprocess.Process | None = None
         self.log: IO[bytes] | None = None
 
-    async def start(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None,
-                    port_line: bool = False, timeout_s: float = 120.0) -> int | None:
+    async def start(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        port_line: bool = False,
+        timeout_s: float = 120.0,
+    ) -> int | None:
         """Start `argv`; with `port_line`, the first stdout line is `{"port": N}` and N is returned."""
         if self.proc is not None:
             raise RuntimeError(f"target {self.name!r}: already started")
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the process's life, closed by stop
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=cwd, env={**os.environ, **(env or {})}, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE if port_line else asyncio.subprocess.DEVNULL, stderr=self.log,
-                preexec_fn=_die_with_parent)
+                *argv,
+                cwd=cwd,
+                env={**os.environ, **(env or {})},
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE if port_line else asyncio.subprocess.DEVNULL,
+                stderr=self.log,
+                preexec_fn=_die_with_parent,
+            )
             # In tito's process group: whoever stops tito's group (tito simulate, a CI job) stops the gateway too.
         except OSError as exc:
             await self.stop()
@@ -86,8 +97,9 @@ class GatewayProcess:
         try:
             await asyncio.wait_for(self._poll(url, status), timeout_s)
         except TimeoutError:
-            error = (f"target {self.name!r}: GET {url} did not answer {status} within {timeout_s:g} s: "
-                     f"{self.last_error()}")
+            error = (
+                f"target {self.name!r}: GET {url} did not answer {status} within {timeout_s:g} s: {self.last_error()}"
+            )
             await self.stop()
             raise TargetError(error) from None
         except TargetError:

@@ -224,8 +224,12 @@ def gateway_version(python: str) -> str:
     import subprocess
 
     try:
-        run = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('verifiers'))"],
-                             capture_output=True, text=True, timeout=60)
+        run = subprocess.run(
+            [python, "-c", "import importlib.metadata as m; print(m.version('verifiers'))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise TargetError(f"target 'verifiers': cannot run {python}: {exc}") from None
     if run.returncode != 0:
@@ -248,19 +252,39 @@ class VerifiersTarget:
         self.process = GatewayProcess("verifiers")
         self.http: aiohttp.ClientSession | None = None
         self.url = ""
-        self.info = TargetInfo(name="verifiers", version=gateway_version(self.python), volatile=VOLATILE,
-                               routing_header=ROUTING_HEADER,
-                               settings={"client": "train (renderers, /inference/v1/generate)",
-                                         "renderer": self.renderer, "sampling": self.sampling, "model": self.model,
-                                         "tokenizer_fingerprint": fingerprint(options.tokenizer_dir)})
+        self.info = TargetInfo(
+            name="verifiers",
+            version=gateway_version(self.python),
+            volatile=VOLATILE,
+            routing_header=ROUTING_HEADER,
+            settings={
+                "client": "train (renderers, /inference/v1/generate)",
+                "renderer": self.renderer,
+                "sampling": self.sampling,
+                "model": self.model,
+                "tokenizer_fingerprint": fingerprint(options.tokenizer_dir),
+            },
+        )
 
     async def start(self, engine_url: str) -> str:
-        config = {"engine_url": engine_url.rstrip("/"), "host": self.host, "tokenizer": self.tokenizer,
-                  "renderer": self.renderer, "sampling": self.sampling, "model": self.model}
-        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TITO_VERIFIERS_ENGINE_KEY": "EMPTY",
-               "PRIME_API_KEY": "", "PYTHONUNBUFFERED": "1"}
-        port = await self.process.start([self.python, "-c", SERVE, json.dumps(config)], env=env, port_line=True,
-                                        timeout_s=START_TIMEOUT_S)
+        config = {
+            "engine_url": engine_url.rstrip("/"),
+            "host": self.host,
+            "tokenizer": self.tokenizer,
+            "renderer": self.renderer,
+            "sampling": self.sampling,
+            "model": self.model,
+        }
+        env = {
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TITO_VERIFIERS_ENGINE_KEY": "EMPTY",
+            "PRIME_API_KEY": "",
+            "PYTHONUNBUFFERED": "1",
+        }
+        port = await self.process.start(
+            [self.python, "-c", SERVE, json.dumps(config)], env=env, port_line=True, timeout_s=START_TIMEOUT_S
+        )
         self.url = f"http://{self.host}:{port}"
         await self.process.wait_ready(f"{self.url}/tito/health", timeout_s=START_TIMEOUT_S)
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FINISH_TIMEOUT_S))
@@ -268,20 +292,33 @@ class VerifiersTarget:
 
     async def finish(self, session: str, reward: float) -> TargetFinish:
         got = await self._tito(session, "finish")
-        samples = [Sample(tokens=s["tokens"], response_length=s["response_length"], loss_mask=s["loss_mask"],
-                          rollout_log_probs=s["rollout_log_probs"], reward=float(reward),
-                          metadata={"nodes": s["nodes"], "sampled_nodes": s["sampled_nodes"]}).to_dict()
-                   for s in got.get("samples", [])]
+        samples = [
+            Sample(
+                tokens=s["tokens"],
+                response_length=s["response_length"],
+                loss_mask=s["loss_mask"],
+                rollout_log_probs=s["rollout_log_probs"],
+                reward=float(reward),
+                metadata={"nodes": s["nodes"], "sampled_nodes": s["sampled_nodes"]},
+            ).to_dict()
+            for s in got.get("samples", [])
+        ]
         stats = dict(got.get("stats") or {})
         merged = sum(s["sampled_nodes"] for s in got.get("samples", []))
         trained = sum(sum(s["loss_mask"]) for s in samples)
         # A branch is one sample; every branch after the first leaves the graph's path somewhere (a fork). A
         # branch holding k sampled turns merges them into one sample.
-        stats.update({"samples": len(samples), "forks": {"branch": len(samples) - 1} if len(samples) > 1 else {},
-                      "realigns": 0, "merges": max(0, merged - len(samples)),
-                      "untrained_turns": max(0, int(stats.get("turns", 0)) - int(stats.pop("trained_turns", 0))),
-                      "trained_tokens": trained,
-                      "masked_tokens": sum(s["response_length"] for s in samples) - trained})
+        stats.update(
+            {
+                "samples": len(samples),
+                "forks": {"branch": len(samples) - 1} if len(samples) > 1 else {},
+                "realigns": 0,
+                "merges": max(0, merged - len(samples)),
+                "untrained_turns": max(0, int(stats.get("turns", 0)) - int(stats.pop("trained_turns", 0))),
+                "trained_tokens": trained,
+                "masked_tokens": sum(s["response_length"] for s in samples) - trained,
+            }
+        )
         return TargetFinish(samples, stats)
 
     async def drop(self, session: str) -> bool:
@@ -298,8 +335,9 @@ class VerifiersTarget:
             raise RuntimeError("the verifiers target is not started")
         async with self.http.post(f"{self.url}/tito/sessions/{session}/{op}") as response:
             if response.status != 200:
-                raise RuntimeError(f"verifiers' launcher answered {response.status} to {op}: "
-                                   f"{(await response.text())[:300]}")
+                raise RuntimeError(
+                    f"verifiers' launcher answered {response.status} to {op}: {(await response.text())[:300]}"
+                )
             data = await response.json()
         return data if isinstance(data, dict) else {}
 

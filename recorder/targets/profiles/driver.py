@@ -41,8 +41,19 @@ from tito_rl.trajectory.records import Sample
 
 BUILTIN_DIR = Path(__file__).resolve().parent  # the profiles tito ships (`--target NAME`)
 CALL_TIMEOUT_S = 600.0
-HOP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer",
-                 "upgrade", "accept-encoding"})
+HOP = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+        "accept-encoding",
+    }
+)
 _PLACEHOLDER = re.compile(r"(?<!\{)\{([a-z_][a-z0-9_]*)\}(?!\})")  # `{{name}}` is the literal `{name}`
 
 
@@ -93,11 +104,15 @@ class ProfileTarget:
         self.relay: web.AppRunner | None = None
         self.opened: set[str] = set()
         self.session_from = parse_session_from(profile.sessions.session_from)
-        self.info = TargetInfo(name=profile.name, version=self._version(), volatile=tuple(profile.volatile),
-                               routing_header=profile.sessions.routing_header,
-                               settings={"profile": profile_to_dict(profile), "profile_source": source},
-                               session_path=profile.sessions.base_path,
-                               session_from=self.session_from.spec)
+        self.info = TargetInfo(
+            name=profile.name,
+            version=self._version(),
+            volatile=tuple(profile.volatile),
+            routing_header=profile.sessions.routing_header,
+            settings={"profile": profile_to_dict(profile), "profile_source": source},
+            session_path=profile.sessions.base_path,
+            session_from=self.session_from.spec,
+        )
 
     def _python(self) -> str | None:
         spec = self.profile.python
@@ -129,27 +144,34 @@ class ProfileTarget:
             raise TargetError(f"target {self.profile.name!r}: version: cannot run {argv[0]}: {exc}") from None
         if run.returncode != 0:
             lines = [x for x in run.stderr.splitlines() if x.strip()]
-            raise TargetUnavailable(f"target {self.profile.name!r}: its version command failed: "
-                                    f"{lines[-1] if lines else run.returncode}")
+            raise TargetUnavailable(
+                f"target {self.profile.name!r}: its version command failed: {lines[-1] if lines else run.returncode}"
+            )
         return run.stdout.strip() or None
 
     async def start(self, engine_url: str) -> str:
         host = "127.0.0.1"
         port = free_port(host)
-        self.values |= {"host": host, "port": port, "url": f"http://{host}:{port}", "engine": engine_url.rstrip("/"),
-                        "python": self.python or ""}
+        self.values |= {
+            "host": host,
+            "port": port,
+            "url": f"http://{host}:{port}",
+            "engine": engine_url.rstrip("/"),
+            "python": self.python or "",
+        }
         start = self.profile.start
         argv = [str(fill(x, self.values)) for x in start.command]
         env = {k: str(fill(v, self.values)) for k, v in start.env.items()}
         await self.process.start(argv, env=env, cwd=fill(start.cwd, self.values) if start.cwd else None)
         self.gateway_url = f"http://{host}:{port}"
-        await self.process.wait_ready(self.gateway_url + str(fill(start.ready.path, self.values)), start.ready.status,
-                                      start.ready.timeout_s)
+        await self.process.wait_ready(
+            self.gateway_url + str(fill(start.ready.path, self.values)), start.ready.status, start.ready.timeout_s
+        )
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S), auto_decompress=False)
         try:
             for call in self.profile.setup:
                 await self.call(call, self.values, "setup")
-            app = web.Application(client_max_size=1024 ** 3)
+            app = web.Application(client_max_size=1024**3)
             app.router.add_route("*", "/{tail:.*}", self._relay)
             self.relay = web.AppRunner(app, access_log=None, handler_cancellation=True)
             await self.relay.setup()
@@ -169,8 +191,10 @@ class ProfileTarget:
             text = await response.text()
             ok = response.status in call.expect if call.expect else 200 <= response.status < 300
             if not ok:
-                raise TargetError(f"target {self.profile.name!r}: {what} call {call.method} {path} answered "
-                                  f"{response.status}: {' '.join(text.split())[:200]}")
+                raise TargetError(
+                    f"target {self.profile.name!r}: {what} call {call.method} {path} answered "
+                    f"{response.status}: {' '.join(text.split())[:200]}"
+                )
         with contextlib.suppress(ValueError):
             return json.loads(text) if text else None
         return None
@@ -193,10 +217,17 @@ class ProfileTarget:
             except TargetError as exc:
                 return web.json_response({"error": {"message": f"tito: {exc}"}}, status=502)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
-        async with self.http.request(request.method, self.gateway_url + request.path_qs, data=body or None,
-                                     headers=headers, timeout=aiohttp.ClientTimeout(total=None)) as upstream:
-            reply = web.StreamResponse(status=upstream.status, headers={
-                k: v for k, v in upstream.headers.items() if k.lower() not in HOP | {"date", "server"}})
+        async with self.http.request(
+            request.method,
+            self.gateway_url + request.path_qs,
+            data=body or None,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=None),
+        ) as upstream:
+            reply = web.StreamResponse(
+                status=upstream.status,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP | {"date", "server"}},
+            )
             await reply.prepare(request)
             async for chunk in upstream.content.iter_any():
                 await reply.write(chunk)
@@ -218,26 +249,46 @@ class ProfileTarget:
             return got if isinstance(got, TargetFinish) else TargetFinish(list(got), {"samples": len(got)})
         if spec.rows is not None:
             rows = spec.rows
-            samples = [Sample(tokens=[int(t) for t in one(r, rows.tokens)],
-                              response_length=int(one(r, rows.response_length)),
-                              loss_mask=[int(m) for m in one(r, rows.loss_mask)],
-                              rollout_log_probs=[float(x) for x in one(r, rows.logprobs)],
-                              reward=float(reward), metadata={}).to_dict() for r in select(body, rows.items)]
+            samples = [
+                Sample(
+                    tokens=[int(t) for t in one(r, rows.tokens)],
+                    response_length=int(one(r, rows.response_length)),
+                    loss_mask=[int(m) for m in one(r, rows.loss_mask)],
+                    rollout_log_probs=[float(x) for x in one(r, rows.logprobs)],
+                    reward=float(reward),
+                    metadata={},
+                ).to_dict()
+                for r in select(body, rows.items)
+            ]
             return TargetFinish(samples, {"samples": len(samples)})
         assert spec.calls is not None
         mapping = spec.calls
-        entries = [e for e in select(body, mapping.items)
-                   if all(one(e, k) == v for k, v in mapping.where.items())]
-        traces = [{"prompt_token_ids": one(e, mapping.prompt_ids), "completion_token_ids": one(e, mapping.output_ids),
-                   "logprobs": one(e, mapping.logprobs) if mapping.logprobs else None} for e in entries]
+        entries = [e for e in select(body, mapping.items) if all(one(e, k) == v for k, v in mapping.where.items())]
+        traces = [
+            {
+                "prompt_token_ids": one(e, mapping.prompt_ids),
+                "completion_token_ids": one(e, mapping.output_ids),
+                "logprobs": one(e, mapping.logprobs) if mapping.logprobs else None,
+            }
+            for e in entries
+        ]
         if spec.merge == "prefix":
             built = build_samples(traces, reward)
             return TargetFinish(built.samples, built.stats)
         merged = [build_samples([t], reward) for t in traces]
         samples = [s for b in merged for s in b.samples]
         untrained = sum(b.stats["untrained_turns"] for b in merged)
-        return TargetFinish(samples, {"turns": len(samples), "samples": len(samples), "forks": {}, "merges": 0,
-                                      "realigns": 0, "untrained_turns": untrained})
+        return TargetFinish(
+            samples,
+            {
+                "turns": len(samples),
+                "samples": len(samples),
+                "forks": {},
+                "merges": 0,
+                "realigns": 0,
+                "untrained_turns": untrained,
+            },
+        )
 
     async def drop(self, session: str) -> bool:
         known = session in self.opened
@@ -261,8 +312,9 @@ def from_file(path: str, options: TargetOptions) -> ProfileTarget:
     cassette's header kept (`TargetOptions.extra["profile"]`)."""
     if not Path(path).is_file() and isinstance(options.extra.get("profile"), dict):
         try:
-            return ProfileTarget(parse_profile(options.extra["profile"], where="the cassette's profile: "),
-                                 options, path)
+            return ProfileTarget(
+                parse_profile(options.extra["profile"], where="the cassette's profile: "), options, path
+            )
         except ProfileError as exc:
             raise TargetError(str(exc)) from None
     try:

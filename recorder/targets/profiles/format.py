@@ -165,8 +165,9 @@ class Profile(Strict):
 def parse_profile(data: Any, where: str = "") -> Profile:
     """`data` (parsed YAML) as a Profile; `ProfileError` naming where."""
     if isinstance(data, dict) and data.get("profile") not in (None, FORMAT_VERSION):
-        raise ProfileError(f"{where}profile: format version {data.get('profile')!r} is not known "
-                           f"(this tito reads {FORMAT_VERSION})")
+        raise ProfileError(
+            f"{where}profile: format version {data.get('profile')!r} is not known (this tito reads {FORMAT_VERSION})"
+        )
     try:
         return validate(data, Profile, where="")
     except ScenarioError as exc:
@@ -192,8 +193,12 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
 def profile_schema() -> dict[str, Any]:
     """The JSON Schema of a profile file, made from the Structs above."""
     (top,), components = msgspec.json.schema_components([Profile], ref_template="#/$defs/{name}")
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **components[Profile.__name__],
-            "title": "tito gateway profile", "$defs": components}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        **components[Profile.__name__],
+        "title": "tito gateway profile",
+        "$defs": components,
+    }
 
 
 def is_profile_path(text: str) -> bool:
