@@ -39,6 +39,7 @@ test: install
 # editor does (tito_rl/'s links) and keeps its cache in .mypy_cache: a second run checks only what changed. The
 # benchmarks are scripts that import each other by file name: checked in a second run, from their folder.
 lint: install
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/mypy benchmarks/*.py
