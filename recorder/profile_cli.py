@@ -7,10 +7,8 @@ are valid, 2 otherwise. `schema`: the JSON Schema of a profile file, for editors
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-EXIT_OK, EXIT_INVALID = 0, 2
+from tito_rl.recorder.file_checks import check_files, print_schema
 
 
 def _check_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,27 +38,21 @@ def run(args: argparse.Namespace) -> int:
     from tito_rl.recorder.targets.profiles.format import ProfileError, load_profile, profile_schema
 
     if args.profile_command == "schema":
-        print(json.dumps(profile_schema(), indent=2, sort_keys=True))
-        return EXIT_OK
-    invalid = 0
-    for path in args.paths:
-        try:
-            profile = load_profile(path)
-        except ProfileError as exc:
-            print(f"tito profile check: {exc}", file=sys.stderr)
-            invalid += 1
-            continue
-        where = "samples from " + (
-            "a function"
-            if profile.samples and profile.samples.function
+        return print_schema(profile_schema())
+
+    def summary(path: str) -> str:
+        profile = load_profile(path)
+        samples = profile.samples
+        where = (
+            "nowhere (replies and engine calls only)"
+            if not samples
+            else "a function"
+            if samples.function
             else "its calls"
-            if profile.samples and profile.samples.calls
+            if samples.calls
             else "ready rows"
-            if profile.samples
-            else "nowhere (replies and engine calls only)"
         )
-        print(
-            f"{path}: ok (profile {profile.profile}, {profile.name}, sessions from "
-            f"{profile.sessions.session_from}, {where})"
-        )
-    return EXIT_INVALID if invalid else EXIT_OK
+        sessions = profile.sessions.session_from
+        return f"profile {profile.profile}, {profile.name}, sessions from {sessions}, samples from {where}"
+
+    return check_files("profile", args.paths, summary, ProfileError)
