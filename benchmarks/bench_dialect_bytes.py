@@ -27,7 +27,7 @@ from bench_recorder import build_session, write_cassette  # noqa: E402
 
 from tito_rl.cassette.format.records import (
     EngineRecord,  # noqa: E402
-    )
+)
 from tito_rl.cassette.reader import CassetteReader  # noqa: E402
 from tito_rl.trajectory.adapters.tap import EngineExchange  # noqa: E402
 from tito_rl.trajectory.dialects.registry import record_view  # noqa: E402
@@ -41,18 +41,31 @@ TOOLS = json.loads(QWEN_CAPTURE.read_bytes()).get("tools", []) if QWEN_CAPTURE.e
 
 
 def chat_messages(turn: int, tool_texts: list[str]) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
-                                      {"role": "user", "content": "Fix the bug."}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the bug."},
+    ]
     for i in range(turn):
-        messages.append({"role": "assistant", "content": "", "tool_calls": [{
-            "id": f"call_{i:04d}", "type": "function",
-            "function": {"name": "Read", "arguments": f'{{"file_path": "/repo/src/module_{i}.py"}}'}}]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": f"call_{i:04d}",
+                        "type": "function",
+                        "function": {"name": "Read", "arguments": f'{{"file_path": "/repo/src/module_{i}.py"}}'},
+                    }
+                ],
+            }
+        )
         messages.append({"role": "tool", "tool_call_id": f"call_{i:04d}", "content": tool_texts[i]})
     return messages
 
 
-def restated(dialect: str, stream: bool, engine: list[EngineExchange], tool_texts: list[str],
-             tokenizer: Any) -> list[EngineExchange]:
+def restated(
+    dialect: str, stream: bool, engine: list[EngineExchange], tool_texts: list[str], tokenizer: Any
+) -> list[EngineExchange]:
     out = []
     for turn, call in enumerate(engine):
         prompt, output = call.request["input_ids"], call.response["output_ids"]
@@ -60,51 +73,157 @@ def restated(dialect: str, stream: bool, engine: list[EngineExchange], tool_text
         sampling = {"max_tokens": 32000, "temperature": 1.0, "skip_special_tokens": False}
         if dialect == "vllm-generate":
             request = {"token_ids": prompt, "sampling_params": sampling}
-            response: Any = {"choices": [{"index": 0, "token_ids": output, "finish_reason": "stop",
-                                          "logprobs": {"content": [{"logprob": lp} for lp in lps]}}]}
+            response: Any = {
+                "choices": [
+                    {
+                        "index": 0,
+                        "token_ids": output,
+                        "finish_reason": "stop",
+                        "logprobs": {"content": [{"logprob": lp} for lp in lps]},
+                    }
+                ]
+            }
             path = "/inference/v1/generate"
         elif dialect == "sglang-openai":
-            request = {"model": "m", "messages": chat_messages(turn, tool_texts), "tools": TOOLS, "input_ids": prompt,
-                       "return_meta_info": True, "return_prompt_token_ids": True, "return_token_ids": True,
-                       "no_stop_trim": True, "logprobs": True, **sampling}
-            response = {"id": f"x{turn}", "object": "chat.completion", "created": 1, "model": "m", "choices": [{
-                "index": 0, "message": {"role": "assistant", "content": tokenizer.decode(output[:-1])},
-                "finish_reason": "stop", "prompt_token_ids": prompt, "token_ids": output,
-                "meta_info": {"output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, output, strict=True)]}}]}
+            request = {
+                "model": "m",
+                "messages": chat_messages(turn, tool_texts),
+                "tools": TOOLS,
+                "input_ids": prompt,
+                "return_meta_info": True,
+                "return_prompt_token_ids": True,
+                "return_token_ids": True,
+                "no_stop_trim": True,
+                "logprobs": True,
+                **sampling,
+            }
+            response = {
+                "id": f"x{turn}",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": tokenizer.decode(output[:-1])},
+                        "finish_reason": "stop",
+                        "prompt_token_ids": prompt,
+                        "token_ids": output,
+                        "meta_info": {
+                            "output_token_logprobs": [[lp, t, None] for lp, t in zip(lps, output, strict=True)]
+                        },
+                    }
+                ],
+            }
             path = "/v1/chat/completions"
         elif dialect == "vllm-completions":
             request = {"model": "m", "prompt": prompt, "logprobs": 0, "return_token_ids": True, **sampling}
-            response = {"id": f"cmpl-{turn}", "object": "text_completion", "created": 1, "model": "m", "choices": [{
-                "index": 0, "text": tokenizer.decode(output[:-1]), "prompt_token_ids": prompt, "token_ids": output,
-                "logprobs": {"token_logprobs": lps, "tokens": [f"token_id:{t}" for t in output]},
-                "finish_reason": "stop"}]}
+            response = {
+                "id": f"cmpl-{turn}",
+                "object": "text_completion",
+                "created": 1,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": tokenizer.decode(output[:-1]),
+                        "prompt_token_ids": prompt,
+                        "token_ids": output,
+                        "logprobs": {"token_logprobs": lps, "tokens": [f"token_id:{t}" for t in output]},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
             path = "/v1/completions"
         else:
-            request = {"model": "m", "messages": chat_messages(turn, tool_texts), "tools": TOOLS, "logprobs": True,
-                       "return_token_ids": True, "return_tokens_as_token_ids": True, "stream": stream, **sampling}
-            entries = [{"token": f"token_id:{t}", "logprob": lp, "bytes": list(tokenizer.decode([t]).encode()),
-                        "top_logprobs": []} for t, lp in zip(output, lps, strict=True)]
+            request = {
+                "model": "m",
+                "messages": chat_messages(turn, tool_texts),
+                "tools": TOOLS,
+                "logprobs": True,
+                "return_token_ids": True,
+                "return_tokens_as_token_ids": True,
+                "stream": stream,
+                **sampling,
+            }
+            entries = [
+                {
+                    "token": f"token_id:{t}",
+                    "logprob": lp,
+                    "bytes": list(tokenizer.decode([t]).encode()),
+                    "top_logprobs": [],
+                }
+                for t, lp in zip(output, lps, strict=True)
+            ]
             if stream:
-                response = [{"id": f"chatcmpl-{turn}", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                             "prompt_token_ids": prompt, "choices": [{"index": 0, "delta": {"role": "assistant",
-                                                                                             "content": ""},
-                                                                      "token_ids": [], "finish_reason": None}]}]
+                response = [
+                    {
+                        "id": f"chatcmpl-{turn}",
+                        "object": "chat.completion.chunk",
+                        "created": 1,
+                        "model": "m",
+                        "prompt_token_ids": prompt,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"role": "assistant", "content": ""},
+                                "token_ids": [],
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                ]
                 for i, (t, entry) in enumerate(zip(output, entries, strict=True)):
                     last = i == len(output) - 1
-                    response.append({"id": f"chatcmpl-{turn}", "object": "chat.completion.chunk", "created": 1,
-                                     "model": "m", "choices": [{
-                                         "index": 0, "delta": {} if last else {"content": tokenizer.decode([t])},
-                                         "logprobs": {"content": [entry]}, "token_ids": [t],
-                                         "finish_reason": "stop" if last else None}]})
+                    response.append(
+                        {
+                            "id": f"chatcmpl-{turn}",
+                            "object": "chat.completion.chunk",
+                            "created": 1,
+                            "model": "m",
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": {} if last else {"content": tokenizer.decode([t])},
+                                    "logprobs": {"content": [entry]},
+                                    "token_ids": [t],
+                                    "finish_reason": "stop" if last else None,
+                                }
+                            ],
+                        }
+                    )
             else:
-                response = {"id": f"chatcmpl-{turn}", "object": "chat.completion", "created": 1, "model": "m",
-                            "prompt_token_ids": prompt, "choices": [{
-                                "index": 0, "message": {"role": "assistant", "content": tokenizer.decode(output[:-1])},
-                                "logprobs": {"content": entries}, "finish_reason": "stop", "token_ids": output}]}
+                response = {
+                    "id": f"chatcmpl-{turn}",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": "m",
+                    "prompt_token_ids": prompt,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": tokenizer.decode(output[:-1])},
+                            "logprobs": {"content": entries},
+                            "finish_reason": "stop",
+                            "token_ids": output,
+                        }
+                    ],
+                }
             path = "/v1/chat/completions"
         name = "vllm-openai" if dialect == "vllm-completions" else dialect
-        out.append(EngineExchange("POST", path, request, 200, response, headers={}, started_s=call.started_s,
-                                  duration_s=call.duration_s, dialect=name))
+        out.append(
+            EngineExchange(
+                "POST",
+                path,
+                request,
+                200,
+                response,
+                headers={},
+                started_s=call.started_s,
+                duration_s=call.duration_s,
+                dialect=name,
+            )
+        )
     return out
 
 
@@ -114,14 +233,24 @@ def main() -> int:
     engine = [e for k, e in events if k == "engine"]
     prompt_tokens = sum(len(e.request["input_ids"]) for e in engine)
     # The tool results the prompts grew by, as text for the chat histories.
-    tool_texts = [tokenizer.decode(engine[i + 1].request["input_ids"][len(engine[i].request["input_ids"])
-                                                                      + len(engine[i].response["output_ids"]):])
-                  for i in range(len(engine) - 1)]
+    tool_texts = [
+        tokenizer.decode(
+            engine[i + 1].request["input_ids"][
+                len(engine[i].request["input_ids"]) + len(engine[i].response["output_ids"]) :
+            ]
+        )
+        for i in range(len(engine) - 1)
+    ]
     base = len(write_cassette(events, sample)) / prompt_tokens
     print(f"sglang /generate: {base:.3f} bytes/prompt token ({prompt_tokens} prompt tokens over {len(engine)} calls)")
     worst, worst_name = 0.0, ""
-    for dialect, stream in (("vllm-openai", False), ("vllm-openai", True), ("vllm-completions", False),
-                            ("sglang-openai", False), ("vllm-generate", False)):
+    for dialect, stream in (
+        ("vllm-openai", False),
+        ("vllm-openai", True),
+        ("vllm-completions", False),
+        ("sglang-openai", False),
+        ("vllm-generate", False),
+    ):
         calls = iter(restated(dialect, stream, engine, tool_texts, tokenizer))
         data = write_cassette([(k, next(calls) if k == "engine" else e) for k, e in events], sample)
         with CassetteReader(io.BytesIO(data)) as reader:  # read back whole: the size is not bought with loss

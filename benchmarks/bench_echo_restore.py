@@ -29,8 +29,14 @@ def session() -> tuple[list[dict[str, Any]], list[bytes]]:
     replies, bodies, history = [], [], [message("user", "Fix the failing test.")]
     for t in range(TURNS):
         args = {"file_path": f"/repo/src/module_{t}.py", "offset": t * 10, "limit": 200}
-        replies.append(message("assistant", f"Reading module {t}.", f"The bug may be in module {t}.",
-                               [tool_call("Read", json.dumps(args))]))
+        replies.append(
+            message(
+                "assistant",
+                f"Reading module {t}.",
+                f"The bug may be in module {t}.",
+                [tool_call("Read", json.dumps(args))],
+            )
+        )
         echoed = message("assistant", f"Reading module {t}.", None, [tool_call("Read", json.dumps(args, indent=1))])
         history = [*history, echoed, message("user", f"def f_{t}():\n" + "    pass\n" * 200)]
         bodies.append(json.dumps(history).encode())
@@ -56,8 +62,10 @@ def main() -> int:
     baseline = per_turn_ms(EchoMemory(histories=0), replies, bodies, last)
     ours = per_turn_ms(EchoMemory(), replies, bodies, last)
     print(f"{TURNS}-turn session, mean over its last {last} turns")
-    print(f"echo restore at turn {TURNS}: {ours:.3f} ms per turn, baseline: {baseline:.3f} ms, "
-          f"ratio: {baseline / max(ours, 1e-6):.1f}")
+    print(
+        f"echo restore at turn {TURNS}: {ours:.3f} ms per turn, baseline: {baseline:.3f} ms, "
+        f"ratio: {baseline / max(ours, 1e-6):.1f}"
+    )
     return 0
 
 

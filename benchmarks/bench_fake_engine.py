@@ -32,8 +32,10 @@ def _serve(kind: str, port: int) -> None:
     from aiohttp import web
 
     if kind == "echo":
+
         async def echo(request: web.Request) -> web.Response:
             return web.Response(body=await request.read(), content_type="application/json")
+
         app = web.Application(client_max_size=1 << 30)
         app.router.add_post("/generate", echo)
     else:
@@ -66,6 +68,7 @@ async def _drive(port: int, body: dict) -> tuple[float, list[float]]:
     latencies: list[float] = []
     queue = iter(range(REQUESTS))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CLIENTS)) as s:
+
         async def client() -> None:
             for _ in queue:
                 t0 = time.perf_counter()
@@ -73,6 +76,7 @@ async def _drive(port: int, body: dict) -> tuple[float, list[float]]:
                     await r.read()
                     assert r.status == 200, r.status
                 latencies.append(time.perf_counter() - t0)
+
         t0 = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(CLIENTS)))
         return REQUESTS / (time.perf_counter() - t0), latencies
@@ -93,9 +97,11 @@ def measure(kind: str, body: dict) -> tuple[float, float, float]:
 
 
 def main() -> int:
-    body = {"input_ids": [(i * 7919) % 150000 + 10 for i in range(PROMPT_TOKENS)],
-            "sampling_params": {"skip_special_tokens": False, "no_stop_trim": True, "max_new_tokens": 256},
-            "return_logprob": True}
+    body = {
+        "input_ids": [(i * 7919) % 150000 + 10 for i in range(PROMPT_TOKENS)],
+        "sampling_params": {"skip_special_tokens": False, "no_stop_trim": True, "max_new_tokens": 256},
+        "return_logprob": True,
+    }
     r, p50, p99 = measure("fake-engine", body)
     e, e50, e99 = measure("echo", body)
     print(f"{REQUESTS} requests, {CLIENTS} clients, {PROMPT_TOKENS}-token prompts")

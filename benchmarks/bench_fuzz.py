@@ -16,13 +16,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
-    done = subprocess.run([sys.executable, "-m", "tests.cassette_fuzz", "--json"], cwd=ROOT, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.cassette_fuzz", "--json"], cwd=ROOT, capture_output=True, text=True
+    )
     report = json.loads(done.stdout)
     mean = report["seconds"] / report["cases"]
-    print(f"fuzz: {report['cases']} cases in {report['seconds']:.1f} s, slowest case {report['slowest_s']:.2f} s "
-          f"({report['slowest_case']}), mean {1000 * mean:.1f} ms, ratio slowest/mean: "
-          f"{report['slowest_s'] / mean:.0f}, host steal {report['steal_pct']:.1f}%, load average {report['load']:.2f}")
+    print(
+        f"fuzz: {report['cases']} cases in {report['seconds']:.1f} s, slowest case {report['slowest_s']:.2f} s "
+        f"({report['slowest_case']}), mean {1000 * mean:.1f} ms, ratio slowest/mean: "
+        f"{report['slowest_s'] / mean:.0f}, host steal {report['steal_pct']:.1f}%, load average {report['load']:.2f}"
+    )
     return 1 if report["findings"] or done.returncode else 0
 
 

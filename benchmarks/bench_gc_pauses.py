@@ -64,8 +64,10 @@ def main() -> int:
     print(f"{SESSIONS} sessions x {PROMPT_TOKENS} prompt tokens in flight")
     for name, b, o in zip(("gen0", "gen1", "full"), base, ours, strict=True):
         print(f"  {name} pass: {o:8.2f} ms untracked (TurnRecord), {b:8.2f} ms as plain lists")
-    print(f"gc pause (gen0): {ours[0]:.2f} ms with untracked token lists, baseline: {base[0]:.2f} ms, "
-          f"ratio: {base[0] / max(ours[0], 1e-3):.0f}")
+    print(
+        f"gc pause (gen0): {ours[0]:.2f} ms with untracked token lists, baseline: {base[0]:.2f} ms, "
+        f"ratio: {base[0] / max(ours[0], 1e-3):.0f}"
+    )
     return 0
 
 

@@ -31,8 +31,10 @@ def render_seconds(n: int) -> float:
 
 def main() -> int:
     small, large = render_seconds(15_000), render_seconds(150_000)
-    print(f"inspect page: {large:.2f} s for 150k tokens, {small:.3f} s for 15k, ratio X / (10 Y): "
-          f"{large / (10 * small):.2f}")
+    print(
+        f"inspect page: {large:.2f} s for 150k tokens, {small:.3f} s for 15k, ratio X / (10 Y): "
+        f"{large / (10 * small):.2f}"
+    )
     return 0
 
 

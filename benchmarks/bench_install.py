@@ -46,24 +46,56 @@ GIB = 1 << 30
 START_MARK, END_MARK = "<!-- install-figures:start -->", "<!-- install-figures:end -->"
 FIGURE_FILES = ("README.md", "docs/install.md")
 SCRIPT = "fake_engine/examples/claude_tool_loop.yaml"  # turn 1: reasoning, text and a shell tool call
-REQUEST = {"model": "tito", "max_tokens": 512, "messages": [{"role": "user", "content": "list the files"}],
-           "tools": [{"name": "Bash", "description": "Run a shell command", "input_schema": {
-               "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]}
+REQUEST = {
+    "model": "tito",
+    "max_tokens": 512,
+    "messages": [{"role": "user", "content": "list the files"}],
+    "tools": [
+        {
+            "name": "Bash",
+            "description": "Run a shell command",
+            "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        }
+    ],
+}
 # requirements-parsers.txt before the lean install (installed after torch and `--no-deps sglang xgrammar`).
-FULL_IMPORT_NEEDS = ["triton", "numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow",
-                     "starlette", "msgspec", "pydantic", "pyzmq", "tqdm", "ipython", "aiohttp", "openai",
-                     "partial-json-parser", "regex", "apache-tvm-ffi", "transformers==5.19.0", "tokenizers"]
+FULL_IMPORT_NEEDS = [
+    "triton",
+    "numpy",
+    "orjson",
+    "psutil",
+    "pybase64",
+    "requests",
+    "packaging",
+    "pillow",
+    "starlette",
+    "msgspec",
+    "pydantic",
+    "pyzmq",
+    "tqdm",
+    "ipython",
+    "aiohttp",
+    "openai",
+    "partial-json-parser",
+    "regex",
+    "apache-tvm-ffi",
+    "transformers==5.19.0",
+    "tokenizers",
+]
 START_TITO = "import sys; from tito_rl.main import main; sys.exit(main())"
 # The full install's tito: sglang/__init__.py (the serving runtime) runs where its parsers are first loaded,
 # as `from sglang.srt... import` did before sglang_loader: after the tokenizer, inside the server's start-up.
-START_TITO_WITH_RUNTIME = """
+START_TITO_WITH_RUNTIME = (
+    """
 import tito_rl.trajectory.adapters.parsing.sglang_loader as loader
 bare_package = loader._bare_package
 def with_runtime(name):
     import sglang  # noqa: F401
     return bare_package(name)
 loader._bare_package = with_runtime
-""" + START_TITO
+"""
+    + START_TITO
+)
 
 
 def _run(cmd: list[str], log: Path) -> None:
@@ -129,12 +161,20 @@ def first_parsed_reply(python: Path, start: str, engine: str) -> float:
     port = free_port()
     body = json.dumps(REQUEST).encode()
     t0 = time.perf_counter()
-    proc = subprocess.Popen([str(python), "-c", start, "serve", "--engine", engine, "--listen", f"127.0.0.1:{port}"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(python), "-c", start, "serve", "--engine", engine, "--listen", f"127.0.0.1:{port}"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         while proc.poll() is None and time.perf_counter() - t0 < 180:
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/messages", data=body, method="POST",
-                                         headers={"content-type": "application/json"})
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/messages",
+                data=body,
+                method="POST",
+                headers={"content-type": "application/json"},
+            )
             try:
                 with urllib.request.urlopen(req, timeout=60) as resp:
                     reply = json.loads(resp.read())
@@ -182,7 +222,8 @@ class Figures:
             f"untimed); from process start to the first parsed tool-call reply **{lean_r:.2f} s** vs "
             f"{full_r:.2f} s ({lean_r / full_r:.2f}x, {full_r / lean_r:.1f}x sooner; median of {rounds}). "
             f"`benchmarks/bench_install.py`, {self.cores} cores, host steal up to {self.steal_pct:.1f}%, "
-            f"load average up to {self.load:.2f}.")
+            f"load average up to {self.load:.2f}."
+        )
         return textwrap.fill(text, width=110, break_long_words=False, break_on_hyphens=False)
 
 
@@ -227,13 +268,19 @@ def measure(tmp: Path) -> Figures:
             install_s[name] = time.perf_counter() - t0
         size[name] = disk_usage(venvs[name]) / GIB
         cache_growth = ((disk_usage(cache) if cache.is_dir() else 0) - cache_before) / (1 << 20)
-        print(f"{name}: installed {size[name]:.2f} GiB in {install_s[name]:.0f} s (pip cache grew "
-              f"{cache_growth:.0f} MiB; host steal up to {steal[-1]:.1f}%, load average {loads[-1]:.2f})", flush=True)
+        print(
+            f"{name}: installed {size[name]:.2f} GiB in {install_s[name]:.0f} s (pip cache grew "
+            f"{cache_growth:.0f} MiB; host steal up to {steal[-1]:.1f}%, load average {loads[-1]:.2f})",
+            flush=True,
+        )
     engine_port = free_port()
     engine = f"http://127.0.0.1:{engine_port}"
-    fake = subprocess.Popen([sys.executable, "-m", "tito_rl", "fake-engine", "--script", SCRIPT,
-                             "--port", str(engine_port)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "tito_rl", "fake-engine", "--script", SCRIPT, "--port", str(engine_port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait_http(engine + "/health")
         starts = {"lean": START_TITO, "full": START_TITO_WITH_RUNTIME}
@@ -256,8 +303,9 @@ def measure(tmp: Path) -> Figures:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true",
-                        help=f"write the figures between the markers in {' and '.join(FIGURE_FILES)}")
+    parser.add_argument(
+        "--write", action="store_true", help=f"write the figures between the markers in {' and '.join(FIGURE_FILES)}"
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tito-bench-install-"))
     try:
@@ -265,8 +313,10 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     lean_r, full_r = figures.reply("lean"), figures.reply("full")
-    print(f"lean / full: size {figures.size_gib['lean'] / figures.size_gib['full']:.2f}, install time "
-          f"{figures.install_s['lean'] / figures.install_s['full']:.2f}, first parsed reply {lean_r / full_r:.2f}")
+    print(
+        f"lean / full: size {figures.size_gib['lean'] / figures.size_gib['full']:.2f}, install time "
+        f"{figures.install_s['lean'] / figures.install_s['full']:.2f}, first parsed reply {lean_r / full_r:.2f}"
+    )
     block = figures.markdown()
     print(f"{START_MARK}\n{block}\n{END_MARK}")
     if args.write:

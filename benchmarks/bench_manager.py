@@ -35,15 +35,19 @@ def build_session(forked: bool) -> list[tuple[list[dict], dict, TurnRecord]]:
     rng = random.Random(7)
     first = 1_000
     step = (TOTAL_PROMPT_TOKENS - TURNS * first) * 2 // (TURNS * (TURNS - 1))
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " * 40},
-                                      {"role": "user", "content": "Fix the failing test in the repository."}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. " * 40},
+        {"role": "user", "content": "Fix the failing test in the repository."},
+    ]
     prompt = [rng.randrange(150_000) for _ in range(first)]
     turns = []
     for t in range(TURNS):
         output = [rng.randrange(150_000) for _ in range(OUTPUT_TOKENS)] + [151645]
-        reply: dict[str, Any] = {"role": "assistant", "content": f"step {t}",
-                                 "tool_calls": [{"type": "function",
-                                                 "function": {"name": "Bash", "arguments": {"command": f"ls {t}"}}}]}
+        reply: dict[str, Any] = {
+            "role": "assistant",
+            "content": f"step {t}",
+            "tool_calls": [{"type": "function", "function": {"name": "Bash", "arguments": {"command": f"ls {t}"}}}],
+        }
         prompt_ids = list(prompt)
         if forked and t and t % 40 == 0:
             prompt_ids[len(prompt_ids) // 2] += 1  # token drift in the prompt region: forks
@@ -95,9 +99,11 @@ def naive() -> Iterator[None]:
     def uncached_chain(leaf, trained, threshold, events, _cache=None):
         return cached_chain(leaf, trained, threshold, events, None)
 
-    with mock.patch.object(lin, "common_prefix_len", naive_prefix_len), \
-            mock.patch.object(MessageTree, "_match", naive_match), \
-            mock.patch.object(mgr, "linearize_chain", uncached_chain):
+    with (
+        mock.patch.object(lin, "common_prefix_len", naive_prefix_len),
+        mock.patch.object(MessageTree, "_match", naive_match),
+        mock.patch.object(mgr, "linearize_chain", uncached_chain),
+    ):
         yield
 
 
@@ -116,11 +122,15 @@ def main() -> None:
         nrec_f, nlin_f, nn_f = best(forked, 1)
     assert (n_c, n_f) == (nn_c, nn_f), "naive baseline must produce the same samples"
     ms = 1000
-    print(f"chain: {len(chain)} turns, {prompt_total} prompt tokens: record {rec_c * ms:.1f} ms, "
-          f"linearize {lin_c * ms:.1f} ms, {n_c} sample(s)")
+    print(
+        f"chain: {len(chain)} turns, {prompt_total} prompt tokens: record {rec_c * ms:.1f} ms, "
+        f"linearize {lin_c * ms:.1f} ms, {n_c} sample(s)"
+    )
     print(f"forked: {len(forked)} turns: record {rec_f * ms:.1f} ms, linearize {lin_f * ms:.1f} ms, {n_f} samples")
-    print(f"naive chain: record {nrec_c * ms:.1f} ms, linearize {nlin_c * ms:.1f} ms; "
-          f"naive forked: record {nrec_f * ms:.1f} ms, linearize {nlin_f * ms:.1f} ms")
+    print(
+        f"naive chain: record {nrec_c * ms:.1f} ms, linearize {nlin_c * ms:.1f} ms; "
+        f"naive forked: record {nrec_f * ms:.1f} ms, linearize {nlin_f * ms:.1f} ms"
+    )
     manager_ms = (rec_c + lin_c) * ms
     naive_ms = (nrec_c + nlin_c) * ms
     print(f"manager: {manager_ms:.2f} ms, naive: {naive_ms:.2f} ms, ratio: {naive_ms / manager_ms:.1f}")

@@ -58,23 +58,47 @@ def scenario(sessions: int, seed: int = 23) -> dict[str, Any]:
     rng = random.Random(seed)
     turns_of = [2 + int(38 * rng.random() ** 2) for _ in range(sessions)]
     variants = sorted(set(turns_of))
-    engine = [{"match": {"prompt_contains": f"Variant T={t:02d}."}, "turns": [
-        {"reasoning": f"Step {k}: part {k} is next; I read it before going on.", "text": f"Reading part {k}.",
-         "tool_calls": [{"name": "shell", "arguments": {"command": f"cat src/part_{k}.py",
-                                                        "description": f"Read part {k}"}}]}
-        for k in range(t - 1)] + [{"reasoning": "Every part is read.", "text": f"All {t - 1} parts read; done."}]}
-        for t in variants]
+    engine = [
+        {
+            "match": {"prompt_contains": f"Variant T={t:02d}."},
+            "turns": [
+                {
+                    "reasoning": f"Step {k}: part {k} is next; I read it before going on.",
+                    "text": f"Reading part {k}.",
+                    "tool_calls": [
+                        {
+                            "name": "shell",
+                            "arguments": {"command": f"cat src/part_{k}.py", "description": f"Read part {k}"},
+                        }
+                    ],
+                }
+                for k in range(t - 1)
+            ]
+            + [{"reasoning": "Every part is read.", "text": f"All {t - 1} parts read; done."}],
+        }
+        for t in variants
+    ]
     clients = []
     for i, t in enumerate(turns_of):
         lines = min(200, PROMPT_GOAL // (TOKENS_A_LINE * t))
         end = {"drop": True} if i % 16 == 15 else {"finish": 1.0}
-        clients.append({"id": f"prod-{i:04d}", "wire": WIRES[i % 3], "stream": i % 2 == 0,
-                        "system": f"You are a coding agent working in /work. Variant T={t:02d}.",
-                        "tools": ["Bash", "Read"], "results": {"Bash": {"lines": lines}},
-                        "steps": [{"prompt": f"Task {i}: read every part of the project and report.",
-                                   "max_turns": 40}, end]})
-    return {"name": "production_step", "after_last": "error", "sessions": engine,
-            "client": {"concurrency": CONCURRENCY, "sessions": clients}}
+        clients.append(
+            {
+                "id": f"prod-{i:04d}",
+                "wire": WIRES[i % 3],
+                "stream": i % 2 == 0,
+                "system": f"You are a coding agent working in /work. Variant T={t:02d}.",
+                "tools": ["Bash", "Read"],
+                "results": {"Bash": {"lines": lines}},
+                "steps": [{"prompt": f"Task {i}: read every part of the project and report.", "max_turns": 40}, end],
+            }
+        )
+    return {
+        "name": "production_step",
+        "after_last": "error",
+        "sessions": engine,
+        "client": {"concurrency": CONCURRENCY, "sessions": clients},
+    }
 
 
 def cache_dir(spec: dict[str, Any]) -> Path:
@@ -116,15 +140,38 @@ def record(folder: Path, spec: dict[str, Any]) -> Path:
         partial = folder / "recording.tito"
         partial.unlink(missing_ok=True)
         port = free_port()
-        engine = tito("fake-engine", "--script", str(script), "--listen", f"127.0.0.1:{port}",
-                      "--context-length", str(CONTEXT), stdout=subprocess.DEVNULL)
+        engine = tito(
+            "fake-engine",
+            "--script",
+            str(script),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--context-length",
+            str(CONTEXT),
+            stdout=subprocess.DEVNULL,
+        )
         try:
             wait_for(f"http://127.0.0.1:{port}/health")
             started = time.monotonic()
-            done = tito("record", "--engine", f"http://127.0.0.1:{port}", "--listen", f"127.0.0.1:{free_port()}",
-                        "--out", str(partial), "--agent", "scripted", "--scenario", str(script), "--quiet",
-                        "--context-length", str(CONTEXT), "--agent-timeout", "600",
-                        stderr=subprocess.PIPE).communicate()[1]
+            done = tito(
+                "record",
+                "--engine",
+                f"http://127.0.0.1:{port}",
+                "--listen",
+                f"127.0.0.1:{free_port()}",
+                "--out",
+                str(partial),
+                "--agent",
+                "scripted",
+                "--scenario",
+                str(script),
+                "--quiet",
+                "--context-length",
+                str(CONTEXT),
+                "--agent-timeout",
+                "600",
+                stderr=subprocess.PIPE,
+            ).communicate()[1]
             failed = [line for line in done.decode().splitlines() if "FAILED" in line]
             assert not failed, failed[:5]
             print(f"recorded {len(spec['client']['sessions'])} sessions in {time.monotonic() - started:.0f} s")
@@ -133,8 +180,12 @@ def record(folder: Path, spec: dict[str, Any]) -> Path:
             engine.wait()
         partial.rename(cassette)
     if not cassette.with_suffix(".golden").is_file():
-        run = subprocess.run([sys.executable, "-m", "tito_rl", "replay", str(cassette), "-j", "2",
-                              "--update-goldens"], cwd=ROOT, capture_output=True, text=True)
+        run = subprocess.run(
+            [sys.executable, "-m", "tito_rl", "replay", str(cassette), "-j", "2", "--update-goldens"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return cassette
 
@@ -174,8 +225,7 @@ class PeakRss:
 
 def _children(pid: int) -> list[int]:
     try:
-        return [int(c) for t in Path(f"/proc/{pid}/task").iterdir()
-                for c in (t / "children").read_text().split()]
+        return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
     except OSError:
         return []
 
@@ -205,10 +255,16 @@ def timed(*args: str) -> tuple[float, PeakRss, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=2048)
-    parser.add_argument("--generate-only", action="store_true",
-                        help="record the cassette and write its golden into the cache, measure nothing")
-    parser.add_argument("--lookups-only", action="store_true",
-                        help="measure `cassette info` and `inspect --session` alone (no whole-cassette replays)")
+    parser.add_argument(
+        "--generate-only",
+        action="store_true",
+        help="record the cassette and write its golden into the cache, measure nothing",
+    )
+    parser.add_argument(
+        "--lookups-only",
+        action="store_true",
+        help="measure `cassette info` and `inspect --session` alone (no whole-cassette replays)",
+    )
     args = parser.parse_args()
     spec = scenario(args.sessions)
     folder = cache_dir(spec)
@@ -240,11 +296,15 @@ def replays(cassette: Path, folder: Path, names: list[str], exchanges: int, stea
         one, one_rss, _ = timed("replay", str(cassette), "-j", "1")
     with steal_watch(steal):
         two, two_rss, _ = timed("replay", str(cassette), "-j", "2")
-    print(f"replay -j 1: {one:.1f} s, {len(names) / one:.1f} sessions/s, {exchanges / one:.0f} exchanges/s, "
-          f"peak memory {one_rss.total / 2**20:.0f} MiB; host steal up to {steal[0]:.1f}%")
-    print(f"replay -j 2: {two:.1f} s, {len(names) / two:.1f} sessions/s, peak memory {two_rss.total / 2**20:.0f} MiB "
-          f"(largest process {two_rss.largest / 2**20:.0f} MiB); host steal up to {steal[1]:.1f}%; "
-          f"scaling -j 2 / -j 1: {one / two:.2f}x")
+    print(
+        f"replay -j 1: {one:.1f} s, {len(names) / one:.1f} sessions/s, {exchanges / one:.0f} exchanges/s, "
+        f"peak memory {one_rss.total / 2**20:.0f} MiB; host steal up to {steal[0]:.1f}%"
+    )
+    print(
+        f"replay -j 2: {two:.1f} s, {len(names) / two:.1f} sessions/s, peak memory {two_rss.total / 2**20:.0f} MiB "
+        f"(largest process {two_rss.largest / 2**20:.0f} MiB); host steal up to {steal[1]:.1f}%; "
+        f"scaling -j 2 / -j 1: {one / two:.2f}x"
+    )
 
     rows = []
     for n, path in cuts.items():
@@ -254,8 +314,10 @@ def replays(cassette: Path, folder: Path, names: list[str], exchanges: int, stea
     rows.append((len(names), cassette.stat().st_size, one_rss.total, steal[0]))
     base_size, base_rss = rows[0][1], rows[0][2]
     for n, size, peak, stolen in rows:
-        print(f"  {n:5d} sessions: cassette {size / 2**20:6.0f} MiB ({size / base_size:4.2f}x), peak memory "
-              f"{peak / 2**20:4.0f} MiB ({peak / base_rss:4.2f}x); host steal up to {stolen:.1f}%")
+        print(
+            f"  {n:5d} sessions: cassette {size / 2**20:6.0f} MiB ({size / base_size:4.2f}x), peak memory "
+            f"{peak / 2**20:4.0f} MiB ({peak / base_rss:4.2f}x); host steal up to {stolen:.1f}%"
+        )
 
 
 def lookups(cassette: Path, folder: Path, chosen: dict[str, str], index: Any, steal: list[float]) -> None:
@@ -267,19 +329,30 @@ def lookups(cassette: Path, folder: Path, chosen: dict[str, str], index: Any, st
     print(f"floor (Python start and the tokenizers load): {floor_s():.2f} s")
     alone = {kind: cut_with_golden(cassette, folder / f"{kind}-alone.tito", [name]) for kind, name in chosen.items()}
     runs: list[tuple[str, Callable[[Path, str], tuple[str, ...]], str]] = [
-        ("info", lambda p, _: ("cassette", "info", str(p)), "longest")]
-    runs += [(f"inspect --session ({kind}: {index[name].agent} exchanges)",
-              lambda p, n: ("inspect", str(p), "--session", n), kind) for kind, name in chosen.items()]
+        ("info", lambda p, _: ("cassette", "info", str(p)), "longest")
+    ]
+    runs += [
+        (
+            f"inspect --session ({kind}: {index[name].agent} exchanges)",
+            lambda p, n: ("inspect", str(p), "--session", n),
+            kind,
+        )
+        for kind, name in chosen.items()
+    ]
     for label, args_of, kind in runs:
         name = chosen[kind]
         with steal_watch(steal):  # wall time alone: sampling a process's memory takes its page-table lock
             big = min(lookup_s(*args_of(cassette, name)) for _ in range(3))
             small = min(lookup_s(*args_of(alone[kind], name)) for _ in range(3))
-        print(f"{label}: {big:.2f} s on the whole cassette, {small:.2f} s on its session alone, "
-              f"ratio {big / small:.2f}; host steal up to {steal[-1]:.1f}%")
+        print(
+            f"{label}: {big:.2f} s on the whole cassette, {small:.2f} s on its session alone, "
+            f"ratio {big / small:.2f}; host steal up to {steal[-1]:.1f}%"
+        )
     # inspect runs on both cores (the parser helper, the batch encodes): what the host gives of the second moves it
-    print(f"two processes at once got {parallel_capacity(sys.executable):.2f}x the work of one done (2.00: two whole "
-          "cores)")
+    print(
+        f"two processes at once got {parallel_capacity(sys.executable):.2f}x the work of one done (2.00: two whole "
+        "cores)"
+    )
 
 
 def lookup_s(*args: str) -> float:

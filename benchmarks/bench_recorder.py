@@ -60,8 +60,9 @@ TURNS = 40
 TARGET_TOKENS = 150_000
 EOS = 151645
 SESSION = "bench-session-token-0123456789"
-CAPTURE = Path(__file__).resolve().parents[1] / "tests" / "captures"\
-    / "claude_baseline" / "bodies" / "baseline_001.json"
+CAPTURE = (
+    Path(__file__).resolve().parents[1] / "tests" / "captures" / "claude_baseline" / "bodies" / "baseline_001.json"
+)
 
 
 def tool_outputs() -> list[str]:
@@ -76,8 +77,10 @@ def build_session(tokenizer: Any) -> tuple[list[tuple[str, Any]], dict[str, Any]
     """Tap events of one session, in the adapter's order: engine call, then the agent exchange."""
     base_body = json.loads(CAPTURE.read_bytes()) if CAPTURE.exists() else {"model": "m", "messages": []}
     system_text = json.dumps(base_body.get("system", "")) + json.dumps(base_body.get("tools", []))
-    prompt = tokenizer.encode("<|im_start|>system\n" + system_text + "<|im_end|>\n<|im_start|>user\nFix the bug."
-                              "<|im_end|>\n<|im_start|>assistant\n")
+    prompt = tokenizer.encode(
+        "<|im_start|>system\n" + system_text + "<|im_end|>\n<|im_start|>user\nFix the bug."
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
     sources = tool_outputs()
     per_turn_tokens = (TARGET_TOKENS - len(prompt)) // TURNS
     messages = list(base_body.get("messages", []))
@@ -85,33 +88,78 @@ def build_session(tokenizer: Any) -> tuple[list[tuple[str, Any]], dict[str, Any]
     lp = 0
     for turn in range(TURNS):
         call = {"name": "Read", "arguments": {"file_path": f"/repo/src/module_{turn}.py"}}
-        output = tokenizer.encode(f"<think>\nI should read module {turn} next to find the bug.\n</think>\n\n"
-                                  f"<tool_call>\n{json.dumps(call)}\n</tool_call>") + [EOS]
+        output = tokenizer.encode(
+            f"<think>\nI should read module {turn} next to find the bug.\n</think>\n\n"
+            f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        ) + [EOS]
         logprobs = [[-((lp + i) % 97) / 97.0 - 0.001, t, None] for i, t in enumerate(output)]
         lp += len(output)
         rid = f"{turn:032x}"
-        request = {"rid": rid, "input_ids": prompt, "return_logprob": True,
-                   "sampling_params": {"max_new_tokens": 32000, "skip_special_tokens": False,
-                                       "spaces_between_special_tokens": False, "no_stop_trim": True}}
-        response = {"text": tokenizer.decode(output[:-1]), "output_ids": output, "meta_info": {
-            "id": rid, "finish_reason": {"type": "stop", "matched": EOS}, "prompt_tokens": len(prompt),
-            "output_token_logprobs": logprobs, "completion_tokens": len(output), "cached_tokens": len(prompt) - 40,
-            "e2e_latency": 0.5}}
-        events.append(("engine", EngineExchange("POST", "/generate", request, 200, response,
-                                                headers={"X-SMG-Routing-Key": SESSION}, started_s=turn * 2.0,
-                                                duration_s=0.5)))
+        request = {
+            "rid": rid,
+            "input_ids": prompt,
+            "return_logprob": True,
+            "sampling_params": {
+                "max_new_tokens": 32000,
+                "skip_special_tokens": False,
+                "spaces_between_special_tokens": False,
+                "no_stop_trim": True,
+            },
+        }
+        response = {
+            "text": tokenizer.decode(output[:-1]),
+            "output_ids": output,
+            "meta_info": {
+                "id": rid,
+                "finish_reason": {"type": "stop", "matched": EOS},
+                "prompt_tokens": len(prompt),
+                "output_token_logprobs": logprobs,
+                "completion_tokens": len(output),
+                "cached_tokens": len(prompt) - 40,
+                "e2e_latency": 0.5,
+            },
+        }
+        events.append(
+            (
+                "engine",
+                EngineExchange(
+                    "POST",
+                    "/generate",
+                    request,
+                    200,
+                    response,
+                    headers={"X-SMG-Routing-Key": SESSION},
+                    started_s=turn * 2.0,
+                    duration_s=0.5,
+                ),
+            )
+        )
         body = dict(base_body, messages=messages)
-        reply = [f'event: content_block_start\ndata: {{"index":0,"content_block":{{"type":"tool_use",'
-                 f'"id":"toolu_{turn:04d}","name":"Read","input":{{}}}}}}\n\n',
-                 f'event: content_block_delta\ndata: {{"index":0,"delta":{{"type":"input_json_delta",'
-                 f'"partial_json":{json.dumps(json.dumps(call["arguments"]))}}}}}\n\n',
-                 'event: message_stop\ndata: {"type":"message_stop"}\n\n']
-        events.append(("agent", AgentExchange(
-            "POST", "/v1/messages", "beta=true", {"Authorization": f"Bearer {SESSION}",
-                                                  "Content-Type": "application/json"},
-            json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(), 200,
-            {"Content-Type": "text/event-stream"}, reply_events=reply, started_s=turn * 2.0, duration_s=0.6,
-            turn_index=turn)))
+        reply = [
+            f'event: content_block_start\ndata: {{"index":0,"content_block":{{"type":"tool_use",'
+            f'"id":"toolu_{turn:04d}","name":"Read","input":{{}}}}}}\n\n',
+            f'event: content_block_delta\ndata: {{"index":0,"delta":{{"type":"input_json_delta",'
+            f'"partial_json":{json.dumps(json.dumps(call["arguments"]))}}}}}\n\n',
+            'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+        ]
+        events.append(
+            (
+                "agent",
+                AgentExchange(
+                    "POST",
+                    "/v1/messages",
+                    "beta=true",
+                    {"Authorization": f"Bearer {SESSION}", "Content-Type": "application/json"},
+                    json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
+                    200,
+                    {"Content-Type": "text/event-stream"},
+                    reply_events=reply,
+                    started_s=turn * 2.0,
+                    duration_s=0.6,
+                    turn_index=turn,
+                ),
+            )
+        )
         # The tool result: the next slice of real source text, sized to reach the target over 40 turns.
         text = ""
         ids: list[int] = []
@@ -119,21 +167,32 @@ def build_session(tokenizer: Any) -> tuple[list[tuple[str, Any]], dict[str, Any]
             text += sources[(turn + len(text)) % len(sources)][: 4 * per_turn_tokens]
             ids = tokenizer.encode(text)
         text = tokenizer.decode(ids[:per_turn_tokens])
-        tail = tokenizer.encode(f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{text}\n</tool_response>"
-                                "<|im_end|>\n<|im_start|>assistant\n")
+        tail = tokenizer.encode(
+            f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{text}\n</tool_response>"
+            "<|im_end|>\n<|im_start|>assistant\n"
+        )
         messages = messages + [
-            {"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{turn:04d}", "name": "Read",
-                                               "input": call["arguments"]}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{turn:04d}",
-                                          "content": text}]}]
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": f"toolu_{turn:04d}", "name": "Read", "input": call["arguments"]}
+                ],
+            },
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{turn:04d}", "content": text}]},
+        ]
         prompt = prompt + output + tail
     last = [e for k, e in events if k == "engine"][-1]
     tokens = last.request["input_ids"] + last.response["output_ids"]
     n = len(tokens) - len(events[0][1].request["input_ids"])
-    sample = {"tokens": tokens, "response_length": n, "loss_mask": [1] * n,
-              "rollout_log_probs": [0.0] * (n - len(last.response["output_ids"]))
-              + [t[0] for t in last.response["meta_info"]["output_token_logprobs"]],
-              "reward": 1.0, "metadata": {"truncated": False, "use_tool": True}}
+    sample = {
+        "tokens": tokens,
+        "response_length": n,
+        "loss_mask": [1] * n,
+        "rollout_log_probs": [0.0] * (n - len(last.response["output_ids"]))
+        + [t[0] for t in last.response["meta_info"]["output_token_logprobs"]],
+        "reward": 1.0,
+        "metadata": {"truncated": False, "use_tool": True},
+    }
     return events, sample
 
 
@@ -161,12 +220,27 @@ def json_bytes(events: list[tuple[str, Any]], sample: dict[str, Any]) -> int:
     total = 0
     for kind, e in events:
         if kind == "engine":
-            line = {"leg": "engine", "path": e.path, "request": e.request, "status": e.status,
-                    "response": e.response, "headers": e.headers, "started_s": e.started_s}
+            line = {
+                "leg": "engine",
+                "path": e.path,
+                "request": e.request,
+                "status": e.status,
+                "response": e.response,
+                "headers": e.headers,
+                "started_s": e.started_s,
+            }
         else:
-            line = {"leg": "agent", "path": e.path, "query": e.query, "headers": e.headers,
-                    "body": json.loads(e.body), "status": e.status, "reply_headers": e.reply_headers,
-                    "reply_events": e.reply_events, "started_s": e.started_s}
+            line = {
+                "leg": "agent",
+                "path": e.path,
+                "query": e.query,
+                "headers": e.headers,
+                "body": json.loads(e.body),
+                "status": e.status,
+                "reply_headers": e.reply_headers,
+                "reply_events": e.reply_events,
+                "started_s": e.started_s,
+            }
         total += len(json.dumps(line, ensure_ascii=False, separators=(",", ":")).encode()) + 1
     total += len(json.dumps({"leg": "samples", "samples": [sample]}, separators=(",", ":")).encode()) + 1
     return total
@@ -198,10 +272,12 @@ class Latency:
         return (self.direct_p99 + self.added_p99) / self.direct_p99
 
     def figures(self) -> str:
-        return (f"proxy adds p50 {self.added_p50:.2f} ms, p99 {self.added_p99:.2f} ms (own time p50 "
-                f"{self.own_p50:.2f}, p99 {self.own_p99:.2f} ms) over direct p50 "
-                f"{self.direct_p50:.2f} ms, p99 {self.direct_p99:.2f} ms; proxy CPU {self.proxy_cpu_ms:.2f} ms "
-                f"per request; host steal {self.steal_pct:.1f}%")
+        return (
+            f"proxy adds p50 {self.added_p50:.2f} ms, p99 {self.added_p99:.2f} ms (own time p50 "
+            f"{self.own_p50:.2f}, p99 {self.own_p99:.2f} ms) over direct p50 "
+            f"{self.direct_p50:.2f} ms, p99 {self.direct_p99:.2f} ms; proxy CPU {self.proxy_cpu_ms:.2f} ms "
+            f"per request; host steal {self.steal_pct:.1f}%"
+        )
 
 
 def _tito(args: list[str], cpus: set[int] | None) -> Any:
@@ -281,8 +357,9 @@ async def _drive(targets: dict[str, Target], tool_s: float, cycle_s: float) -> d
                         assert r.status == 200, (r.status, await r.text())
                     latencies[name][c, turn] = time.perf_counter() - t0
 
-            await asyncio.gather(*(session(name, k / len(targets), c) for k, name in enumerate(targets)
-                                   for c in range(CLIENTS)))
+            await asyncio.gather(
+                *(session(name, k / len(targets), c) for k, name in enumerate(targets) for c in range(CLIENTS))
+            )
     return latencies
 
 
@@ -312,8 +389,9 @@ def _stat_fields(pid: int) -> list[str]:
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of a process and of its children (the recorder's cassette writer process
     works for the proxy and is counted with it) (Linux); 0.0 where /proc is not there."""
-    pids = [pid] + [int(p.name) for p in Path("/proc").glob("[0-9]*")
-                    if (f := _stat_fields(int(p.name))) and int(f[1]) == pid]
+    pids = [pid] + [
+        int(p.name) for p in Path("/proc").glob("[0-9]*") if (f := _stat_fields(int(p.name))) and int(f[1]) == pid
+    ]
     return sum(int(f[11]) + int(f[12]) for f in map(_stat_fields, pids) if f) / os.sysconf("SC_CLK_TCK")
 
 
@@ -337,8 +415,13 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
     import tempfile
 
     tok = load_tokenizer()
-    tools = [{"name": "Bash", "description": "Run a shell command",
-              "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+    tools = [
+        {
+            "name": "Bash",
+            "description": "Run a shell command",
+            "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+        }
+    ]
 
     def messages(c: int, turn: int) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = [{"role": "user", "content": f"Session {c}: list the files."}]
@@ -351,13 +434,22 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
     anthropic, generate = {}, {}
     for c in range(CLIENTS):
         for turn in range(TURNS_PER_SESSION):
-            body = {"model": "m", "max_tokens": 256, "system": "You are a coding agent.", "tools": tools,
-                    "messages": messages(c, turn), "stream": True}
+            body = {
+                "model": "m",
+                "max_tokens": 256,
+                "system": "You are a coding agent.",
+                "tools": tools,
+                "messages": messages(c, turn),
+                "stream": True,
+            }
             anthropic[c, turn] = (json.dumps(body).encode(), {**json_type, "Authorization": f"Bearer bench-{c}"})
             chat = [{"role": "system", "content": "You are a coding agent."}, *messages(c, turn)]
             ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
-            body = {"input_ids": ids, "return_logprob": True,
-                    "sampling_params": {"max_new_tokens": 256, "skip_special_tokens": False}}
+            body = {
+                "input_ids": ids,
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 256, "skip_special_tokens": False},
+            }
             generate[c, turn] = (json.dumps(body).encode(), json_type)
 
     proxy_cpus, other_cpus, _ = _placement()
@@ -371,18 +463,38 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
     tmp = tempfile.TemporaryDirectory()
     cassette = Path(tmp.name) / "bench.tito"
     try:
-        with _tito(engine_args, other_cpus) as engine, \
-                _tito(["record", "--engine", engine_url, "--listen", f"127.0.0.1:{proxy_port}",
-                       "--out", str(cassette), "--quiet"], proxy_cpus) as proxy:
+        with (
+            _tito(engine_args, other_cpus) as engine,
+            _tito(
+                [
+                    "record",
+                    "--engine",
+                    engine_url,
+                    "--listen",
+                    f"127.0.0.1:{proxy_port}",
+                    "--out",
+                    str(cassette),
+                    "--quiet",
+                ],
+                proxy_cpus,
+            ) as proxy,
+        ):
             _wait_healthy(engine_port, engine)
             _wait_healthy(proxy_port, proxy)  # both ready before the run: no startup work overlaps it
             cycle_s = generate_ms / 1000 + tool_s
             steal: list[float] = []
             cpu_before = _cpu_s(proxy.pid)
             with steal_watch(steal):
-                runs = asyncio.run(_drive({"direct": (engine_port, "/generate", lambda c, t: generate[c, t]),
-                                           "proxied": (proxy_port, "/v1/messages", lambda c, t: anthropic[c, t])},
-                                          tool_s, cycle_s))
+                runs = asyncio.run(
+                    _drive(
+                        {
+                            "direct": (engine_port, "/generate", lambda c, t: generate[c, t]),
+                            "proxied": (proxy_port, "/v1/messages", lambda c, t: anthropic[c, t]),
+                        },
+                        tool_s,
+                        cycle_s,
+                    )
+                )
             direct, proxied = runs["direct"], runs["proxied"]
             proxy_cpu_ms = (_cpu_s(proxy.pid) - cpu_before) / len(proxied) * 1000
         own50, own99 = _percentiles(_own_times(proxied, cassette))  # the proxy stopped: its cassette is complete
@@ -404,8 +516,10 @@ def _own_times(latencies: dict[tuple[int, int], float], cassette: Path) -> list[
     from tito_rl.cassette.redaction import session_digest
 
     sessions = read_cassette(cassette).sessions
-    calls = {c: [e for e in sessions[session_digest(f"bench-{c}")].engine if e.path.endswith("/generate")]
-             for c in range(CLIENTS)}
+    calls = {
+        c: [e for e in sessions[session_digest(f"bench-{c}")].engine if e.path.endswith("/generate")]
+        for c in range(CLIENTS)
+    }
     return [latency - calls[c][turn].duration_s for (c, turn), latency in latencies.items()]
 
 
@@ -482,24 +596,34 @@ def main() -> int:
     print(f"(b) size ratio {j / b:.1f}x (goal: at least 50x)")
     _, _, placement = _placement()
     busy, idle50, idle99 = wakeup_floor()
-    print(f"(a) this host's floor: a bare asyncio server on the proxy's core answers in {busy:.2f} ms back to back "
-          f"(p50); after 5 ms idle, p50 {idle50:.2f} ms, p99 {idle99:.2f} ms (the cost of waking an idle core)")
+    print(
+        f"(a) this host's floor: a bare asyncio server on the proxy's core answers in {busy:.2f} ms back to back "
+        f"(p50); after 5 ms idle, p50 {idle50:.2f} ms, p99 {idle99:.2f} ms (the cost of waking an idle core)"
+    )
     stress = measure_proxy_latency(0.0, TOOL_S)
-    print(f"(a) stress: {CLIENTS} sessions, engine answers at once, {TOOL_S * 1000:.0f} ms of tools between turns "
-          f"({stress.requests} requests; {placement}): {stress.figures()}")
+    print(
+        f"(a) stress: {CLIENTS} sessions, engine answers at once, {TOOL_S * 1000:.0f} ms of tools between turns "
+        f"({stress.requests} requests; {placement}): {stress.figures()}"
+    )
     runs = []
     for run in range(1, AGENT_RUNS + 1):
         r = measure_proxy_latency(GENERATE_MS, TOOL_S)
         runs.append(r)
-        print(f"(a) agent run {run}/{AGENT_RUNS}: {CLIENTS} sessions, {GENERATE_MS:.0f} ms generating and "
-              f"{TOOL_S * 1000:.0f} ms of tools per turn ({r.requests} requests; {placement}): {r.figures()}",
-              flush=True)
+        print(
+            f"(a) agent run {run}/{AGENT_RUNS}: {CLIENTS} sessions, {GENERATE_MS:.0f} ms generating and "
+            f"{TOOL_S * 1000:.0f} ms of tools per turn ({r.requests} requests; {placement}): {r.figures()}",
+            flush=True,
+        )
     agent = median_run(runs)
-    print(f"(a) agent, median of {AGENT_RUNS} runs: proxy adds p50 {agent.added_p50:.2f} ms, "
-          f"p99 {agent.added_p99:.2f} ms (p99 ratio {agent.p99_ratio:.3f}x; goal: under 5 ms added); "
-          f"own time p50 {agent.own_p50:.2f} ms, p99 {agent.own_p99:.2f} ms")
-    print(f"proxy p99: {agent.added_p99:.2f} ms added, direct p99: {agent.direct_p99:.2f} ms, "
-          f"cassette: {b:.3f} bytes/token, json: {j:.2f} bytes/token, size ratio: {j / b:.1f}")
+    print(
+        f"(a) agent, median of {AGENT_RUNS} runs: proxy adds p50 {agent.added_p50:.2f} ms, "
+        f"p99 {agent.added_p99:.2f} ms (p99 ratio {agent.p99_ratio:.3f}x; goal: under 5 ms added); "
+        f"own time p50 {agent.own_p50:.2f} ms, p99 {agent.own_p99:.2f} ms"
+    )
+    print(
+        f"proxy p99: {agent.added_p99:.2f} ms added, direct p99: {agent.direct_p99:.2f} ms, "
+        f"cassette: {b:.3f} bytes/token, json: {j:.2f} bytes/token, size ratio: {j / b:.1f}"
+    )
     return 0
 
 

@@ -60,8 +60,7 @@ def record_long_session(path: Path) -> int:
             turn += 1
         await live.finish("bench-long-session-0001", 1.0)
 
-    record(path, tool_loop_scenario(TURNS), drive, engine_options={"context_length": CONTEXT},
-           context_length=CONTEXT)
+    record(path, tool_loop_scenario(TURNS), drive, engine_options={"context_length": CONTEXT}, context_length=CONTEXT)
     cassette, _ = load_cassette(path)
     (log,) = cassette.sessions.values()
     return max(len(e.request["input_ids"]) for e in log.engine)
@@ -106,8 +105,12 @@ async def adapter_only(path: Path) -> float:
     try:
         async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket, force_close=True)) as http:
             for i, agent in enumerate(log.agent):
-                async with http.request(agent.method, "http://bench" + request_target(agent), data=agent.body,
-                                        headers=request_headers(agent, log.source, log.name, i)) as resp:
+                async with http.request(
+                    agent.method,
+                    "http://bench" + request_target(agent),
+                    data=agent.body,
+                    headers=request_headers(agent, log.source, log.name, i),
+                ) as resp:
                     await resp.read()
             async with http.post(f"http://bench/tito/sessions/{log.name}/finish", json={"reward": 1.0}) as resp:
                 await resp.read()
@@ -138,14 +141,22 @@ def build_corpus(folder: Path) -> None:
                 await live.finish(sid, 1.0)
 
         record(cassettes / f"corpus_{c:02d}.tito", tool_loop_scenario(4), drive)
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--update-goldens"],
-                   cwd=folder, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--update-goldens"],
+        cwd=folder,
+        check=True,
+        capture_output=True,
+    )
 
 
 def corpus_rate(folder: Path, workers: int) -> float:
     started = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers)],
-                         cwd=folder, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", str(workers)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
     elapsed = time.perf_counter() - started
     assert run.returncode == 0, run.stdout[-2000:]
     return CORPUS_CASSETTES * CORPUS_SESSIONS / elapsed
@@ -157,8 +168,10 @@ def main() -> None:
         build_corpus(root / "corpus")
         n1, n2 = corpus_rate(root / "corpus", 1), corpus_rate(root / "corpus", 2)
         sessions = CORPUS_CASSETTES * CORPUS_SESSIONS
-        print(f"corpus: {sessions} sessions in {CORPUS_CASSETTES} cassettes: {n1:.1f} sessions/s with -n 1, "
-              f"{n2:.1f} sessions/s with -n 2 (pytest start-up and per-worker loading included)")
+        print(
+            f"corpus: {sessions} sessions in {CORPUS_CASSETTES} cassettes: {n1:.1f} sessions/s with -n 1, "
+            f"{n2:.1f} sessions/s with -n 2 (pytest start-up and per-worker loading included)"
+        )
 
         path = root / "long.tito"
         prompt = record_long_session(path)
@@ -170,8 +183,10 @@ def main() -> None:
         replayed = min(replay_once(path, names) for _ in range(3))
         baseline = min(asyncio.run(adapter_only(path)) for _ in range(3))
         steal = steal_fraction(before, cpu_times())
-        print(f"long session: {TURNS} turns, last prompt {prompt} tokens, {path.stat().st_size} cassette bytes; "
-              f"host steal during the timed runs: {steal:.1%}")
+        print(
+            f"long session: {TURNS} turns, last prompt {prompt} tokens, {path.stat().st_size} cassette bytes; "
+            f"host steal during the timed runs: {steal:.1%}"
+        )
         print(f"replay: {replayed:.2f} s, adapter-only: {baseline:.2f} s, overhead: {replayed / baseline:.2f}")
 
 

@@ -53,48 +53,91 @@ RUNS = 3
 
 
 def bodies() -> dict[tuple[int, int], tuple[bytes, dict[str, str]]]:
-    tools = [{"name": "Bash", "description": "Run a shell command",
-              "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+    tools = [
+        {
+            "name": "Bash",
+            "description": "Run a shell command",
+            "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+        }
+    ]
     out = {}
     for c in range(CLIENTS):
         history = [{"role": "user", "content": f"Session {c}: list the files."}]
         for turn in range(TURNS_PER_SESSION):
-            body = {"model": "m", "max_tokens": 256, "system": "You are a coding agent.", "tools": tools,
-                    "messages": list(history), "stream": True}
-            out[c, turn] = (json.dumps(body).encode(), {"Content-Type": "application/json",
-                                                         "Authorization": f"Bearer taps-{c}"})
-            history += [{"role": "assistant", "content": f"Turn {turn} done."},
-                        {"role": "user", "content": f"Go on {turn}."}]
+            body = {
+                "model": "m",
+                "max_tokens": 256,
+                "system": "You are a coding agent.",
+                "tools": tools,
+                "messages": list(history),
+                "stream": True,
+            }
+            out[c, turn] = (
+                json.dumps(body).encode(),
+                {"Content-Type": "application/json", "Authorization": f"Bearer taps-{c}"},
+            )
+            history += [
+                {"role": "assistant", "content": f"Turn {turn} done."},
+                {"role": "user", "content": f"Go on {turn}."},
+            ]
     return out
 
 
 def chat_bodies(stream: bool) -> dict[tuple[int, int], tuple[bytes, dict[str, str]]]:
     """The same sessions on the OpenAI chat wire, as Qwen Code or opencode send them to rllm's gateway."""
-    tools = [{"type": "function", "function": {"name": "run_shell_command", "description": "Run a shell command",
-                                               "parameters": {"type": "object",
-                                                              "properties": {"command": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "run_shell_command",
+                "description": "Run a shell command",
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+            },
+        }
+    ]
     out = {}
     for c in range(128):
-        history: list[dict[str, str]] = [{"role": "system", "content": "You are a coding agent."},
-                                         {"role": "user", "content": f"Session {c}: list the files."}]
+        history: list[dict[str, str]] = [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": f"Session {c}: list the files."},
+        ]
         for turn in range(TURNS_PER_SESSION):
             body = {"model": "m", "max_tokens": 256, "tools": tools, "messages": list(history), "stream": stream}
-            out[c, turn] = (json.dumps(body).encode(), {"Content-Type": "application/json",
-                                                         "Authorization": f"Bearer taps-{c}"})
-            history += [{"role": "assistant", "content": f"Turn {turn} done."},
-                        {"role": "user", "content": f"Go on {turn}."}]
+            out[c, turn] = (
+                json.dumps(body).encode(),
+                {"Content-Type": "application/json", "Authorization": f"Bearer taps-{c}"},
+            )
+            history += [
+                {"role": "assistant", "content": f"Turn {turn} done."},
+                {"role": "user", "content": f"Go on {turn}."},
+            ]
     return out
 
 
 def _rllm(port: int, worker: str, cpus: set[int] | None) -> Any:
     """A `rllm-model-gateway` process (a gateway tito did not start), optionally pinned to `cpus`."""
     exe = str(Path(sys.executable).with_name("rllm-model-gateway"))
-    return _process([exe, "--host", "127.0.0.1", "--port", str(port), "--worker", worker, "--store", "memory",
-                     "--log-level", "warning"], cpus)
+    return _process(
+        [
+            exe,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker",
+            worker,
+            "--store",
+            "memory",
+            "--log-level",
+            "warning",
+        ],
+        cpus,
+    )
 
 
-def one_run(requests: dict[tuple[int, int], tuple[bytes, dict[str, str]]],
-            dialect: str = "sglang") -> tuple[float, float, float, float]:
+def one_run(
+    requests: dict[tuple[int, int], tuple[bytes, dict[str, str]]], dialect: str = "sglang"
+) -> tuple[float, float, float, float]:
     """(added p99 ms, direct p99 ms, taps CPU ms per request, host steal %)."""
     taps_cpus, other_cpus, _ = _placement()
     if other_cpus:
@@ -104,20 +147,41 @@ def one_run(requests: dict[tuple[int, int], tuple[bytes, dict[str, str]]],
     tmp = tempfile.TemporaryDirectory()
     openai = dialect != "sglang"
     fake = ["fake-engine", "--demo", "--port", str(engine), "--fault-latency-ms", str(GENERATE_MS)]
-    record = ["record", "--engine", engine_url, "--target", f"http://127.0.0.1:{tapped_gw}", "--engine-listen",
-              f"127.0.0.1:{engine_tap}", "--listen", f"127.0.0.1:{agent_tap}", "--out",
-              str(Path(tmp.name) / "taps.tito"), "--quiet"]
+    record = [
+        "record",
+        "--engine",
+        engine_url,
+        "--target",
+        f"http://127.0.0.1:{tapped_gw}",
+        "--engine-listen",
+        f"127.0.0.1:{engine_tap}",
+        "--listen",
+        f"127.0.0.1:{agent_tap}",
+        "--out",
+        str(Path(tmp.name) / "taps.tito"),
+        "--quiet",
+    ]
     if openai:
         fake += ["--openai-dialect", dialect]
         record += ["--routing-header", "none", "--engine-dialect", dialect]
     try:
-        with _tito(fake, other_cpus) as eng, \
-                (_rllm(direct_gw, engine_url + "/v1", other_cpus) if openai else
-                 _tito(["serve", "--engine", engine_url, "--listen", f"127.0.0.1:{direct_gw}"], other_cpus)) as gw1, \
-                (_rllm(tapped_gw, f"http://127.0.0.1:{engine_tap}/v1", other_cpus) if openai else
-                 _tito(["serve", "--engine", f"http://127.0.0.1:{engine_tap}", "--listen",
-                        f"127.0.0.1:{tapped_gw}"], other_cpus)) as gw2, \
-                _tito(record, taps_cpus) as rec:
+        with (
+            _tito(fake, other_cpus) as eng,
+            (
+                _rllm(direct_gw, engine_url + "/v1", other_cpus)
+                if openai
+                else _tito(["serve", "--engine", engine_url, "--listen", f"127.0.0.1:{direct_gw}"], other_cpus)
+            ) as gw1,
+            (
+                _rllm(tapped_gw, f"http://127.0.0.1:{engine_tap}/v1", other_cpus)
+                if openai
+                else _tito(
+                    ["serve", "--engine", f"http://127.0.0.1:{engine_tap}", "--listen", f"127.0.0.1:{tapped_gw}"],
+                    other_cpus,
+                )
+            ) as gw2,
+            _tito(record, taps_cpus) as rec,
+        ):
             for port, proc in ((engine, eng), (direct_gw, gw1), (tapped_gw, gw2)):
                 _wait_healthy(port, proc)
             _wait_healthy(agent_tap, rec)  # /health goes through the agent tap to the gateway
@@ -125,9 +189,16 @@ def one_run(requests: dict[tuple[int, int], tuple[bytes, dict[str, str]]],
             cpu_before = _cpu_s(rec.pid)
             with steal_watch(steal):
                 path = "/sessions/taps-{c}/v1/chat/completions" if openai else "/v1/messages"
-                runs = asyncio.run(_drive({"direct": (direct_gw, path, lambda c, t: requests[c, t]),
-                                           "tapped": (agent_tap, path, lambda c, t: requests[c, t])},
-                                          TOOL_S, GENERATE_MS / 1000 + TOOL_S))
+                runs = asyncio.run(
+                    _drive(
+                        {
+                            "direct": (direct_gw, path, lambda c, t: requests[c, t]),
+                            "tapped": (agent_tap, path, lambda c, t: requests[c, t]),
+                        },
+                        TOOL_S,
+                        GENERATE_MS / 1000 + TOOL_S,
+                    )
+                )
             cpu_ms = (_cpu_s(rec.pid) - cpu_before) / len(runs["tapped"]) * 1000
     finally:
         os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
@@ -142,10 +213,14 @@ def main() -> None:
     parser.add_argument("--dialect", choices=("sglang", "vllm-openai"), default="sglang")
     parser.add_argument("--stream", action="store_true", help="OpenAI dialect: stream both legs")
     parser.add_argument("--runs", type=int, default=RUNS)
-    parser.add_argument("--clients", type=int, default=CLIENTS,
-                        help="concurrent sessions per copy (default %(default)s; the OpenAI dialect's engine renders "
-                             "the chat template and rllm's gateway is heavier than tito serve: at 64 the shared core "
-                             "saturates and queueing, not the taps, makes the p99)")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=CLIENTS,
+        help="concurrent sessions per copy (default %(default)s; the OpenAI dialect's engine renders "
+        "the chat template and rllm's gateway is heavier than tito serve: at 64 the shared core "
+        "saturates and queueing, not the taps, makes the p99)",
+    )
     args = parser.parse_args()
     if args.clients != CLIENTS:
         import bench_recorder
@@ -153,18 +228,25 @@ def main() -> None:
         bench_recorder.CLIENTS = args.clients
     requests = bodies() if args.dialect == "sglang" else chat_bodies(args.stream)
     results = []
-    print(f"dialect {args.dialect}{', streamed' if args.stream or args.dialect == 'sglang' else ', not streamed'}",
-          flush=True)
+    print(
+        f"dialect {args.dialect}{', streamed' if args.stream or args.dialect == 'sglang' else ', not streamed'}",
+        flush=True,
+    )
     for i in range(args.runs):
         added, direct, cpu, steal = one_run(requests, args.dialect)
         results.append((added, direct, cpu, steal))
-        print(f"run {i + 1}: taps add p99 {added:.2f} ms per engine call over direct p99 {direct:.2f} ms; "
-              f"record process CPU {cpu:.2f} ms per request; host steal {steal:.1f}%", flush=True)
+        print(
+            f"run {i + 1}: taps add p99 {added:.2f} ms per engine call over direct p99 {direct:.2f} ms; "
+            f"record process CPU {cpu:.2f} ms per request; host steal {steal:.1f}%",
+            flush=True,
+        )
     added, direct, _, _ = sorted(results)[len(results) // 2]
     steal = max(r[3] for r in results)
-    print(f"median of {args.runs}: taps p99: {added:.2f} ms added per engine call, direct p99: {direct:.2f} ms, "
-          f"ratio: {(direct + added) / direct:.4f}, host steal: up to {steal:.1f}%, record CPU median "
-          f"{statistics.median(r[2] for r in results):.2f} ms per request")
+    print(
+        f"median of {args.runs}: taps p99: {added:.2f} ms added per engine call, direct p99: {direct:.2f} ms, "
+        f"ratio: {(direct + added) / direct:.4f}, host steal: up to {steal:.1f}%, record CPU median "
+        f"{statistics.median(r[2] for r in results):.2f} ms per request"
+    )
 
 
 if __name__ == "__main__":

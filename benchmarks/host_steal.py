@@ -13,8 +13,11 @@ from pathlib import Path
 def steal_ticks() -> dict[str, int]:
     """Clock ticks each (virtual) CPU waited for its hypervisor (Linux); empty where unknown."""
     try:
-        return {f[0]: int(f[8]) for f in (line.split() for line in Path("/proc/stat").read_text().splitlines())
-                if f[0].startswith("cpu") and f[0] != "cpu" and len(f) > 8}
+        return {
+            f[0]: int(f[8])
+            for f in (line.split() for line in Path("/proc/stat").read_text().splitlines())
+            if f[0].startswith("cpu") and f[0] != "cpu" and len(f) > 8
+        }
     except (OSError, ValueError):
         return {}
 

@@ -31,18 +31,27 @@ def _targets() -> list[tuple[str, Any, str]]:
     from tito_rl.trajectory.manager import TrajectoryManager
 
     wires = (anthropic, openai_chat, responses, gemini)
-    return ([("request", w, "parse_request") for w in wires]
-            + [("render", app.Adapter, "renderer_messages"), ("render", render.ChatRenderer, "render"),
-               ("encode", render.IncrementalEncoder, "encode"),
-               ("engine-leg lookup", engine_leg.ExchangeLeg, "take"),
-               ("engine-leg lookup", engine_leg.CassetteTransport, "check_generate"),
-               ("parse", app.Adapter, "parse_output"),
-               ("reply", app.Adapter, "reply_message")]
-            + [("reply", w, name) for w in wires for name in ("build_events", "build_json")]
-            + [("manager", TrajectoryManager, "record_turn"), ("manager", TrajectoryManager, "record_side_turn"),
-               ("manager", harness.CapturingManager, "finish"),
-               ("compare", harness, "exchange_difference"), ("compare", harness, "samples_difference"),
-               ("golden", goldens.GoldenBook, "check")])
+    return (
+        [("request", w, "parse_request") for w in wires]
+        + [
+            ("render", app.Adapter, "renderer_messages"),
+            ("render", render.ChatRenderer, "render"),
+            ("encode", render.IncrementalEncoder, "encode"),
+            ("engine-leg lookup", engine_leg.ExchangeLeg, "take"),
+            ("engine-leg lookup", engine_leg.CassetteTransport, "check_generate"),
+            ("parse", app.Adapter, "parse_output"),
+            ("reply", app.Adapter, "reply_message"),
+        ]
+        + [("reply", w, name) for w in wires for name in ("build_events", "build_json")]
+        + [
+            ("manager", TrajectoryManager, "record_turn"),
+            ("manager", TrajectoryManager, "record_side_turn"),
+            ("manager", harness.CapturingManager, "finish"),
+            ("compare", harness, "exchange_difference"),
+            ("compare", harness, "samples_difference"),
+            ("golden", goldens.GoldenBook, "check"),
+        ]
+    )
 
 
 @contextlib.contextmanager
@@ -76,4 +85,5 @@ def _timed(stage: str, fn: Callable[..., Any], spent: dict[str, float], depth: d
             depth[stage] -= 1
             if not depth[stage]:
                 spent[stage] += time.perf_counter() - started
+
     return timed

@@ -24,9 +24,19 @@ from tito_rl.cassette.format.records import EngineRecord
 
 # SGLang 0.5.23 `SamplingParams` defaults; None-valued keys mean "unset".
 SAMPLING_DEFAULTS: dict[str, Any] = {
-    "max_new_tokens": 128, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-    "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0,
-    "n": 1, "ignore_eos": False, "skip_special_tokens": True, "spaces_between_special_tokens": True,
+    "max_new_tokens": 128,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "n": 1,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
     "no_stop_trim": False,
 }
 # Keys that change how output is delivered, never which tokens are produced.
@@ -90,8 +100,10 @@ class NoMatch:
         where = f"closest recorded request: session {self.closest.session!r} seq {self.closest.seq}"
         recorded_len = len(self.closest.packed_ids) // 4
         if self.divergence_index is None:
-            diff = ", ".join(f"{k}: recorded {a!r}, requested {b!r}" for k, a, b in
-                             ((k, *v) for k, v in sorted(self.sampling_diff.items())))
+            diff = ", ".join(
+                f"{k}: recorded {a!r}, requested {b!r}"
+                for k, a, b in ((k, *v) for k, v in sorted(self.sampling_diff.items()))
+            )
             return f"no recorded engine request matches: same input_ids but sampling params differ ({diff}); {where}"
         return (
             f"no recorded engine request matches: {where}; the prompts ({recorded_len} recorded tokens, "
@@ -116,8 +128,14 @@ class EngineIndex:
         packed = packed_token_list(request.get("input_ids"))
         if packed is None or not isinstance(record.response, dict) or record.status != 200:
             return False
-        call = RecordedCall(record.session, record.seq, packed,
-                            normalize_sampling(request.get("sampling_params")), record.response, record)
+        call = RecordedCall(
+            record.session,
+            record.seq,
+            packed,
+            normalize_sampling(request.get("sampling_params")),
+            record.response,
+            record,
+        )
         self.calls.append(call)
         self._by_key.setdefault((call.packed_ids, sampling_key(call.sampling)), []).append(call)
         return True
@@ -125,8 +143,9 @@ class EngineIndex:
     def add_all(self, records: Iterable[Any]) -> int:
         return sum(self.add(r) for r in records if isinstance(r, EngineRecord))
 
-    def match(self, input_ids: list[int], sampling_params: dict[str, Any] | None,
-              session: str | None = None) -> RecordedCall | NoMatch:
+    def match(
+        self, input_ids: list[int], sampling_params: dict[str, Any] | None, session: str | None = None
+    ) -> RecordedCall | NoMatch:
         key = (pack_u32(input_ids), sampling_key(sampling_params))
         candidates = self._by_key.get(key)
         if not candidates:
@@ -139,8 +158,9 @@ class EngineIndex:
         self._served[served_key] = n + 1
         return candidates[min(n, len(candidates) - 1)]  # past the recording: repeat its last answer
 
-    def explain(self, input_ids: list[int], sampling_params: dict[str, Any] | None,
-                session: str | None = None) -> NoMatch:
+    def explain(
+        self, input_ids: list[int], sampling_params: dict[str, Any] | None, session: str | None = None
+    ) -> NoMatch:
         if not self.calls:
             return NoMatch(None, None, "", prompt_tokens=len(input_ids))
         wanted = normalize_sampling(sampling_params)
@@ -149,15 +169,22 @@ class EngineIndex:
         def closeness(call: RecordedCall) -> tuple[int, int, bool, int]:
             prefix = _packed_prefix(call.packed_ids, packed)
             same_len = len(call.packed_ids) == len(packed)
-            return (prefix, int(same_len and prefix == len(packed) // 4 and call.sampling == wanted),
-                    call.session == session, -abs(len(call.packed_ids) - len(packed)))
+            return (
+                prefix,
+                int(same_len and prefix == len(packed) // 4 and call.sampling == wanted),
+                call.session == session,
+                -abs(len(call.packed_ids) - len(packed)),
+            )
 
         best = max(self.calls, key=closeness)
         recorded = best.input_ids
         prefix = token_prefix_len(recorded, input_ids)
         if prefix == len(recorded) == len(input_ids):
-            diff = {k: (best.sampling.get(k), wanted.get(k)) for k in sorted(set(best.sampling) | set(wanted))
-                    if best.sampling.get(k) != wanted.get(k)}
+            diff = {
+                k: (best.sampling.get(k), wanted.get(k))
+                for k in sorted(set(best.sampling) | set(wanted))
+                if best.sampling.get(k) != wanted.get(k)
+            }
             return NoMatch(best, None, "", diff, len(input_ids))
         return NoMatch(best, prefix, self._context(recorded, input_ids, prefix), prompt_tokens=len(input_ids))
 
@@ -165,7 +192,7 @@ class EngineIndex:
         start = max(0, index - CONTEXT_TOKENS)
         lines = []
         for label, ids in (("recorded ", recorded), ("requested", requested)):
-            before, after = ids[start:index], ids[index:index + CONTEXT_TOKENS]
+            before, after = ids[start:index], ids[index : index + CONTEXT_TOKENS]
             after_text = repr(self._text(after)) if after else "<end of prompt>"
             lines.append(f"  {label}: ...{self._text(before)!r} | {after_text}  (ids from {index}: {after[:6]})")
         return "\n".join(lines)

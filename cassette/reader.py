@@ -98,12 +98,18 @@ class CassetteReader:
             return None
         self.budget.read(FRAME_HEADER.size + length)
         self._offset = offset
-        hook = _raw_ext if raw else functools.partial(decode_ext, budget=self.budget, packed_columns=True) \
-            if packed_columns else None
+        hook = (
+            _raw_ext
+            if raw
+            else functools.partial(decode_ext, budget=self.budget, packed_columns=True)
+            if packed_columns
+            else None
+        )
         return decode_payload(payload, flags, crc, offset, self.budget, ext_hook=hook)
 
-    def records(self, packed_prompts: bool = False, packed_samples: bool = False,
-                release_finished: bool = False) -> Iterator[Record]:
+    def records(
+        self, packed_prompts: bool = False, packed_samples: bool = False, release_finished: bool = False
+    ) -> Iterator[Record]:
         """The records in file order. `packed_prompts`: /generate prompts as `PackedIds`; `packed_samples`: samples'
         token ids as `PackedIds`, their loss masks and logprobs as `PackedColumn`s: for a pass that views them as
         arrays (each holds the session's whole history or response). `release_finished`: a session's
@@ -211,8 +217,10 @@ class CassetteReader:
             self._file.seek(offset)
             frame = self._read_frame()
             if frame is None or frame.get("session") != entry.session:
-                raise CorruptCassetteError(f"corrupt cassette: no record of session {entry.session!r} at byte "
-                                           f"{offset}, where its index says one is")
+                raise CorruptCassetteError(
+                    f"corrupt cassette: no record of session {entry.session!r} at byte "
+                    f"{offset}, where its index says one is"
+                )
             record = decode_at(codec, frame, offset)
             if isinstance(record, SessionStart):
                 log.source = record.source
@@ -286,8 +294,9 @@ class Cassette:
 class StoredSessions(Mapping[str, SessionLog]):
     """A cassette's sessions by name, each read from the file when it is looked up (never kept)."""
 
-    def __init__(self, path: str | os.PathLike[str], index: dict[str, SessionIndex],
-                 packed_prompts: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], index: dict[str, SessionIndex], packed_prompts: bool = False
+    ) -> None:
         self.path = path
         self.index = index
         self.packed_prompts = packed_prompts
@@ -347,8 +356,12 @@ class SessionSummary:
     samples: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"session": self.session, "agent_exchanges": self.agent_exchanges,
-                "engine_exchanges": self.engine_exchanges, "samples": self.samples}
+        return {
+            "session": self.session,
+            "agent_exchanges": self.agent_exchanges,
+            "engine_exchanges": self.engine_exchanges,
+            "samples": self.samples,
+        }
 
 
 @dataclass
@@ -358,8 +371,11 @@ class CassetteSummary:
     truncated: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {"header": self.header.to_dict(), "sessions": [s.to_dict() for s in self.sessions],
-                "truncated": self.truncated}
+        return {
+            "header": self.header.to_dict(),
+            "sessions": [s.to_dict() for s in self.sessions],
+            "truncated": self.truncated,
+        }
 
 
 def summarize(path: str | os.PathLike[str], verify: bool = True) -> CassetteSummary:

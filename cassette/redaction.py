@@ -24,9 +24,17 @@ from urllib.parse import parse_qsl, urlencode
 from tito_rl.trajectory.adapters.session import is_secret_source
 from tito_rl.trajectory.adapters.session import session_digest as session_digest  # the name sessions get here
 
-SECRET_HEADERS = frozenset({
-    "authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key", "cookie", "set-cookie",
-})
+SECRET_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "x-api-key",
+        "api-key",
+        "x-goog-api-key",
+        "cookie",
+        "set-cookie",
+    }
+)
 SECRET_QUERY_PARAMS = frozenset({"key", "api_key", "apikey", "access_token", "token"})
 # Anchored and long enough not to eat ordinary text ("task-management-..." is not a key): bodies are
 # replayed, so a false positive changes what the agent leg re-sends.
@@ -163,14 +171,18 @@ class Redactor:
     def headers(self, headers: dict[str, str], scope: str | None = None) -> dict[str, str]: ...
 
     @overload
-    def headers(self, headers: dict[str, str | list[str]], scope: str | None = None) -> dict[str, str | list[str]]:
-        ...
+    def headers(self, headers: dict[str, str | list[str]], scope: str | None = None) -> dict[str, str | list[str]]: ...
 
     def headers(self, headers: dict[str, Any], scope: str | None = None) -> dict[str, Any]:
         """A repeated header (vcrpy keeps it as a list of values) is scrubbed value by value."""
         return {
-            k: (REDACTED if k.lower() in self.secret_headers
-                else [self.scrub_text(x, scope) for x in v] if isinstance(v, list) else self.scrub_text(v, scope))
+            k: (
+                REDACTED
+                if k.lower() in self.secret_headers
+                else [self.scrub_text(x, scope) for x in v]
+                if isinstance(v, list)
+                else self.scrub_text(v, scope)
+            )
             for k, v in headers.items()
         }
 
@@ -216,8 +228,10 @@ class Redactor:
         if isinstance(value, str):
             return self.scrub_text(value, scope)
         if isinstance(value, dict):
-            return {self.scrub_text(k, scope) if isinstance(k, str) else k: self.scrub_json(v, scope)
-                    for k, v in value.items()}
+            return {
+                self.scrub_text(k, scope) if isinstance(k, str) else k: self.scrub_json(v, scope)
+                for k, v in value.items()
+            }
         if isinstance(value, list):
             if not value or _holds_no_text(value):
                 return value  # token arrays, logprob triples: nothing to scrub, and too long to walk in Python

@@ -40,8 +40,10 @@ class Rotation:
 
     def reached(self, sessions: int, written: int) -> bool:
         """Whether a cassette holding `sessions` sessions and `written` bytes is sealed (never an empty one)."""
-        return sessions > 0 and ((self.sessions is not None and sessions >= self.sessions)
-                or (self.bytes is not None and written >= self.bytes))
+        return sessions > 0 and (
+            (self.sessions is not None and sessions >= self.sessions)
+            or (self.bytes is not None and written >= self.bytes)
+        )
 
 
 @dataclass
@@ -62,8 +64,14 @@ def next_part_number(folder: Path) -> int:
 class RotatingTap:
     """A `TrafficTap` writing `folder/part-000001.tito`, `part-000002.tito`, ... (module docstring)."""
 
-    def __init__(self, folder: Path, header: Header, rotation: Rotation,
-                 observer: Callable[[Header], RecordObserver] | None = None, keep_sealed: int = KEEP_SEALED) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        header: Header,
+        rotation: Rotation,
+        observer: Callable[[Header], RecordObserver] | None = None,
+        keep_sealed: int = KEEP_SEALED,
+    ) -> None:
         """`observer(header)`: each cassette's observer (`CassetteWriter.observer`), made as it opens."""
         self.folder, self.header, self.rotation, self.observer = folder, header, rotation, observer
         self.keep_sealed = keep_sealed
@@ -168,8 +176,7 @@ class SizedTap(Protocol):
 
     def engine_exchange(self, session: str, source: str, exchange: EngineExchange) -> None: ...
 
-    def session_finished(self, session: str, source: str, reward: float,
-                         samples: list[dict[str, Any]]) -> None: ...
+    def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None: ...
 
     def session_dropped(self, session: str, source: str) -> None: ...
 

@@ -44,6 +44,7 @@ class RecordObserver(Protocol):
 
     def close(self) -> None: ...
 
+
 # The adapter's routing header carries the live session id (often the bearer token) to the engine.
 ROUTING_HEADERS = frozenset({"x-smg-routing-key"})
 
@@ -51,9 +52,15 @@ ROUTING_HEADERS = frozenset({"x-smg-routing-key"})
 class CassetteWriter:
     """Implements `tito_rl.trajectory.adapters.tap.TrafficTap`; give it to the adapter app to record."""
 
-    def __init__(self, target: str | os.PathLike[str] | BinaryIO, header: Header,
-                 redactor: Redactor | None = None, fsync: bool = False, header_redacted: bool = False,
-                 observer: RecordObserver | None = None) -> None:
+    def __init__(
+        self,
+        target: str | os.PathLike[str] | BinaryIO,
+        header: Header,
+        redactor: Redactor | None = None,
+        fsync: bool = False,
+        header_redacted: bool = False,
+        observer: RecordObserver | None = None,
+    ) -> None:
         """`target`: a new file's path, or an open binary stream (in-memory serialization, vcrpy).
         `header_redacted`: the header was read from a cassette (cut, merge) and is written as it is.
         `observer`: hears every record once written, and the close."""
@@ -86,36 +93,60 @@ class CassetteWriter:
         r = self.redactor
         name = self._session(session, source)
         r.learn_headers(exchange.headers, scope=name)
-        self._append(AgentRecord(
-            session=name, seq=self._codec.next_seq(name), method=exchange.method,
-            path=r.scrub_text(exchange.path, name), query=r.scrub_query(exchange.query, name),
-            headers=self._headers(exchange.headers, name), body=r.scrub_bytes(bytes(exchange.body), name),
-            status=exchange.status, reply_headers=self._headers(exchange.reply_headers, name),
-            reply_body=None if exchange.reply_body is None else r.scrub_bytes(bytes(exchange.reply_body), name),
-            reply_events=None if exchange.reply_events is None else [r.scrub_text(e, name)
-                                                                     for e in exchange.reply_events],
-            started_s=float(exchange.started_s), duration_s=float(exchange.duration_s), side=exchange.side,
-            retry_of=exchange.retry_of, turn_index=exchange.turn_index,
-        ))
+        self._append(
+            AgentRecord(
+                session=name,
+                seq=self._codec.next_seq(name),
+                method=exchange.method,
+                path=r.scrub_text(exchange.path, name),
+                query=r.scrub_query(exchange.query, name),
+                headers=self._headers(exchange.headers, name),
+                body=r.scrub_bytes(bytes(exchange.body), name),
+                status=exchange.status,
+                reply_headers=self._headers(exchange.reply_headers, name),
+                reply_body=None if exchange.reply_body is None else r.scrub_bytes(bytes(exchange.reply_body), name),
+                reply_events=None
+                if exchange.reply_events is None
+                else [r.scrub_text(e, name) for e in exchange.reply_events],
+                started_s=float(exchange.started_s),
+                duration_s=float(exchange.duration_s),
+                side=exchange.side,
+                retry_of=exchange.retry_of,
+                turn_index=exchange.turn_index,
+            )
+        )
 
     def engine_exchange(self, session: str, source: str, exchange: EngineExchange) -> None:
         r = self.redactor
         name = self._session(session, source)
-        self.write_engine(EngineRecord(
-            session=name, seq=0, method=exchange.method, path=r.scrub_text(exchange.path, name),
-            request=r.scrub_json(exchange.request, name), status=exchange.status,
-            response=r.scrub_json(exchange.response, name),
-            error=None if exchange.error is None else r.scrub_text(exchange.error, name),
-            headers=dict(self._headers(exchange.headers, name)), started_s=float(exchange.started_s),
-            duration_s=float(exchange.duration_s), dialect=exchange.dialect,
-        ), redacted=True)
+        self.write_engine(
+            EngineRecord(
+                session=name,
+                seq=0,
+                method=exchange.method,
+                path=r.scrub_text(exchange.path, name),
+                request=r.scrub_json(exchange.request, name),
+                status=exchange.status,
+                response=r.scrub_json(exchange.response, name),
+                error=None if exchange.error is None else r.scrub_text(exchange.error, name),
+                headers=dict(self._headers(exchange.headers, name)),
+                started_s=float(exchange.started_s),
+                duration_s=float(exchange.duration_s),
+                dialect=exchange.dialect,
+            ),
+            redacted=True,
+        )
 
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
         name = self._session(session, source)
-        self._append(SamplesRecord(
-            session=name, seq=self._codec.next_seq(name), reward=float(reward),
-            samples=[self.redactor.scrub_json(dict(s), name) for s in samples],
-        ))
+        self._append(
+            SamplesRecord(
+                session=name,
+                seq=self._codec.next_seq(name),
+                reward=float(reward),
+                samples=[self.redactor.scrub_json(dict(s), name) for s in samples],
+            )
+        )
 
     def session_dropped(self, session: str, source: str) -> None:
         name = self._session(session, source)
@@ -221,8 +252,13 @@ class CassetteWriter:
 class PerSessionTap:
     """One cassette per session, in a folder: `<session name>.tito`, named as the cassette names it."""
 
-    def __init__(self, folder: Path, header: Header, redactor: Redactor | None = None,
-                 observer: Callable[[Header], RecordObserver] | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        header: Header,
+        redactor: Redactor | None = None,
+        observer: Callable[[Header], RecordObserver] | None = None,
+    ) -> None:
         self.folder = folder
         self.header = header
         self.redactor = redactor or Redactor()
@@ -234,8 +270,9 @@ class PerSessionTap:
         writer = self.writers.get(session)
         if writer is None:
             name = self.redactor.session_name(session, source)
-            writer = self.writers[session] = CassetteWriter(self.folder / f"{name}{CASSETTE_SUFFIX}", self.header,
-                                                            self.redactor)
+            writer = self.writers[session] = CassetteWriter(
+                self.folder / f"{name}{CASSETTE_SUFFIX}", self.header, self.redactor
+            )
             if self.observer is not None:
                 writer.observer = self.observer(writer.header)
         return writer
@@ -264,8 +301,9 @@ class PerSessionTap:
             writer.close()
 
 
-def open_writer(out: Path, header: Header, per_session: bool,
-                observer: Callable[[Header], RecordObserver] | None = None) -> CassetteWriter | PerSessionTap:
+def open_writer(
+    out: Path, header: Header, per_session: bool, observer: Callable[[Header], RecordObserver] | None = None
+) -> CassetteWriter | PerSessionTap:
     """The tap that writes `out`: one cassette file, or a folder of one cassette per session; `observer(header)`
     makes each cassette's observer from the header that cassette has."""
     if per_session:

@@ -66,8 +66,12 @@ class Layout:
     def argv(self) -> list[str]:
         out = ["--per-session"] if self.per_session else []
         if self.rotation is not None:
-            out += ["--rotate-sessions", str(self.rotation.sessions or 0),
-                    "--rotate-bytes", str(self.rotation.bytes or 0)]
+            out += [
+                "--rotate-sessions",
+                str(self.rotation.sessions or 0),
+                "--rotate-bytes",
+                str(self.rotation.bytes or 0),
+            ]
         if self.max_bytes is not None:
             out += ["--max-bytes", str(self.max_bytes)]
         if self.observer is not None:
@@ -82,8 +86,14 @@ class RecorderError(RuntimeError):
 class WriterProcessTap:
     """A `TrafficTap` whose calls are carried out, in order, by a writer process; see the module docstring."""
 
-    def __init__(self, out: Path, header: Header, per_session: bool = False, layout: Layout | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        out: Path,
+        header: Header,
+        per_session: bool = False,
+        layout: Layout | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         """`on_event(event)`: each of the child's reports (module docstring), in the thread that reads them."""
         self.out = out
         self.layout = layout or Layout(per_session=per_session)
@@ -92,8 +102,13 @@ class WriterProcessTap:
         self.capped = False
         argv = [sys.executable, "-m", "tito_rl.cassette.writer_process", str(out), *self.layout.argv()]
         # Its own session: a terminal's Ctrl-C goes to the proxy, which then closes the pipe in order.
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
-                                      cwd=Path(__file__).resolve().parents[2])
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._pipe = self._proc.stdin
         self._fd = self._pipe.fileno()
@@ -113,8 +128,9 @@ class WriterProcessTap:
         if answer != READY:
             self._proc.stdout.close()
             self._pipe.close()
-            raise RecorderError(f"the cassette writer could not start (exit code {self._proc.wait()}); "
-                                "its error is printed above")
+            raise RecorderError(
+                f"the cassette writer could not start (exit code {self._proc.wait()}); its error is printed above"
+            )
         self._reports = threading.Thread(target=self._read_reports, name="tito-writer-reports", daemon=True)
         self._reports.start()
 
@@ -167,8 +183,10 @@ class WriterProcessTap:
         code = self._proc.wait()
         self._reports.join()
         if code != 0:
-            raise RecorderError(f"the cassette writer exited with code {code}: {self.out} may miss the last "
-                                "exchanges; its error is printed above")
+            raise RecorderError(
+                f"the cassette writer exited with code {code}: {self.out} may miss the last "
+                "exchanges; its error is printed above"
+            )
 
     def _send(self, call: tuple[Any, ...]) -> None:
         if self._closed:
@@ -178,11 +196,13 @@ class WriterProcessTap:
         view = memoryview(self._packer.pack(call))
         try:
             while view:  # straight into the pipe, no user-space buffer; a signal may cut a write() short
-                view = view[os.write(self._fd, view):]
+                view = view[os.write(self._fd, view) :]
         except BrokenPipeError:
             self._closed = True
-            self.failure = (f"the cassette writer stopped (exit code {self._proc.wait()}): nothing more is "
-                            f"recorded to {self.out}; its error is in tito record's output")
+            self.failure = (
+                f"the cassette writer stopped (exit code {self._proc.wait()}): nothing more is "
+                f"recorded to {self.out}; its error is in tito record's output"
+            )
             raise RecorderError(self.failure) from None
 
 
@@ -222,15 +242,17 @@ def _calls(stdin: int) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tito_rl.cassette.writer_process",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tito_rl.cassette.writer_process", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("out", type=Path)
     parser.add_argument("--per-session", action="store_true")
     parser.add_argument("--rotate-sessions", type=int, help="0: not by sessions")
     parser.add_argument("--rotate-bytes", type=int, help="0: not by bytes")
     parser.add_argument("--max-bytes", type=int)
-    parser.add_argument("--observer", metavar="MODULE:ATTRIBUTE",
-                        help="factory(header, report) of each cassette's RecordObserver")
+    parser.add_argument(
+        "--observer", metavar="MODULE:ATTRIBUTE", help="factory(header, report) of each cassette's RecordObserver"
+    )
     args = parser.parse_args(argv)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
@@ -298,24 +320,30 @@ class _Guarded:
             getattr(self.inner, what)(*args)
         except Exception as exc:  # noqa: BLE001 - said once; the cassette is what must not be lost
             self.inner = None
-            print(f"tito record: the live audit stopped ({type(exc).__name__}: {exc}); recording goes on without "
-                  "it", file=sys.stderr, flush=True)
+            print(
+                f"tito record: the live audit stopped ({type(exc).__name__}: {exc}); recording goes on without it",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _open(args: argparse.Namespace, header: Header) -> CassetteWriter | PerSessionTap | RotatingTap | CappedTap:
     tap: CassetteWriter | PerSessionTap | RotatingTap
     observer = _observer(args.observer)
     if args.rotate_sessions or args.rotate_bytes:
-        tap = RotatingTap(args.out, header, Rotation(args.rotate_sessions or None, args.rotate_bytes or None),
-                          observer)
+        tap = RotatingTap(args.out, header, Rotation(args.rotate_sessions or None, args.rotate_bytes or None), observer)
     else:
         tap = open_writer(args.out, header, args.per_session, observer)
     if args.max_bytes is None:
         return tap
 
     def capped(written: int) -> None:
-        print(f"tito record: --max-bytes {args.max_bytes} reached ({written} bytes written to {args.out}): recording "
-              "stopped, every cassette closed; the proxy keeps serving", file=sys.stderr, flush=True)
+        print(
+            f"tito record: --max-bytes {args.max_bytes} reached ({written} bytes written to {args.out}): recording "
+            "stopped, every cassette closed; the proxy keeps serving",
+            file=sys.stderr,
+            flush=True,
+        )
         _report({"event": "capped", "bytes": written})
 
     return CappedTap(tap, args.max_bytes, capped)

@@ -64,8 +64,10 @@ ROUTING_HEADER = "X-SMG-Routing-Key"
 TOKENS_PATH = "/v1/chat/completions/tokens"  # /inference/v1/generate's earlier name (prime-rl PR #1422)
 VLLM_ABORT_PATHS = ("/inference/v1/abort_requests", "/abort_requests")
 VLLM_ID_PREFIXES = ("generate-tokens-", "cmpl-", "chatcmpl-", "")  # the engine's ids of a request_id, then as is
-FLUSH_CACHE_TEXT = ("Cache flushed.\nPlease check backend logs for more details. "
-                    "(When there are running or waiting requests, the operation will not be performed.)\n")
+FLUSH_CACHE_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. "
+    "(When there are running or waiting requests, the operation will not be performed.)\n"
+)
 
 
 @dataclass
@@ -158,29 +160,48 @@ class Engine:
         input_ids = parsed.input_ids
         if input_ids is None:
             if opts.tokenizer is None:
-                raise EngineHTTPError(400, {"error": {"message": "text input needs a tokenizer "
-                                                                  "(the engine runs without one)"}})
+                raise EngineHTTPError(
+                    400, {"error": {"message": "text input needs a tokenizer (the engine runs without one)"}}
+                )
             input_ids = list(opts.tokenizer.encode(parsed.text, add_special_tokens=False))
         sp = parsed.sampling_params
         check_context(len(input_ids), sp.get("max_new_tokens"), opts.context_length)
         verify_sampling(sp, opts.vocab_size)
         rid = parsed.rid or uuid.uuid4().hex
         greq = GenerateRequest(
-            input_ids=input_ids, sampling_params=sp, rid=rid, stream=parsed.stream,
-            return_logprob=parsed.return_logprob, routing_key=parsed.routing_key, headers=request.headers,
-            session_key=session_key(input_ids, parsed.routing_key), turn_index=turn_index(input_ids))
+            input_ids=input_ids,
+            sampling_params=sp,
+            rid=rid,
+            stream=parsed.stream,
+            return_logprob=parsed.return_logprob,
+            routing_key=parsed.routing_key,
+            headers=request.headers,
+            session_key=session_key(input_ids, parsed.routing_key),
+            turn_index=turn_index(input_ids),
+        )
         start = time.perf_counter()
 
         def queued() -> web.StreamResponse:
-            return json_response(queued_abort_body(
-                rid=rid, weight_version=opts.weight_version, with_logprobs=parsed.return_logprob,
-                e2e_latency=time.perf_counter() - start, sent_ts=time.time(), has_text=opts.tokenizer is not None))
+            return json_response(
+                queued_abort_body(
+                    rid=rid,
+                    weight_version=opts.weight_version,
+                    with_logprobs=parsed.return_logprob,
+                    e2e_latency=time.perf_counter() - start,
+                    sent_ts=time.time(),
+                    has_text=opts.tokenizer is not None,
+                )
+            )
 
         return await self.tracked_run(request, rid, lambda tracked: self._run(request, greq, tracked, start), queued)
 
-    async def tracked_run(self, request: web.Request, rid: str,
-                          run: Callable[[Tracked], Awaitable[web.StreamResponse]],
-                          queued_abort: Callable[[], web.StreamResponse]) -> web.StreamResponse:
+    async def tracked_run(
+        self,
+        request: web.Request,
+        rid: str,
+        run: Callable[[Tracked], Awaitable[web.StreamResponse]],
+        queued_abort: Callable[[], web.StreamResponse],
+    ) -> web.StreamResponse:
         """Run one request under its rid: abortable by `/abort_request`, queued beyond the running limit
         (`queued_abort` answers one aborted while it waited). Every dialect's requests go through here."""
         tracked = Tracked(rid=rid, request=request)
@@ -222,22 +243,29 @@ class Engine:
         except PolicyError as e:
             raise EngineHTTPError(e.status, {"error": {"message": e.message}}) from None
 
-    def _shape_output(self, greq: GenerateRequest, gen: Generation, faults: FaultSpec
-                      ) -> tuple[list[int], list[float], str, Any]:
+    def _shape_output(
+        self, greq: GenerateRequest, gen: Generation, faults: FaultSpec
+    ) -> tuple[list[int], list[float], str, Any]:
         ids = list(gen.output_ids)
-        lps = list(gen.logprobs) if gen.logprobs is not None else logprobs_for(
-            self.options.logprob_seed, greq.session_key, greq.turn_index, ids)
+        lps = (
+            list(gen.logprobs)
+            if gen.logprobs is not None
+            else logprobs_for(self.options.logprob_seed, greq.session_key, greq.turn_index, ids)
+        )
         finish, matched = gen.finish, gen.matched
         if faults.drift and self.options.tokenizer is not None:
             split = inject_splits(self.options.tokenizer, ids, faults.drift_splits)
             if split is not None:
                 ids, positions = split
                 for pos in positions:  # in order: each earlier split has already shifted the logprobs
-                    extra = token_logprob(self.options.logprob_seed, greq.session_key, greq.turn_index, pos + 1,
-                                          ids[pos + 1])
-                    lps = lps[:pos + 1] + [extra] + lps[pos + 1:]
+                    extra = token_logprob(
+                        self.options.logprob_seed, greq.session_key, greq.turn_index, pos + 1, ids[pos + 1]
+                    )
+                    lps = lps[: pos + 1] + [extra] + lps[pos + 1 :]
         cuts: tuple[tuple[int | None, FinishKind], ...] = (
-            (faults.finish_length, "length"), (faults.abort_after, "abort"))
+            (faults.finish_length, "length"),
+            (faults.abort_after, "abort"),
+        )
         for keep, kind in cuts:
             if keep is not None and (keep < len(ids) or kind == "abort"):
                 ids, lps, finish = ids[:keep], lps[:keep], kind
@@ -265,18 +293,38 @@ class Engine:
         text: str = tok.decode(ids, skip_special_tokens=True if skip is None else bool(skip))
         return text
 
-    def _body(self, greq: GenerateRequest, ids: list[int], lps: list[float], finish_reason: dict[str, Any] | None,
-              cached: int, *, n_total: int, trim_stop: bool = False, e2e: float | None = None,
-              sent_ts: float | None = None) -> dict[str, Any]:
+    def _body(
+        self,
+        greq: GenerateRequest,
+        ids: list[int],
+        lps: list[float],
+        finish_reason: dict[str, Any] | None,
+        cached: int,
+        *,
+        n_total: int,
+        trim_stop: bool = False,
+        e2e: float | None = None,
+        sent_ts: float | None = None,
+    ) -> dict[str, Any]:
         """One response body; `ids` may be a streaming delta while `n_total` counts all output so far."""
         entries = logprob_entries(ids, lps) if greq.return_logprob else None
-        meta = meta_info(rid=greq.rid, finish_reason=finish_reason, prompt_tokens=len(greq.input_ids),
-                         n_output=n_total, profile=self.profile, weight_version=self.options.weight_version,
-                         logprobs=entries, cached_tokens=cached, e2e_latency=e2e, sent_ts=sent_ts)
+        meta = meta_info(
+            rid=greq.rid,
+            finish_reason=finish_reason,
+            prompt_tokens=len(greq.input_ids),
+            n_output=n_total,
+            profile=self.profile,
+            weight_version=self.options.weight_version,
+            logprobs=entries,
+            cached_tokens=cached,
+            e2e_latency=e2e,
+            sent_ts=sent_ts,
+        )
         return generate_body(self._text(ids, greq.sampling_params, trim_stop), ids, meta)
 
-    async def prepare(self, request: web.Request, greq: GenerateRequest,
-                      error_body: Callable[[int, str], Any] | None = None) -> Prepared | web.Response:
+    async def prepare(
+        self, request: web.Request, greq: GenerateRequest, error_body: Callable[[int, str], Any] | None = None
+    ) -> Prepared | web.Response:
         """Everything before the first output byte, shared by every dialect: the policy's answer, then the
         faults (latency, restart, dropped connection, an HTTP error in `error_body`'s envelope) and the
         output's shaping (drift splits, length and abort cuts, max tokens)."""
@@ -292,30 +340,53 @@ class Engine:
             drop(request)
         if faults.status is not None:
             # Default: what SGLang's HTTPException handler writes for a 5xx.
-            body = error_body(faults.status, faults.message) if error_body else {
-                "object": "error", "message": faults.message, "type": str(faults.status), "param": None,
-                "code": faults.status}
+            body = (
+                error_body(faults.status, faults.message)
+                if error_body
+                else {
+                    "object": "error",
+                    "message": faults.message,
+                    "type": str(faults.status),
+                    "param": None,
+                    "code": faults.status,
+                }
+            )
             return json_response(body, faults.status)
         ids, lps, finish, matched = self._shape_output(greq, gen, faults)
         return Prepared(ids, lps, finish, matched, gen.cached_tokens, faults)
 
-    async def _run(self, request: web.Request, greq: GenerateRequest, tracked: Tracked,
-                   start: float) -> web.StreamResponse:
+    async def _run(
+        self, request: web.Request, greq: GenerateRequest, tracked: Tracked, start: float
+    ) -> web.StreamResponse:
         prepared = await self.prepare(request, greq)
         if isinstance(prepared, web.Response):
             return prepared
-        ids, lps, finish, matched, faults = (prepared.ids, prepared.logprobs, prepared.finish, prepared.matched,
-                                             prepared.faults)
+        ids, lps, finish, matched, faults = (
+            prepared.ids,
+            prepared.logprobs,
+            prepared.finish,
+            prepared.matched,
+            prepared.faults,
+        )
         gen = prepared
         if greq.stream:
-            return await self._stream(request, greq, tracked, ids, lps, finish, matched, gen.cached_tokens,
-                                      faults, start)
+            return await self._stream(
+                request, greq, tracked, ids, lps, finish, matched, gen.cached_tokens, faults, start
+            )
         produced = await self.produce(tracked, len(ids), faults.token_delay_ms)
         if produced < len(ids) or tracked.aborted.is_set():
             ids, lps, finish = ids[:produced], lps[:produced], "abort"
-        body = self._body(greq, ids, lps, self._finish_reason(finish, matched, len(ids)), gen.cached_tokens,
-                          n_total=len(ids), trim_stop=finish == "stop", e2e=time.perf_counter() - start,
-                          sent_ts=time.time())
+        body = self._body(
+            greq,
+            ids,
+            lps,
+            self._finish_reason(finish, matched, len(ids)),
+            gen.cached_tokens,
+            n_total=len(ids),
+            trim_stop=finish == "stop",
+            e2e=time.perf_counter() - start,
+            sent_ts=time.time(),
+        )
         return json_response(body)
 
     async def produce(self, tracked: Tracked, n: int, delay_ms: float) -> int:
@@ -330,9 +401,19 @@ class Engine:
                 continue
         return n
 
-    async def _stream(self, request: web.Request, greq: GenerateRequest, tracked: Tracked, ids: list[int],
-                      lps: list[float], finish: str, matched: Any, cached: int, faults: FaultSpec,
-                      start: float) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        greq: GenerateRequest,
+        tracked: Tracked,
+        ids: list[int],
+        lps: list[float],
+        finish: str,
+        matched: Any,
+        cached: int,
+        faults: FaultSpec,
+        start: float,
+    ) -> web.StreamResponse:
         """Cumulative chunks by default (each repeats all output so far), deltas in incremental mode;
         the last event is the full body, then `[DONE]`."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -344,13 +425,20 @@ class Engine:
             step = min(interval, len(ids) - prev)
             produced = await self.produce(tracked, step, faults.token_delay_ms)
             if produced < step or tracked.aborted.is_set():
-                ids, lps, finish = ids[:prev + produced], lps[:prev + produced], "abort"
+                ids, lps, finish = ids[: prev + produced], lps[: prev + produced], "abort"
                 break
             if prev + step == len(ids):
                 break  # the final event below carries the last tokens
             lo = prev if incremental else 0
-            chunk = self._body(greq, ids[lo:prev + step], lps[lo:prev + step], None, cached,
-                               n_total=prev + step, sent_ts=time.time() if sent == 0 else None)
+            chunk = self._body(
+                greq,
+                ids[lo : prev + step],
+                lps[lo : prev + step],
+                None,
+                cached,
+                n_total=prev + step,
+                sent_ts=time.time() if sent == 0 else None,
+            )
             await resp.write(b"data: " + dumps(chunk) + b"\n\n")
             sent += 1
             prev += step
@@ -359,9 +447,17 @@ class Engine:
         if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
             drop(request)
         lo = prev if incremental else 0
-        final = self._body(greq, ids[lo:], lps[lo:], self._finish_reason(finish, matched, len(ids)), cached,
-                           n_total=len(ids), trim_stop=finish == "stop", e2e=time.perf_counter() - start,
-                           sent_ts=time.time() if sent == 0 else None)
+        final = self._body(
+            greq,
+            ids[lo:],
+            lps[lo:],
+            self._finish_reason(finish, matched, len(ids)),
+            cached,
+            n_total=len(ids),
+            trim_stop=finish == "stop",
+            e2e=time.perf_counter() - start,
+            sent_ts=time.time() if sent == 0 else None,
+        )
         await resp.write(b"data: " + dumps(final) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -402,15 +498,24 @@ class Engine:
 
     async def handle_model_info(self, request: web.Request) -> web.Response:
         o = self.options
-        return json_response(model_info(model_path=o.model_path, served_model_name=o.model_name,
-                                weight_version=o.weight_version))
+        return json_response(
+            model_info(model_path=o.model_path, served_model_name=o.model_name, weight_version=o.weight_version)
+        )
 
     async def handle_server_info(self, request: web.Request) -> web.Response:
         o = self.options
-        return json_response(server_info(model_path=o.model_path, served_model_name=o.model_name, host=o.host,
-                                 port=o.port, context_length=o.context_length,
-                                 incremental=o.incremental_streaming, profile=self.profile,
-                                 startup_time=self.startup_time))
+        return json_response(
+            server_info(
+                model_path=o.model_path,
+                served_model_name=o.model_name,
+                host=o.host,
+                port=o.port,
+                context_length=o.context_length,
+                incremental=o.incremental_streaming,
+                profile=self.profile,
+                startup_time=self.startup_time,
+            )
+        )
 
     async def handle_flush_cache(self, request: web.Request) -> web.Response:
         return web.Response(text=FLUSH_CACHE_TEXT, content_type="text/plain")
@@ -423,8 +528,12 @@ class Engine:
 
     async def handle_workers(self, request: web.Request) -> web.Response:
         url = f"{request.scheme}://{request.host}/worker0"
-        worker = {"url": url, "model": self.options.model_name, "healthy": not self.restarting,
-                  "requests_active": len(self.tracked)}
+        worker = {
+            "url": url,
+            "model": self.options.model_name,
+            "healthy": not self.restarting,
+            "requests_active": len(self.tracked),
+        }
         return json_response({"workers": [worker], "total": 1, "healthy": int(not self.restarting)})
 
 

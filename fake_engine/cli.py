@@ -1,7 +1,7 @@
 """`tito fake-engine`: start the SGLang-compatible fake engine in one line.
 
-    tito fake-engine --demo
-    tito fake-engine --script fake_engine/examples/claude_tool_loop.yaml --port 30000
+tito fake-engine --demo
+tito fake-engine --script fake_engine/examples/claude_tool_loop.yaml --port 30000
 """
 
 from __future__ import annotations
@@ -22,32 +22,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--demo", action="store_true", help="answer every /generate with a short scripted reply")
     src.add_argument("--script", metavar="FILE", help="scenario file (YAML or JSON) for the scripted policy")
     src.add_argument("--cassette", metavar="FILE", help="serve the engine leg recorded in a cassette")
-    parser.add_argument("--listen", metavar="HOST:PORT", default=None,
-                        help="address to serve on, as for every tito server (default 127.0.0.1:30000)")
+    parser.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        default=None,
+        help="address to serve on, as for every tito server (default 127.0.0.1:30000)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (alias; default: loopback only)")
     parser.add_argument("--port", type=int, default=30000, help="port (alias)")
     parser.add_argument("--model-name", default="Qwen/Qwen3-8B", help="served model name")
     parser.add_argument("--context-length", type=int, default=40960)
-    parser.add_argument("--version-profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE,
-                        help="SGLang release whose wire shapes to mimic")
-    parser.add_argument("--router", action="store_true",
-                        help="act as the SGLang router: GET /workers, no /abort_request (worker at /worker0)")
-    parser.add_argument("--incremental-streaming", action="store_true",
-                        help="stream deltas instead of cumulative chunks")
+    parser.add_argument(
+        "--version-profile",
+        choices=sorted(PROFILES),
+        default=DEFAULT_PROFILE,
+        help="SGLang release whose wire shapes to mimic",
+    )
+    parser.add_argument(
+        "--router",
+        action="store_true",
+        help="act as the SGLang router: GET /workers, no /abort_request (worker at /worker0)",
+    )
+    parser.add_argument(
+        "--incremental-streaming", action="store_true", help="stream deltas instead of cumulative chunks"
+    )
     parser.add_argument("--max-running-requests", type=int, default=0, help="queue beyond this (0: no limit)")
     parser.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer folder (default: Qwen3)")
-    parser.add_argument("--openai-dialect", choices=("sglang-openai", "vllm-openai"), default=None,
-                        help="answer /v1/chat/completions and /v1/completions as this engine (default: told by "
-                             "each request's SGLang-only fields); also picks GET /v1/models' shape")
+    parser.add_argument(
+        "--openai-dialect",
+        choices=("sglang-openai", "vllm-openai"),
+        default=None,
+        help="answer /v1/chat/completions and /v1/completions as this engine (default: told by "
+        "each request's SGLang-only fields); also picks GET /v1/models' shape",
+    )
     v = parser.add_argument_group("vLLM as started (the vLLM dialects; docs/engine-dialects.md)")
-    v.add_argument("--vllm-version", choices=sorted(VLLM_PROFILES), default=VLLM_DEFAULT_VERSION,
-                   help="vLLM release whose wire shapes to mimic (default: the one the engine contract checked live)")
-    v.add_argument("--no-scale-out", action="store_true",
-                   help="as vLLM started without --enable-scale-out: /inference/v1/generate answers 403")
-    v.add_argument("--no-auto-tool-choice", action="store_true",
-                   help="as vLLM started without --enable-auto-tool-choice: tool_choice auto/required/named is a 400")
-    v.add_argument("--no-reasoning-parser", action="store_true",
-                   help="as vLLM started without --reasoning-parser: the message's reasoning stays null")
+    v.add_argument(
+        "--vllm-version",
+        choices=sorted(VLLM_PROFILES),
+        default=VLLM_DEFAULT_VERSION,
+        help="vLLM release whose wire shapes to mimic (default: the one the engine contract checked live)",
+    )
+    v.add_argument(
+        "--no-scale-out",
+        action="store_true",
+        help="as vLLM started without --enable-scale-out: /inference/v1/generate answers 403",
+    )
+    v.add_argument(
+        "--no-auto-tool-choice",
+        action="store_true",
+        help="as vLLM started without --enable-auto-tool-choice: tool_choice auto/required/named is a 400",
+    )
+    v.add_argument(
+        "--no-reasoning-parser",
+        action="store_true",
+        help="as vLLM started without --reasoning-parser: the message's reasoning stays null",
+    )
     f = parser.add_argument_group("faults (applied to every /generate unless --fault-first/--fault-every)")
     f.add_argument("--fault-latency-ms", type=float, default=0.0)
     f.add_argument("--fault-token-delay-ms", type=float, default=0.0)
@@ -58,16 +87,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--fault-abort-after", type=int, metavar="N")
     f.add_argument("--fault-restart-s", type=float, metavar="SECONDS")
     f.add_argument("--fault-drift", action="store_true", help="emit a non-canonical token split")
-    f.add_argument("--fault-drift-splits", type=int, default=1, metavar="N",
-                   help="with --fault-drift: split N tokens, spread over the output")
+    f.add_argument(
+        "--fault-drift-splits",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --fault-drift: split N tokens, spread over the output",
+    )
     f.add_argument("--fault-first", type=int, default=0, metavar="N", help="only the first N requests")
     f.add_argument("--fault-every", type=int, default=1, metavar="K", help="only every K-th request")
 
 
 def fault_schedule(args: argparse.Namespace) -> FaultSchedule:
     """The --fault-* flags as a FaultSpec, checked by the model a scenario's `faults:` is (one-line errors)."""
-    flags = {f.name: getattr(args, f"fault_{f.name}") for f in msgspec.structs.fields(FaultSpec)
-             if hasattr(args, f"fault_{f.name}")}
+    flags = {
+        f.name: getattr(args, f"fault_{f.name}")
+        for f in msgspec.structs.fields(FaultSpec)
+        if hasattr(args, f"fault_{f.name}")
+    }
     try:
         spec = validate(flags, FaultSpec)
     except ScenarioError as exc:
@@ -107,8 +144,11 @@ def run(args: argparse.Namespace) -> int:
         if args.cassette:
             policy = CassettePolicy.load(args.cassette, args.tokenizer)
             if policy.truncated:
-                print(f"tito fake-engine: warning: {args.cassette} ends in a truncated record; "
-                      "serving every complete exchange", file=sys.stderr)
+                print(
+                    f"tito fake-engine: warning: {args.cassette} ends in a truncated record; "
+                    "serving every complete exchange",
+                    file=sys.stderr,
+                )
             what = f"cassette {args.cassette}"
         elif args.demo:
             policy, what = demo_policy(tokenizer), "demo scenario"
@@ -119,15 +159,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"tito fake-engine: {e}", file=sys.stderr)
         return 2
     options = EngineOptions(
-        model_name=args.model_name, model_path=args.model_name, context_length=args.context_length,
-        version_profile=args.version_profile, incremental_streaming=args.incremental_streaming,
-        router=args.router, max_running_requests=args.max_running_requests, tokenizer=tokenizer,
-        vocab_size=max(len(tokenizer), 151936), faults=faults, host=args.host, port=args.port,
-        openai_dialect=getattr(args, "openai_dialect", None), vllm_version=args.vllm_version,
-        vllm_scale_out=not args.no_scale_out, vllm_auto_tool_choice=not args.no_auto_tool_choice,
-        vllm_reasoning_parser=not args.no_reasoning_parser)
-    print(f"tito fake-engine: {what} on http://{args.host}:{args.port} (SGLang {args.version_profile} "
-          f"profile{', router mode' if args.router else ''})", flush=True)
+        model_name=args.model_name,
+        model_path=args.model_name,
+        context_length=args.context_length,
+        version_profile=args.version_profile,
+        incremental_streaming=args.incremental_streaming,
+        router=args.router,
+        max_running_requests=args.max_running_requests,
+        tokenizer=tokenizer,
+        vocab_size=max(len(tokenizer), 151936),
+        faults=faults,
+        host=args.host,
+        port=args.port,
+        openai_dialect=getattr(args, "openai_dialect", None),
+        vllm_version=args.vllm_version,
+        vllm_scale_out=not args.no_scale_out,
+        vllm_auto_tool_choice=not args.no_auto_tool_choice,
+        vllm_reasoning_parser=not args.no_reasoning_parser,
+    )
+    print(
+        f"tito fake-engine: {what} on http://{args.host}:{args.port} (SGLang {args.version_profile} "
+        f"profile{', router mode' if args.router else ''})",
+        flush=True,
+    )
     app = create_app(policy, options)
     prepare_to_serve(app)
     web.run_app(app, host=args.host, port=args.port, print=None, loop=new_event_loop())

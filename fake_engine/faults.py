@@ -38,8 +38,11 @@ class FaultSpec(FrozenStrict, frozen=True):
         if other is None:
             return self
         default = FaultSpec()
-        changes = {f.name: getattr(other, f.name) for f in msgspec.structs.fields(other)
-                   if getattr(other, f.name) != getattr(default, f.name)}
+        changes = {
+            f.name: getattr(other, f.name)
+            for f in msgspec.structs.fields(other)
+            if getattr(other, f.name) != getattr(default, f.name)
+        }
         return msgspec.structs.replace(self, **changes)
 
     @property

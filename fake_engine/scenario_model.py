@@ -63,8 +63,9 @@ def describe(exc: msgspec.ValidationError, data: Any, model: Any, where: str = "
 
 def _reword(message: str, model_at: Any, data_at: Any) -> str:
     if m := re.fullmatch(r"Object contains unknown field `(.*)`", message):
-        allowed = ", ".join(sorted(f.encode_name for f in msgspec.structs.fields(model_at))) \
-            if _is_struct(model_at) else "?"
+        allowed = (
+            ", ".join(sorted(f.encode_name for f in msgspec.structs.fields(model_at))) if _is_struct(model_at) else "?"
+        )
         return f"unknown key {m.group(1)!r}; allowed: {allowed}"
     if m := re.fullmatch(r"Object missing required field `(.*)`", message):
         return f"missing key {m.group(1)!r}"
@@ -133,7 +134,7 @@ def _field_type(model: Any, name: str) -> Any:
 def _failing_key(model: Any, data: Any) -> Any:
     """The first key of a mapping whose key or value does not convert (msgspec stops at the first)."""
     key_type, value_type = (get_args(model) + (Any, Any))[:2]
-    for key, value in (data.items() if isinstance(data, dict) else ()):
+    for key, value in data.items() if isinstance(data, dict) else ():
         try:
             msgspec.convert(key, key_type)
             msgspec.convert(value, value_type)

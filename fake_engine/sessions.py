@@ -63,6 +63,6 @@ def session_key(input_ids: list[int], routing_key: str | None) -> str:
 def turn_index(input_ids: list[int]) -> int:
     """Assistant turns already in the prompt; a trailing generation prompt does not count."""
     starts = _positions(input_ids, IM_START, ROLE_ASSISTANT)
-    if starts and IM_END not in input_ids[starts[-1]:]:
+    if starts and IM_END not in input_ids[starts[-1] :]:
         return len(starts) - 1  # the last one is the open generation prompt
     return len(starts)

@@ -86,14 +86,19 @@ def check(args: argparse.Namespace) -> str | None:
     if spec.kind == "http" and not args.engine_listen:
         return f"--target {spec.text} needs --engine-listen HOST:PORT: the engine URL that gateway was started with"
     if spec.kind == TITO and (args.engine_listen or args.volatile or args.session_from or args.routing_header):
-        return ("--engine-listen, --volatile, --routing-header and --session-from are for a target other than "
-                "tito's own adapter")
+        return (
+            "--engine-listen, --volatile, --routing-header and --session-from are for a target other than "
+            "tito's own adapter"
+        )
     if spec.kind == TITO and args.engine_dialect not in (None, *ADAPTER_DIALECTS):
-        return (f"--engine-dialect {args.engine_dialect}: tito's adapter calls the engine in "
-                f"{', '.join(ADAPTER_DIALECTS)}")
+        return (
+            f"--engine-dialect {args.engine_dialect}: tito's adapter calls the engine in {', '.join(ADAPTER_DIALECTS)}"
+        )
     if spec.kind != "http" and (args.volatile or args.routing_header):
-        return (f"--volatile and --routing-header are for an http:// target: the driver of {spec.text} says its "
-                "own (TargetInfo)")
+        return (
+            f"--volatile and --routing-header are for an http:// target: the driver of {spec.text} says its "
+            "own (TargetInfo)"
+        )
     if args.session_from:
         from tito_rl.trajectory.adapters.session_from import SessionFromError, parse_session_from
 
@@ -101,8 +106,15 @@ def check(args: argparse.Namespace) -> str | None:
             parse_session_from(args.session_from)
         except SessionFromError as exc:
             return str(exc)
-    way = ("scripted" if args.agent == "scripted" else "cli-script" if getattr(args, "cli_script", None) is not None
-           else "cli" if args.agent else "none")
+    way = (
+        "scripted"
+        if args.agent == "scripted"
+        else "cli-script"
+        if getattr(args, "cli_script", None) is not None
+        else "cli"
+        if args.agent
+        else "none"
+    )
     problem = agent_option_problem(args, way)
     if problem is not None:
         return problem
@@ -159,8 +171,10 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
     if engine is None and spec.kind == TITO and settings.engine_model:  # vLLM: no /model_info, its model listing
         engine = {"served_model_name": settings.engine_model}
     if engine is None:
-        print(f"tito record: warning: no /model_info from {settings.engine_url}; recording without engine info",
-              file=sys.stderr)
+        print(
+            f"tito record: warning: no /model_info from {settings.engine_url}; recording without engine info",
+            file=sys.stderr,
+        )
     agent_info = None
     if args.agent == "scripted":
         from tito_rl.recorder.scripted.runs import scripted_header
@@ -196,8 +210,12 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         print(f"tito record: metrics on http://{host}:{port}/metrics", file=sys.stderr, flush=True)
         args.metrics_recorder = metrics
     try:
-        tap = open_tap(Path(args.out), header, getattr(args, "layout", None) or Layout(args.per_session),
-                       on_event=metrics.writer_event if metrics is not None else None)
+        tap = open_tap(
+            Path(args.out),
+            header,
+            getattr(args, "layout", None) or Layout(args.per_session),
+            on_event=metrics.writer_event if metrics is not None else None,
+        )
     except RecorderError as exc:
         if metrics is not None:
             metrics.stop()
@@ -238,8 +256,9 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
     return rc
 
 
-async def _start_tito(args: argparse.Namespace, settings: Any, manager: Any, tap: Any,
-                      progress: Any) -> tuple[Callable[[], Awaitable[None]], str]:
+async def _start_tito(
+    args: argparse.Namespace, settings: Any, manager: Any, tap: Any, progress: Any
+) -> tuple[Callable[[], Awaitable[None]], str]:
     """tito's own adapter app with the cassette's tap inside it (exact attribution of every engine call)."""
     from aiohttp import web
 
@@ -247,21 +266,27 @@ async def _start_tito(args: argparse.Namespace, settings: Any, manager: Any, tap
     from tito_rl.trajectory.runtime.server_process import prepare_to_serve
 
     host, port = serve.parse_listen(args.listen)
-    app = create_recording_app(settings, tap, progress=progress, manager=manager, sample_rate=args.sample_rate,
-                               wrap=_metrics_wrap(args, tap))
+    app = create_recording_app(
+        settings, tap, progress=progress, manager=manager, sample_rate=args.sample_rate, wrap=_metrics_wrap(args, tap)
+    )
     prepare_to_serve(app)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     model = f", model {settings.engine_model}" if settings.engine_model else ""
-    print(f"tito record: proxy on http://{host}:{port} -> {settings.engine_url} ({settings.engine_dialect}{model}), "
-          f"writing {args.out}", file=sys.stderr, flush=True)
+    print(
+        f"tito record: proxy on http://{host}:{port} -> {settings.engine_url} ({settings.engine_dialect}{model}), "
+        f"writing {args.out}",
+        file=sys.stderr,
+        flush=True,
+    )
     return runner.cleanup, f"http://{host}:{port}"
 
 
-async def _start_around(args: argparse.Namespace, settings: Any, target: Any, tap: Any,
-                        progress: Any) -> tuple[Callable[[], Awaitable[None]], str]:
+async def _start_around(
+    args: argparse.Namespace, settings: Any, target: Any, tap: Any, progress: Any
+) -> tuple[Callable[[], Awaitable[None]], str]:
     """The taps around a foreign target: agents -> agent tap -> target -> engine tap -> engine."""
     from tito_rl.recorder.metrics import MetricsTap
     from tito_rl.recorder.taps.around import TapsAround
@@ -293,8 +318,12 @@ async def _start_around(args: argparse.Namespace, settings: Any, target: Any, ta
                 lead = "\n" if progress is not None and progress.isatty() else ""
                 print(f"{lead}tito record: {summary}", file=sys.stderr, flush=True)
 
-    print(f"tito record: agents -> {ends.agent_url} -> target {args.target} -> {ends.engine_url} -> "
-          f"{settings.engine_url}, writing {args.out}", file=sys.stderr, flush=True)
+    print(
+        f"tito record: agents -> {ends.agent_url} -> target {args.target} -> {ends.engine_url} -> "
+        f"{settings.engine_url}, writing {args.out}",
+        file=sys.stderr,
+        flush=True,
+    )
     return stop, ends.agent_url
 
 
@@ -316,14 +345,16 @@ def build_target(spec: TargetSpec, args: argparse.Namespace) -> Any:
 
         named = args.routing_header or ROUTING_HEADER
         header = None if named.lower() == "none" else named
-        target: Any = HttpTarget(spec.url, tuple(args.volatile), header,
-                                 session_from=session_from_spec(args.session_from or "bearer"))
+        target: Any = HttpTarget(
+            spec.url, tuple(args.volatile), header, session_from=session_from_spec(args.session_from or "bearer")
+        )
     else:
         from tito_rl.recorder.targets.base import TargetOptions
         from tito_rl.recorder.targets.registry import create_driver
 
-        options = TargetOptions(args.tokenizer, args.reasoning_parser or None, args.tool_parser or None,
-                                args.fork_threshold)
+        options = TargetOptions(
+            args.tokenizer, args.reasoning_parser or None, args.tool_parser or None, args.fork_threshold
+        )
         target = create_driver(spec.text, options)
         if args.session_from:  # the driver's gateway keeps its sessions where the user says
             target.info.session_from = session_from_spec(args.session_from)

@@ -149,8 +149,9 @@ def target_missing(scenario: Path) -> str | None:
     return None
 
 
-def record_all(paths: list[Path], jobs: int, out_dir: Path = CASSETTES,
-               skipped: dict[str, str] | None = None) -> tuple[list[Recorded], dict[str, str]]:
+def record_all(
+    paths: list[Path], jobs: int, out_dir: Path = CASSETTES, skipped: dict[str, str] | None = None
+) -> tuple[list[Recorded], dict[str, str]]:
     """Every scenario, `jobs` at a time, each reported as it finishes; the recordings and the failures. Scenarios
     around a target not installed here go into `skipped` with why."""
     clients: dict[Path, str] = {}
@@ -175,20 +176,26 @@ def record_all(paths: list[Path], jobs: int, out_dir: Path = CASSETTES,
     done: list[Recorded] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures: dict[Future[Recorded], Path] = {
-            pool.submit(record, p, out_dir, 300.0 if clients[p] == "scripted" else 900.0): p for p in todo}
+            pool.submit(record, p, out_dir, 300.0 if clients[p] == "scripted" else 900.0): p for p in todo
+        }
         for future in as_completed(futures):
             path = futures[future]
             try:
                 rec = future.result()
             except (CorpusError, OSError, subprocess.TimeoutExpired) as exc:
                 failed[path.stem] = str(exc)
-                print(f"{path.stem} [{labels[path]}]: FAILED ({str(exc).splitlines()[0]}); "
-                      f"the committed cassette is untouched", flush=True)
+                print(
+                    f"{path.stem} [{labels[path]}]: FAILED ({str(exc).splitlines()[0]}); "
+                    f"the committed cassette is untouched",
+                    flush=True,
+                )
                 continue
             done.append(rec)
             shown = rec.cassette.relative_to(ROOT) if rec.cassette.is_relative_to(ROOT) else rec.cassette
-            print(f"{rec.name} [{labels[path]}]: {shown} ({rec.cassette.stat().st_size} bytes, {rec.seconds:.1f}s)",
-                  flush=True)
+            print(
+                f"{rec.name} [{labels[path]}]: {shown} ({rec.cassette.stat().st_size} bytes, {rec.seconds:.1f}s)",
+                flush=True,
+            )
     order = {p.stem: i for i, p in enumerate(paths)}
     return sorted(done, key=lambda r: order[r.name]), failed
 
@@ -199,8 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scripted", action="store_true", help="only the scripted-client scenarios (no npm)")
     parser.add_argument("--no-goldens", action="store_true", help="record only; leave the goldens alone")
     parser.add_argument("--jobs", type=int, default=2, help="scenarios recorded at once (default 2)")
-    parser.add_argument("--out-dir", type=Path, default=CASSETTES, metavar="DIR",
-                        help="write the cassettes and goldens there instead (a trial run; cassettes/ untouched)")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=CASSETTES,
+        metavar="DIR",
+        help="write the cassettes and goldens there instead (a trial run; cassettes/ untouched)",
+    )
     args = parser.parse_args(argv)
     prog = "make cassettes" if args.scripted else "make corpus"
     try:
@@ -217,9 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     except CorpusError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
-    print(f"{prog}: {len(done)} of {len(paths)} scenario(s) re-recorded in {time.monotonic() - started:.0f}s"
-          + (f"; skipped: {', '.join(sorted(skipped))}" if skipped else "")
-          + (f"; FAILED: {', '.join(sorted(failed))}" if failed else ""), flush=True)
+    print(
+        f"{prog}: {len(done)} of {len(paths)} scenario(s) re-recorded in {time.monotonic() - started:.0f}s"
+        + (f"; skipped: {', '.join(sorted(skipped))}" if skipped else "")
+        + (f"; FAILED: {', '.join(sorted(failed))}" if failed else ""),
+        flush=True,
+    )
     for name, why in sorted(failed.items()):
         print(f"{prog}: {name}: {why}", file=sys.stderr)
     return 1 if failed else 0

@@ -29,26 +29,43 @@ class RecordMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r, t = self.registry, ("target",)
         self.sessions_seen = Counter("tito_record_sessions_seen", "Sessions that reached the proxy", t, registry=r)
-        self.sessions_recorded = Counter("tito_record_sessions_recorded",
-                                         "Sessions recorded (sampled, not past --max-bytes)", t, registry=r)
+        self.sessions_recorded = Counter(
+            "tito_record_sessions_recorded", "Sessions recorded (sampled, not past --max-bytes)", t, registry=r
+        )
         self.turns_seen = Counter("tito_record_turns_seen", "Agent exchanges answered", t, registry=r)
-        self.turns_recorded = Counter("tito_record_turns_recorded", "Agent exchanges of recorded sessions", t,
-                                      registry=r)
-        self.tokens = Counter("tito_record_tokens", "Engine tokens recorded, as tito audit reads them",
-                              ("target", "kind"), registry=r)
-        self.findings = Counter("tito_audit_findings", "tito audit findings, counted as sessions finish",
-                                ("target", "rule"), registry=r)
+        self.turns_recorded = Counter(
+            "tito_record_turns_recorded", "Agent exchanges of recorded sessions", t, registry=r
+        )
+        self.tokens = Counter(
+            "tito_record_tokens", "Engine tokens recorded, as tito audit reads them", ("target", "kind"), registry=r
+        )
+        self.findings = Counter(
+            "tito_audit_findings", "tito audit findings, counted as sessions finish", ("target", "rule"), registry=r
+        )
         self.emitted = Counter("tito_audit_emitted_tokens", "Emitted tokens of finished sessions", t, registry=r)
-        self.covered = Counter("tito_audit_covered_tokens",
-                               "Emitted tokens trained exactly once with the engine's logprob", t, registry=r)
-        self.tap_seconds = Histogram("tito_record_tap_seconds", "Time a tap call takes on the proxy's event loop",
-                                     ("target", "leg"), buckets=TAP_BUCKETS, registry=r)
+        self.covered = Counter(
+            "tito_audit_covered_tokens", "Emitted tokens trained exactly once with the engine's logprob", t, registry=r
+        )
+        self.tap_seconds = Histogram(
+            "tito_record_tap_seconds",
+            "Time a tap call takes on the proxy's event loop",
+            ("target", "leg"),
+            buckets=TAP_BUCKETS,
+            registry=r,
+        )
         self.written = Counter("tito_record_written_bytes", "Cassette bytes written", t, registry=r)
         self.capped = Gauge("tito_record_capped", "1 once --max-bytes stopped the recording", t, registry=r)
         for kind in ("prompt", "output"):
             self.tokens.labels(target, kind)
-        for counter in (self.sessions_seen, self.sessions_recorded, self.turns_seen, self.turns_recorded,
-                        self.emitted, self.covered, self.written):
+        for counter in (
+            self.sessions_seen,
+            self.sessions_recorded,
+            self.turns_seen,
+            self.turns_recorded,
+            self.emitted,
+            self.covered,
+            self.written,
+        ):
             counter.labels(target)
         self.capped.labels(target).set(0)
         self._bytes = 0
@@ -92,8 +109,9 @@ class MetricsTap:
     """Counts sessions and turns seen and recorded, and times what the rest of the chain (`inner`: sampling, the
     writer's pipe) takes on the event loop. `capped()`: whether the writer stopped at `--max-bytes`."""
 
-    def __init__(self, inner: TrafficTap, metrics: RecordMetrics, sample_rate: float,
-                 capped: Callable[[], bool]) -> None:
+    def __init__(
+        self, inner: TrafficTap, metrics: RecordMetrics, sample_rate: float, capped: Callable[[], bool]
+    ) -> None:
         self.inner, self.metrics, self.rate, self.capped = inner, metrics, sample_rate, capped
         self._live: set[str] = set()  # sessions seen and not yet finished or dropped
         t = metrics.target

@@ -8,10 +8,8 @@ scenario file, for editors (YAML language servers read `# yaml-language-server: 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-EXIT_OK, EXIT_INVALID = 0, 2
+from tito_rl.recorder.file_checks import check_files, print_schema
 
 
 def _check_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,12 +23,16 @@ ACTIONS = {
         "Checks each scenario file against its typed model without running it (the engine's script, the "
         "client's, faults, stream cuts): one line per file, ok or what is wrong and where, e.g. "
         "turns[3].tool_calls[0].arguments.",
-        ("0: every file is valid", "2: a file is invalid or cannot be read"), _check_arguments),
+        ("0: every file is valid", "2: a file is invalid or cannot be read"),
+        _check_arguments,
+    ),
     "schema": (
         "print the JSON Schema of a scenario file",
         "Prints the JSON Schema of a scenario file, made from the same model check uses, for editors "
         "(YAML language servers read `# yaml-language-server: $schema=scenario.schema.json`).",
-        ("0: printed",), lambda parser: None),
+        ("0: printed",),
+        lambda parser: None,
+    ),
 }
 
 
@@ -38,16 +40,11 @@ def run(args: argparse.Namespace) -> int:
     from tito_rl.recorder.scenario_file import ScenarioError, check_scenario, scenario_schema
 
     if args.scenario_command == "schema":
-        print(json.dumps(scenario_schema(), indent=2, sort_keys=True))
-        return EXIT_OK
-    invalid = 0
-    for path in args.paths:
-        try:
-            checked = check_scenario(path)
-        except ScenarioError as exc:
-            print(f"tito scenario check: {exc}", file=sys.stderr)
-            invalid += 1
-            continue
+        return print_schema(scenario_schema())
+
+    def summary(path: str) -> str:
+        checked = check_scenario(path)
         client = "no client" if checked.client is None else f"client {checked.client.agent}"
-        print(f"{path}: ok ({len(checked.engine.sessions or ())} engine session(s), {client})")
-    return EXIT_INVALID if invalid else EXIT_OK
+        return f"{len(checked.engine.sessions or ())} engine session(s), {client}"
+
+    return check_files("scenario", args.paths, summary, ScenarioError)

@@ -82,10 +82,16 @@ def record_args_problem(record_args: tuple[str, ...]) -> str | None:
 def scenario_schema() -> dict[str, Any]:
     """The JSON Schema of a scenario file: the engine's keys, and `client:` as one of the two clients."""
     (engine, scripted, cli), components = msgspec.json.schema_components(
-        [Scenario, ClientScript, CliClient], ref_template="#/$defs/{name}")
+        [Scenario, ClientScript, CliClient], ref_template="#/$defs/{name}"
+    )
     top = components[Scenario.__name__]
-    top["properties"]["client"] = {"anyOf": [scripted, cli, {"type": "null"}],
-                                   "description": "the client's side: the scripted client (agent: scripted, "
-                                                  "the default) or a pinned real CLI"}
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "tito scenario file", **engine,
-            "$defs": components}
+    top["properties"]["client"] = {
+        "anyOf": [scripted, cli, {"type": "null"}],
+        "description": "the client's side: the scripted client (agent: scripted, the default) or a pinned real CLI",
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "tito scenario file",
+        **engine,
+        "$defs": components,
+    }

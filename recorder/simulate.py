@@ -81,9 +81,17 @@ def with_target(record_args: list[str], target: str | None, dialect: str | None)
     return args + (["--engine-dialect", dialect] if dialect else [])
 
 
-def simulate(scenario: Path, out: Path, agent: str | None = None, task: str | None = None, replace: bool = False,
-             golden: bool = True, timeout_s: float = 900.0, target: str | None = None,
-             dialect: str | None = None) -> Simulated:
+def simulate(
+    scenario: Path,
+    out: Path,
+    agent: str | None = None,
+    task: str | None = None,
+    replace: bool = False,
+    golden: bool = True,
+    timeout_s: float = 900.0,
+    target: str | None = None,
+    dialect: str | None = None,
+) -> Simulated:
     if out.exists() and not replace:
         raise SimulateError(f"{out} exists: pass --replace to re-record it")
     if not out.parent.is_dir():
@@ -103,19 +111,32 @@ def simulate(scenario: Path, out: Path, agent: str | None = None, task: str | No
     started = time.monotonic()
     port = free_port()
     forced = ["--openai-dialect", dialect] if dialect in ("sglang-openai", "vllm-openai") else []
-    engine = subprocess.Popen(tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}",
-                                   *forced), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    engine = subprocess.Popen(
+        tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}", *forced),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         try:
             wait_http(f"http://127.0.0.1:{port}/health", engine, timeout_s=120)
         except (RuntimeError, TimeoutError) as exc:
             raise SimulateError(f"{scenario.name}: the fake engine did not start: {exc}") from None
-        command = ["record", "--engine", f"http://127.0.0.1:{port}", "--listen", f"127.0.0.1:{free_port()}",
-                   "--out", str(partial), "--scenario", str(scenario), "--quiet"]
+        command = [
+            "record",
+            "--engine",
+            f"http://127.0.0.1:{port}",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--out",
+            str(partial),
+            "--scenario",
+            str(scenario),
+            "--quiet",
+        ]
         command += ["--agent", agent] if agent else []
         command += ["--task", task] if task else []
-        proc = subprocess.run(tito(*command, *record_args), cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout_s)
+        proc = subprocess.run(tito(*command, *record_args), cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     finally:
         stop(engine)
         engine_err = engine.stderr.read().decode(errors="replace") if engine.stderr else ""
@@ -123,8 +144,10 @@ def simulate(scenario: Path, out: Path, agent: str | None = None, task: str | No
             engine.stderr.close()
     if proc.returncode != 0:
         partial.unlink(missing_ok=True)
-        raise SimulateError(f"{scenario.name}: tito record exited with {proc.returncode}\n{proc.stderr[-4000:]}"
-                            f"\nfake engine: {engine_err[-1500:]}")
+        raise SimulateError(
+            f"{scenario.name}: tito record exited with {proc.returncode}\n{proc.stderr[-4000:]}"
+            f"\nfake engine: {engine_err[-1500:]}"
+        )
     os.replace(partial, out)
     if golden:
         write_goldens([out])
@@ -134,43 +157,68 @@ def simulate(scenario: Path, out: Path, agent: str | None = None, task: str | No
 
 def write_goldens(cassettes: list[Path]) -> str:
     """The cassettes' goldens, from one replay process (one start-up); its report."""
-    proc = subprocess.run(tito("replay", *map(str, cassettes), "--update-goldens"), cwd=ROOT, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        tito("replay", *map(str, cassettes), "--update-goldens"), cwd=ROOT, capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        raise SimulateError(f"tito replay --update-goldens exited with {proc.returncode}\n"
-                            f"{(proc.stdout + proc.stderr)[-3000:]}")
+        raise SimulateError(
+            f"tito replay --update-goldens exited with {proc.returncode}\n{(proc.stdout + proc.stderr)[-3000:]}"
+        )
     return proc.stdout.rstrip()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenario", required=True, metavar="FILE",
-                        help="engine script plus an optional client: section (cassettes/scenarios/*.yaml)")
+    parser.add_argument(
+        "--scenario",
+        required=True,
+        metavar="FILE",
+        help="engine script plus an optional client: section (cassettes/scenarios/*.yaml)",
+    )
     parser.add_argument("--out", required=True, metavar="CASSETTE", help="the cassette to write (its golden beside)")
-    parser.add_argument("--agent", help="the pinned CLI to run (default: the one the scenario's client: names); "
-                        "named here, it runs every session")
+    parser.add_argument(
+        "--agent",
+        help="the pinned CLI to run (default: the one the scenario's client: names); named here, it runs every session",
+    )
     parser.add_argument("--task", help="the task text (needed when the scenario has no CLI client: section)")
     parser.add_argument("--replace", action="store_true", help="replace an existing cassette once the new one is done")
     parser.add_argument("--no-golden", action="store_true", help="record only; write no golden")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole recording")
-    parser.add_argument("--target", metavar="TARGET",
-                        help="record through this gateway instead of the one the scenario's record_args name: tito, "
-                             "slime, rllm, a tito.targets entry point or module:attribute (docs/targets.md)")
-    parser.add_argument("--engine-dialect", metavar="DIALECT",
-                        choices=("sglang", "sglang-openai", "vllm-openai", "vllm-generate"),
-                        help="the engine API the fake engine answers in where a call could be either, and the "
-                             "recording names (docs/engine-dialects.md)")
+    parser.add_argument(
+        "--target",
+        metavar="TARGET",
+        help="record through this gateway instead of the one the scenario's record_args name: tito, "
+        "slime, rllm, miles, verifiers, agentlightning, a tito.targets entry point, "
+        "module:attribute or a gateway profile FILE.yaml (docs/targets.md)",
+    )
+    parser.add_argument(
+        "--engine-dialect",
+        metavar="DIALECT",
+        choices=("sglang", "sglang-openai", "vllm-openai", "vllm-generate"),
+        help="the engine API the fake engine answers in where a call could be either, and the "
+        "recording names (docs/engine-dialects.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        done = simulate(Path(args.scenario), Path(args.out), args.agent, args.task, args.replace,
-                        golden=not args.no_golden, timeout_s=args.timeout, target=args.target,
-                        dialect=args.engine_dialect)
+        done = simulate(
+            Path(args.scenario),
+            Path(args.out),
+            args.agent,
+            args.task,
+            args.replace,
+            golden=not args.no_golden,
+            timeout_s=args.timeout,
+            target=args.target,
+            dialect=args.engine_dialect,
+        )
     except SimulateError as exc:
         print(f"tito simulate: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, InvalidScenario) else 1
     print(done.log, file=sys.stderr)
     golden = "" if args.no_golden else f" and {done.cassette.with_suffix('.golden')}"
-    print(f"tito simulate: wrote {done.cassette} ({done.cassette.stat().st_size} bytes){golden} in "
-          f"{done.seconds:.1f}s", file=sys.stderr)
+    print(
+        f"tito simulate: wrote {done.cassette} ({done.cassette.stat().st_size} bytes){golden} in {done.seconds:.1f}s",
+        file=sys.stderr,
+    )
     return 0

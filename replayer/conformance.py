@@ -35,8 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "conformance.md"
 CELL = 130
 TITO = "tito"
-WIRES = (("/v1/messages", "Anthropic"), ("/v1/chat/completions", "Chat"), ("/v1/responses", "Responses"),
-         ("/v1beta/", "Gemini"))
+WIRES = (
+    ("/v1/messages", "Anthropic"),
+    ("/v1/chat/completions", "Chat"),
+    ("/v1/responses", "Responses"),
+    ("/v1beta/", "Gemini"),
+)
 
 
 @dataclass
@@ -142,8 +146,9 @@ def golden_sides(path: str) -> dict[str, Side]:
 def live_side(log: Any) -> Side:
     """The samples the live run stored, where nothing else says more (no golden)."""
     samples = log.samples
-    return Side(samples=len(samples), trained=sum(sum(s.get("loss_mask") or []) for s in samples),
-                finishes=len(log.finishes))
+    return Side(
+        samples=len(samples), trained=sum(sum(s.get("loss_mask") or []) for s in samples), finishes=len(log.finishes)
+    )
 
 
 DIVERGENCE = re.compile(r" \| (?P<after>.*?)  \(ids from")
@@ -184,17 +189,25 @@ def _sampling_text(found: dict[tuple[str, str], list[str]]) -> str:
     """`max_new_tokens 28813–29302 → 4096 (×7)`: a client that sizes max_tokens per request gives a range."""
     parts = []
     for (key, replayed), recorded in sorted(found.items()):
-        values = sorted(set(recorded), key=lambda v: (not v.lstrip("-").isdigit(), int(v) if v.lstrip("-").isdigit()
-                                                      else 0, v))
-        shown = values[0] if len(values) == 1 else f"{values[0]}–{values[-1]}" if all(
-            v.lstrip("-").isdigit() for v in values) else "/".join(values)
+        values = sorted(
+            set(recorded), key=lambda v: (not v.lstrip("-").isdigit(), int(v) if v.lstrip("-").isdigit() else 0, v)
+        )
+        shown = (
+            values[0]
+            if len(values) == 1
+            else f"{values[0]}–{values[-1]}"
+            if all(v.lstrip("-").isdigit() for v in values)
+            else "/".join(values)
+        )
         parts.append(f"{key} {shown} → {replayed} (×{len(recorded)})")
     return "; ".join(parts)
 
 
 def _wire_path(path: str) -> str:
-    """The path without a gateway's session in the URL (rllm's `/sessions/{sid}`): the wire is what follows."""
-    return re.sub(r"^/sessions/[^/]+(?=/)", "", path)
+    """The path without a gateway's session in the URL (rllm's `/sessions/{sid}`, Agent Lightning's
+    `/proxy/rollout/{rid}/attempt/{aid}/mode/{mode}/openai`): the wire is what follows, from its `/v1`."""
+    at = path.find("/v1")
+    return path[at:] if at > 0 else path
 
 
 def _client(log: Any, header_agent: dict[str, Any]) -> str:
@@ -207,8 +220,11 @@ def _client(log: Any, header_agent: dict[str, Any]) -> str:
     paths = Counter(_wire_path(a.path) for a in log.agent)
     main = paths.most_common(1)[0][0]
     wire = next((name for prefix, name in WIRES if main.startswith(prefix)), main)
-    framing = {("SSE" if a.reply_events is not None else "JSON") for a in log.agent
-               if _wire_path(a.path) == main and a.status == 200}
+    framing = {
+        ("SSE" if a.reply_events is not None else "JSON")
+        for a in log.agent
+        if _wire_path(a.path) == main and a.status == 200
+    }
     return f"{who}, {wire} {'+'.join(sorted(framing)) or ''}".rstrip()
 
 
@@ -251,10 +267,14 @@ def compare(path: str, target: str) -> list[SessionReport]:
         report.sampling = _sampling(requests)
         report.generations = sum(is_generation(e.path) for e in log.engine)
         report.not_made = session.generations_not_made
-        extra = {d.exchange for d in session.accepted if d.kind == "engine-calls" and
-                 d.summary.startswith("the target called")}
-        report.extra = sum(d.kind == "engine-calls" and d.summary.startswith("the target called")
-                           for d in session.accepted)
+        extra = {
+            d.exchange
+            for d in session.accepted
+            if d.kind == "engine-calls" and d.summary.startswith("the target called")
+        }
+        report.extra = sum(
+            d.kind == "engine-calls" and d.summary.startswith("the target called") for d in session.accepted
+        )
         replies = [d for d in session.accepted if d.kind == "reply" and d.exchange not in extra]
         report.not_comparable = sum(d.kind == "reply" and d.exchange in extra for d in session.accepted)
         report.replies, report.changed_replies = session.exchanges - report.not_comparable, len(replies)
@@ -293,17 +313,21 @@ def row(r: SessionReport) -> str:
         replies += f" ({_counted(r.reply_aspects)}); first: {r.first_reply}"
     if r.not_comparable:
         replies += f"; {r.not_comparable} not comparable (its generation is not in the recording)"
-    return (f"| {name} | {r.session[:20]} | {r.client} | {prompts} | {_cell(r.first_divergence) or '-'} | "
-            f"{_cell(sampling)} | {_cell(replies, 2 * CELL)} |")
+    return (
+        f"| {name} | {r.session[:20]} | {r.client} | {prompts} | {_cell(r.first_divergence) or '-'} | "
+        f"{_cell(sampling)} | {_cell(replies, 2 * CELL)} |"
+    )
 
 
 def table(reports: list[SessionReport], target: str, recorded: str) -> str:
     """Prompts and replies only: what a replay measures exactly. A replay through another gateway re-sends the
     agent requests recorded against the first one (their histories echo its replies), so what the second gateway
     would train from its own replies is the live table's (`replayer/live_conformance.py`), not this one's."""
-    lines = [f"| cassette | session | client, wire | prompts agreeing | first prompt divergence ({recorded} → "
-             f"{target}) | sampling params that differ | replies an agent reads differently |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| cassette | session | client, wire | prompts agreeing | first prompt divergence ({recorded} → "
+        f"{target}) | sampling params that differ | replies an agent reads differently |",
+        "|---|---|---|---|---|---|---|",
+    ]
     lines += [row(r) for r in reports]
     return "\n".join(lines)
 
@@ -317,12 +341,14 @@ def summary(reports: list[SessionReport]) -> str:
     extra = sum(r.extra for r in ok)
     replies = sum(r.changed_replies for r in ok)
     exchanges = sum(r.replies for r in ok)
-    return (f"{len(reports)} session(s) of {len({r.cassette for r in reports})} cassette(s): prompts agree in "
-            f"{agree}/{total} generations" + (f" ({not_made} never sent)" if not_made else "")
-            + (f", {extra} more generation(s) the recordings cannot serve" if extra else "")
-            + f"; sampling params differ in {sampling} session(s); {replies}/{exchanges} replies an agent reads "
-            "differently"
-            + (f"; {len(reports) - len(ok)} not replayed" if len(ok) < len(reports) else ""))
+    return (
+        f"{len(reports)} session(s) of {len({r.cassette for r in reports})} cassette(s): prompts agree in "
+        f"{agree}/{total} generations"
+        + (f" ({not_made} never sent)" if not_made else "")
+        + (f", {extra} more generation(s) the recordings cannot serve" if extra else "")
+        + f"; sampling params differ in {sampling} session(s); {replies}/{exchanges} replies an agent reads "
+        "differently" + (f"; {len(reports) - len(ok)} not replayed" if len(ok) < len(reports) else "")
+    )
 
 
 def block(paths: list[str], target: str) -> tuple[str, str]:
@@ -335,9 +361,11 @@ def block(paths: list[str], target: str) -> tuple[str, str]:
     reports = [r for p in cassettes for r in compare(p, target)]
     marker = f"{'+'.join(recorded)}-through-{target}"
     shown = " ".join(_relative(p) for p in paths)
-    text = (f"Recorded around **{', '.join(recorded)}**, replayed through **{target}** "
-            f"(`tito replay {shown} --target {target} --engine-match order`). {summary(reports)}.\n\n"
-            + table(reports, target, "/".join(recorded)))
+    text = (
+        f"Recorded around **{', '.join(recorded)}**, replayed through **{target}** "
+        f"(`tito replay {shown} --target {target} --engine-match order`). {summary(reports)}.\n\n"
+        + table(reports, target, "/".join(recorded))
+    )
     return marker, text
 
 
@@ -402,8 +430,10 @@ def main(argv: list[str] | None = None) -> int:
         if updated != current:
             diff = difflib.unified_diff(current.splitlines(), updated.splitlines(), lineterm="", n=0)
             changed = [line for line in diff if line[:1] in "+-" and line[:3] not in ("+++", "---")]
-            print(f"{page}: the {marker} table is out of date; run make conformance\n" + "\n".join(changed[:6]),
-                  file=sys.stderr)
+            print(
+                f"{page}: the {marker} table is out of date; run make conformance\n" + "\n".join(changed[:6]),
+                file=sys.stderr,
+            )
             return 1
         return 0
     page.write_text(updated, encoding="utf-8")
@@ -418,8 +448,10 @@ def check_target(target: str) -> None:
 
     spec = parse_target(target)
     if spec.kind == "http":
-        raise TargetError(f"{target}: a running gateway needs its engine leg served at a fixed address; use "
-                          "tito replay CASSETTES --target URL --engine-listen HOST:PORT --engine-match order")
+        raise TargetError(
+            f"{target}: a running gateway needs its engine leg served at a fixed address; use "
+            "tito replay CASSETTES --target URL --engine-listen HOST:PORT --engine-match order"
+        )
     if spec.kind == "driver":
         create_driver(target, TargetOptions())  # imports the gateway's code; starts nothing
 

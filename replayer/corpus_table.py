@@ -148,29 +148,38 @@ def figures(path: Path) -> Figures:
 
 
 def corpus_table(rows: list[Figures]) -> list[str]:
-    lines = ["| cassette | client | pins | sessions | turns | side turns | samples | forks by reason | "
-             "trained / sample tokens | emitted-token coverage (lowest session) |",
-             "|---|---|---|--:|--:|--:|--:|---|--:|--:|"]
+    lines = [
+        "| cassette | client | pins | sessions | turns | side turns | samples | forks by reason | "
+        "trained / sample tokens | emitted-token coverage (lowest session) |",
+        "|---|---|---|--:|--:|--:|--:|---|--:|--:|",
+    ]
     for f in rows:
         name = f"`{f.name}`" + ("" if f.clean else " (does not replay clean)")
-        lines.append(f"| {name} | {f.clients} | {f.pins} | {f.sessions} | {f.turns} | {f.side} | {f.samples} | "
-                     f"{f.fork_text} | {f.trained_pct} | {f.coverage} |")
+        lines.append(
+            f"| {name} | {f.clients} | {f.pins} | {f.sessions} | {f.turns} | {f.side} | {f.samples} | "
+            f"{f.fork_text} | {f.trained_pct} | {f.coverage} |"
+        )
     return lines
 
 
 def pair_table(by_name: dict[str, Figures]) -> list[str]:
     missing = [n for n in PAIR if n not in by_name]
     if missing:
-        return [f"Reasoning-drop pair: {', '.join(f'cassettes/{n}.tito' for n in missing)} not recorded yet, "
-                "so no figures (nothing is estimated)."]
-    lines = ["| reasoning-drop pair: one `--continue` session | cassette | samples | forks by reason | sample tokens | "
-             "trained tokens | trained / sample tokens |",
-             "|---|---|--:|---|--:|--:|--:|"]
+        return [
+            f"Reasoning-drop pair: {', '.join(f'cassettes/{n}.tito' for n in missing)} not recorded yet, "
+            "so no figures (nothing is estimated)."
+        ]
+    lines = [
+        "| reasoning-drop pair: one `--continue` session | cassette | samples | forks by reason | sample tokens | "
+        "trained tokens | trained / sample tokens |",
+        "|---|---|--:|---|--:|--:|--:|",
+    ]
     labels = ("earlier reasoning preserved", "dropped (the Qwen3 template's rendering)")
     for label, name in zip(labels, PAIR, strict=True):
         f = by_name[name]
-        lines.append(f"| {label} | `{name}` | {f.samples} | {f.fork_text} | {f.sample_tokens} | {f.trained} | "
-                     f"{f.trained_pct} |")
+        lines.append(
+            f"| {label} | `{name}` | {f.samples} | {f.fork_text} | {f.sample_tokens} | {f.trained} | {f.trained_pct} |"
+        )
     return lines
 
 
@@ -193,8 +202,9 @@ def split_readme(text: str, readme: Path) -> tuple[str, str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tito_rl.replayer.corpus_table",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tito_rl.replayer.corpus_table", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when README.md's table is out of date")
     parser.add_argument("--print", action="store_true", help="print the block; leave README.md alone")
     parser.add_argument("--readme", type=Path, default=README)
@@ -214,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         if old == new:
             print(f"corpus-table: {args.readme.name} is up to date")
             return 0
-        print(f"corpus-table: {args.readme.name}'s table differs from the cassettes; run `make corpus-table`",
-              file=sys.stderr)
+        print(
+            f"corpus-table: {args.readme.name}'s table differs from the cassettes; run `make corpus-table`",
+            file=sys.stderr,
+        )
         return 1
     args.readme.write_text(head + new + "\n" + tail, encoding="utf-8")
     print(f"corpus-table: wrote {len(new.splitlines())} lines into {args.readme.name}")

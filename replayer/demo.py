@@ -28,12 +28,20 @@ EXIT_OK, EXIT_DIFFERENCE, EXIT_UNUSABLE = 0, 1, 2
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from tito_rl.trajectory import demo as synthetic
 
-    parser.add_argument("cassette", nargs="?", default=str(DEFAULT_CASSETTE),
-                        help="the cassette to replay (default: the committed Claude Code tool loop)")
-    parser.add_argument("--html-dir", metavar="DIR", help="where to write the HTML page (default: a tito-demo "
-                        "folder in the system's temp folder)")
-    parser.add_argument("--synthetic", action="store_true",
-                        help="instead: a built-in synthetic session through the manager alone")
+    parser.add_argument(
+        "cassette",
+        nargs="?",
+        default=str(DEFAULT_CASSETTE),
+        help="the cassette to replay (default: the committed Claude Code tool loop)",
+    )
+    parser.add_argument(
+        "--html-dir",
+        metavar="DIR",
+        help="where to write the HTML page (default: a tito-demo folder in the system's temp folder)",
+    )
+    parser.add_argument(
+        "--synthetic", action="store_true", help="instead: a built-in synthetic session through the manager alone"
+    )
     group = parser.add_argument_group("--synthetic options")
     synthetic.add_arguments(group)
 
@@ -109,11 +117,15 @@ def report(result: CassetteResult, page: Path) -> str:
     lines += ["", "3. What the trajectory manager made of it:"]
     for s in result.sessions:
         lines += session_story(s)
-    lines += ["", f"4. See it: {page}",
-              "   (one self-contained page: the tree, each sample's tokens coloured prompt / context / masked /",
-              "   trained, and each decision on the token it landed on)", "",
-              "More: tito demo cassettes/claude_continue_dropped.tito (a false fork: earlier reasoning dropped),",
-              "      tito demo --synthetic (the manager alone), tito replay cassettes/ (the whole corpus)."]
+    lines += [
+        "",
+        f"4. See it: {page}",
+        "   (one self-contained page: the tree, each sample's tokens coloured prompt / context / masked /",
+        "   trained, and each decision on the token it landed on)",
+        "",
+        "More: tito demo cassettes/claude_continue_dropped.tito (a false fork: earlier reasoning dropped),",
+        "      tito demo --synthetic (the manager alone), tito replay cassettes/ (the whole corpus).",
+    ]
     return "\n".join(lines)
 
 
@@ -125,20 +137,28 @@ def session_story(session: SessionResult) -> list[str]:
     for n, finish in enumerate(session.finishes, 1):
         lin = finish.linearization
         stats = lin.stats
-        lines.append(f"   {session.session}, finish {n} (reward {finish.reward:g}): {stats.turns} turn(s) on "
-                     f"{stats.leaves} chain(s) -> {stats.samples} sample(s)")
+        lines.append(
+            f"   {session.session}, finish {n} (reward {finish.reward:g}): {stats.turns} turn(s) on "
+            f"{stats.leaves} chain(s) -> {stats.samples} sample(s)"
+        )
         lines.append("   message tree ([turn N] = the model's own output; the rest is context):")
         lines += [f"     {line}" for line in render_tree(finish.tree.get("nodes", []))]
         lines.append("   decisions:")
         if lin.events:
             lines += [f"     {event.describe()}" for event in lin.events]
         else:
-            lines += textwrap.wrap("none needed: every turn's prompt extended the one before it, so there was "
-                                   "no fork, no realignment and no re-tokenised reply", 100,
-                                   initial_indent="     ", subsequent_indent="     ")
+            lines += textwrap.wrap(
+                "none needed: every turn's prompt extended the one before it, so there was "
+                "no fork, no realignment and no re-tokenised reply",
+                100,
+                initial_indent="     ",
+                subsequent_indent="     ",
+            )
         lines.append("   samples (trained = the model's tokens with their logprobs; masked = carried, untrained):")
-        lines += [f"     {sample_line(i, sample, lin.spans[i] if i < len(lin.spans) else [])}"
-                  for i, sample in enumerate(lin.samples)]
+        lines += [
+            f"     {sample_line(i, sample, lin.spans[i] if i < len(lin.spans) else [])}"
+            for i, sample in enumerate(lin.samples)
+        ]
     if not session.finishes:
         lines.append(f"   {session.session}: no finish, so no samples")
     return lines

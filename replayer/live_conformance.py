@@ -33,8 +33,13 @@ MARKER = "live"
 # The corpus: tito's scenarios, and the ones written for the other targets (same clients, same policy); a target
 # records those whose every session speaks a wire it serves.
 SCENARIOS = (ROOT / "cassettes" / "scenarios", ROOT / "cassettes" / "targets" / "scenarios")
-WIRE_OF_AGENT = {"claude-code": "anthropic", "codex": "responses", "gemini-cli": "gemini", "qwen-code": "chat",
-                 "opencode": "chat"}
+WIRE_OF_AGENT = {
+    "claude-code": "anthropic",
+    "codex": "responses",
+    "gemini-cli": "gemini",
+    "qwen-code": "chat",
+    "opencode": "chat",
+}
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,9 @@ class Target:
     wires: frozenset[str]
     dialect: str
     session_in_url: bool = False  # sessions live in the URL: scripted sessions with a `path_prefix` are for it
+    # the URL's session prefix it takes (a scripted `path_prefix` must start with it); "": any
+    url_prefix: str = ""
+    streams: bool = True  # it serves streamed requests (Agent Lightning 1.0.2 refuses them: every CLI streams)
 
 
 TARGETS = (
@@ -52,6 +60,17 @@ TARGETS = (
     Target("slime", frozenset({"anthropic", "chat"}), "sglang"),  # Responses and Gemini answer 404 (finding 7)
     Target("rllm", frozenset({"chat"}), "vllm-openai", session_in_url=True),  # /sessions/{sid}/v1/chat/completions
     Target("miles", frozenset({"chat"}), "sglang-openai", session_in_url=True),  # its session server, the same URL
+    # verifiers' train client renders chat only (TrainClient refuses the other dialects); the session is the API key
+    Target("verifiers", frozenset({"chat"}), "vllm-generate"),
+    # Agent Lightning's proxy: chat, unstreamed, the rollout in its own URL (its profile creates it)
+    Target(
+        "agentlightning",
+        frozenset({"chat"}),
+        "vllm-openai",
+        session_in_url=True,
+        url_prefix="/proxy/rollout/",
+        streams=False,
+    ),
 )
 
 
@@ -62,6 +81,8 @@ class Scenario:
     path: Path
     wires: frozenset[str]
     path_prefix: bool
+    prefixes: frozenset[str] = frozenset()  # the scripted sessions' `path_prefix` values
+    streams: bool = True  # a session streams (every real CLI does), or it is not known
 
     @property
     def name(self) -> str:
@@ -73,11 +94,16 @@ def read_scenario(path: Path) -> Scenario:
     client = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("client") or {}
     wires: set[str] = set()
     prefix = False
+    prefixes: set[str] = set()
+    streams = False
 
     def walk(node: Any) -> None:
-        nonlocal prefix
+        nonlocal prefix, streams
         if isinstance(node, dict):
             prefix = prefix or "path_prefix" in node
+            if "path_prefix" in node:
+                prefixes.add(str(node["path_prefix"]))
+            streams = streams or node.get("stream") is True
             if "wire" in node:
                 wires.add(str(node["wire"]))
             for value in node.values():
@@ -87,8 +113,11 @@ def read_scenario(path: Path) -> Scenario:
                 walk(value)
 
     walk(client)
-    wires |= {WIRE_OF_AGENT.get(a, a) for a in _agents(client) if a != "scripted"}
-    return Scenario(path, frozenset(wires or {"anthropic"}), prefix)
+    agents = {a for a in _agents(client) if a != "scripted"}
+    wires |= {WIRE_OF_AGENT.get(a, a) for a in agents}
+    return Scenario(
+        path, frozenset(wires or {"anthropic"}), prefix, frozenset(prefixes), streams or bool(agents) or not client
+    )
 
 
 def _agents(node: Any) -> set[str]:
@@ -101,7 +130,11 @@ def _agents(node: Any) -> set[str]:
 
 
 def runs_through(scenario: Scenario, target: Target) -> bool:
-    return scenario.wires <= target.wires and (target.session_in_url or not scenario.path_prefix)
+    if not scenario.wires <= target.wires or (scenario.streams and not target.streams):
+        return False
+    if not scenario.path_prefix:
+        return not target.url_prefix  # a gateway that takes its session from its own URL needs a scripted prefix
+    return target.session_in_url and all(p.startswith(target.url_prefix or "/sessions/") for p in scenario.prefixes)
 
 
 def present(names: list[str] | None = None) -> tuple[list[Target], dict[str, str]]:
@@ -142,8 +175,15 @@ def record(scenario: Scenario, target: Target, folder: Path, timeout_s: float) -
 
     out = folder / f"{scenario.name}.{target.name}.tito"
     try:
-        done = simulate(scenario.path, out, replace=True, golden=False, timeout_s=timeout_s, target=target.name,
-                        dialect=target.dialect)
+        done = simulate(
+            scenario.path,
+            out,
+            replace=True,
+            golden=False,
+            timeout_s=timeout_s,
+            target=target.name,
+            dialect=target.dialect,
+        )
     except (SimulateError, subprocess.TimeoutExpired) as exc:
         return Run(scenario.name, target.name, error=_why(str(exc)))
     return Run(scenario.name, target.name, done.cassette, seconds=done.seconds)
@@ -155,15 +195,20 @@ def _why(text: str) -> str:
     for needle in ("API Error", "FAILED", "answered", "exit "):
         hit = next((line for line in lines if needle in line), None)
         if hit:
-            hit = hit[hit.find(needle):] if needle == "API Error" else hit
+            hit = hit[hit.find(needle) :] if needle == "API Error" else hit
             return hit[:160].rstrip('",')
     return (lines[0] if lines else "no cassette")[:160]
 
 
 def audit(cassettes: list[Path]) -> dict[str, Any]:
     """`tito audit --json` over the recordings, nothing failing it (the table reports every rule)."""
-    proc = subprocess.run([sys.executable, "-m", "tito_rl", "audit", *map(str, cassettes), "--json", "--fail-on", ""],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tito_rl", "audit", *map(str, cassettes), "--json", "--fail-on", ""],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"tito audit exited with {proc.returncode}: {proc.stderr.strip()[-500:]}")
     report: dict[str, Any] = json.loads(proc.stdout)
@@ -234,8 +279,9 @@ class Figures:
         for _, rule, how in ROWS[2:]:
             if self.totals.get(rule):
                 kinds = self.kinds.get(rule) or Counter()
-                shown = f" ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})" if kinds and how == "kinds" \
-                    else ""
+                shown = (
+                    f" ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})" if kinds and how == "kinds" else ""
+                )
                 parts.append(f"{rule} {self.totals[rule]}{shown}")
         return "; ".join(parts)
 
@@ -265,23 +311,42 @@ def build(runs: list[Run], report: dict[str, Any], targets: list[str], missing: 
     by_target = {t: [r for r in runs if r.target == t] for t in targets}
     recorded = {t: {r.scenario: str(r.cassette) for r in rs if r.cassette is not None} for t, rs in by_target.items()}
     common = sorted(set.intersection(*(set(v) for v in recorded.values()))) if recorded else []
-    lines = [f"Recorded live with `tito simulate --target` (the scenario's real CLI or scripted client → the target "
-             f"→ the fake engine), audited with `tito audit --json`. Targets: {', '.join(targets)}"
-             + (f"; not run here: {'; '.join(f'{t} ({why})' for t, why in missing.items())}" if missing else "")
-             + ".", ""]
-    for title, picks in ((f"On the {len(common)} scenario(s) every target recorded ({', '.join(common) or 'none'})",
-                          {t: [recorded[t][s] for s in common] for t in targets}),
-                         ("On every scenario each target recorded", {t: list(recorded[t].values()) for t in targets})):
+    lines = [
+        f"Recorded live with `tito simulate --target` (the scenario's real CLI or scripted client → the target "
+        f"→ the fake engine), audited with `tito audit --json`. Targets: {', '.join(targets)}"
+        + (f"; not run here: {'; '.join(f'{t} ({why})' for t, why in missing.items())}" if missing else "")
+        + ".",
+        "",
+    ]
+    for title, picks in (
+        (
+            f"On the {len(common)} scenario(s) every target recorded ({', '.join(common) or 'none'})",
+            {t: [recorded[t][s] for s in common] for t in targets},
+        ),
+        ("On every scenario each target recorded", {t: list(recorded[t].values()) for t in targets}),
+    ):
         side = {t: figures(report, picks[t]) for t in targets}
-        lines += [f"**{title}.**", "", "| | " + " | ".join(targets) + " |", "|---|" + "---|" * len(targets),
-                  "| scenarios (sessions) | " + " | ".join(f"{side[t].cassettes} ({side[t].sessions})" for t in targets)
-                  + " |"]
-        lines += [f"| {label} | " + " | ".join(_cell(side[t].cell(rule, how)) for t in targets) + " |"
-                  for label, rule, how in ROWS]
+        lines += [
+            f"**{title}.**",
+            "",
+            "| | " + " | ".join(targets) + " |",
+            "|---|" + "---|" * len(targets),
+            "| scenarios (sessions) | "
+            + " | ".join(f"{side[t].cassettes} ({side[t].sessions})" for t in targets)
+            + " |",
+        ]
+        lines += [
+            f"| {label} | " + " | ".join(_cell(side[t].cell(rule, how)) for t in targets) + " |"
+            for label, rule, how in ROWS
+        ]
         lines.append("")
     scenarios = sorted({r.scenario for r in runs})
-    lines += ["**Scenario by scenario** (the rules that fired; `-`: not recorded through that target, its wire not "
-              "served).", "", "| scenario | " + " | ".join(targets) + " |", "|---|" + "---|" * len(targets)]
+    lines += [
+        "**Scenario by scenario** (the rules that fired; `-`: not recorded through that target, its wire not served).",
+        "",
+        "| scenario | " + " | ".join(targets) + " |",
+        "|---|" + "---|" * len(targets),
+    ]
     for name in scenarios:
         cells = []
         for t in targets:
@@ -303,9 +368,13 @@ def place(page: str, text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tito_rl.replayer.live_conformance",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--targets", help="comma-separated (default: every one present: tito, slime, rllm)")
+    parser = argparse.ArgumentParser(
+        prog="python -m tito_rl.replayer.live_conformance", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--targets",
+        help="comma-separated (default: every one present: tito, slime, rllm, miles, verifiers, agentlightning)",
+    )
     parser.add_argument("--scenarios", nargs="*", metavar="NAME", help="only these scenarios (file stems)")
     parser.add_argument("--jobs", type=int, default=2, help="recordings at once (default 2)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per recording")
@@ -325,8 +394,11 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             runs = list(pool.map(lambda st: record(st[0], st[1], folder, args.timeout), plan))
         for run in runs:
-            print(f"live conformance: {run.scenario} through {run.target}: "
-                  f"{run.cassette.name if run.cassette else 'not recorded: ' + run.error}", file=sys.stderr)
+            print(
+                f"live conformance: {run.scenario} through {run.target}: "
+                f"{run.cassette.name if run.cassette else 'not recorded: ' + run.error}",
+                file=sys.stderr,
+            )
         done = [r.cassette for r in runs if r.cassette is not None]
         report = audit(done) if done else {"schema": "tito-audit", "version": 1, "cassettes": []}
         if args.keep:
@@ -337,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     page = Path(args.page)
     page.write_text(place(page.read_text(encoding="utf-8"), text), encoding="utf-8")
-    print(f"{page}: {MARKER}: {len(done)} recording(s) of {len(plan)} through {len(targets)} target(s)",
-          file=sys.stderr)
+    print(
+        f"{page}: {MARKER}: {len(done)} recording(s) of {len(plan)} through {len(targets)} target(s)", file=sys.stderr
+    )
     return 0
 
 

@@ -29,8 +29,9 @@ def qwen3_output(text: str = "", reasoning: str = "", calls: list[tuple[str, dic
     out = f"<think>\n{reasoning}\n</think>\n\n" if reasoning else ""
     out += text
     for name, args in calls or []:
-        out += ("\n" if out and not out.endswith("\n\n") else "") + \
-            f'<tool_call>\n{json.dumps({"name": name, "arguments": args}, ensure_ascii=False)}\n</tool_call>'
+        out += (
+            "\n" if out and not out.endswith("\n\n") else ""
+        ) + f"<tool_call>\n{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}\n</tool_call>"
     return out
 
 
@@ -89,9 +90,20 @@ class EngineDouble:
         if len(ids) > limit:
             ids, finish = ids[:limit], {"type": "length", "length": limit}
         triples = [[logprob(k), t, None] for k, t in enumerate(ids)]
-        return web.json_response({"text": self.tokenizer.decode(ids), "output_ids": ids, "meta_info": {
-            "id": body["rid"], "finish_reason": finish, "prompt_tokens": len(body["input_ids"]),
-            "output_token_logprobs": triples, "completion_tokens": len(ids), "cached_tokens": 0}})
+        return web.json_response(
+            {
+                "text": self.tokenizer.decode(ids),
+                "output_ids": ids,
+                "meta_info": {
+                    "id": body["rid"],
+                    "finish_reason": finish,
+                    "prompt_tokens": len(body["input_ids"]),
+                    "output_token_logprobs": triples,
+                    "completion_tokens": len(ids),
+                    "cached_tokens": 0,
+                },
+            }
+        )
 
     async def abort(self, request: web.Request) -> web.Response:
         if self.router_workers is not None:
@@ -104,5 +116,6 @@ class EngineDouble:
     async def workers(self, request: web.Request) -> web.Response:
         if self.router_workers is None:
             return web.Response(status=404)
-        return web.json_response({"workers": [{"url": u, "model_id": "m"} for u in self.router_workers],
-                                  "total": len(self.router_workers)})
+        return web.json_response(
+            {"workers": [{"url": u, "model_id": "m"} for u in self.router_workers], "total": len(self.router_workers)}
+        )

@@ -15,9 +15,22 @@ from tests.process_helpers import CAPTURES, capture_dir
 from tito_rl.trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
 from tito_rl.trajectory.manager import TrajectoryManager
 
-HTTP_SCENARIOS = ["claude_baseline", "claude_brokenstream", "claude_continue", "claude_parallel",
-                  "claude_retry529", "claude_sonnet45", "claude_thinking", "claude_tui2", "codex_baseline",
-                  "codex_parallel_http", "codex_reasoning_http", "codex_retry_http", "opencode", "qwen"]
+HTTP_SCENARIOS = [
+    "claude_baseline",
+    "claude_brokenstream",
+    "claude_continue",
+    "claude_parallel",
+    "claude_retry529",
+    "claude_sonnet45",
+    "claude_thinking",
+    "claude_tui2",
+    "codex_baseline",
+    "codex_parallel_http",
+    "codex_reasoning_http",
+    "codex_retry_http",
+    "opencode",
+    "qwen",
+]
 
 
 @dataclass
@@ -46,9 +59,11 @@ def script_for(reply: dict[str, Any] | None) -> str | None:
         return None
     if "blocks" in reply:  # Anthropic
         b = reply["blocks"]
-        return qwen3_output("".join(x["text"] for x in b if x["type"] == "text"),
-                            "".join(x["thinking"] for x in b if x["type"] == "thinking"),
-                            [(x["name"], x["input"]) for x in b if x["type"] == "tool_use"])
+        return qwen3_output(
+            "".join(x["text"] for x in b if x["type"] == "text"),
+            "".join(x["thinking"] for x in b if x["type"] == "thinking"),
+            [(x["name"], x["input"]) for x in b if x["type"] == "tool_use"],
+        )
     if "items" in reply:  # Responses
         items = reply["items"]
         text = "".join(c["text"] for i in items if i["type"] == "message" for c in i["content"])

@@ -86,9 +86,7 @@ def anthropic_events(number: int, model: str, blocks: list[dict[str, Any]], stop
             start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
         events += [
-            _sse(
-                "content_block_start", {"type": "content_block_start", "index": index, "content_block": start}
-            ),
+            _sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": start}),
             _sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}),
             _sse("content_block_stop", {"type": "content_block_stop", "index": index}),
         ]
@@ -195,9 +193,7 @@ def responses_events(number: int, model: str, items: list[dict[str, Any]]) -> li
                     "response.output_text.delta",
                     {"type": "response.output_text.delta", **where, "delta": text},
                 ),
-                _sse(
-                    "response.output_text.done", {"type": "response.output_text.done", **where, "text": text}
-                ),
+                _sse("response.output_text.done", {"type": "response.output_text.done", **where, "text": text}),
                 _sse(
                     "response.content_part.done",
                     {"type": "response.content_part.done", **where, "part": item["content"][0]},
@@ -297,9 +293,7 @@ def chat_events(
     return events
 
 
-def chat_app(
-    state: StubState, shell_tool: str, argument: str = "command", command: str = "echo hi"
-) -> web.Application:
+def chat_app(state: StubState, shell_tool: str, argument: str = "command", command: str = "echo hi") -> web.Application:
     """Requests without tools (title generation and other side requests) get a short text answer."""
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -356,8 +350,10 @@ def gemini_app(state: StubState, command: str = "echo hi") -> web.Application:
         if any("functionResponse" in p for p in parts):
             reply = [{"text": "done"}]
         else:
-            reply = [{"text": "I'll run a command."},
-                     {"functionCall": {"name": "run_shell_command", "args": {"command": command}}}]
+            reply = [
+                {"text": "I'll run a command."},
+                {"functionCall": {"name": "run_shell_command", "args": {"command": command}}},
+            ]
         return await _stream(request, gemini_events(len(state.requests), model, reply))
 
     app = web.Application()

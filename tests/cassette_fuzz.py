@@ -55,6 +55,7 @@ DOCS_START, DOCS_END = "<!-- fuzz-figures:start -->", "<!-- fuzz-figures:end -->
 
 # --- frames ------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Frame:
     record: dict[str, Any]  # msgpack map with ext types kept as msgpack.ExtType
@@ -65,11 +66,14 @@ def parse(data: bytes) -> list[Frame]:
     frames, offset = [], len(MAGIC)
     while offset < len(data):
         length, flags, _, _ = FRAME_HEADER.unpack_from(data, offset)
-        payload = data[offset + FRAME_HEADER.size: offset + FRAME_HEADER.size + length]
+        payload = data[offset + FRAME_HEADER.size : offset + FRAME_HEADER.size + length]
         offset += FRAME_HEADER.size + length
         raw = zlib.decompress(payload) if flags & FLAG_ZLIB else payload
-        frames.append(Frame(msgpack.unpackb(raw, ext_hook=msgpack.ExtType, raw=False, strict_map_key=False),
-                            bool(flags & FLAG_ZLIB)))
+        frames.append(
+            Frame(
+                msgpack.unpackb(raw, ext_hook=msgpack.ExtType, raw=False, strict_map_key=False), bool(flags & FLAG_ZLIB)
+            )
+        )
     return frames
 
 
@@ -110,27 +114,62 @@ def base(name: str) -> tuple[bytes, tuple[Frame, ...]]:
 
 def frames_of(name: str) -> list[Frame]:
     """A fresh copy to mutate."""
-    return [Frame(msgpack.unpackb(pack(f.record), ext_hook=msgpack.ExtType, raw=False, strict_map_key=False),
-                  f.compress) for f in base(name)[1]]
+    return [
+        Frame(msgpack.unpackb(pack(f.record), ext_hook=msgpack.ExtType, raw=False, strict_map_key=False), f.compress)
+        for f in base(name)[1]
+    ]
 
 
 # --- mutations ---------------------------------------------------------------------------------------------
 
+
 def odd_values(rng: random.Random) -> list[Any]:
     """Values of every msgpack type, and of types the format never puts where they land."""
-    return [None, True, False, 0, -1, 2**63, -(2**63), 2**64 - 1, 1.5, math.nan, math.inf, "", "x" * 300, "\x00",
-            b"", b"\xff" * 9, [], [1, "two", None], {}, {"k": b"v"}, {"nested": {"deeper": [[[]]]}},
-            msgpack.ExtType(EXT_U32, pack_u32([1, 2, 3])), msgpack.ExtType(EXT_TOKEN_DELTA, b"\0\0\0\0"),
-            msgpack.ExtType(EXT_BYTES_DELTA, b"\0" * 8), msgpack.ExtType(EXT_LOGPROB_COLUMN, b"\0" * 8),
-            msgpack.ExtType(99, b""), [rng.random() for _ in range(3)]]
+    return [
+        None,
+        True,
+        False,
+        0,
+        -1,
+        2**63,
+        -(2**63),
+        2**64 - 1,
+        1.5,
+        math.nan,
+        math.inf,
+        "",
+        "x" * 300,
+        "\x00",
+        b"",
+        b"\xff" * 9,
+        [],
+        [1, "two", None],
+        {},
+        {"k": b"v"},
+        {"nested": {"deeper": [[[]]]}},
+        msgpack.ExtType(EXT_U32, pack_u32([1, 2, 3])),
+        msgpack.ExtType(EXT_TOKEN_DELTA, b"\0\0\0\0"),
+        msgpack.ExtType(EXT_BYTES_DELTA, b"\0" * 8),
+        msgpack.ExtType(EXT_LOGPROB_COLUMN, b"\0" * 8),
+        msgpack.ExtType(99, b""),
+        [rng.random() for _ in range(3)],
+    ]
 
 
 BAD_VALUES: dict[str, list[Any]] = {
-    "seq": [-1, 2**63], "status": [-1, 1000, 2**40], "retry_of": [-1, 2**62], "turn_index": [-7],
-    "started_s": [math.nan, math.inf, -1.0], "duration_s": [math.nan, -0.5], "reward": [math.nan, math.inf],
+    "seq": [-1, 2**63],
+    "status": [-1, 1000, 2**40],
+    "retry_of": [-1, 2**62],
+    "turn_index": [-7],
+    "started_s": [math.nan, math.inf, -1.0],
+    "duration_s": [math.nan, -0.5],
+    "reward": [math.nan, math.inf],
     "session": ["", "../../escape", "/etc/passwd", "a\r\nb", "<script>alert(1)</script>", "é" * 200],
-    "format_version": [0, 2, "1", None], "tokenizer_fingerprint": ["", "sha256:" + "0" * 64],
-    "method": ["", "GET\r\n"], "path": ["", "/../../x", "\x00"], "source": ["", "named", "x" * 500],
+    "format_version": [0, 2, "1", None],
+    "tokenizer_fingerprint": ["", "sha256:" + "0" * 64],
+    "method": ["", "GET\r\n"],
+    "path": ["", "/../../x", "\x00"],
+    "source": ["", "named", "x" * 500],
     "headers": [{"x-a": "b\r\nInjected: 1"}, {"": ""}, {"authorization": "Bearer " + "z" * 2000}],
 }
 
@@ -152,7 +191,7 @@ def mutate_frame_length(rng: random.Random, name: str) -> bytes:
     i = rng.randrange(len(frames))
     payload = pack(frames[i].record)
     length = rng.choice([len(payload) + 1, 2**20, 2**30, 2**30 + 1, 2**32 - 1])
-    return assemble([*frames[:i], frame(payload, 0, length), *frames[i + 1:]])
+    return assemble([*frames[:i], frame(payload, 0, length), *frames[i + 1 :]])
 
 
 def mutate_msgpack_length(rng: random.Random, name: str) -> bytes:
@@ -160,7 +199,7 @@ def mutate_msgpack_length(rng: random.Random, name: str) -> bytes:
     i = rng.randrange(1, len(frames))
     declared = rng.choice([b"\xdf", b"\xdd", b"\xdb", b"\xc6", b"\xc9"]) + b"\xff\xff\xff\xff"
     payload = with_raw(frames[i].record, "field", declared + b"\x01" * rng.randint(0, 64))
-    return assemble([*frames[:i], frame(payload), *frames[i + 1:]])
+    return assemble([*frames[:i], frame(payload), *frames[i + 1 :]])
 
 
 def nested(depth: int, rng: random.Random) -> bytes:
@@ -176,7 +215,7 @@ def mutate_nesting(rng: random.Random, name: str) -> bytes:
     record.pop(key, None)
     depth = rng.choice([30, 63, 64, 65, 200, 1000, 1100, 100_000])
     payload = with_raw(record, key, nested(depth, rng))
-    return assemble([*frames[:i], frame(payload), *frames[i + 1:]])
+    return assemble([*frames[:i], frame(payload), *frames[i + 1 :]])
 
 
 @cache
@@ -200,7 +239,7 @@ def mutate_zlib_bomb(rng: random.Random, name: str) -> bytes:
     payload = zlib_bomb(rng.choice([16 << 20, 64 << 20, 1 << 30]))
     if rng.random() < 0.3:  # a stream cut short, or one with junk after its end
         payload = payload[: rng.randrange(2, len(payload))] if rng.random() < 0.5 else payload + b"junk"
-    return assemble([*frames[:i], frame(payload, FLAG_ZLIB), *frames[i + 1:]])
+    return assemble([*frames[:i], frame(payload, FLAG_ZLIB), *frames[i + 1 :]])
 
 
 def mutate_delta_bomb(rng: random.Random, name: str) -> bytes:
@@ -222,18 +261,37 @@ def mutate_delta_bomb(rng: random.Random, name: str) -> bytes:
         tail = msgpack.ExtType(EXT_TOKEN_DELTA, struct.pack("<I", 0) + pack_u32(list(range(16_000))))
         again = msgpack.ExtType(EXT_TOKEN_DELTA, struct.pack("<I", 16_000))
         bomb = [Frame(engine_record(1, {"input_ids": tail}), False)] + [
-            Frame(engine_record(n, {"input_ids": again}), False) for n in range(2, 2000)]
+            Frame(engine_record(n, {"input_ids": again}), False) for n in range(2, 2000)
+        ]
     return assemble([header, start, *bomb])
 
 
 def engine_record(seq: int, request: dict[str, Any]) -> dict[str, Any]:
-    return {"t": "engine", "session": "s", "seq": seq, "method": "POST", "path": "/generate", "request": request,
-            "status": 200, "response": {"text": ""}}
+    return {
+        "t": "engine",
+        "session": "s",
+        "seq": seq,
+        "method": "POST",
+        "path": "/generate",
+        "request": request,
+        "status": 200,
+        "response": {"text": ""},
+    }
 
 
 def agent_record(seq: int, body: Any) -> dict[str, Any]:
-    return {"t": "agent", "session": "s", "seq": seq, "method": "POST", "path": "/v1/messages", "query": "",
-            "headers": {}, "body": body, "status": 200, "reply_headers": {}}
+    return {
+        "t": "agent",
+        "session": "s",
+        "seq": seq,
+        "method": "POST",
+        "path": "/v1/messages",
+        "query": "",
+        "headers": {},
+        "body": body,
+        "status": 200,
+        "reply_headers": {},
+    }
 
 
 def mutate_wrong_type(rng: random.Random, name: str) -> bytes:
@@ -303,15 +361,23 @@ def mutate_ext(rng: random.Random, name: str) -> bytes:
 
 
 MUTATIONS: dict[str, Callable[[random.Random, str], bytes]] = {
-    "truncate": mutate_truncate, "flip bytes": mutate_flip, "frame length": mutate_frame_length,
-    "msgpack length": mutate_msgpack_length, "deep nesting": mutate_nesting, "zlib bomb": mutate_zlib_bomb,
-    "delta bomb": mutate_delta_bomb, "wrong type": mutate_wrong_type, "bad value": mutate_bad_value,
-    "frames": mutate_frames, "ext type": mutate_ext,
+    "truncate": mutate_truncate,
+    "flip bytes": mutate_flip,
+    "frame length": mutate_frame_length,
+    "msgpack length": mutate_msgpack_length,
+    "deep nesting": mutate_nesting,
+    "zlib bomb": mutate_zlib_bomb,
+    "delta bomb": mutate_delta_bomb,
+    "wrong type": mutate_wrong_type,
+    "bad value": mutate_bad_value,
+    "frames": mutate_frames,
+    "ext type": mutate_ext,
 }
 WEIGHTS = {"zlib bomb": 0.1, "delta bomb": 0.1}  # slower cases (each up to its budget), fewer of them
 
 
 # --- running -----------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Case:
@@ -363,10 +429,19 @@ class Report:
         return sum(self.outcomes.values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "cases": self.total, "findings": self.findings, "seconds": self.seconds,
-                "slowest_s": self.slowest_s, "slowest_case": self.slowest_case, "rss_start_mib": self.rss_start_mib,
-                "rss_peak_mib": self.rss_peak_mib, "steal_pct": self.steal_pct, "load": self.load,
-                "outcomes": [[kind, outcome, n] for (kind, outcome), n in sorted(self.outcomes.items())]}
+        return {
+            "seed": self.seed,
+            "cases": self.total,
+            "findings": self.findings,
+            "seconds": self.seconds,
+            "slowest_s": self.slowest_s,
+            "slowest_case": self.slowest_case,
+            "rss_start_mib": self.rss_start_mib,
+            "rss_peak_mib": self.rss_peak_mib,
+            "steal_pct": self.steal_pct,
+            "load": self.load,
+            "outcomes": [[kind, outcome, n] for (kind, outcome), n in sorted(self.outcomes.items())],
+        }
 
 
 def peak_rss_mib() -> float:
@@ -394,8 +469,9 @@ def run_cases(report: Report, n: int, seed: int) -> None:
             outcome = read_all(case.data)
         except Exception as exc:  # a finding: anything but one CassetteError line
             outcome = "finding"
-            report.findings.append(f"case {case.number} ({case.kind}, {case.base}): {type(exc).__name__}: "
-                                   f"{str(exc)[:200]}")
+            report.findings.append(
+                f"case {case.number} ({case.kind}, {case.base}): {type(exc).__name__}: {str(exc)[:200]}"
+            )
         elapsed = time.perf_counter() - t
         if elapsed > report.slowest_s:
             report.slowest_s, report.slowest_case = elapsed, f"case {case.number} ({case.kind}, {case.base})"
@@ -404,21 +480,31 @@ def run_cases(report: Report, n: int, seed: int) -> None:
 
 def figures(report: Report) -> str:
     """The markdown block docs/cassettes.md shows."""
-    names = ["read", "truncated tail", "CorruptCassetteError", "TruncatedHeaderError", "UnsupportedVersionError",
-             "finding"]
+    names = [
+        "read",
+        "truncated tail",
+        "CorruptCassetteError",
+        "TruncatedHeaderError",
+        "UnsupportedVersionError",
+        "finding",
+    ]
     lines = [f"| mutation | cases | {' | '.join(names)} |", "|---|--:|" + "--:|" * len(names)]
     for kind in MUTATIONS:
         row = [report.outcomes[(kind, o)] for o in names]
         lines.append(f"| {kind} | {sum(row)} | {' | '.join(map(str, row))} |")
     total = [sum(report.outcomes[(k, o)] for k in MUTATIONS) for o in names]
     lines.append(f"| **all** | **{report.total}** | {' | '.join(f'**{t}**' for t in total)} |")
-    return "\n".join([
-        f"{report.total} cases (seed {report.seed}) in {report.seconds:.1f} s; findings (an exception other than "
-        f"one `CassetteError` line): **{len(report.findings)}**. Peak resident memory of the fuzzing process: "
-        f"**{report.rss_peak_mib:.0f} MiB**, {report.rss_peak_mib - report.rss_start_mib:.0f} MiB above its "
-        f"{report.rss_start_mib:.0f} MiB before the first case; slowest case **{report.slowest_s:.2f} s** "
-        f"({report.slowest_case}). Host steal up to {report.steal_pct:.1f}%, load average {report.load:.2f}.",
-        "", *lines])
+    return "\n".join(
+        [
+            f"{report.total} cases (seed {report.seed}) in {report.seconds:.1f} s; findings (an exception other than "
+            f"one `CassetteError` line): **{len(report.findings)}**. Peak resident memory of the fuzzing process: "
+            f"**{report.rss_peak_mib:.0f} MiB**, {report.rss_peak_mib - report.rss_start_mib:.0f} MiB above its "
+            f"{report.rss_start_mib:.0f} MiB before the first case; slowest case **{report.slowest_s:.2f} s** "
+            f"({report.slowest_case}). Host steal up to {report.steal_pct:.1f}%, load average {report.load:.2f}.",
+            "",
+            *lines,
+        ]
+    )
 
 
 def write_docs(path: Path, block: str) -> None:

@@ -12,18 +12,35 @@ from tito_rl.fake_engine.app import EngineOptions, create_app
 from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, parse_scenario
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
-BASH = {"type": "function", "function": {"name": "Bash", "description": "Run a shell command",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"},
-                                                         "description": {"type": "string"}},
-                       "required": ["command"]}}}
-EXEC = {"type": "function", "function": {"name": "exec_command", "description": "Run a command",
-        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}}
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "Bash",
+        "description": "Run a shell command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+EXEC = {
+    "type": "function",
+    "function": {
+        "name": "exec_command",
+        "description": "Run a command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    },
+}
 
 TOOL_LOOP: dict[str, Any] = {
     "name": "loop",
     "turns": [
-        {"reasoning": "The user wants a listing.", "text": "Let me list the files.",
-         "tool_calls": [{"name": "shell", "arguments": {"command": "ls"}}]},
+        {
+            "reasoning": "The user wants a listing.",
+            "text": "Let me list the files.",
+            "tool_calls": [{"name": "shell", "arguments": {"command": "ls"}}],
+        },
         {"text": "There are two files."},
     ],
 }
@@ -34,21 +51,35 @@ def tokenizer() -> Any:
 
 
 def prompt_ids(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-    return list(tokenizer().apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True,
-                                                return_dict=False))
+    return list(
+        tokenizer().apply_chat_template(
+            messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+    )
 
 
 def first_prompt(user: str = "list the files", tools: list[dict[str, Any]] | None = None) -> list[int]:
-    return prompt_ids([{"role": "system", "content": "You are a coding agent."},
-                       {"role": "user", "content": user}], tools=[BASH] if tools is None else tools)
+    return prompt_ids(
+        [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": user}],
+        tools=[BASH] if tools is None else tools,
+    )
 
 
 def gen_body(ids: list[int], **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"rid": extra.pop("rid", "r" * 32), "input_ids": ids,
-                            "sampling_params": {"skip_special_tokens": False, "spaces_between_special_tokens": False,
-                                                "no_stop_trim": True, "max_new_tokens": 512,
-                                                "temperature": 1.0, "top_p": 1.0, "top_k": -1},
-                            "return_logprob": True}
+    body: dict[str, Any] = {
+        "rid": extra.pop("rid", "r" * 32),
+        "input_ids": ids,
+        "sampling_params": {
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "no_stop_trim": True,
+            "max_new_tokens": 512,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": -1,
+        },
+        "return_logprob": True,
+    }
     body.update(extra)
     return body
 
@@ -74,6 +105,6 @@ async def sse_events(resp: Any) -> list[Any]:
     async for line in resp.content:
         line = line.decode().strip()
         if line.startswith("data: "):
-            payload = line[len("data: "):]
+            payload = line[len("data: ") :]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events

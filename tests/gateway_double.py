@@ -58,8 +58,15 @@ from tito_rl.trajectory.dialects.view import DIALECTS, SGLANG, SGLANG_OPENAI, VL
 from tito_rl.trajectory.records import Sample
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
-VOLATILE = ("id", "created", "message.id", "content[*].id", "content_block.id",
-            "choices[*].message.tool_calls[*].id", "choices[*].delta.tool_calls[*].id")
+VOLATILE = (
+    "id",
+    "created",
+    "message.id",
+    "content[*].id",
+    "content_block.id",
+    "choices[*].message.tool_calls[*].id",
+    "choices[*].delta.tool_calls[*].id",
+)
 MAX_NEW_TOKENS = 4096
 THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>\s*", re.DOTALL)
 TOOL_CALL = re.compile(r"\s*<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -85,25 +92,38 @@ class GatewaySession:
 
     def record(self, prompt: list[int], output: list[int], logprobs: list[float]) -> None:
         self.turns += 1
-        extends = [c for c in self.chains if len(c.tokens) <= len(prompt) and prompt[:len(c.tokens)] == c.tokens]
+        extends = [c for c in self.chains if len(c.tokens) <= len(prompt) and prompt[: len(c.tokens)] == c.tokens]
         if extends:
             chain = max(extends, key=lambda c: len(c.tokens))
-            new = prompt[len(chain.tokens):]
+            new = prompt[len(chain.tokens) :]
             chain.tokens += new + output
             chain.loss_mask += [0] * len(new) + [1] * len(output)
             chain.logprobs += [0.0] * len(new) + list(logprobs)
             chain.turns += 1
         else:
-            self.chains.append(Chain(len(prompt), prompt + output, [0] * len(prompt) + [1] * len(output),
-                                     [0.0] * len(prompt) + list(logprobs)))
+            self.chains.append(
+                Chain(
+                    len(prompt),
+                    prompt + output,
+                    [0] * len(prompt) + [1] * len(output),
+                    [0.0] * len(prompt) + list(logprobs),
+                )
+            )
 
     def samples(self, reward: float) -> list[dict[str, Any]]:
         out = []
         for chain in self.chains:
             start = chain.prompt_length
-            out.append(Sample(tokens=list(chain.tokens), response_length=len(chain.tokens) - start,
-                              loss_mask=chain.loss_mask[start:], rollout_log_probs=chain.logprobs[start:],
-                              reward=reward, metadata={"turns": chain.turns}).to_dict())
+            out.append(
+                Sample(
+                    tokens=list(chain.tokens),
+                    response_length=len(chain.tokens) - start,
+                    loss_mask=chain.loss_mask[start:],
+                    rollout_log_probs=chain.logprobs[start:],
+                    reward=reward,
+                    metadata={"turns": chain.turns},
+                ).to_dict()
+            )
         return out
 
 
@@ -146,8 +166,10 @@ def anthropic_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list
             if text:
                 messages.append({"role": "user", "content": text})
         else:
-            message: dict[str, Any] = {"role": "assistant",
-                                       "content": _text([b for b in blocks if b.get("type") == "text"])}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": _text([b for b in blocks if b.get("type") == "text"]),
+            }
             thinking = "".join(b.get("thinking", "") for b in blocks if b.get("type") == "thinking")
             if thinking:
                 message["reasoning_content"] = thinking
@@ -155,9 +177,17 @@ def anthropic_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list
             if calls:
                 message["tool_calls"] = calls
             messages.append(message)
-    tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
-                                               "parameters": t.get("input_schema") or {}}}
-             for t in body.get("tools") or []]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t.get("description", ""),
+                "parameters": t.get("input_schema") or {},
+            },
+        }
+        for t in body.get("tools") or []
+    ]
     return messages, tools
 
 
@@ -168,8 +198,9 @@ def chat_messages(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict
         if m.get("reasoning_content"):
             message["reasoning_content"] = m["reasoning_content"]
         if m.get("tool_calls"):
-            message["tool_calls"] = [_call(c["function"]["name"], c["function"].get("arguments"))
-                                     for c in m["tool_calls"]]
+            message["tool_calls"] = [
+                _call(c["function"]["name"], c["function"].get("arguments")) for c in m["tool_calls"]
+            ]
         messages.append(message)
     return messages, list(body.get("tools") or [])
 
@@ -188,7 +219,7 @@ def parse_output(text: str, finish: str) -> Parsed:
     reasoning = ""
     thought = THINK.match(text)
     if thought:
-        reasoning, text = thought.group(1).strip(), text[thought.end():]
+        reasoning, text = thought.group(1).strip(), text[thought.end() :]
     calls = []
     for found in TOOL_CALL.finditer(text):
         try:
@@ -218,13 +249,21 @@ def anthropic_reply(body: dict[str, Any], parsed: Parsed, usage: tuple[int, int]
         blocks.append({"type": "text", "text": parsed.text})
     blocks += [{"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex}", "name": n, "input": a} for n, a in parsed.calls]
     stop = "tool_use" if parsed.calls else ("max_tokens" if parsed.finish == "length" else "end_turn")
-    message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": body.get("model"),
-               "content": blocks, "stop_reason": stop, "stop_sequence": None,
-               "usage": {"input_tokens": usage[0], "output_tokens": usage[1]}}
+    message = {
+        "id": f"msg_{uuid.uuid4().hex}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model"),
+        "content": blocks,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
+    }
     if not body.get("stream"):
         return json.dumps(message, ensure_ascii=False).encode(), "application/json"
     events: list[tuple[str | None, dict[str, Any] | str]] = [
-        ("message_start", {"type": "message_start", "message": {**message, "content": [], "stop_reason": None}})]
+        ("message_start", {"type": "message_start", "message": {**message, "content": [], "stop_reason": None}})
+    ]
     for i, block in enumerate(blocks):
         if block["type"] == "tool_use":
             start = {**block, "input": {}}
@@ -234,18 +273,34 @@ def anthropic_reply(body: dict[str, Any], parsed: Parsed, usage: tuple[int, int]
             delta = {"type": "thinking_delta", "thinking": block["thinking"]}
         else:
             start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
-        events += [("content_block_start", {"type": "content_block_start", "index": i, "content_block": start}),
-                   ("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}),
-                   ("content_block_stop", {"type": "content_block_stop", "index": i})]
-    events += [("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-                                  "usage": {"output_tokens": usage[1]}}),
-               ("message_stop", {"type": "message_stop"})]
+        events += [
+            ("content_block_start", {"type": "content_block_start", "index": i, "content_block": start}),
+            ("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}),
+            ("content_block_stop", {"type": "content_block_stop", "index": i}),
+        ]
+    events += [
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": usage[1]},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
     return _sse(events), "text/event-stream"
 
 
 def chat_reply(body: dict[str, Any], parsed: Parsed, usage: tuple[int, int]) -> tuple[bytes, str]:
-    calls = [{"id": f"call_{uuid.uuid4().hex}", "type": "function",
-              "function": {"name": n, "arguments": json.dumps(a, ensure_ascii=False)}} for n, a in parsed.calls]
+    calls = [
+        {
+            "id": f"call_{uuid.uuid4().hex}",
+            "type": "function",
+            "function": {"name": n, "arguments": json.dumps(a, ensure_ascii=False)},
+        }
+        for n, a in parsed.calls
+    ]
     finish = "tool_calls" if calls else parsed.finish
     base = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": body.get("model")}
     counts = {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
@@ -255,8 +310,12 @@ def chat_reply(body: dict[str, Any], parsed: Parsed, usage: tuple[int, int]) -> 
     if calls:
         message["tool_calls"] = calls
     if not body.get("stream"):
-        reply = {**base, "object": "chat.completion", "usage": counts,
-                 "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+        reply = {
+            **base,
+            "object": "chat.completion",
+            "usage": counts,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        }
         return json.dumps(reply, ensure_ascii=False).encode(), "application/json"
     chunk = {**base, "object": "chat.completion.chunk"}
     deltas: list[dict[str, Any]] = [{"role": "assistant"}]
@@ -266,7 +325,8 @@ def chat_reply(body: dict[str, Any], parsed: Parsed, usage: tuple[int, int]) -> 
         deltas.append({"content": parsed.text})
     deltas += [{"tool_calls": [{**c, "index": i}]} for i, c in enumerate(calls)]
     events: list[tuple[str | None, dict[str, Any] | str]] = [
-        (None, {**chunk, "choices": [{"index": 0, "delta": d, "finish_reason": None}]}) for d in deltas]
+        (None, {**chunk, "choices": [{"index": 0, "delta": d, "finish_reason": None}]}) for d in deltas
+    ]
     events.append((None, {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
     if (body.get("stream_options") or {}).get("include_usage"):
         events.append((None, {**chunk, "choices": [], "usage": counts}))
@@ -280,8 +340,12 @@ WIRES = {"/v1/messages": (anthropic_messages, anthropic_reply), "/v1/chat/comple
 # --- the engine leg, in each dialect ---------------------------------------------------------------------------
 
 EXTRA_ENV = "GATEWAY_DOUBLE_EXTRA"  # JSON object: settings beside TargetOptions.extra (`settings_of`)
-GENERATE_PATHS = {SGLANG: "/generate", SGLANG_OPENAI: "/v1/chat/completions", VLLM_OPENAI: "/v1/completions",
-                  VLLM_GENERATE: "/inference/v1/generate"}
+GENERATE_PATHS = {
+    SGLANG: "/generate",
+    SGLANG_OPENAI: "/v1/chat/completions",
+    VLLM_OPENAI: "/v1/completions",
+    VLLM_GENERATE: "/inference/v1/generate",
+}
 
 
 class EngineAnswerError(Exception):
@@ -306,29 +370,69 @@ class Generated:
     finish: str
 
 
-def engine_call(dialect: str, prompt: list[int], messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                max_new: int, sampling: dict[str, Any]) -> EngineCall:
+def engine_call(
+    dialect: str,
+    prompt: list[int],
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    max_new: int,
+    sampling: dict[str, Any],
+) -> EngineCall:
     """The request each dialect's gateways send for rendered ids (`sampling` lands where the dialect's sampling
     parameters live: `sampling_params`, or the root of an OpenAI-style body)."""
     if dialect == SGLANG:
-        return EngineCall(GENERATE_PATHS[SGLANG], {
-            "input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": max_new, "skip_special_tokens": False, "no_stop_trim": True,
-                                **sampling}}, False)
+        return EngineCall(
+            GENERATE_PATHS[SGLANG],
+            {
+                "input_ids": prompt,
+                "return_logprob": True,
+                "sampling_params": {
+                    "max_new_tokens": max_new,
+                    "skip_special_tokens": False,
+                    "no_stop_trim": True,
+                    **sampling,
+                },
+            },
+            False,
+        )
     if dialect == SGLANG_OPENAI:  # miles' shape; SGLang answers ids and meta_info only unstreamed (400 otherwise)
-        body = {"messages": messages, "input_ids": prompt, "max_tokens": max_new, "logprobs": True,
-                "return_meta_info": True, "return_prompt_token_ids": True, "return_token_ids": True,
-                "no_stop_trim": True, "skip_special_tokens": False, **sampling}
+        body = {
+            "messages": messages,
+            "input_ids": prompt,
+            "max_tokens": max_new,
+            "logprobs": True,
+            "return_meta_info": True,
+            "return_prompt_token_ids": True,
+            "return_token_ids": True,
+            "no_stop_trim": True,
+            "skip_special_tokens": False,
+            **sampling,
+        }
         return EngineCall(GENERATE_PATHS[SGLANG_OPENAI], body | ({"tools": tools} if tools else {}), False)
     if dialect == VLLM_OPENAI:  # token-id prompt on vLLM's completions, streamed: ids and logprobs per chunk
-        return EngineCall(GENERATE_PATHS[VLLM_OPENAI], {
-            "prompt": prompt, "max_tokens": max_new, "logprobs": 0, "return_token_ids": True,
-            "skip_special_tokens": False, "stream": True, **sampling}, True)
+        return EngineCall(
+            GENERATE_PATHS[VLLM_OPENAI],
+            {
+                "prompt": prompt,
+                "max_tokens": max_new,
+                "logprobs": 0,
+                "return_token_ids": True,
+                "skip_special_tokens": False,
+                "stream": True,
+                **sampling,
+            },
+            True,
+        )
     if dialect == VLLM_GENERATE:
-        return EngineCall(GENERATE_PATHS[VLLM_GENERATE], {
-            "token_ids": prompt, "stream": True,
-            "sampling_params": {"max_tokens": max_new, "logprobs": 0, "skip_special_tokens": False, **sampling}},
-            True)
+        return EngineCall(
+            GENERATE_PATHS[VLLM_GENERATE],
+            {
+                "token_ids": prompt,
+                "stream": True,
+                "sampling_params": {"max_tokens": max_new, "logprobs": 0, "skip_special_tokens": False, **sampling},
+            },
+            True,
+        )
     raise ValueError(f"unknown engine dialect {dialect!r}")
 
 
@@ -343,24 +447,33 @@ def generated(dialect: str, answer: Any) -> Generated:
     if dialect == SGLANG:
         meta = answer.get("meta_info") or {}
         pairs = meta.get("output_token_logprobs") or []
-        return Generated([int(p[1]) for p in pairs], [float(p[0]) for p in pairs],
-                         _finish((meta.get("finish_reason") or {}).get("type")))
+        return Generated(
+            [int(p[1]) for p in pairs],
+            [float(p[0]) for p in pairs],
+            _finish((meta.get("finish_reason") or {}).get("type")),
+        )
     if dialect == SGLANG_OPENAI:
         choice = (answer.get("choices") or [{}])[0]
         meta = choice.get("meta_info") or {}
         ids = choice.get("response_token_ids")
         if ids is None:
             ids = choice.get("token_ids") or []  # SGLang 0.5.17's name for the same list
-        found = Generated([int(t) for t in ids], [float(p[0]) for p in meta.get("output_token_logprobs") or []],
-                          _finish(choice.get("finish_reason")))
+        found = Generated(
+            [int(t) for t in ids],
+            [float(p[0]) for p in meta.get("output_token_logprobs") or []],
+            _finish(choice.get("finish_reason")),
+        )
     else:
         found, reason = Generated([], [], "stop"), None
         for chunk in answer:
             for choice in chunk.get("choices") or []:
                 found.output += [int(t) for t in choice.get("token_ids") or []]
                 logprobs = choice.get("logprobs") or {}
-                found.logprobs += [float(v) for v in logprobs["token_logprobs"]] if "token_logprobs" in logprobs \
+                found.logprobs += (
+                    [float(v) for v in logprobs["token_logprobs"]]
+                    if "token_logprobs" in logprobs
                     else [float(e["logprob"]) for e in logprobs.get("content") or []]
+                )
                 reason = choice.get("finish_reason") or reason
         found.finish = _finish(reason)
     if len(found.logprobs) != len(found.output):
@@ -397,8 +510,9 @@ def settings_of(options: TargetOptions) -> dict[str, Any]:
     if not isinstance(settings.get("sampling") or {}, dict):
         raise TargetError(f"the gateway double's sampling must be an object, got {settings['sampling']!r}")
     if settings.get("dialect", SGLANG) not in DIALECTS:
-        raise TargetError(f"the gateway double speaks no engine dialect {settings['dialect']!r} "
-                          f"(one of {', '.join(DIALECTS)})")
+        raise TargetError(
+            f"the gateway double speaks no engine dialect {settings['dialect']!r} (one of {', '.join(DIALECTS)})"
+        )
     return settings
 
 
@@ -406,9 +520,17 @@ def settings_of(options: TargetOptions) -> dict[str, Any]:
 
 
 class Gateway:
-    def __init__(self, engine_url: str, tokenizer: Any, routing_key: bool = True, dialect: str = SGLANG,
-                 sampling: dict[str, Any] | None = None, system_suffix: str = "", sessions_in: str = "bearer",
-                 session_api: bool = True) -> None:
+    def __init__(
+        self,
+        engine_url: str,
+        tokenizer: Any,
+        routing_key: bool = True,
+        dialect: str = SGLANG,
+        sampling: dict[str, Any] | None = None,
+        system_suffix: str = "",
+        sessions_in: str = "bearer",
+        session_api: bool = True,
+    ) -> None:
         self.engine_url = engine_url.rstrip("/")
         self.tokenizer = tokenizer
         self.routing_key = routing_key
@@ -452,8 +574,9 @@ class Gateway:
             self.http = None
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
-        encoded = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=True,
-                                                     add_generation_prompt=True)
+        encoded = self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=True, add_generation_prompt=True
+        )
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
     async def turn(self, request: web.Request) -> web.Response:
@@ -515,17 +638,26 @@ class GatewayDoubleTarget:
         self.dialect = str(settings.get("dialect", SGLANG))
         self.sampling: dict[str, Any] = dict(settings.get("sampling") or {})
         self.system_suffix = str(settings.get("system_suffix") or "")
-        self.info = TargetInfo(name="gateway-double", volatile=VOLATILE,
-                               routing_header=ROUTING_HEADER if self.routing_key else None,
-                               settings={"routing_key": self.routing_key, "dialect": self.dialect}
-                               | ({"sampling": self.sampling} if self.sampling else {})
-                               | ({"system_suffix": self.system_suffix} if self.system_suffix else {}))
+        self.info = TargetInfo(
+            name="gateway-double",
+            volatile=VOLATILE,
+            routing_header=ROUTING_HEADER if self.routing_key else None,
+            settings={"routing_key": self.routing_key, "dialect": self.dialect}
+            | ({"sampling": self.sampling} if self.sampling else {})
+            | ({"system_suffix": self.system_suffix} if self.system_suffix else {}),
+        )
         self.gateway: Gateway | None = None
         self.runner: web.AppRunner | None = None
 
     async def start(self, engine_url: str) -> str:
-        self.gateway = Gateway(engine_url, load_tokenizer(self.options.tokenizer_dir), self.routing_key,
-                               self.dialect, self.sampling, self.system_suffix)
+        self.gateway = Gateway(
+            engine_url,
+            load_tokenizer(self.options.tokenizer_dir),
+            self.routing_key,
+            self.dialect,
+            self.sampling,
+            self.system_suffix,
+        )
         self.runner = web.AppRunner(self.gateway.app(), access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -570,11 +702,27 @@ def create_vllm_generate(options: TargetOptions) -> GatewayDoubleTarget:
 # --- as a process ----------------------------------------------------------------------------------------------
 
 
-async def serve(engine: str, host: str, port: int, routing_key: bool, tokenizer: str | None,
-                dialect: str = SGLANG, sessions_in: str = "bearer", session_api: bool = True) -> None:
+async def serve(
+    engine: str,
+    host: str,
+    port: int,
+    routing_key: bool,
+    tokenizer: str | None,
+    dialect: str = SGLANG,
+    sessions_in: str = "bearer",
+    session_api: bool = True,
+) -> None:
     settings = settings_of(TargetOptions())
-    gateway = Gateway(engine, load_tokenizer(tokenizer), routing_key, dialect, settings.get("sampling"),
-                      str(settings.get("system_suffix") or ""), sessions_in, session_api)
+    gateway = Gateway(
+        engine,
+        load_tokenizer(tokenizer),
+        routing_key,
+        dialect,
+        settings.get("sampling"),
+        str(settings.get("system_suffix") or ""),
+        sessions_in,
+        session_api,
+    )
     runner = web.AppRunner(gateway.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -595,15 +743,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-routing-key", action="store_true", help=f"send no {ROUTING_HEADER} to the engine")
     parser.add_argument("--tokenizer", default=None, help="a Hugging Face tokenizer folder (default: Qwen3's)")
     parser.add_argument("--dialect", choices=DIALECTS, default=SGLANG, help="the engine API to call")
-    parser.add_argument("--sessions-in", default="bearer",
-                        help="where it keeps its sessions: bearer, header:NAME, cookie:NAME, path:/prefix/{sid}")
+    parser.add_argument(
+        "--sessions-in",
+        default="bearer",
+        help="where it keeps its sessions: bearer, header:NAME, cookie:NAME, path:/prefix/{sid}",
+    )
     parser.add_argument("--no-session-api", action="store_true", help="no /tito/sessions/... routes: no samples")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         parser.error(f"--listen: HOST:PORT, got {args.listen!r}")
-    asyncio.run(serve(args.engine, host, int(port), not args.no_routing_key, args.tokenizer, args.dialect,
-                      args.sessions_in, not args.no_session_api))
+    asyncio.run(
+        serve(
+            args.engine,
+            host,
+            int(port),
+            not args.no_routing_key,
+            args.tokenizer,
+            args.dialect,
+            args.sessions_in,
+            not args.no_session_api,
+        )
+    )
     return 0
 
 

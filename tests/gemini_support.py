@@ -13,9 +13,15 @@ from typing import Any
 
 import aiohttp
 
-SHELL = {"name": "run_shell_command", "description": "Run a shell command.", "parametersJsonSchema": {
-    "type": "object", "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
-    "required": ["command"]}}
+SHELL = {
+    "name": "run_shell_command",
+    "description": "Run a shell command.",
+    "parametersJsonSchema": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
+        "required": ["command"],
+    },
+}
 SKIP_SIGNATURE = "skip_thought_signature_validator"  # what the CLI adds to a call that came without one
 
 
@@ -26,7 +32,7 @@ def sse_chunks(raw: str) -> list[dict[str, Any]]:
         if not block:
             continue
         assert block.startswith("data: ") and "\n" not in block, block
-        chunks.append(json.loads(block[len("data: "):]))
+        chunks.append(json.loads(block[len("data: ") :]))
     return chunks
 
 
@@ -61,10 +67,18 @@ class GeminiConversation:
     calls_echoed: int = 0
 
     def body(self, **extra: Any) -> dict[str, Any]:
-        return {"contents": self.contents, "systemInstruction": {"parts": [{"text": self.system}], "role": "user"},
-                "tools": [{"functionDeclarations": [SHELL]}],
-                "generationConfig": {"temperature": 1, "topP": 0.95, "topK": 64,
-                                     "thinkingConfig": {"includeThoughts": True, "thinkingBudget": 8192}}, **extra}
+        return {
+            "contents": self.contents,
+            "systemInstruction": {"parts": [{"text": self.system}], "role": "user"},
+            "tools": [{"functionDeclarations": [SHELL]}],
+            "generationConfig": {
+                "temperature": 1,
+                "topP": 0.95,
+                "topK": 64,
+                "thinkingConfig": {"includeThoughts": True, "thinkingBudget": 8192},
+            },
+            **extra,
+        }
 
     def target(self) -> tuple[str, dict[str, str], dict[str, str]]:
         action = "streamGenerateContent" if self.stream else "generateContent"
@@ -96,8 +110,13 @@ class GeminiConversation:
         for part in parts:
             if "functionCall" in part:
                 call = part["functionCall"]
-                part = {"functionCall": {"id": f"{call['name']}_{self.calls_echoed}", "args": call["args"],
-                                         "name": call["name"]}}
+                part = {
+                    "functionCall": {
+                        "id": f"{call['name']}_{self.calls_echoed}",
+                        "args": call["args"],
+                        "name": call["name"],
+                    }
+                }
                 self.calls_echoed += 1
                 if not signed:
                     part["thoughtSignature"], signed = SKIP_SIGNATURE, True
@@ -108,9 +127,21 @@ class GeminiConversation:
     def tool_results(self, output: str = "README.md\nsrc") -> bool:
         calls = [p["functionCall"] for p in self.contents[-1]["parts"] if "functionCall" in p]
         if calls:
-            self.contents.append({"parts": [{"functionResponse": {
-                "name": c["name"], "response": untrusted(output), **({"id": c["id"]} if "id" in c else {})}}
-                for c in calls], "role": "user"})
+            self.contents.append(
+                {
+                    "parts": [
+                        {
+                            "functionResponse": {
+                                "name": c["name"],
+                                "response": untrusted(output),
+                                **({"id": c["id"]} if "id" in c else {}),
+                            }
+                        }
+                        for c in calls
+                    ],
+                    "role": "user",
+                }
+            )
         return bool(calls)
 
     async def tool_loop(self, task: str = "What is in this repository?") -> int:

@@ -22,8 +22,10 @@ def capture_dir(scenario: str) -> Path:
     """A capture's folder; missing, a clear error instead of an empty list that breaks a test further on."""
     folder = CAPTURES / scenario
     if not folder.is_dir():
-        raise FileNotFoundError(f"the real-CLI capture {scenario!r} is missing: tests read {folder} "
-                                "(tests/captures, committed with the repo)")
+        raise FileNotFoundError(
+            f"the real-CLI capture {scenario!r} is missing: tests read {folder} "
+            "(tests/captures, committed with the repo)"
+        )
     return folder
 
 
@@ -45,8 +47,13 @@ def proc_output(proc: subprocess.Popen) -> str:
 @contextmanager
 def tito(*args: str, ready: str | None = None, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """Start `tito ARGS...`; wait for `ready` (a URL) to answer; stop it (SIGTERM, then SIGKILL) on exit."""
-    proc = subprocess.Popen([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tito_rl", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
     try:
         if ready:
             wait_http(ready, proc)

@@ -23,8 +23,12 @@ class RealEngines:
         self.failed: dict[StartFlags, str] = {}
 
     def get(self, flags: StartFlags) -> RealVllmServer:
-        if self.current is not None and self.current.flags == flags and self.current.process is not None \
-                and self.current.process.poll() is None:
+        if (
+            self.current is not None
+            and self.current.flags == flags
+            and self.current.process is not None
+            and self.current.process.poll() is None
+        ):
             return self.current
         self.close()
         if flags in self.failed:

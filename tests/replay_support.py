@@ -27,8 +27,15 @@ from tito_rl.trajectory.manager import TrajectoryManager
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 SYSTEM = "You are a coding agent. Use the shell tool to inspect the repository."
-SHELL = ToolSpec("Bash", "Run a shell command", {"type": "object", "properties": {
-    "description": {"type": "string"}, "command": {"type": "string"}}, "required": ["command"]})
+SHELL = ToolSpec(
+    "Bash",
+    "Run a shell command",
+    {
+        "type": "object",
+        "properties": {"description": {"type": "string"}, "command": {"type": "string"}},
+        "required": ["command"],
+    },
+)
 WIRE = AnthropicWire()
 
 
@@ -50,11 +57,15 @@ class Conversation:
         return json.dumps(data, separators=(",", ":")).encode()
 
     async def post(self, body: bytes | None = None, timeout_s: float | None = None) -> tuple[int, Any]:
-        headers = {"Authorization": f"Bearer {self.sid}", "Content-Type": "application/json",
-                   "anthropic-version": "2023-06-01"}
+        headers = {
+            "Authorization": f"Bearer {self.sid}",
+            "Content-Type": "application/json",
+            "anthropic-version": "2023-06-01",
+        }
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with self.http.post(self.url + WIRE.path, data=body or self.body(), headers=headers,
-                                  timeout=timeout) as resp:
+        async with self.http.post(
+            self.url + WIRE.path, data=body or self.body(), headers=headers, timeout=timeout
+        ) as resp:
             raw = await resp.read()
             return resp.status, (WIRE.parse(raw, self.stream) if resp.status == 200 else raw)
 
@@ -96,8 +107,13 @@ class Live:
 
 
 @asynccontextmanager
-async def recording(path: Path, scenario: dict[str, Any], engine_options: dict[str, Any] | None = None,
-                    manager: TrajectoryManager | None = None, **settings: Any) -> AsyncIterator[Live]:
+async def recording(
+    path: Path,
+    scenario: dict[str, Any],
+    engine_options: dict[str, Any] | None = None,
+    manager: TrajectoryManager | None = None,
+    **settings: Any,
+) -> AsyncIterator[Live]:
     """A live stack that writes `path`: scripted fake engine, adapter app with the cassette writer's tap."""
     tokenizer = load_tokenizer()
     policy = ScriptedPolicy(parse_scenario(scenario), tokenizer)
@@ -107,20 +123,22 @@ async def recording(path: Path, scenario: dict[str, Any], engine_options: dict[s
         adapter_settings = AdapterSettings(engine_url=engine_url, **settings)
         writer = CassetteWriter(path, build_header(adapter_settings, None, {"client": "test"}, manager=manager))
         try:
-            async with serve(create_adapter(adapter_settings, manager, writer)) as url, \
-                    aiohttp.ClientSession() as http:
+            async with serve(create_adapter(adapter_settings, manager, writer)) as url, aiohttp.ClientSession() as http:
                 yield Live(url, http)
         finally:
             writer.close()
 
 
-def record(path: Path, scenario: dict[str, Any], drive: Callable[[Live], Awaitable[None]],
-           **kw: Any) -> dict[str, list[dict[str, Any]]]:
+def record(
+    path: Path, scenario: dict[str, Any], drive: Callable[[Live], Awaitable[None]], **kw: Any
+) -> dict[str, list[dict[str, Any]]]:
     """Record `drive`'s traffic into `path`; returns the samples each finished session got live."""
+
     async def main() -> dict[str, list[dict[str, Any]]]:
         async with recording(path, scenario, **kw) as live:
             await drive(live)
             return live.samples
+
     return asyncio.run(main())
 
 
@@ -128,9 +146,15 @@ def tool_loop_scenario(turns: int = 3, **turn_faults: Any) -> dict[str, Any]:
     """`turns - 1` shell calls, then an answer; `turn_faults` maps a turn index (as str) to its faults."""
     script: list[dict[str, Any]] = []
     for t in range(turns - 1):
-        script.append({"reasoning": f"Step {t}: I should look around.", "text": f"Checking step {t}.",
-                       "tool_calls": [{"name": "shell", "arguments": {"description": f"List dir{t}",
-                                                                       "command": f"ls dir{t}"}}]})
+        script.append(
+            {
+                "reasoning": f"Step {t}: I should look around.",
+                "text": f"Checking step {t}.",
+                "tool_calls": [
+                    {"name": "shell", "arguments": {"description": f"List dir{t}", "command": f"ls dir{t}"}}
+                ],
+            }
+        )
     script.append({"reasoning": "I have what I need.", "text": "The repository holds README.md and src."})
     for key, faults in turn_faults.items():
         script[int(key.removeprefix("t"))]["faults"] = faults

@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "cassettes" / "scenarios"
 
 
-async def record_scenario(scenario: Path | dict[str, Any], out: Path, engine: EngineOptions | None = None,
-                          **settings: Any) -> tuple[Cassette, list[SessionResult]]:
+async def record_scenario(
+    scenario: Path | dict[str, Any], out: Path, engine: EngineOptions | None = None, **settings: Any
+) -> tuple[Cassette, list[SessionResult]]:
     """A corpus scenario file or an inline one (both sides); `client.record_args` only knows
     --no-preserve-reasoning here. `settings`: more `AdapterSettings` (`engine_dialect`...); `engine`: the fake
     engine's options (its tokenizer is set here). The served model is asked of the engine first, as `tito record`

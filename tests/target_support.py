@@ -18,15 +18,22 @@ from tito_rl.trajectory.records import Sample
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 TURNS: list[dict[str, Any]] = [
-    {"reasoning": "List the files first.", "text": "Let me look at the project.",
-     "tool_calls": [{"name": "shell", "arguments": {"command": "ls", "description": "List files"}}]},
-    {"reasoning": "There is a README; read it.",
-     "tool_calls": [{"name": "read", "arguments": {"file_path": "/work/README.md"}}]},
+    {
+        "reasoning": "List the files first.",
+        "text": "Let me look at the project.",
+        "tool_calls": [{"name": "shell", "arguments": {"command": "ls", "description": "List files"}}],
+    },
+    {
+        "reasoning": "There is a README; read it.",
+        "tool_calls": [{"name": "read", "arguments": {"file_path": "/work/README.md"}}],
+    },
     {"reasoning": "It says what the project is.", "text": "This is a small calculator library."},
 ]
 TOOLS = {"anthropic": ["Bash", "Read"], "chat": ["run_shell_command", "read_file"]}
-RESULTS = {"anthropic": {"Bash": "README.md\nsrc", "Read": "# calc\nA small calculator library."},
-           "chat": {"run_shell_command": "README.md\nsrc", "read_file": "# calc\nA small calculator library."}}
+RESULTS = {
+    "anthropic": {"Bash": "README.md\nsrc", "Read": "# calc\nA small calculator library."},
+    "chat": {"run_shell_command": "README.md\nsrc", "read_file": "# calc\nA small calculator library."},
+}
 
 
 def session_id(wire: str, stream: bool) -> str:
@@ -39,17 +46,31 @@ def system_prompt(sid: str) -> str:
 
 def scenario(sids: list[str], turns: list[dict[str, Any]]) -> dict[str, Any]:
     """The engine's side: each session (told apart by its system prompt) plays `turns`."""
-    return {"name": "target-drivers", "after_last": "error",
-            "sessions": [{"match": {"prompt_contains": f"agent {sid},"}, "turns": turns} for sid in sids]}
+    return {
+        "name": "target-drivers",
+        "after_last": "error",
+        "sessions": [{"match": {"prompt_contains": f"agent {sid},"}, "turns": turns} for sid in sids],
+    }
 
 
 def client_script(sessions: list[tuple[str, bool]], max_turns: int = 12, prefix: str = "drv") -> ClientScript:
     """The client's side: per (wire, stream) one session asking one question, its tool loop, no finish."""
-    return parse_client_script({"sessions": [
-        {"id": session_id(wire, stream).replace("drv", prefix, 1), "wire": wire, "stream": stream,
-         "system": system_prompt(session_id(wire, stream).replace("drv", prefix, 1)), "tools": TOOLS[wire],
-         "results": RESULTS[wire], "steps": [{"prompt": "What is this project?", "max_turns": max_turns}]}
-        for wire, stream in sessions]})
+    return parse_client_script(
+        {
+            "sessions": [
+                {
+                    "id": session_id(wire, stream).replace("drv", prefix, 1),
+                    "wire": wire,
+                    "stream": stream,
+                    "system": system_prompt(session_id(wire, stream).replace("drv", prefix, 1)),
+                    "tools": TOOLS[wire],
+                    "results": RESULTS[wire],
+                    "steps": [{"prompt": "What is this project?", "max_turns": max_turns}],
+                }
+                for wire, stream in sessions
+            ]
+        }
+    )
 
 
 @dataclass
@@ -89,9 +110,14 @@ def start_logged_engine(sids: list[str], turns: list[dict[str, Any]] | None = No
             assert isinstance(response.body, bytes | bytearray)  # a json_response's
             meta = json.loads(response.body)["meta_info"]
             pairs = meta["output_token_logprobs"]
-            holder[0].generations.append(Generation(request.headers.get(ROUTING_HEADER),
-                                                    json.loads(body)["input_ids"], [p[1] for p in pairs],
-                                                    [p[0] for p in pairs]))
+            holder[0].generations.append(
+                Generation(
+                    request.headers.get(ROUTING_HEADER),
+                    json.loads(body)["input_ids"],
+                    [p[1] for p in pairs],
+                    [p[0] for p in pairs],
+                )
+            )
         return response
 
     def make() -> web.Application:

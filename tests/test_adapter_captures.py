@@ -129,9 +129,14 @@ def expected_reply(path: str, reply: dict[str, Any]) -> dict[str, Any]:
                 items.append(_item(i))
         return {"items": items}
     msg = reply["message"]
-    return {"content": msg.get("content") or "", "finish_reason": reply["finish_reason"],
-            "tool_calls": [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
-                           for c in msg.get("tool_calls") or []]}
+    return {
+        "content": msg.get("content") or "",
+        "finish_reason": reply["finish_reason"],
+        "tool_calls": [
+            {"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+            for c in msg.get("tool_calls") or []
+        ],
+    }
 
 
 @pytest.mark.parametrize("scenario", HTTP_SCENARIOS)

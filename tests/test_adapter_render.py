@@ -51,8 +51,9 @@ def test_incremental_encoding_falls_back_when_history_is_rewritten(qwen_tokenize
 def test_decode_gives_transformers_text_for_outputs_specials_and_split_characters(qwen_tokenizer: Any) -> None:
     renderer = ChatRenderer(qwen_tokenizer)
     assert renderer._decoder is not None  # Qwen3 asks for no clean-up: the direct Rust call is the one taken
-    output = qwen_tokenizer.encode(qwen3_output("Run it:  `ls  -la` , then déjà vu 文件 ✓.", "Plan , step"),
-                                   add_special_tokens=False) + [qwen_tokenizer.eos_token_id]
+    output = qwen_tokenizer.encode(
+        qwen3_output("Run it:  `ls  -la` , then déjà vu 文件 ✓.", "Plan , step"), add_special_tokens=False
+    ) + [qwen_tokenizer.eos_token_id]
     split = qwen_tokenizer.encode("a🜲𓀀b", add_special_tokens=False)  # byte tokens: halves decode to U+FFFD
     assert len(split) > 4
     cases = [output, output[:-1], split, split[:2], split[1:-2], [], [151644, 151645, 151643, 151665, 151666]]
@@ -80,12 +81,16 @@ async def _two_user_turns(tokenizer: Any, preserve: bool) -> Any:
         async with aiohttp.ClientSession() as http:
             for question in ("question two", None):
                 payload = {"model": "m", "max_tokens": 64, "system": "S", "tools": tools, "messages": history}
-                async with http.post(stack.url + "/v1/messages", json=payload,
-                                     headers={"Authorization": "Bearer think"}) as resp:
+                async with http.post(
+                    stack.url + "/v1/messages", json=payload, headers={"Authorization": "Bearer think"}
+                ) as resp:
                     reply = await resp.json()
                 if question:
-                    history = [*history, {"role": "assistant", "content": reply["content"]},
-                               {"role": "user", "content": question}]
+                    history = [
+                        *history,
+                        {"role": "assistant", "content": reply["content"]},
+                        {"role": "user", "content": question},
+                    ]
         return stack.manager.stats("think")
 
 

@@ -13,20 +13,37 @@ from tests.adapter_double import logprob, qwen3_output
 from tests.adapter_support import running_stack
 
 # The requests below are wire JSON handed to the SDKs as they are: `Any` to mypy, not the SDKs' TypedDicts.
-TOOLS_ANTHROPIC: list[Any] = [{"name": "Bash", "description": "run", "input_schema": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
-TOOLS_CHAT: list[Any] = [{"type": "function", "function": {"name": "Bash", "description": "run",
-                                                          "parameters": TOOLS_ANTHROPIC[0]["input_schema"]}}]
+TOOLS_ANTHROPIC: list[Any] = [
+    {
+        "name": "Bash",
+        "description": "run",
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+    }
+]
+TOOLS_CHAT: list[Any] = [
+    {
+        "type": "function",
+        "function": {"name": "Bash", "description": "run", "parameters": TOOLS_ANTHROPIC[0]["input_schema"]},
+    }
+]
 TWO_CALLS = qwen3_output("Running both.", "Two commands.", [("Bash", {"command": "ls"}), ("Bash", {"command": "pwd"})])
 
 
 def body(stream: bool = True, **extra: Any) -> dict[str, Any]:
-    return {"model": "m", "max_tokens": 256, "stream": stream, "system": "S", "tools": TOOLS_ANTHROPIC,
-            "messages": [{"role": "user", "content": "list files"}], **extra}
+    return {
+        "model": "m",
+        "max_tokens": 256,
+        "stream": stream,
+        "system": "S",
+        "tools": TOOLS_ANTHROPIC,
+        "messages": [{"role": "user", "content": "list files"}],
+        **extra,
+    }
 
 
 async def test_anthropic_sdk_stream_parallel_calls_and_token_faithful_samples(qwen_tokenizer: Any) -> None:
     import anthropic  # here, not at the top: the SDK's import is a second of every worker's collection
+
     async with running_stack(qwen_tokenizer) as stack:
         stack.double.script += [TWO_CALLS, qwen3_output("All done.", "Finished.")]
         client = anthropic.AsyncAnthropic(base_url=stack.url, api_key="sess-a", max_retries=0)
@@ -38,24 +55,36 @@ async def test_anthropic_sdk_stream_parallel_calls_and_token_faithful_samples(qw
         history: list[Any] = [
             {"role": "user", "content": "list files"},
             {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": first.content[2].id, "content": "a.txt"},
-                {"type": "tool_result", "tool_use_id": first.content[3].id, "content": "/w",
-                 "cache_control": {"type": "ephemeral"}}]}]
-        second = await client.messages.create(model="m", max_tokens=256, system="S", tools=TOOLS_ANTHROPIC,
-                                              messages=history)
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": first.content[2].id, "content": "a.txt"},
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": first.content[3].id,
+                        "content": "/w",
+                        "cache_control": {"type": "ephemeral"},
+                    },
+                ],
+            },
+        ]
+        second = await client.messages.create(
+            model="m", max_tokens=256, system="S", tools=TOOLS_ANTHROPIC, messages=history
+        )
         assert second.content[-1].text == "All done."
         # The second prompt carried both tool results, in call order, as Qwen tool responses.
         prompt = qwen_tokenizer.decode(stack.double.requests[1]["input_ids"])
         assert prompt.index("<tool_response>\na.txt") < prompt.index("<tool_response>\n/w")
         assert stack.double.headers[0]["X-SMG-Routing-Key"] == "sess-a"
         assert stack.manager.stats("sess-a").forks == {}
-        async with aiohttp.ClientSession() as http, \
-                http.post(f"{stack.url}/tito/sessions/sess-a/finish", json={"reward": 1.5}) as resp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{stack.url}/tito/sessions/sess-a/finish", json={"reward": 1.5}) as resp,
+        ):
             samples = (await resp.json())["samples"]
         assert len(samples) == 1
         sample = samples[0]
-        response = sample["tokens"][-sample["response_length"]:]
+        response = sample["tokens"][-sample["response_length"] :]
         trained = [t for t, m in zip(response, sample["loss_mask"], strict=True) if m]
         expected = [stack.double.output_ids(TWO_CALLS), stack.double.output_ids(qwen3_output("All done.", "Finished."))]
         assert trained == expected[0] + expected[1]
@@ -68,12 +97,14 @@ async def test_anthropic_sdk_stream_parallel_calls_and_token_faithful_samples(qw
 
 async def test_openai_chat_sdk_stream_and_compact_argument_echo(qwen_tokenizer: Any) -> None:
     import openai  # here, not at the top: the SDK's import is a second of every worker's collection
+
     async with running_stack(qwen_tokenizer) as stack:
         stack.double.script += [TWO_CALLS, "done"]
         client = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="sess-c", max_retries=0)
         msgs: list[Any] = [{"role": "system", "content": "S"}, {"role": "user", "content": "go"}]
-        stream = await client.chat.completions.create(model="m", messages=msgs, tools=TOOLS_CHAT, stream=True,
-                                                      stream_options={"include_usage": True})
+        stream = await client.chat.completions.create(
+            model="m", messages=msgs, tools=TOOLS_CHAT, stream=True, stream_options={"include_usage": True}
+        )
         calls: dict[int, dict[str, Any]] = {}
         usage = None
         async for chunk in stream:
@@ -85,11 +116,23 @@ async def test_openai_chat_sdk_stream_and_compact_argument_echo(qwen_tokenizer: 
         assert [json.loads(c["arguments"]) for c in calls.values()] == [{"command": "ls"}, {"command": "pwd"}]
         assert usage is not None and usage.completion_tokens == len(stack.double.output_ids(TWO_CALLS))
         # Qwen Code echoes arguments re-serialised compactly and drops reasoning_content.
-        msgs.append({"role": "assistant", "content": "Running both.", "tool_calls": [
-            {"id": c["id"], "type": "function", "function": {"name": c["name"],
-                                                             "arguments": json.dumps(json.loads(c["arguments"]),
-                                                                                     separators=(",", ":"))}}
-            for c in calls.values()]})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": "Running both.",
+                "tool_calls": [
+                    {
+                        "id": c["id"],
+                        "type": "function",
+                        "function": {
+                            "name": c["name"],
+                            "arguments": json.dumps(json.loads(c["arguments"]), separators=(",", ":")),
+                        },
+                    }
+                    for c in calls.values()
+                ],
+            }
+        )
         msgs += [{"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in calls.values()]
         final = await client.chat.completions.create(model="m", messages=msgs, tools=TOOLS_CHAT)
         assert final.choices[0].message.content == "done"
@@ -99,16 +142,26 @@ async def test_openai_chat_sdk_stream_and_compact_argument_echo(qwen_tokenizer: 
 
 async def test_responses_sdk_stream_and_reasoning_round_trip(qwen_tokenizer: Any) -> None:
     import openai  # here, not at the top: the SDK's import is a second of every worker's collection
+
     async with running_stack(qwen_tokenizer) as stack:
         stack.double.script += [TWO_CALLS, "done"]
         client = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="sess-r", max_retries=0)
-        tools: list[Any] = [{"type": "function", "name": "Bash", "description": "run", "strict": False,
-                             "parameters": TOOLS_ANTHROPIC[0]["input_schema"]}]
-        inp: list[Any] = [{"type": "message", "role": "developer", "content": [
-            {"type": "input_text", "text": "S"}]}, {"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": "go"}]}]
-        stream = await client.responses.create(model="m", input=inp, tools=tools, stream=True,
-                                               include=["reasoning.encrypted_content"], store=False)
+        tools: list[Any] = [
+            {
+                "type": "function",
+                "name": "Bash",
+                "description": "run",
+                "strict": False,
+                "parameters": TOOLS_ANTHROPIC[0]["input_schema"],
+            }
+        ]
+        inp: list[Any] = [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "S"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]},
+        ]
+        stream = await client.responses.create(
+            model="m", input=inp, tools=tools, stream=True, include=["reasoning.encrypted_content"], store=False
+        )
         events = [e async for e in stream]
         assert events[0].type == "response.created" and events[-1].type == "response.completed"
         output = events[-1].response.output
@@ -119,8 +172,11 @@ async def test_responses_sdk_stream_and_reasoning_round_trip(qwen_tokenizer: Any
             if d["type"] == "reasoning":
                 d["content"] = None
             inp.append(dict(reversed(list(d.items()))))
-        inp += [{"type": "function_call_output", "call_id": i.call_id, "output": "ok"} for i in output
-                if i.type == "function_call"]
+        inp += [
+            {"type": "function_call_output", "call_id": i.call_id, "output": "ok"}
+            for i in output
+            if i.type == "function_call"
+        ]
         final = await client.responses.create(model="m", input=inp, tools=tools, store=False)
         assert final.output_text == "done"
         stats = stack.manager.stats("sess-r")
@@ -154,7 +210,15 @@ async def test_retry_after_engine_5xx_records_one_turn(qwen_tokenizer: Any) -> N
         assert agent[2].reply_body == agent[1].reply_body
         # The tap hears of each request (its headers' secrets) before the engine calls it causes.
         assert [what for what, s in stack.tap.order if s == "sess-5"] == [
-            "request", "engine", "agent", "request", "engine", "agent", "request", "agent"]
+            "request",
+            "engine",
+            "agent",
+            "request",
+            "engine",
+            "agent",
+            "request",
+            "agent",
+        ]
 
 
 async def test_retry_after_broken_stream_is_served_from_the_recorded_turn(qwen_tokenizer: Any) -> None:
@@ -166,8 +230,10 @@ async def test_retry_after_broken_stream_is_served_from_the_recorded_turn(qwen_t
             resp = await http.post(stack.url + "/v1/messages", data=raw, headers=headers)
             await resp.content.readline()  # the client reads one line, then the stream breaks
             resp.close()
-        async with aiohttp.ClientSession() as http, \
-                http.post(stack.url + "/v1/messages", data=raw, headers=headers) as again:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(stack.url + "/v1/messages", data=raw, headers=headers) as again,
+        ):
             text = await again.text()
         assert "message_stop" in text
         assert len(stack.double.requests) == 1
@@ -199,13 +265,17 @@ async def test_a_plain_chat_session_without_tools_is_trained(qwen_tokenizer: Any
         headers = {"Authorization": "Bearer sess-chat"}
         messages = [{"role": "user", "content": "What is the capital of France?"}]
         async with aiohttp.ClientSession() as http:
-            async with http.post(stack.url + "/v1/messages", json=body(False, tools=[], messages=messages),
-                                 headers=headers) as resp:
+            async with http.post(
+                stack.url + "/v1/messages", json=body(False, tools=[], messages=messages), headers=headers
+            ) as resp:
                 first = await resp.json()
-            messages += [{"role": "assistant", "content": first["content"]},
-                         {"role": "user", "content": "How many people live there?"}]
-            async with http.post(stack.url + "/v1/messages", json=body(False, tools=[], messages=messages),
-                                 headers=headers) as resp:
+            messages += [
+                {"role": "assistant", "content": first["content"]},
+                {"role": "user", "content": "How many people live there?"},
+            ]
+            async with http.post(
+                stack.url + "/v1/messages", json=body(False, tools=[], messages=messages), headers=headers
+            ) as resp:
                 assert resp.status == 200
         stats = stack.manager.stats("sess-chat")
         assert (stats.turns, stats.side_turns, stats.samples) == (2, 0, 1) and stats.trained_tokens > 0
@@ -221,8 +291,7 @@ async def test_title_requests_are_side_requests_by_what_they_ask(qwen_tokenizer:
     assert not title.get("tools") and main_turn.get("tools")
     custom = body(False, tools=[], system="Label the ticket below for the triage board.")
     patterns = (*DEFAULT_SIDE_PATTERNS, r"\blabel the ticket\b")
-    async with running_stack(qwen_tokenizer, side_patterns=patterns) as stack, \
-            aiohttp.ClientSession() as http:
+    async with running_stack(qwen_tokenizer, side_patterns=patterns) as stack, aiohttp.ClientSession() as http:
         stack.double.script += ["Listing files", "ok"]
         headers = {"Authorization": "Bearer sess-t"}
         for payload in ({**title, "stream": False}, {**main_turn, "stream": False}):
@@ -250,8 +319,9 @@ async def test_client_disconnect_aborts_the_generation(qwen_tokenizer: Any, rout
         stack.double.failures.append(("slow", 30))
         stack.double.script.append("partial output that never finishes")
         async with aiohttp.ClientSession() as http:
-            task = asyncio.ensure_future(http.post(stack.url + "/v1/messages", json=body(),
-                                                   headers={"Authorization": "Bearer sess-x"}))
+            task = asyncio.ensure_future(
+                http.post(stack.url + "/v1/messages", json=body(), headers={"Authorization": "Bearer sess-x"})
+            )
             while not stack.double.requests:
                 await asyncio.sleep(0.01)
             task.cancel()
@@ -271,18 +341,22 @@ async def test_client_disconnect_aborts_the_generation(qwen_tokenizer: Any, rout
             assert "/workers" in paths
 
 
-@pytest.mark.parametrize("failure,status", [(("status", 400), 400), (("status", 500), 502),
-                                            (("malformed", None), 502), (("drop", None), 502)])
-async def test_engine_errors_map_to_client_error_formats(qwen_tokenizer: Any, failure: tuple[str, Any],
-                                                         status: int) -> None:
+@pytest.mark.parametrize(
+    "failure,status",
+    [(("status", 400), 400), (("status", 500), 502), (("malformed", None), 502), (("drop", None), 502)],
+)
+async def test_engine_errors_map_to_client_error_formats(
+    qwen_tokenizer: Any, failure: tuple[str, Any], status: int
+) -> None:
     async with running_stack(qwen_tokenizer) as stack:
         chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS_CHAT}
         resp_body = {"model": "m", "input": "hi", "tools": [{"type": "function", "name": "Bash"}]}
         async with aiohttp.ClientSession() as http:
             for path, payload, check in [
-                    ("/v1/messages", body(stream=False), lambda e: e["type"] == "error" and e["error"]["message"]),
-                    ("/v1/chat/completions", chat, lambda e: e["error"]["message"]),
-                    ("/v1/responses", resp_body, lambda e: e["error"]["message"])]:
+                ("/v1/messages", body(stream=False), lambda e: e["type"] == "error" and e["error"]["message"]),
+                ("/v1/chat/completions", chat, lambda e: e["error"]["message"]),
+                ("/v1/responses", resp_body, lambda e: e["error"]["message"]),
+            ]:
                 stack.double.failures.append(failure)
                 async with http.post(stack.url + path, json=payload, headers={"Authorization": "Bearer e"}) as r:
                     assert r.status == status
@@ -290,19 +364,20 @@ async def test_engine_errors_map_to_client_error_formats(qwen_tokenizer: Any, fa
         assert stack.manager.sessions() == [] or stack.manager.stats("e").turns == 0
 
 
-
 async def test_an_overloaded_engine_answers_each_wires_overloaded_status(qwen_tokenizer: Any) -> None:
     """An engine 529 is Anthropic's 529 overloaded_error (what Claude Code retries with its overloaded back-off),
     and 503 on the OpenAI and Gemini wires (what their clients retry), never a plain 502."""
     import anthropic  # here, not at the top: the SDK's import is a second of every worker's collection
+
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     gemini = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
         for path, payload, status, kind, expected in [
-                ("/v1/messages", body(stream=False), 529, lambda e: e["error"]["type"], "overloaded_error"),
-                ("/v1/chat/completions", chat, 503, lambda e: e["error"]["type"], "server_error"),
-                ("/v1/responses", {"model": "m", "input": "hi"}, 503, lambda e: e["error"]["type"], "server_error"),
-                ("/v1beta/models/g:generateContent", gemini, 503, lambda e: e["error"]["status"], "UNAVAILABLE")]:
+            ("/v1/messages", body(stream=False), 529, lambda e: e["error"]["type"], "overloaded_error"),
+            ("/v1/chat/completions", chat, 503, lambda e: e["error"]["type"], "server_error"),
+            ("/v1/responses", {"model": "m", "input": "hi"}, 503, lambda e: e["error"]["type"], "server_error"),
+            ("/v1beta/models/g:generateContent", gemini, 503, lambda e: e["error"]["status"], "UNAVAILABLE"),
+        ]:
             stack.double.failures.append(("status", 529))
             async with http.post(stack.url + path, json=payload, headers={"Authorization": "Bearer ov"}) as r:
                 assert (r.status, kind(await r.json())) == (status, expected), path
@@ -316,12 +391,16 @@ async def test_an_overloaded_engine_answers_each_wires_overloaded_status(qwen_to
         answer = await retrying.messages.create(**{k: v for k, v in body().items() if k != "stream"})
         assert answer.content[-1].text == "hello" and stack.manager.stats("ov-sdk").turns == 1
 
+
 async def test_engine_unreachable_and_bad_requests(qwen_tokenizer: Any) -> None:
     async with running_stack(qwen_tokenizer) as stack:
         stack.adapter.engine.base_url = "http://127.0.0.1:9"  # nothing listens on the discard port
         async with aiohttp.ClientSession() as http:
-            async with http.post(stack.url + "/v1/chat/completions", headers={"Authorization": "Bearer u"},
-                                 json={"model": "m", "messages": [{"role": "user", "content": "x"}]}) as r:
+            async with http.post(
+                stack.url + "/v1/chat/completions",
+                headers={"Authorization": "Bearer u"},
+                json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            ) as r:
                 assert r.status == 502 and "unreachable" in (await r.json())["error"]["message"]
             async with http.post(stack.url + "/v1/messages", data=b"{nope") as r:
                 assert r.status == 400 and (await r.json())["type"] == "error"
@@ -332,8 +411,9 @@ async def test_engine_unreachable_and_bad_requests(qwen_tokenizer: Any) -> None:
 async def test_sampling_params_follow_the_client_and_the_context_budget(qwen_tokenizer: Any) -> None:
     async with running_stack(qwen_tokenizer, context_length=4096) as stack:
         async with aiohttp.ClientSession() as http:
-            payload = body(stream=False, temperature=0.3, top_p=0.9, top_k=20, stop_sequences=["STOP"],
-                           max_tokens=32000)
+            payload = body(
+                stream=False, temperature=0.3, top_p=0.9, top_k=20, stop_sequences=["STOP"], max_tokens=32000
+            )
             async with http.post(stack.url + "/v1/messages", json=payload) as r:
                 assert r.status == 200
         sent = stack.double.requests[0]
@@ -344,15 +424,21 @@ async def test_sampling_params_follow_the_client_and_the_context_budget(qwen_tok
         assert sent["return_logprob"] is True and "max_tokens" not in params
 
 
-@pytest.mark.parametrize("route,raw", [
-    ("/v1/messages", b'{"model": "m", "max_tokens": 64, "temperature": NaN, "messages": [{"role": "user", '
-                     b'"content": "x"}]}'),
-    ("/v1/messages", b'{"model": "m", "max_tokens": Infinity, "messages": [{"role": "user", "content": "x"}]}'),
-    ("/v1/chat/completions", b'{"model": "m", "top_p": -Infinity, "messages": [{"role": "user", "content": "x"}]}'),
-    ("/v1/responses", b'{"model": "m", "max_output_tokens": NaN, "input": "x"}'),
-])
-async def test_non_finite_sampling_numbers_are_a_clear_400_and_reach_no_engine(qwen_tokenizer: Any, route: str,
-                                                                               raw: bytes) -> None:
+@pytest.mark.parametrize(
+    "route,raw",
+    [
+        (
+            "/v1/messages",
+            b'{"model": "m", "max_tokens": 64, "temperature": NaN, "messages": [{"role": "user", "content": "x"}]}',
+        ),
+        ("/v1/messages", b'{"model": "m", "max_tokens": Infinity, "messages": [{"role": "user", "content": "x"}]}'),
+        ("/v1/chat/completions", b'{"model": "m", "top_p": -Infinity, "messages": [{"role": "user", "content": "x"}]}'),
+        ("/v1/responses", b'{"model": "m", "max_output_tokens": NaN, "input": "x"}'),
+    ],
+)
+async def test_non_finite_sampling_numbers_are_a_clear_400_and_reach_no_engine(
+    qwen_tokenizer: Any, route: str, raw: bytes
+) -> None:
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
         async with http.post(stack.url + route, data=raw, headers={"Content-Type": "application/json"}) as r:
             assert r.status == 400

@@ -25,18 +25,49 @@ def test_session_id_precedence() -> None:
 
 
 def test_echo_rewrites_compare_equal() -> None:
-    sent = {"role": "assistant", "content": [{"type": "text", "text": "hi"}, {
-        "type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"a": 1, "b": "x"}}]}
-    echoed = {"content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}},
-                          {"id": "other", "input": {"b": "x", "a": 1}, "name": "Bash", "type": "tool_use"}],
-              "role": "assistant"}
+    sent = {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "hi"},
+            {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"a": 1, "b": "x"}},
+        ],
+    }
+    echoed = {
+        "content": [
+            {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}},
+            {"id": "other", "input": {"b": "x", "a": 1}, "name": "Bash", "type": "tool_use"},
+        ],
+        "role": "assistant",
+    }
     req = {"messages": [{"role": "user", "content": "q"}, sent]}
     again = {"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]}, echoed]}
     assert anthropic.parse_request(req).messages == anthropic.parse_request(again).messages
-    chat = openai_chat.parse_request({"messages": [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "Bash", "arguments": '{"a": 1, "b": "x"}'}}]}]})
-    compact = openai_chat.parse_request({"messages": [{"role": "assistant", "content": "", "tool_calls": [
-        {"id": "d", "type": "function", "function": {"name": "Bash", "arguments": '{"b":"x","a":1}'}}]}]})
+    chat = openai_chat.parse_request(
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "c", "type": "function", "function": {"name": "Bash", "arguments": '{"a": 1, "b": "x"}'}}
+                    ],
+                }
+            ]
+        }
+    )
+    compact = openai_chat.parse_request(
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "d", "type": "function", "function": {"name": "Bash", "arguments": '{"b":"x","a":1}'}}
+                    ],
+                }
+            ]
+        }
+    )
     assert chat.messages == compact.messages
 
 
@@ -51,8 +82,14 @@ def test_echo_memory_restores_dropped_reasoning() -> None:
 
 
 def test_mid_list_system_messages_are_folded() -> None:
-    msgs = [message("system", "A"), message("system", "B"), message("user", "u1"), message("system", "env"),
-            message("assistant", "x"), message("user", "u2")]
+    msgs = [
+        message("system", "A"),
+        message("system", "B"),
+        message("user", "u1"),
+        message("system", "env"),
+        message("assistant", "x"),
+        message("user", "u2"),
+    ]
     folded = fold_system_messages(msgs)
     assert [m["role"] for m in folded] == ["system", "user", "assistant", "user"]
     assert folded[0]["content"] == "A\n\nB"
@@ -114,7 +151,7 @@ def test_echo_memory_keys_each_echo_once_and_answers_as_keying_every_time(monkey
     for history in histories:
         restored = memo.restore(history)
         assert all(a is b for a, b in zip(restored, keyed.restore(history), strict=True))
-        assert [m for m in restored if m["role"] == "assistant"] == replies[:len(restored) // 2]
+        assert [m for m in restored if m["role"] == "assistant"] == replies[: len(restored) // 2]
     calls.clear()
     memo.restore([json.loads(json.dumps(m)) for m in histories[-1]])
     assert calls == []  # every assistant message was answered before, at its position
@@ -133,7 +170,10 @@ def test_echo_memory_follows_alternating_chains_of_one_session() -> None:
         memory.remember(b)
     sub_history = [message("user", "search")]
     for t in range(6):
-        sub_history = [*sub_history, message("assistant", f"sub {t}", None, [tool_call("Grep", f'{{"q":{t}}}')]),
-                       message("user", f"hits {t}")]
-        assert memory.restore(main[t])[1::2] == main_replies[:t + 1]
+        sub_history = [
+            *sub_history,
+            message("assistant", f"sub {t}", None, [tool_call("Grep", f'{{"q":{t}}}')]),
+            message("user", f"hits {t}"),
+        ]
+        assert memory.restore(main[t])[1::2] == main_replies[: t + 1]
         assert all(a is b for a, b in zip(memory.restore(sub_history)[1::2], sub_replies, strict=False))

@@ -65,8 +65,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Recorded:
     async def record_all() -> None:
         for (dialect, name), path in out.items():
             path.unlink(missing_ok=True)
-            _, results = await record_scenario(SCENARIOS / f"{name}.yaml", path, EngineOptions(model_name=MODEL),
-                                               engine_dialect=dialect)
+            _, results = await record_scenario(
+                SCENARIOS / f"{name}.yaml", path, EngineOptions(model_name=MODEL), engine_dialect=dialect
+            )
             assert all(r.ok for r in results), [r.line() for r in results]
 
     with open(folder / ".lock", "w") as lock:
@@ -129,18 +130,22 @@ def test_replays_clean_to_the_sglang_recordings_golden(recorded: Recorded, diale
     for session, text in sections.items():
         expected = committed[session].replace("engine /generate ", f"engine {PATHS[dialect]} ")
         if name == "client_abort":  # the partial output's length is the live abort's timing
-            expected, text = (re.sub(r"(side\(kept out of the tree\)) tokens=\d+", r"\1 tokens=N", t)
-                              for t in (expected, text))
+            expected, text = (
+                re.sub(r"(side\(kept out of the tree\)) tokens=\d+", r"\1 tokens=N", t) for t in (expected, text)
+            )
         if name == "client_abort" and dialect == "vllm-openai":  # dropped, no partial output: see the abort test
-            expected = expected.replace("client gone mid-generation, engine request aborted",
-                                        "client gone mid-generation, engine /v1/completions call dropped")
+            expected = expected.replace(
+                "client gone mid-generation, engine request aborted",
+                "client gone mid-generation, engine /v1/completions call dropped",
+            )
             expected = expected.replace("side(kept out of the tree) tokens=N", "side(kept out of the tree)")
         assert text.rstrip("\n") == expected.rstrip("\n"), f"{name} {session}"
 
 
 @pytest.mark.parametrize("dialect", PATHS)
-def test_a_replay_whose_engine_request_changed_fails_naming_the_field_or_the_token(recorded: Recorded,
-                                                                                    dialect: str) -> None:
+def test_a_replay_whose_engine_request_changed_fails_naming_the_field_or_the_token(
+    recorded: Recorded, dialect: str
+) -> None:
     """The engine leg is compared, not only served: another seed is a difference at its JSON path; another chat
     template (a system prompt rendered otherwise) at the first differing prompt token, decoded."""
     path = recorded[(dialect, "tool_loop")]
@@ -154,12 +159,14 @@ def test_a_replay_whose_engine_request_changed_fails_naming_the_field_or_the_tok
     result = asyncio.run(replay_cassette_async(path, options=ReplayOptions(adapter={"chat_template": template})))
     (difference,) = result.sessions[0].differences
     assert difference.kind == "engine-request" and difference.summary.startswith(
-        "engine request differs: prompt ids at token 2 ")
+        "engine request differs: prompt ids at token 2 "
+    )
 
 
 @pytest.mark.parametrize("dialect", PATHS)
-def test_a_529_reaches_the_agent_as_overloaded_and_its_retry_generates_once_more(recorded: Recorded,
-                                                                                 dialect: str) -> None:
+def test_a_529_reaches_the_agent_as_overloaded_and_its_retry_generates_once_more(
+    recorded: Recorded, dialect: str
+) -> None:
     cassette = read_cassette(recorded[(dialect, "retry_529")])
     (log,) = cassette.sessions.values()
     statuses = [a.status for a in log.agent]
@@ -178,18 +185,28 @@ async def test_a_retry_of_a_completed_request_is_answered_from_the_first_reply(d
     from tito_rl.trajectory.manager import TrajectoryManager
 
     tokenizer = load_tokenizer()
-    engine = create_engine(ScriptedPolicy(parse_scenario({"name": "r", "turns": [{"text": "Once."}]}), tokenizer),
-                           EngineOptions(tokenizer=tokenizer, model_name=MODEL))
+    engine = create_engine(
+        ScriptedPolicy(parse_scenario({"name": "r", "turns": [{"text": "Once."}]}), tokenizer),
+        EngineOptions(tokenizer=tokenizer, model_name=MODEL),
+    )
     tap, manager = RecordingTap(), TrajectoryManager()
-    body = json.dumps({"model": "m", "max_tokens": 64, "stream": True,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
-    async with serve(engine) as engine_url, serve(create_app(AdapterSettings(
-            engine_url=engine_url, engine_dialect=dialect), manager, tap, warm=False)) as url, \
-            aiohttp.ClientSession() as http:
+    body = json.dumps(
+        {"model": "m", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
+    async with (
+        serve(engine) as engine_url,
+        serve(
+            create_app(AdapterSettings(engine_url=engine_url, engine_dialect=dialect), manager, tap, warm=False)
+        ) as url,
+        aiohttp.ClientSession() as http,
+    ):
         replies = []
         for _ in range(2):
-            async with http.post(f"{url}/v1/chat/completions", data=body, headers={
-                    "Authorization": "Bearer again", "Content-Type": "application/json"}) as resp:
+            async with http.post(
+                f"{url}/v1/chat/completions",
+                data=body,
+                headers={"Authorization": "Bearer again", "Content-Type": "application/json"},
+            ) as resp:
                 assert resp.status == 200
                 replies.append(await resp.read())
     assert replies[0] == replies[1] and b"Once." in replies[0]
@@ -242,8 +259,9 @@ async def test_served_model_asked_before_the_first_generation_when_not_known(tmp
     lookup is no session's call, so the cassette has none, and a replay sends the name the recorded calls carry."""
     scenario = SCENARIOS / "retry_529.yaml"
     tokenizer = load_tokenizer()
-    engine = create_engine(ScriptedPolicy(load_scenario(scenario), tokenizer),
-                           EngineOptions(tokenizer=tokenizer, model_name=MODEL))
+    engine = create_engine(
+        ScriptedPolicy(load_scenario(scenario), tokenizer), EngineOptions(tokenizer=tokenizer, model_name=MODEL)
+    )
     settings = AdapterSettings(engine_dialect=dialect)
     out = tmp_path / "lazy.tito"
     writer = CassetteWriter(out, build_header(settings, None, {"client": "scripted"}))
@@ -261,50 +279,73 @@ async def test_served_model_asked_before_the_first_generation_when_not_known(tmp
     assert all(s.ok and s.exchanges == 4 for s in result.sessions), [s.differences for s in result.sessions]
 
 
-async def test_engine_errors_map_to_the_agents_statuses_and_a_missing_route_says_which_flag(
-        tmp_path: Path) -> None:
+async def test_engine_errors_map_to_the_agents_statuses_and_a_missing_route_says_which_flag(tmp_path: Path) -> None:
     """A 4xx from the engine is the agent's 400, a 5xx its 502; vLLM without `--enable-scale-out` refuses the
     generate route (403), and the message names the fix."""
     tokenizer = load_tokenizer()
-    scenario = parse_scenario({"name": "errors", "after_last": "error", "turns": [
-        {"text": "ok", "faults": {"status": 503, "message": "engine restarting"}, "fault_attempts": 1}]})
+    scenario = parse_scenario(
+        {
+            "name": "errors",
+            "after_last": "error",
+            "turns": [{"text": "ok", "faults": {"status": 503, "message": "engine restarting"}, "fault_attempts": 1}],
+        }
+    )
     body = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
     for dialect, wanted in (("vllm-generate", 502), ("vllm-openai", 502)):
         engine = create_engine(ScriptedPolicy(scenario, tokenizer), EngineOptions(tokenizer=tokenizer))
-        async with serve(engine) as engine_url, serve(create_app(AdapterSettings(
-                engine_url=engine_url, engine_dialect=dialect), warm=False)) as url, aiohttp.ClientSession() as http:
-            async with http.post(f"{url}/v1/chat/completions", json=body,
-                                 headers={"Authorization": "Bearer s"}) as resp:
+        async with (
+            serve(engine) as engine_url,
+            serve(create_app(AdapterSettings(engine_url=engine_url, engine_dialect=dialect), warm=False)) as url,
+            aiohttp.ClientSession() as http,
+        ):
+            async with http.post(
+                f"{url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer s"}
+            ) as resp:
                 assert resp.status == wanted
                 assert "engine restarting" in (await resp.json())["error"]["message"]
-            async with http.post(f"{url}/v1/chat/completions", json={**body, "max_tokens": 10 ** 6},
-                                 headers={"Authorization": "Bearer s"}) as resp:
+            async with http.post(
+                f"{url}/v1/chat/completions", json={**body, "max_tokens": 10**6}, headers={"Authorization": "Bearer s"}
+            ) as resp:
                 assert resp.status == 200  # capped at the context left, as on /generate
     # vLLM started without --enable-scale-out: its generate route is a 403 (the fake engine's `vllm_scale_out`)
-    engine = create_engine(ScriptedPolicy(scenario, tokenizer), EngineOptions(tokenizer=tokenizer,
-                                                                            vllm_scale_out=False))
-    async with serve(engine) as engine_url, serve(create_app(AdapterSettings(
-            engine_url=engine_url, engine_dialect="vllm-generate"), warm=False)) as url, \
-            aiohttp.ClientSession() as http, http.post(f"{url}/v1/chat/completions", json=body,
-                                                       headers={"Authorization": "Bearer s"}) as resp:
+    engine = create_engine(
+        ScriptedPolicy(scenario, tokenizer), EngineOptions(tokenizer=tokenizer, vllm_scale_out=False)
+    )
+    async with (
+        serve(engine) as engine_url,
+        serve(create_app(AdapterSettings(engine_url=engine_url, engine_dialect="vllm-generate"), warm=False)) as url,
+        aiohttp.ClientSession() as http,
+        http.post(f"{url}/v1/chat/completions", json=body, headers={"Authorization": "Bearer s"}) as resp,
+    ):
         assert resp.status == 400
         message = (await resp.json())["error"]["message"]
         assert "/inference/v1/generate failed (403)" in message and "--enable-scale-out" in message
 
 
 def tito(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_tito_record_refuses_a_dialect_the_adapter_does_not_call_and_an_engine_it_cannot_ask(tmp_path: Path) -> None:
-    run = tito("record", "--engine", "http://127.0.0.1:9", "--engine-dialect", "sglang-openai",
-               "--out", str(tmp_path / "x.tito"))
+    run = tito(
+        "record",
+        "--engine",
+        "http://127.0.0.1:9",
+        "--engine-dialect",
+        "sglang-openai",
+        "--out",
+        str(tmp_path / "x.tito"),
+    )
     assert run.returncode == 2
-    assert run.stderr.strip() == ("tito record: --engine-dialect sglang-openai: tito's adapter calls the engine in "
-                                  "sglang, vllm-generate, vllm-openai")
-    run = tito("record", "--engine", "http://127.0.0.1:9", "--engine-dialect", "vllm-openai",
-               "--out", str(tmp_path / "x.tito"))
+    assert run.stderr.strip() == (
+        "tito record: --engine-dialect sglang-openai: tito's adapter calls the engine in "
+        "sglang, vllm-generate, vllm-openai"
+    )
+    run = tito(
+        "record", "--engine", "http://127.0.0.1:9", "--engine-dialect", "vllm-openai", "--out", str(tmp_path / "x.tito")
+    )
     assert run.returncode == 2 and "cannot learn the engine's served model" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.tito").exists()
     run = tito("serve", "--engine", "http://127.0.0.1:9", "--engine-dialect", "sglang-openai")
@@ -316,15 +357,25 @@ def test_tito_simulate_through_tito_in_a_vllm_dialect_then_replay_and_audit(tmp_
     calling the fake engine's generate route, writes a golden equal to the SGLang recording's, and the cassette
     replays (exit 0) and audits clean with no engine."""
     out = tmp_path / "retry_529.tito"
-    run = tito("simulate", "--scenario", str(SCENARIOS / "retry_529.yaml"), "--out", str(out), "--target", "tito",
-               "--engine-dialect", "vllm-generate")
+    run = tito(
+        "simulate",
+        "--scenario",
+        str(SCENARIOS / "retry_529.yaml"),
+        "--out",
+        str(out),
+        "--target",
+        "tito",
+        "--engine-dialect",
+        "vllm-generate",
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     header = read_cassette(out).header
     assert header.adapter["engine_dialect"] == "vllm-generate" and header.adapter["engine_model"] == "Qwen/Qwen3-8B"
     golden = out.with_suffix(".golden").read_text(encoding="utf-8")
     committed = (ROOT / "cassettes" / "retry_529.golden").read_text(encoding="utf-8")
-    assert parse(golden)[1] == {k: v.replace("engine /generate ", "engine /inference/v1/generate ")
-                                for k, v in parse(committed)[1].items()}
+    assert parse(golden)[1] == {
+        k: v.replace("engine /generate ", "engine /inference/v1/generate ") for k, v in parse(committed)[1].items()
+    }
     replay = tito("replay", str(out))
     assert replay.returncode == 0, replay.stdout + replay.stderr
     audit = tito("audit", str(out))
@@ -338,14 +389,30 @@ def test_tito_serve_in_front_of_vllm_generate_names_the_model_it_learned() -> No
     from tests import process_helpers
 
     engine_port, port = process_helpers.free_port(), process_helpers.free_port()
-    with process_helpers.tito("fake-engine", "--demo", "--listen", f"127.0.0.1:{engine_port}",
-                              ready=f"http://127.0.0.1:{engine_port}/health"), \
-            process_helpers.tito("serve", "--engine", f"http://127.0.0.1:{engine_port}", "--engine-dialect",
-                                 "vllm-generate", "--listen", f"127.0.0.1:{port}",
-                                 ready=f"http://127.0.0.1:{port}/health") as adapter:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps({
-            "model": "m", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}).encode(),
-            headers={"Content-Type": "application/json", "Authorization": "Bearer s"})
+    with (
+        process_helpers.tito(
+            "fake-engine",
+            "--demo",
+            "--listen",
+            f"127.0.0.1:{engine_port}",
+            ready=f"http://127.0.0.1:{engine_port}/health",
+        ),
+        process_helpers.tito(
+            "serve",
+            "--engine",
+            f"http://127.0.0.1:{engine_port}",
+            "--engine-dialect",
+            "vllm-generate",
+            "--listen",
+            f"127.0.0.1:{port}",
+            ready=f"http://127.0.0.1:{port}/health",
+        ) as adapter,
+    ):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            data=json.dumps({"model": "m", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": "Bearer s"},
+        )
         reply = json.load(urllib.request.urlopen(request, timeout=60))
         assert reply["choices"][0]["message"]["content"]
         code, output = process_helpers.stop(adapter)
@@ -353,21 +420,39 @@ def test_tito_serve_in_front_of_vllm_generate_names_the_model_it_learned() -> No
     assert f"-> http://127.0.0.1:{engine_port} (vllm-generate, model Qwen/Qwen3-8B)" in output
 
 
-@pytest.mark.parametrize(("dialect", "answer", "says"), [
-    ("vllm-generate", {"choices": []}, "returned a malformed body"),
-    ("vllm-generate", {"choices": [{"logprobs": {"content": []}}]}, "returned no output token ids"),
-    ("vllm-openai", {"choices": [{"text": "hi"}]}, "no output token ids (return_token_ids needs vLLM >= 0.10.2)"),
-    ("vllm-generate", {"choices": [{"token_ids": [5, 6], "finish_reason": "length"}]},
-     "returned no logprobs for 2 output ids"),
-    ("vllm-generate", {"choices": [{"token_ids": [5, 6], "logprobs": {"content": [
-        {"token_id": 5, "logprob": -0.5}, {"token_id": 7, "logprob": -0.1}]}}]},
-     "token_ids disagree with the ids its logprobs name"),
-    ("vllm-openai", {"choices": [{"token_ids": [5], "prompt_token_ids": [0, 1, 2, 3],
-                                  "logprobs": {"token_logprobs": [-0.5]}}]},
-     "generated from other prompt ids than it was sent (4 returned, 3 sent)"),
-])
-def test_an_answer_that_cannot_train_is_the_agents_502_saying_why(dialect: str, answer: dict[str, Any],
-                                                                 says: str) -> None:
+@pytest.mark.parametrize(
+    ("dialect", "answer", "says"),
+    [
+        ("vllm-generate", {"choices": []}, "returned a malformed body"),
+        ("vllm-generate", {"choices": [{"logprobs": {"content": []}}]}, "returned no output token ids"),
+        ("vllm-openai", {"choices": [{"text": "hi"}]}, "no output token ids (return_token_ids needs vLLM >= 0.10.2)"),
+        (
+            "vllm-generate",
+            {"choices": [{"token_ids": [5, 6], "finish_reason": "length"}]},
+            "returned no logprobs for 2 output ids",
+        ),
+        (
+            "vllm-generate",
+            {
+                "choices": [
+                    {
+                        "token_ids": [5, 6],
+                        "logprobs": {"content": [{"token_id": 5, "logprob": -0.5}, {"token_id": 7, "logprob": -0.1}]},
+                    }
+                ]
+            },
+            "token_ids disagree with the ids its logprobs name",
+        ),
+        (
+            "vllm-openai",
+            {"choices": [{"token_ids": [5], "prompt_token_ids": [0, 1, 2, 3], "logprobs": {"token_logprobs": [-0.5]}}]},
+            "generated from other prompt ids than it was sent (4 returned, 3 sent)",
+        ),
+    ],
+)
+def test_an_answer_that_cannot_train_is_the_agents_502_saying_why(
+    dialect: str, answer: dict[str, Any], says: str
+) -> None:
     from tito_rl.trajectory.adapters.engine import vllm
     from tito_rl.trajectory.adapters.engine.generation import EngineError
 
@@ -382,10 +467,30 @@ def test_a_good_answer_reads_as_the_generation_trained_on() -> None:
     from tito_rl.trajectory.adapters.engine import vllm
 
     path, body = vllm.request("vllm-generate", "r" * 32, [1, 2, 3], {"max_new_tokens": 2}, MODEL)
-    generation = vllm.parse_answer("vllm-generate", path, "r" * 32, body, {
-        "choices": [{"token_ids": [5, 6], "finish_reason": "length", "logprobs": {"content": [
-            {"token_id": 5, "logprob": -0.5, "rank": 1}, {"token_id": 6, "logprob": -0.25, "rank": 2}]}}],
-        "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}})
+    generation = vllm.parse_answer(
+        "vllm-generate",
+        path,
+        "r" * 32,
+        body,
+        {
+            "choices": [
+                {
+                    "token_ids": [5, 6],
+                    "finish_reason": "length",
+                    "logprobs": {
+                        "content": [
+                            {"token_id": 5, "logprob": -0.5, "rank": 1},
+                            {"token_id": 6, "logprob": -0.25, "rank": 2},
+                        ]
+                    },
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}},
+        },
+    )
     assert (generation.output_ids, generation.output_log_probs, generation.finish_reason) == (
-        [5, 6], [-0.5, -0.25], "length")
+        [5, 6],
+        [-0.5, -0.25],
+        "length",
+    )
     assert (generation.prompt_tokens, generation.cached_tokens) == (3, 2)

@@ -60,9 +60,7 @@ def test_install_command_pins_the_exact_version() -> None:
 def test_installs_once_into_a_per_version_dir(tmp_path: Path, fake_npm: Path) -> None:
     prefix = tmp_path / "tools"
     binary = ensure_installed(CODEX, prefix)
-    assert (
-        binary == prefix / "codex-0.169.0" / "node_modules" / ".bin" / "codex" == binary_path(CODEX, prefix)
-    )
+    assert binary == prefix / "codex-0.169.0" / "node_modules" / ".bin" / "codex" == binary_path(CODEX, prefix)
     assert os.access(binary, os.X_OK)
     assert is_installed(CODEX, prefix)
     assert ensure_installed(CODEX, prefix) == binary

@@ -28,8 +28,7 @@ from tito_rl.recorder.agents.sandbox import LocalSandbox
 
 needs_npm = pytest.mark.skipif(
     shutil.which("npm") is None,
-    reason="npm is not installed on this machine, so the real agent CLIs can not be "
-    "installed (apt-get install npm)",
+    reason="npm is not installed on this machine, so the real agent CLIs can not be installed (apt-get install npm)",
 )
 
 SESSION = "tito-e2e-session-1"
@@ -39,9 +38,7 @@ async def run_agent(launcher, app, state: StubState, tmp_path: Path):
     binary = await asyncio.to_thread(ensure_installed, launcher.pin)
     server = await start_stub(app)
     try:
-        task = AgentTask(
-            str(server.make_url("/")), SESSION, "run echo hi in the shell", "stub-model", timeout_s=180
-        )
+        task = AgentTask(str(server.make_url("/")), SESSION, "run echo hi in the shell", "stub-model", timeout_s=180)
         with LocalSandbox(parent=tmp_path, keep=True) as sandbox:
             run = await asyncio.to_thread(launcher.launch, sandbox, task, str(binary))
     finally:
@@ -55,13 +52,9 @@ async def test_real_claude_code_runs_a_tool_loop_against_the_stub(tmp_path: Path
     run, sandbox = await run_agent(ClaudeCodeLauncher(), anthropic_app(state, "echo hi"), state, tmp_path)
     assert run.ok, f"claude exited {run.exit_code}: {run.stderr_tail}"
     assert (run.agent, run.version, run.session_id) == ("claude-code", CLAUDE_CODE.version, SESSION)
-    assert [(r.method, r.path, r.query) for r in state.requests] == [
-        ("POST", "/v1/messages", "beta=true")
-    ] * 2
+    assert [(r.method, r.path, r.query) for r in state.requests] == [("POST", "/v1/messages", "beta=true")] * 2
     assert all(r.headers["Authorization"] == f"Bearer {SESSION}" for r in state.requests)
-    assert all(
-        r.headers["User-Agent"].startswith(f"claude-cli/{CLAUDE_CODE.version}") for r in state.requests
-    )
+    assert all(r.headers["User-Agent"].startswith(f"claude-cli/{CLAUDE_CODE.version}") for r in state.requests)
     assert all(r.body["stream"] is True and r.body["model"] == "stub-model" for r in state.requests)
     first, second = (r.body["messages"] for r in state.requests)
     assert second[-2]["role"] == "assistant"
@@ -139,9 +132,7 @@ async def test_real_opencode_runs_a_tool_loop_after_its_title_request(tmp_path: 
     assert len(side) == 1 and "title" in json.dumps(side[0].body["messages"]).lower()
     assert len(turns) == 2
     calls, results = tool_exchange(turns[1].body)
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
-        ("bash", '{"command":"echo hi"}')
-    ]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("bash", '{"command":"echo hi"}')]
     assert [m["tool_call_id"] for m in results] == [calls[0]["id"]]
     assert tool_text(results[0]).strip() == "hi"
     assert all(r.body["model"] == "stub-model" for r in turns)

@@ -106,7 +106,7 @@ def _namespaces() -> None:
 def test_pids_repeat_between_runs_in_a_pid_namespace(tmp_path: Path) -> None:
     """What Gemini CLI's `Process Group PGID: N` needs: the same commands see the same pids every time."""
     _namespaces()
-    script = 'echo $$; sh -c \'echo $$\'; sleep 0 & echo $!'
+    script = "echo $$; sh -c 'echo $$'; sleep 0 & echo $!"
     with LocalSandbox(parent=tmp_path) as box:
         runs = [box.run(["sh", "-c", script], ENV, timeout_s=60) for _ in range(2)]
     assert runs[0].stdout == runs[1].stdout == "1\n2\n3\n"

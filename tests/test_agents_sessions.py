@@ -34,9 +34,7 @@ class EnvEchoLauncher(AgentLauncher):
 
 
 def test_each_session_gets_its_own_sandbox_and_token(tmp_path: Path) -> None:
-    plan = SessionPlan(
-        "codex", "http://127.0.0.1:9/", "do it", "m", sessions=3, session_prefix="exp1", parallel=2
-    )
+    plan = SessionPlan("codex", "http://127.0.0.1:9/", "do it", "m", sessions=3, session_prefix="exp1", parallel=2)
     made: list[LocalSandbox] = []
 
     def factory(session_id: str) -> LocalSandbox:
@@ -75,7 +73,8 @@ def test_local_factory_names_the_sandbox_after_the_sessions_cassette_name(tmp_pa
 
 
 async def test_agent_results_or_the_exit_code_a_stop_or_a_sandbox_error_gives(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from tito_rl.recorder.agents.runs import result_or_exit_code
     from tito_rl.recorder.agents.sandbox import SandboxError
 
@@ -85,6 +84,7 @@ async def test_agent_results_or_the_exit_code_a_stop_or_a_sandbox_error_gives(
 
     def refused() -> list[str]:
         raise SandboxError("sandbox /tmp/x exists")
+
     assert await result_or_exit_code(loop.run_in_executor(None, refused), stop) == 1
     assert capsys.readouterr().err == "tito record: sandbox /tmp/x exists\n"
 

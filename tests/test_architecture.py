@@ -77,8 +77,12 @@ def imported(path: Path, known: set[str]) -> Iterator[tuple[int, str]]:
 
 def graph() -> tuple[dict[str, Path], list[Import]]:
     found = modules()
-    edges = [Import(path, line, target) for name, path in found.items()
-             for line, target in imported(path, set(found)) if target != name]
+    edges = [
+        Import(path, line, target)
+        for name, path in found.items()
+        for line, target in imported(path, set(found))
+        if target != name
+    ]
     return found, edges
 
 
@@ -92,9 +96,12 @@ def rel(path: Path) -> str:
 
 def test_every_import_points_down_the_layers() -> None:
     found, edges = graph()
-    upward = [f"{rel(e.source)}:{e.line} imports {rel(found[e.target])} ({folder(e.target)}/ is above "
-              f"{folder(module_name(e.source))}/)"
-              for e in edges if layer(e.target) > layer(module_name(e.source))]
+    upward = [
+        f"{rel(e.source)}:{e.line} imports {rel(found[e.target])} ({folder(e.target)}/ is above "
+        f"{folder(module_name(e.source))}/)"
+        for e in edges
+        if layer(e.target) > layer(module_name(e.source))
+    ]
     assert not upward, "upward imports:\n" + "\n".join(upward)
 
 
@@ -148,8 +155,11 @@ def test_no_import_cycle() -> None:
     lines = []
     for component in cycles(set(found), edges):
         members = set(component)
-        links = [f"  {rel(e.source)}:{e.line} imports {rel(found[e.target])}" for e in edges
-                 if module_name(e.source) in members and e.target in members]
+        links = [
+            f"  {rel(e.source)}:{e.line} imports {rel(found[e.target])}"
+            for e in edges
+            if module_name(e.source) in members and e.target in members
+        ]
         lines.append("a cycle:\n" + "\n".join(links))
     assert not lines, "\n".join(lines)
 
@@ -212,8 +222,11 @@ def test_namespace_links_each_top_level_folder(top: str) -> None:
 @pytest.mark.parametrize("top", LAYERS)
 def test_every_folder_is_a_package(top: str) -> None:
     """A folder of modules without an __init__.py would not be installed (`packages` lists folders that have one)."""
-    missing = [rel(d) for d in [ROOT / top, *(ROOT / top).rglob("*")] if d.is_dir()
-               and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists()]
+    missing = [
+        rel(d)
+        for d in [ROOT / top, *(ROOT / top).rglob("*")]
+        if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py")) and not (d / "__init__.py").exists()
+    ]
     assert not missing
 
 
@@ -231,8 +244,11 @@ def test_every_tito_import_resolves_statically_to_its_file_in_the_checkout() -> 
     """Issue #37: an editor following `tito_rl.replayer.replay.cli` lands on `replayer/replay/cli.py`, because
     `tito_rl/replayer` links there; every module tito imports, and every module tito has, is found that way."""
     found, edges = graph()
-    unresolved = [f"{rel(e.source)}:{e.line} imports {e.target}" for e in edges
-                  if static_path(e.target) is None or static_path(e.target).resolve() != found[e.target].resolve()]
+    unresolved = [
+        f"{rel(e.source)}:{e.line} imports {e.target}"
+        for e in edges
+        if static_path(e.target) is None or static_path(e.target).resolve() != found[e.target].resolve()
+    ]
     assert not unresolved, "imports a static resolver cannot follow:\n" + "\n".join(unresolved)
     for name, path in found.items():
         at = static_path(name)

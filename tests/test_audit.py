@@ -35,8 +35,10 @@ def test_a_clean_session_fires_nothing_and_is_fully_covered(tmp_path: Path) -> N
 
 
 def test_never_trained_and_coverage_name_the_masked_turn(tmp_path: Path) -> None:
-    path = two_turns(tmp_path / "masked.tito", samples=lambda p0, o0, ctx, o1: [
-        sample(p0, [(o0, 0, None), (ctx, 0, None), (o1, 1, logprobs(o1))])])
+    path = two_turns(
+        tmp_path / "masked.tito",
+        samples=lambda p0, o0, ctx, o1: [sample(p0, [(o0, 0, None), (ctx, 0, None), (o1, 1, logprobs(o1))])],
+    )
     audit = audit_cassette(path)
     n = len(ids(FIRST))
     assert fired(audit) == {"coverage": n, "never-trained": n}
@@ -47,17 +49,23 @@ def test_never_trained_and_coverage_name_the_masked_turn(tmp_path: Path) -> None
 
 
 def test_trained_twice_fires_when_two_samples_train_one_output(tmp_path: Path) -> None:
-    path = two_turns(tmp_path / "twice.tito", samples=lambda p0, o0, ctx, o1: [
-        sample(p0, [(o0, 1, logprobs(o0)), (ctx, 0, None), (o1, 1, logprobs(o1))]),
-        sample(p0, [(o0, 1, logprobs(o0))])])
+    path = two_turns(
+        tmp_path / "twice.tito",
+        samples=lambda p0, o0, ctx, o1: [
+            sample(p0, [(o0, 1, logprobs(o0)), (ctx, 0, None), (o1, 1, logprobs(o1))]),
+            sample(p0, [(o0, 1, logprobs(o0))]),
+        ],
+    )
     audit = audit_cassette(path)
     assert fired(audit) == {"trained-twice": len(ids(FIRST)), "coverage": len(ids(FIRST))}
     assert audit.failing(("trained-twice",)) == ["trained-twice"]
 
 
 def test_trained_not_emitted_fires_on_trained_context(tmp_path: Path) -> None:
-    path = two_turns(tmp_path / "context.tito", samples=lambda p0, o0, ctx, o1: [
-        sample(p0, [(o0, 1, logprobs(o0)), (ctx, 1, None), (o1, 1, logprobs(o1))])])
+    path = two_turns(
+        tmp_path / "context.tito",
+        samples=lambda p0, o0, ctx, o1: [sample(p0, [(o0, 1, logprobs(o0)), (ctx, 1, None), (o1, 1, logprobs(o1))])],
+    )
     audit = audit_cassette(path)
     assert fired(audit) == {"trained-not-emitted": len(ids(USER))}
     example = audit.findings.rules["trained-not-emitted"].examples[0]
@@ -86,14 +94,21 @@ def test_missing_logprobs_fires_on_a_generation_without_them(tmp_path: Path) -> 
     assert audit.findings.rules["missing-logprobs"].kinds == {"engine": len(o0)}
 
 
-@pytest.mark.parametrize(("kind", "prompt"), [
-    ("stop-token", lambda p0, o0, ctx: p0 + o0[:-1] + ctx),
-    ("reasoning-dropped", lambda p0, o0, ctx: p0 + ids("Hello there.<|im_end|>") + ctx),
-    ("separator", lambda p0, o0, ctx: p0 + ids("<think>\nRead it.\n</think>\nHello there.<|im_end|>") + ctx),
-    ("retokenized", lambda p0, o0, ctx: p0 + ids("<think>\nRead it.\n</think>\n\n") + ids("Hel") + ids("lo")
-     + ids(" there.<|im_end|>") + ctx),
-    ("rewritten", lambda p0, o0, ctx: p0 + ids("Something else entirely.<|im_end|>") + ctx),
-])
+@pytest.mark.parametrize(
+    ("kind", "prompt"),
+    [
+        ("stop-token", lambda p0, o0, ctx: p0 + o0[:-1] + ctx),
+        ("reasoning-dropped", lambda p0, o0, ctx: p0 + ids("Hello there.<|im_end|>") + ctx),
+        ("separator", lambda p0, o0, ctx: p0 + ids("<think>\nRead it.\n</think>\nHello there.<|im_end|>") + ctx),
+        (
+            "retokenized",
+            lambda p0, o0, ctx: (
+                p0 + ids("<think>\nRead it.\n</think>\n\n") + ids("Hel") + ids("lo") + ids(" there.<|im_end|>") + ctx
+            ),
+        ),
+        ("rewritten", lambda p0, o0, ctx: p0 + ids("Something else entirely.<|im_end|>") + ctx),
+    ],
+)
 def test_prefix_break_kinds(tmp_path: Path, kind: str, prompt) -> None:  # noqa: ANN001
     p0, o0, ctx = ids(SYSTEM), ids(FIRST), ids(USER)
     audit = audit_cassette(two_turns(tmp_path / f"{kind}.tito", second_prompt=prompt(p0, o0, ctx)))
@@ -104,16 +119,28 @@ def test_prefix_break_kinds(tmp_path: Path, kind: str, prompt) -> None:  # noqa:
     # the first turn's output is in no sample where the gateway trains the re-rendered one: a realign
     if kind != "retokenized":
         return
-    realigned = two_turns(tmp_path / "realigned.tito", second_prompt=prompt(p0, o0, ctx),
-                          samples=lambda p0_, o0_, ctx_, o1: [sample(prompt(p0, o0, ctx), [(o1, 1, logprobs(o1))])])
+    realigned = two_turns(
+        tmp_path / "realigned.tito",
+        second_prompt=prompt(p0, o0, ctx),
+        samples=lambda p0_, o0_, ctx_, o1: [sample(prompt(p0, o0, ctx), [(o1, 1, logprobs(o1))])],
+    )
     assert audit_cassette(realigned).findings.rules["never-trained"].kinds == {"realign": len(o0)}
 
 
 def test_a_prompt_differing_in_the_system_message_is_another_chain_not_a_break(tmp_path: Path) -> None:
-    other = ids("<|im_start|>system\nYou are a sub-agent.<|im_end|>\n<|im_start|>user\nGo<|im_end|>\n"
-                "<|im_start|>assistant\n")
-    audit = audit_cassette(two_turns(tmp_path / "sub.tito", second_prompt=other, samples=lambda p0, o0, ctx, o1: [
-        sample(p0, [(o0, 1, logprobs(o0))]), sample(other, [(o1, 1, logprobs(o1))])]))
+    other = ids(
+        "<|im_start|>system\nYou are a sub-agent.<|im_end|>\n<|im_start|>user\nGo<|im_end|>\n<|im_start|>assistant\n"
+    )
+    audit = audit_cassette(
+        two_turns(
+            tmp_path / "sub.tito",
+            second_prompt=other,
+            samples=lambda p0, o0, ctx, o1: [
+                sample(p0, [(o0, 1, logprobs(o0))]),
+                sample(other, [(o1, 1, logprobs(o1))]),
+            ],
+        )
+    )
     assert fired(audit) == {}
 
 
@@ -124,23 +151,37 @@ def test_stop_token_leak(tmp_path: Path) -> None:
     assert example.token == len(ids(FIRST)) - 1 and example.sides[1].text.endswith("<|im_end|>")
 
 
-CALLS = '<tool_call>\n{"name": "read", "arguments": {"path": "a"}}\n</tool_call>\n' \
-        '<tool_call>\n{"name": "read", "arguments": {"path": "b"}}\n</tool_call><|im_end|>'
+CALLS = (
+    '<tool_call>\n{"name": "read", "arguments": {"path": "a"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "read", "arguments": {"path": "b"}}\n</tool_call><|im_end|>'
+)
 
 
 def test_tool_call_lost_and_text_dropped(tmp_path: Path) -> None:
     first = "<think>\nRead both.\n</think>\n\nReading both files.\n" + CALLS
-    lost = audit_cassette(two_turns(tmp_path / "lost.tito", first=first,
-                                    reply0=text_reply("", [("read", {"path": "a"})])))
+    lost = audit_cassette(
+        two_turns(tmp_path / "lost.tito", first=first, reply0=text_reply("", [("read", {"path": "a"})]))
+    )
     assert fired(lost) == {"tool-call-lost": 1, "text-dropped": 1}
-    kept = audit_cassette(two_turns(tmp_path / "kept.tito", first=first, reply0=text_reply(
-        "Reading both files.", [("read", {"path": "a"}), ("read", {"path": "b"})])))
+    kept = audit_cassette(
+        two_turns(
+            tmp_path / "kept.tito",
+            first=first,
+            reply0=text_reply("Reading both files.", [("read", {"path": "a"}), ("read", {"path": "b"})]),
+        )
+    )
     assert fired(kept) == {}
 
 
 def test_a_reply_cut_inside_its_reasoning_drops_no_text(tmp_path: Path) -> None:
-    assert fired(audit_cassette(two_turns(tmp_path / "cut.tito", first="<think>\nStill thinking about",
-                                          reply0=text_reply("")))) == {}
+    assert (
+        fired(
+            audit_cassette(
+                two_turns(tmp_path / "cut.tito", first="<think>\nStill thinking about", reply0=text_reply(""))
+            )
+        )
+        == {}
+    )
 
 
 def test_sampling_override_and_the_context_cap(tmp_path: Path) -> None:
@@ -229,8 +270,13 @@ def test_side_requests_and_dropped_sessions_are_set_aside(tmp_path: Path) -> Non
 
 
 def test_exit_codes_json_schema_and_allowlist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = two_turns(tmp_path / "twice.tito", samples=lambda p0, o0, ctx, o1: [
-        sample(p0, [(o0, 1, logprobs(o0)), (ctx, 0, None), (o1, 1, logprobs(o1))]), sample(p0, [(o0, 1, None)])])
+    path = two_turns(
+        tmp_path / "twice.tito",
+        samples=lambda p0, o0, ctx, o1: [
+            sample(p0, [(o0, 1, logprobs(o0)), (ctx, 0, None), (o1, 1, logprobs(o1))]),
+            sample(p0, [(o0, 1, None)]),
+        ],
+    )
     assert main(["audit", str(path), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert (out["schema"], out["version"], out["failed"]) == ("tito-audit", 1, True)
@@ -238,14 +284,21 @@ def test_exit_codes_json_schema_and_allowlist(tmp_path: Path, capsys: pytest.Cap
     cassette = out["cassettes"][0]
     assert cassette["failing"] == ["trained-twice", "logprob-mismatch"]
     assert cassette["rules"]["trained-twice"]["sessions"] == {"sid-test": len(ids(FIRST))}
-    assert set(cassette["rules"]["trained-twice"]["examples"][0]) == {"session", "exchange", "seq", "token",
-                                                                       "detail", "sides"}
+    assert set(cassette["rules"]["trained-twice"]["examples"][0]) == {
+        "session",
+        "exchange",
+        "seq",
+        "token",
+        "detail",
+        "sides",
+    }
     assert cassette["session_figures"][0]["rules"]["trained-twice"] == len(ids(FIRST))
     assert main(["audit", str(path), "--fail-on", "stop-token-leak"]) == 0
     assert main(["audit", str(path), "--fail-on", ""]) == 0
     capsys.readouterr()
-    (tmp_path / "twice.audit.toml").write_text('[allow]\ntrained-twice = "pinned on purpose"\n'
-                                               'logprob-mismatch = "the second sample has zeros"\n')
+    (tmp_path / "twice.audit.toml").write_text(
+        '[allow]\ntrained-twice = "pinned on purpose"\nlogprob-mismatch = "the second sample has zeros"\n'
+    )
     assert main(["audit", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "allowed: pinned on purpose" in text and "FAIL" not in text
@@ -255,26 +308,37 @@ def test_the_summary_says_what_each_count_counts(tmp_path: Path, capsys: pytest.
     """Two cassettes, one firing trained-twice and coverage: the summary gives each rule's count in its unit, and
     the sessions and cassettes it fired in, never a bare number whose unit the reader must guess."""
     n = len(ids(FIRST))
-    two_turns(tmp_path / "a.tito", samples=lambda p0, o0, ctx, o1: [
-        sample(p0, [(o0, 1, logprobs(o0)), (ctx, 0, None), (o1, 1, logprobs(o1))]),
-        sample(p0, [(o0, 1, logprobs(o0))])])
+    two_turns(
+        tmp_path / "a.tito",
+        samples=lambda p0, o0, ctx, o1: [
+            sample(p0, [(o0, 1, logprobs(o0)), (ctx, 0, None), (o1, 1, logprobs(o1))]),
+            sample(p0, [(o0, 1, logprobs(o0))]),
+        ],
+    )
     two_turns(tmp_path / "b.tito")
     assert main(["audit", str(tmp_path)]) == 1
     text = capsys.readouterr().out
-    summary = text[text.index("audited "):].splitlines()
+    summary = text[text.index("audited ") :].splitlines()
     assert summary[0] == "audited 2 cassette(s), 2 session(s); rules fired:"
     assert f"  trained-twice: {n} token(s) in 1 session(s) of 1 cassette(s)" in summary
     assert f"  FAIL trained-twice: {n} token(s) in 1 session(s)" in text  # the cassette's own line, with its unit
 
 
-@pytest.mark.parametrize(("setup", "message"), [
-    (lambda d: None, "no such file or folder"),
-    (lambda d: (d / "x.tito").write_bytes(b"nope, not one"), "not a tito cassette"),
-    (lambda d: (d / "x.audit.toml").write_text('[allow]\nno-such-rule = "x"\n'), "unknown rule 'no-such-rule'"),
-    (lambda d: (d / "x.audit.toml").write_text('[allow]\ncoverage = ""\n'), "without a reason"),
-])
-def test_unusable_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], setup,  # noqa: ANN001
-                                              message: str) -> None:
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: None, "no such file or folder"),
+        (lambda d: (d / "x.tito").write_bytes(b"nope, not one"), "not a tito cassette"),
+        (lambda d: (d / "x.audit.toml").write_text('[allow]\nno-such-rule = "x"\n'), "unknown rule 'no-such-rule'"),
+        (lambda d: (d / "x.audit.toml").write_text('[allow]\ncoverage = ""\n'), "without a reason"),
+    ],
+)
+def test_unusable_input_exits_2_with_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    setup,  # noqa: ANN001
+    message: str,
+) -> None:
     setup(tmp_path)
     target = tmp_path / "x.tito"
     if not target.exists() and "rule" in message or "reason" in message:
@@ -284,8 +348,9 @@ def test_unusable_input_exits_2_with_one_line(tmp_path: Path, capsys: pytest.Cap
     assert message in err and err.count("\n") == 1 and err.startswith("tito audit: ")
 
 
-def test_an_unknown_fail_on_rule_and_an_empty_folder_are_unusable(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unknown_fail_on_rule_and_an_empty_folder_are_unusable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["audit", str(tmp_path)]) == 2
     assert "no cassettes" in capsys.readouterr().err
     assert main(["audit", str(two_turns(tmp_path / "a.tito")), "--fail-on", "nope"]) == 2

@@ -38,8 +38,11 @@ def test_hand_counts_from_the_raw_records() -> None:
     events = chat_sse.agent[0].reply_events
     assert events is not None and "".join(events).count('"name": "read_file"') == 1
     # the chat sessions' earlier turns: emitted, in no sample's trained tokens (slime realigned them)
-    assert [len(e.response["output_ids"]) for e in cassette.sessions[CHAT_JSON].engine if e.status == 200] == \
-        [46, 49, 36]
+    assert [len(e.response["output_ids"]) for e in cassette.sessions[CHAT_JSON].engine if e.status == 200] == [
+        46,
+        49,
+        36,
+    ]
     assert [len(e.response["output_ids"]) for e in chat_sse.engine] == [60, 45, 21]
     assert [sum(s["loss_mask"]) for s in cassette.sessions[CHAT_JSON].samples] == [36]
     assert [sum(s["loss_mask"]) for s in chat_sse.samples] == [21]
@@ -67,7 +70,10 @@ def test_slime_recording_names_the_conformance_findings() -> None:
     # reasoning dropped from the prompt (conformance findings 2 and 3): the first differing tokens
     breaks = {(e.session, e.exchange): (e.token, e.detail.split(":")[0]) for e in rules["prefix-break"].examples}
     assert rules["prefix-break"].total == 5 and rules["prefix-break"].sessions == {
-        CHAT_JSON: 2, CHAT_SSE: 2, ANTHROPIC_SSE: 1}
+        CHAT_JSON: 2,
+        CHAT_SSE: 2,
+        ANTHROPIC_SSE: 1,
+    }
     assert breaks[(CHAT_SSE, 2)] == (303, "reasoning-dropped")
     # the retries re-send a request the engine answered with 529: nothing was generated, so nothing is generated
     # again or trained twice (slime_retry below is the traffic that does)
@@ -112,7 +118,7 @@ def test_retry_hand_counts_from_the_raw_records() -> None:
     assert [e.status for e in log.agent] == [200, 200, 200, 200]
     assert [sum(s["loss_mask"]) for s in log.samples] == [124, 44]  # 62 + 44 + 18, and the retried turn again
     second = log.samples[1]
-    response = second["tokens"][len(second["tokens"]) - second["response_length"]:]
+    response = second["tokens"][len(second["tokens"]) - second["response_length"] :]
     assert [t for t, m in zip(response, second["loss_mask"], strict=True) if m] == outputs[1]
     assert sum(call.request["sampling_params"]["max_new_tokens"] == 4096 for call in log.engine) == 4
     assert "<|im_end|>" in "".join(log.agent[3].reply_events or [])

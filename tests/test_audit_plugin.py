@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 INI = "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
-USER_TEST = '''
+USER_TEST = """
 def test_pinned(tito_audit):
     audit = tito_audit("cassettes/tool_loop.tito", expect="coverage>=1.0, trained-twice, logprob-mismatch")
     assert audit.coverage == 1.0
@@ -22,13 +22,19 @@ def test_pinned(tito_audit):
 
 def test_fails_with_what_broke(tito_audit):
     tito_audit("cassettes/drift_realign.tito", expect="coverage>=0.9")
-'''
+"""
 
 
 def pytest_run(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
-                           *args], cwd=project, capture_output=True, text=True, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", *args],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 @pytest.fixture
@@ -46,8 +52,10 @@ def test_session_items_fail_on_pinned_rules_unless_allowed(project: Path) -> Non
     assert plain.returncode == 0, plain.stdout[-2000:]
     pinned = pytest_run(project, "-q", "cassettes", "--tito-audit", "coverage>=1.0, trained-twice")
     assert pinned.returncode == 1 and "1 failed, 1 passed" in pinned.stdout, pinned.stdout[-2000:]
-    assert "tito audit: cassettes/drift_realign.tito session sid-19f0295d317854b9: coverage 21/64 = 0.328, " \
-           "below 1.0" in pinned.stdout
+    assert (
+        "tito audit: cassettes/drift_realign.tito session sid-19f0295d317854b9: coverage 21/64 = 0.328, "
+        "below 1.0" in pinned.stdout
+    )
     assert "Traceback" not in pinned.stdout
     # the same pin from the ini file; then the cassette's allowlist says the realign is expected
     (project / "pytest.ini").write_text(INI + "tito_audit = coverage>=1.0, trained-twice\n")

@@ -22,8 +22,9 @@ def two_sessions(tmp_path: Path, qwen_tokenizer: Any) -> Path:
     traffic = session_traffic(qwen_tokenizer, turns=3)
     with CassetteWriter(path, header()) as writer:
         play(writer, traffic)
-        writer.agent_exchange("probe-run", "path", AgentExchange("HEAD", "/s/probe-run/", "", {}, b"", 200, {},
-                                                                 side=True))
+        writer.agent_exchange(
+            "probe-run", "path", AgentExchange("HEAD", "/s/probe-run/", "", {}, b"", 200, {}, side=True)
+        )
         writer.session_finished(BEARER, "api", 0.5, [final_sample(traffic), final_sample(traffic)])
     return path
 
@@ -40,11 +41,10 @@ def test_info_json_has_the_documented_shape(two_sessions: Path, capsys: pytest.C
     assert out["truncated"] is False
 
 
-def test_info_reports_a_truncated_tail(two_sessions: Path, tmp_path: Path,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_info_reports_a_truncated_tail(two_sessions: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cut = tmp_path / "cut.tito"
     with CassetteReader(two_sessions) as reader:  # a killed recorder leaves no index: its records, cut
-        cut.write_bytes(two_sessions.read_bytes()[:reader.records_end() - 10])  # loses the samples record
+        cut.write_bytes(two_sessions.read_bytes()[: reader.records_end() - 10])  # loses the samples record
     assert main(["cassette", "info", str(cut), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["truncated"] is True and out["sessions"][0]["samples"] == 0
@@ -54,13 +54,13 @@ def test_info_reports_a_truncated_tail(two_sessions: Path, tmp_path: Path,
 
 
 def test_info_reads_the_index_of_a_closed_cassette_and_scans_one_without(
-        two_sessions: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    two_sessions: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert main(["cassette", "info", str(two_sessions), "--json"]) == 0
     scanned = json.loads(capsys.readouterr().out)
     no_index = tmp_path / "no-index.tito"  # what a recorder killed right after its last record leaves
     with CassetteReader(two_sessions) as reader:
-        no_index.write_bytes(two_sessions.read_bytes()[:reader.records_end()])
+        no_index.write_bytes(two_sessions.read_bytes()[: reader.records_end()])
 
     def no_scan(self: CassetteReader) -> None:
         raise AssertionError("scanned a cassette that has an index")
@@ -73,8 +73,7 @@ def test_info_reads_the_index_of_a_closed_cassette_and_scans_one_without(
     assert json.loads(capsys.readouterr().out) == scanned  # the same counts; complete records, no cut
 
 
-def test_info_on_a_broken_file_is_an_error_not_a_traceback(tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_info_on_a_broken_file_is_an_error_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.tito"
     bad.write_bytes(b"definitely not a cassette")
     assert main(["cassette", "info", str(bad)]) == 2

@@ -118,7 +118,7 @@ def test_drift_realigns_the_short_reply() -> None:
     log = only("drift_realign")
     first, second = generations(log)
     held = first.request["input_ids"] + first.response["output_ids"]
-    assert second.request["input_ids"][:len(held)] != held  # the reply came back re-tokenised
+    assert second.request["input_ids"][: len(held)] != held  # the reply came back re-tokenised
     (sample,) = log.samples
     assert sum(sample["loss_mask"]) == len(second.response["output_ids"])  # the drifted reply is context
 
@@ -130,7 +130,7 @@ def test_drift_spliced_trains_every_emitted_token_once() -> None:
     assert statuses(log) == [200] * 4 and len(engine) == 4
     for before, after in zip(engine, engine[1:], strict=False):
         held = before.request["input_ids"] + before.response["output_ids"]
-        assert after.request["input_ids"][:len(held)] == held
+        assert after.request["input_ids"][: len(held)] == held
     tokenizer = load_tokenizer()
     for e in engine:  # the emitted ids are not what re-encoding their text gives
         ids = e.response["output_ids"][:-1]

@@ -52,8 +52,8 @@ def test_codex_echoes_reasoning_items_with_null_content_and_the_same_encrypted_c
 def test_codex_parallel_calls_come_back_in_order_with_the_real_outputs() -> None:
     items = bodies(only("codex_tool_loop"))[-1]["input"]
     kinds = [i["type"] for i in items]
-    at = next(n for n in range(len(kinds) - 1) if kinds[n:n + 2] == ["function_call", "function_call"])
-    calls, outputs = items[at:at + 2], items[at + 2:at + 4]
+    at = next(n for n in range(len(kinds) - 1) if kinds[n : n + 2] == ["function_call", "function_call"])
+    calls, outputs = items[at : at + 2], items[at + 2 : at + 4]
     assert [o["type"] for o in outputs] == ["function_call_output"] * 2
     assert [c["call_id"] for c in calls] == [o["call_id"] for o in outputs]
     assert [json.loads(c["arguments"])["cmd"] for c in calls][1] == "wc -l squares.py"
@@ -82,10 +82,14 @@ def test_gemini_echoes_calls_with_ids_and_signatures_and_wraps_shell_output() ->
     # The signature goes on each turn's first call only, as the Gemini API puts it.
     assert [["thoughtSignature" in p for p in turn] for turn in per_turn] == [[True], [True, False], [True], [True]]
     calls = [p for turn in per_turn for p in turn]
-    assert all(re.fullmatch(rf"{p['functionCall']['name']}_\d+_{n}", p["functionCall"]["id"])
-               for turn in per_turn for n, p in enumerate(turn))
-    answers = [p["functionResponse"] for c in contents if c["role"] == "user" for p in c["parts"]
-               if "functionResponse" in p]
+    assert all(
+        re.fullmatch(rf"{p['functionCall']['name']}_\d+_{n}", p["functionCall"]["id"])
+        for turn in per_turn
+        for n, p in enumerate(turn)
+    )
+    answers = [
+        p["functionResponse"] for c in contents if c["role"] == "user" for p in c["parts"] if "functionResponse" in p
+    ]
     assert [a["id"] for a in answers] == [p["functionCall"]["id"] for p in calls]
     shell = [a["response"]["output"] for a in answers if a["name"] == "run_shell_command"]
     assert len(shell) == 3 and all(s.startswith("<untrusted_context>\n") for s in shell)

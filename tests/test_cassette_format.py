@@ -66,11 +66,11 @@ def test_frames_catch_flipped_bytes_and_compress_big_records() -> None:
     frame = encode_frame({"t": "engine", "blob": "abc" * 1000})
     length, flags, crc = decode_frame_header(frame[: FRAME_HEADER.size], 0)
     assert flags & FLAG_ZLIB and length == len(frame) - FRAME_HEADER.size < 3000
-    assert decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0)["blob"] == "abc" * 1000
+    assert decode_payload(frame[FRAME_HEADER.size :], flags, crc, 0)["blob"] == "abc" * 1000
     flipped = bytearray(frame)
     flipped[FRAME_HEADER.size + 5] ^= 0x40
     with pytest.raises(CorruptCassetteError, match="checksum"):
-        decode_payload(bytes(flipped[FRAME_HEADER.size:]), flags, crc, 0)
+        decode_payload(bytes(flipped[FRAME_HEADER.size :]), flags, crc, 0)
     bad_header = bytearray(frame[: FRAME_HEADER.size])
     bad_header[0] ^= 0x01
     with pytest.raises(CorruptCassetteError, match="frame header"):
@@ -85,14 +85,21 @@ def test_engine_records_store_prompts_as_deltas_against_the_previous_context() -
     p2 = p1 + out1 + [42, 43]
     frames = []
     for seq, (prompt, out) in enumerate([(p1, out1), (p2, [9, 151645])]):
-        rec = EngineRecord("s", seq, "POST", "/generate", {"rid": f"r{seq}", "input_ids": prompt}, 200,
-                           {"output_ids": out, "meta_info": {"output_token_logprobs": [[-0.5, t, None] for t in out]}})
+        rec = EngineRecord(
+            "s",
+            seq,
+            "POST",
+            "/generate",
+            {"rid": f"r{seq}", "input_ids": prompt},
+            200,
+            {"output_ids": out, "meta_info": {"output_token_logprobs": [[-0.5, t, None] for t in out]}},
+        )
         frames.append(encode_frame(codec.encode(rec)))
     # The second prompt costs its 2 new tokens, not 2005.
     assert len(frames[1]) < 400 < 4000 < len(frames[0])
     for seq, frame in enumerate(frames):
         length, flags, crc = decode_frame_header(frame[: FRAME_HEADER.size], 0)
-        back = reader.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
+        back = reader.decode(decode_payload(frame[FRAME_HEADER.size :], flags, crc, 0))
         assert isinstance(back, EngineRecord)
         assert back.request["input_ids"] == (p1 if seq == 0 else p2)
         assert back.response["meta_info"]["output_token_logprobs"][0] == [-0.5, back.response["output_ids"][0], None]
@@ -130,12 +137,19 @@ def test_a_reader_asking_for_packed_prompts_gets_the_same_records_with_prompts_p
     p1 = [rng.randrange(151000) for _ in range(3000)]
     p2 = p1 + [7, 8, 151645, 42]
     for seq, prompt in enumerate([p1, p2]):
-        rec = EngineRecord("s", seq, "POST", "/generate", {"rid": f"r{seq}", "input_ids": prompt}, 200,
-                           {"output_ids": [7, 8, 151645], "meta_info": {}})
+        rec = EngineRecord(
+            "s",
+            seq,
+            "POST",
+            "/generate",
+            {"rid": f"r{seq}", "input_ids": prompt},
+            200,
+            {"output_ids": [7, 8, 151645], "meta_info": {}},
+        )
         frame = encode_frame(writer.encode(rec))
         length, flags, crc = decode_frame_header(frame[: FRAME_HEADER.size], 0)
-        as_list = lists.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
-        as_packed = packed.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
+        as_list = lists.decode(decode_payload(frame[FRAME_HEADER.size :], flags, crc, 0))
+        as_packed = packed.decode(decode_payload(frame[FRAME_HEADER.size :], flags, crc, 0))
         assert type(as_list.request["input_ids"]) is list and type(as_packed.request["input_ids"]) is PackedIds
         assert as_packed.request["input_ids"] == as_list.request["input_ids"] == prompt
         assert as_packed.response == as_list.response and as_packed.seq == as_list.seq
@@ -150,8 +164,9 @@ def test_a_finished_session_s_delta_bases_are_let_go_and_a_later_record_still_de
     rng = random.Random(1)
 
     def engine(session: str, seq: int, prompt: list[int]) -> EngineRecord:
-        return EngineRecord(session, seq, "POST", "/generate", {"input_ids": prompt}, 200,
-                            {"output_ids": [5, 151645], "meta_info": {}})
+        return EngineRecord(
+            session, seq, "POST", "/generate", {"input_ids": prompt}, 200, {"output_ids": [5, 151645], "meta_info": {}}
+        )
 
     def agent(session: str, seq: int, body: bytes) -> AgentRecord:
         return AgentRecord(session, seq, "POST", "/v1/messages", "", {}, body, 200, {})
@@ -160,16 +175,24 @@ def test_a_finished_session_s_delta_bases_are_let_go_and_a_later_record_still_de
     records: list[Any] = []
     for name, prompt in prompts.items():
         records += [engine(name, 0, prompt), agent(name, 1, b"x" * 20000)]
-    sample = {"tokens": prompts["a"] + [5, 151645], "response_length": 2, "loss_mask": [1, 1],
-              "rollout_log_probs": [-0.1, -0.2], "reward": 1.0, "metadata": {}}
+    sample = {
+        "tokens": prompts["a"] + [5, 151645],
+        "response_length": 2,
+        "loss_mask": [1, 1],
+        "rollout_log_probs": [-0.1, -0.2],
+        "reward": 1.0,
+        "metadata": {},
+    }
     records += [SamplesRecord("a", 2, 1.0, [sample]), DropRecord("b", 2)]
     encoded = [codec.encode(r) for r in records]
     assert codec.held_bytes() == 4 * (5000 + 2) + 20000  # only session c's, which has not ended
     later: list[Record] = [engine("a", 3, prompts["a"] + [5, 151645, 9]), agent("a", 4, b"x" * 20001)]
     encoded += [codec.encode(r) for r in later]
     assert encoded[-2]["request"]["input_ids"].prefix == 0  # whole: its base was let go
-    decoded = [reader.decode(decode_payload(encode_frame(e)[FRAME_HEADER.size:], *_frame_bits(encode_frame(e)), 0))
-               for e in encoded]
+    decoded = [
+        reader.decode(decode_payload(encode_frame(e)[FRAME_HEADER.size :], *_frame_bits(encode_frame(e)), 0))
+        for e in encoded
+    ]
     assert decoded[-2].request["input_ids"] == prompts["a"] + [5, 151645, 9] and decoded[-1].body == b"x" * 20001
 
 
@@ -182,11 +205,18 @@ def test_irregular_logprobs_are_stored_verbatim() -> None:
     """Only the exact `[float, id, None]` shape becomes a column: anything else must survive untouched."""
     codec, reader = SessionCodec(), SessionCodec()
     triples = [[0, 5, None], [-0.25, 6, "x"]]  # an int logprob, a text entry
-    rec = EngineRecord("s", 0, "POST", "/generate", {"input_ids": [1, 2]}, 200,
-                       {"output_ids": [5, 6], "meta_info": {"output_token_logprobs": triples}})
+    rec = EngineRecord(
+        "s",
+        0,
+        "POST",
+        "/generate",
+        {"input_ids": [1, 2]},
+        200,
+        {"output_ids": [5, 6], "meta_info": {"output_token_logprobs": triples}},
+    )
     frame = encode_frame(codec.encode(rec))
     _, flags, crc = decode_frame_header(frame[: FRAME_HEADER.size], 0)
-    back = reader.decode(decode_payload(frame[FRAME_HEADER.size:], flags, crc, 0))
+    back = reader.decode(decode_payload(frame[FRAME_HEADER.size :], flags, crc, 0))
     assert back.response["meta_info"]["output_token_logprobs"] == triples
     assert type(back.response["meta_info"]["output_token_logprobs"][0][0]) is int
 
@@ -224,8 +254,13 @@ def test_a_reader_asking_for_packed_samples_gets_the_same_records_and_lets_finis
     root = Path(__file__).resolve().parent.parent / "cassettes"
     for name in ("tool_loop", "drift_realign", "targets/slime_retry"):
         with CassetteReader(root / f"{name}.tito") as plain, CassetteReader(root / f"{name}.tito") as packed:
-            pairs = list(zip(plain.records(), packed.records(packed_prompts=True, packed_samples=True,
-                                                              release_finished=True), strict=True))
+            pairs = list(
+                zip(
+                    plain.records(),
+                    packed.records(packed_prompts=True, packed_samples=True, release_finished=True),
+                    strict=True,
+                )
+            )
         samples = [(a, b) for a, b in pairs if isinstance(a, SamplesRecord)]
         assert samples, name
         for a, b in samples:
@@ -245,8 +280,11 @@ def test_a_reader_asking_for_packed_samples_gets_the_same_records_and_lets_finis
 
 def test_release_lets_a_finished_session_s_bases_go() -> None:
     codec = SessionCodec()
-    codec.encode(EngineRecord("s", 0, "POST", "/generate", {"input_ids": list(range(500))}, 200,
-                              {"output_ids": [7, 8], "meta_info": {}}))
+    codec.encode(
+        EngineRecord(
+            "s", 0, "POST", "/generate", {"input_ids": list(range(500))}, 200, {"output_ids": [7, 8], "meta_info": {}}
+        )
+    )
     codec.encode(AgentRecord("s", 1, "POST", "/v1/messages", "", {}, b'{"messages": []}', 200, {}))
     assert codec.held_bytes() > 2000
     codec.release("s")

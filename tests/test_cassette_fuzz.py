@@ -37,8 +37,9 @@ def test_the_seeded_fuzz_run_finds_nothing_in_bounded_time_and_memory() -> None:
     """A few thousand cases in a process of their own (so its peak memory is theirs). How long they take is a
     benchmark's figure (`benchmarks/bench_fuzz.py`: the slowest case against the mean), not an assertion that a busy
     host fails; the timeout only catches a hang, at many times the normal run (about 10 s on a quiet host)."""
-    done = subprocess.run([sys.executable, "-m", "tests.cassette_fuzz", "--json"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.cassette_fuzz", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     report = json.loads(done.stdout)
     assert report["findings"] == [] and done.returncode == 0, report["findings"][:5]
     assert report["cases"] == fuzz.CASES >= 3000
@@ -46,8 +47,17 @@ def test_the_seeded_fuzz_run_finds_nothing_in_bounded_time_and_memory() -> None:
     for kind, outcome, n in report["outcomes"]:
         outcomes.setdefault(kind, {})[outcome] = n
     assert set(outcomes) == set(fuzz.MUTATIONS)
-    for kind in ("flip bytes", "msgpack length", "deep nesting", "zlib bomb", "delta bomb", "wrong type",
-                 "bad value", "frames", "ext type"):  # each reaches a check that refuses it
+    for kind in (
+        "flip bytes",
+        "msgpack length",
+        "deep nesting",
+        "zlib bomb",
+        "delta bomb",
+        "wrong type",
+        "bad value",
+        "frames",
+        "ext type",
+    ):  # each reaches a check that refuses it
         assert outcomes[kind].get("CorruptCassetteError", 0) > 0, (kind, outcomes[kind])
     assert outcomes["bad value"].get("read", 0) > 0  # a name like `../x` is data: read, then replayed below
     assert report["rss_peak_mib"] - report["rss_start_mib"] < 512, report
@@ -82,9 +92,12 @@ def test_a_mutated_file_through_every_tool_is_a_result_or_one_line(case: fuzz.Ca
     path.write_bytes(case.data)
     refused = fuzz.read_all(case.data) not in ("read", "truncated tail")  # a finding fails here
     stalled = f"within {STEP_TIMEOUT_S:g} s"  # replay's own hang bound, in a difference (-v: every one)
-    tools = {"tito cassette info": ["cassette", "info", str(path)], "tito cassette export": ["cassette", "export",
-             str(path)], "tito replay": ["replay", "-v", str(path)],
-             "tito inspect": ["inspect", str(path), "--html", str(tmp_path / "page.html")]}
+    tools = {
+        "tito cassette info": ["cassette", "info", str(path)],
+        "tito cassette export": ["cassette", "export", str(path)],
+        "tito replay": ["replay", "-v", str(path)],
+        "tito inspect": ["inspect", str(path), "--html", str(tmp_path / "page.html")],
+    }
     for name, argv in tools.items():
         code, out, err = run(*argv)
         assert stalled not in out + err, (name, out)  # the replay gave up waiting on a request: a hang, not a refusal
@@ -109,6 +122,7 @@ def test_export_writes_a_header_value_json_has_no_number_for_as_its_text(tmp_pat
 
 # --- each limit on its own ----------------------------------------------------------------------------------
 
+
 def cassette_of(*frames: bytes) -> bytes:
     start = {"t": "session", "session": "s", "source": "bearer", "seq": 0}
     return fuzz.MAGIC + encode_frame({"t": "header", **header().to_dict()}) + encode_frame(start) + b"".join(frames)
@@ -126,8 +140,11 @@ def test_a_zlib_bomb_stops_at_the_decode_budget_before_it_is_inflated() -> None:
     data = cassette_of(fuzz.frame(bomb, FLAG_ZLIB))
     tracemalloc.start()
     try:
-        with pytest.raises(CorruptCassetteError, match=r"a compressed record decodes past 256x the \d+ bytes read "
-                                                       r".*\(the record at byte"):
+        with pytest.raises(
+            CorruptCassetteError,
+            match=r"a compressed record decodes past 256x the \d+ bytes read "
+            r".*\(the record at byte",
+        ):
             read(data)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -167,22 +184,30 @@ def test_a_delta_bomb_stops_at_the_budget() -> None:
 
 def test_a_mask_of_2_to_the_40_entries_is_refused_before_it_is_built() -> None:
     mask = msgpack.ExtType(EXT_MASK_RLE, b"\1" + pack_u32([0xFFFFFFFF] * 256))
-    record = {"t": "samples", "session": "s", "seq": 1, "reward": 1.0,
-              "samples": [{"tokens": [1], "response_length": 1, "loss_mask": mask, "rollout_log_probs": [0.0]}]}
+    record = {
+        "t": "samples",
+        "session": "s",
+        "seq": 1,
+        "reward": 1.0,
+        "samples": [{"tokens": [1], "response_length": 1, "loss_mask": mask, "rollout_log_probs": [0.0]}],
+    }
     with pytest.raises(CorruptCassetteError, match="a run-length mask decodes past"):
         read(cassette_of(fuzz.frame(fuzz.pack(record))))
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("status", "200", "engine record field 'status': expected int, got str '200'"),
-    ("headers", {"x": 1}, "engine record field 'headers': expected dict[str, str | list[str]], got dict"),
-    ("request", [1, 2], "engine record field 'request': expected dict[str, Any] | None, got list [1, 2]"),
-    ("response", {b"key": 1}, "engine record field 'response': expected Any, got dict"),
-    ("seq", -1, "engine record field 'seq' is negative (-1)"),
-    ("started_s", float("nan"), "engine record field 'started_s' is not a time (nan)"),
-    ("status", 1000, "engine record status 1000 is not an HTTP status"),
-    ("session", "a\x1b[2Jb", "a session name holds control characters: 'a\\x1b[2Jb'"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("status", "200", "engine record field 'status': expected int, got str '200'"),
+        ("headers", {"x": 1}, "engine record field 'headers': expected dict[str, str | list[str]], got dict"),
+        ("request", [1, 2], "engine record field 'request': expected dict[str, Any] | None, got list [1, 2]"),
+        ("response", {b"key": 1}, "engine record field 'response': expected Any, got dict"),
+        ("seq", -1, "engine record field 'seq' is negative (-1)"),
+        ("started_s", float("nan"), "engine record field 'started_s' is not a time (nan)"),
+        ("status", 1000, "engine record status 1000 is not an HTTP status"),
+        ("session", "a\x1b[2Jb", "a session name holds control characters: 'a\\x1b[2Jb'"),
+    ],
+)
 def test_a_field_of_another_type_or_value_is_one_error_naming_it(field: str, value: object, message: str) -> None:
     record = fuzz.engine_record(1, {"input_ids": [1, 2, 3]}) | {field: value}
     with pytest.raises(CorruptCassetteError) as info:
@@ -207,11 +232,19 @@ def test_the_writer_compresses_a_record_however_well_it_compresses_and_it_reads_
     logprobs are zeros but for its last turn (a long session's, as they are) compresses ~800x, and the cassette
     holding it alone reads back, whole and through its index."""
     n = 262_144
-    samples = [{"tokens": [7] * n, "response_length": n - 1000, "loss_mask": [0] * 1000 + [1] * (n - 1000),
-                "rollout_log_probs": [0.0] * (n - 64) + [-0.25] * 64, "reward": 0.0, "metadata": {"note": "x" * 99}}]
+    samples = [
+        {
+            "tokens": [7] * n,
+            "response_length": n - 1000,
+            "loss_mask": [0] * 1000 + [1] * (n - 1000),
+            "rollout_log_probs": [0.0] * (n - 64) + [-0.25] * 64,
+            "reward": 0.0,
+            "metadata": {"note": "x" * 99},
+        }
+    ]
     frame = encode_frame({"t": "samples", "session": "s", "seq": 1, "reward": 0.0, "samples": samples})
-    _, flags, _, _ = fuzz.FRAME_HEADER.unpack(frame[:fuzz.FRAME_HEADER.size])
-    packed = frame[fuzz.FRAME_HEADER.size:]
+    _, flags, _, _ = fuzz.FRAME_HEADER.unpack(frame[: fuzz.FRAME_HEADER.size])
+    packed = frame[fuzz.FRAME_HEADER.size :]
     assert flags == FLAG_ZLIB and len(zlib.decompress(packed)) > 500 * len(packed)
     path = tmp_path / "squeezed.tito"
     with CassetteWriter(path, header()) as writer:
@@ -225,15 +258,19 @@ def test_the_writer_compresses_a_record_however_well_it_compresses_and_it_reads_
     assert alone.samples[0]["rollout_log_probs"][-1] == -0.25
 
 
-@pytest.mark.parametrize(("section", "key", "value", "message"), [
-    ("adapter", "context_length", "40960", "header adapter.context_length: Expected `int`, got `str`"),
-    ("adapter", "chat_template", 5, "header adapter.chat_template: Expected `str | null`, got `int`"),
-    ("adapter", "manager", {"bogus": 1}, "header adapter.manager.bogus: not a setting of this tito's manager"),
-    ("adapter", "manager", {"reward_policy": "all"}, "header adapter.manager: reward_policy must be one of"),
-    ("parsers", "tool_call", 5, "header parsers.tool_call: Expected `str | null`, got `int`"),
-])
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("adapter", "context_length", "40960", "header adapter.context_length: Expected `int`, got `str`"),
+        ("adapter", "chat_template", 5, "header adapter.chat_template: Expected `str | null`, got `int`"),
+        ("adapter", "manager", {"bogus": 1}, "header adapter.manager.bogus: not a setting of this tito's manager"),
+        ("adapter", "manager", {"reward_policy": "all"}, "header adapter.manager: reward_policy must be one of"),
+        ("parsers", "tool_call", 5, "header parsers.tool_call: Expected `str | null`, got `int`"),
+    ],
+)
 def test_header_settings_of_another_type_are_one_line_before_a_replay(
-        section: str, key: str, value: object, message: str, tmp_path: Path) -> None:
+    section: str, key: str, value: object, message: str, tmp_path: Path
+) -> None:
     """The header's adapter and manager settings build the replay's adapter app: each is checked against the
     setting's type first (a cassette's settings are as untrusted as its records)."""
     from tito_rl.cassette.format.records import Header
@@ -282,10 +319,14 @@ def test_the_request_and_response_fields_replay_reads_are_typed() -> None:
         read(cassette_of(fuzz.frame(fuzz.pack(record))))
 
 
-@pytest.mark.parametrize("meta", [
-    {"output_token_logprobs": [{"lp": -0.1}]}, {"output_token_logprobs": [], "prompt_tokens": [3]},
-    {"output_token_logprobs": [], "cached_tokens": "many"},
-])
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"output_token_logprobs": [{"lp": -0.1}]},
+        {"output_token_logprobs": [], "prompt_tokens": [3]},
+        {"output_token_logprobs": [], "cached_tokens": "many"},
+    ],
+)
 def test_a_malformed_engine_answer_is_an_engine_error_in_the_adapter(meta: dict[str, object]) -> None:
     """A replay serves the recorded engine answers to the real adapter: whatever their shape, the adapter
     answers its client 502 (an engine error), never fails in its handler."""
@@ -347,8 +388,11 @@ def test_inspect_shows_an_engine_answer_of_any_shape() -> None:
     from tito_rl.replayer.replay.plan import PlannedExchange
 
     agent = AgentRecord("s", 2, "POST", "/v1/messages", "", {}, b"{}", 200, {})
-    for meta, finish in (({"finish_reason": {"type": "length"}, "prompt_tokens": 9}, "length"),
-                         ({"finish_reason": 5, "prompt_tokens": "many"}, None), ({"finish_reason": ["stop"]}, None)):
+    for meta, finish in (
+        ({"finish_reason": {"type": "length"}, "prompt_tokens": 9}, "length"),
+        ({"finish_reason": 5, "prompt_tokens": "many"}, None),
+        ({"finish_reason": ["stop"]}, None),
+    ):
         call = EngineRecord("s", 1, "POST", "/generate", {}, 200, {"output_ids": [1, 2], "meta_info": meta})
         row = exchange_row(PlannedExchange(0, agent, [call]))
         assert (row.finish, row.output_tokens) == (finish, 2)

@@ -29,18 +29,21 @@ def three_sessions(tmp_path: Path, qwen_tokenizer: Any) -> Path:
     path = tmp_path / "three.tito"
     traffic = session_traffic(qwen_tokenizer, turns=3)
     with CassetteWriter(path, header(fingerprint())) as writer:
-        writer.agent_exchange("probe-run", "path", AgentExchange("HEAD", "/s/probe-run/", "", {}, b"", 200, {},
-                                                                 side=True))
+        writer.agent_exchange(
+            "probe-run", "path", AgentExchange("HEAD", "/s/probe-run/", "", {}, b"", 200, {}, side=True)
+        )
         play(writer, traffic)
         writer.session_finished(BEARER, "api", 0.5, [final_sample(traffic)])
-        writer.agent_exchange("probe-run", "path", AgentExchange("HEAD", "/s/probe-run/x", "", {}, b"", 200, {},
-                                                                 side=True))
+        writer.agent_exchange(
+            "probe-run", "path", AgentExchange("HEAD", "/s/probe-run/x", "", {}, b"", 200, {}, side=True)
+        )
         writer.session_finished(BEARER, "api", 1.0, [final_sample(traffic), final_sample(traffic)])
     return path
 
 
-def test_each_session_read_through_the_index_equals_the_full_read(three_sessions: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_session_read_through_the_index_equals_the_full_read(
+    three_sessions: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     full = read_cassette(three_sessions)
     assert full.header.format_version == FORMAT_VERSION == 4 and not full.truncated
 
@@ -58,8 +61,9 @@ def test_each_session_read_through_the_index_equals_the_full_read(three_sessions
     rescanned = open_cassette(three_sessions, verify=True).sessions  # every frame checked, same index
     assert isinstance(rescanned, StoredSessions)
     scanned = rescanned.index
-    assert {k: (list(v.frames), v.agent, v.engine, v.samples) for k, v in scanned.items()} == \
-        {k: (list(v.frames), v.agent, v.engine, v.samples) for k, v in index.items()}
+    assert {k: (list(v.frames), v.agent, v.engine, v.samples) for k, v in scanned.items()} == {
+        k: (list(v.frames), v.agent, v.engine, v.samples) for k, v in index.items()
+    }
 
 
 def test_replay_reads_recorded_prompts_packed_and_equal_to_the_lists(three_sessions: Path) -> None:
@@ -88,7 +92,7 @@ def test_a_cassette_without_a_valid_index_is_scanned(three_sessions: Path, tmp_p
     assert end < len(data) - INDEX_AT_BYTES
     damaged_index = bytearray(data)
     damaged_index[end + 20] ^= 0xFF  # inside the index record: its checksum fails
-    cases = {"killed": data[:end], "cut-in-index": data[:end + 30], "cut-in-index_at": data[:-7]}
+    cases = {"killed": data[:end], "cut-in-index": data[: end + 30], "cut-in-index_at": data[:-7]}
     for name, content in cases.items():
         path = tmp_path / f"{name}.tito"
         path.write_bytes(content)
@@ -131,8 +135,9 @@ def test_a_damaged_record_is_found_before_replay_through_the_checksums(three_ses
         trusting.sessions["probe-run"]
 
 
-def test_a_record_that_does_not_decode_stops_the_replay_with_one_line(three_sessions: Path, tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_record_that_does_not_decode_stops_the_replay_with_one_line(
+    three_sessions: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Checksums pass (the bytes are as written) but a record does not decode: found when its session is read."""
     from tito_rl.cassette.format.frames import FRAME_HEADER, _header_check
     from tito_rl.main import main
@@ -142,11 +147,13 @@ def test_a_record_that_does_not_decode_stops_the_replay_with_one_line(three_sess
         offset = reader.stored_index()[session_digest(BEARER)].frames[1]
     length = FRAME_HEADER.unpack_from(data, offset)[0]
     garbage = b"\xc1" * length  # a byte msgpack never uses
-    data[offset:offset + FRAME_HEADER.size + length] = FRAME_HEADER.pack(
-        length, 0, _header_check(length, 0), zlib.crc32(garbage)) + garbage
+    data[offset : offset + FRAME_HEADER.size + length] = (
+        FRAME_HEADER.pack(length, 0, _header_check(length, 0), zlib.crc32(garbage)) + garbage
+    )
     crafted = tmp_path / "crafted.tito"
     crafted.write_bytes(bytes(data))
     assert main(["replay", str(crafted)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"tito replay: {crafted}: corrupt cassette: undecodable record "
-                                                   f"at byte {offset}")
+    assert err.count("\n") == 1 and err.startswith(
+        f"tito replay: {crafted}: corrupt cassette: undecodable record at byte {offset}"
+    )

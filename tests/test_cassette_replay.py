@@ -71,8 +71,9 @@ def test_a_changed_prompt_names_the_closest_request_and_the_first_divergent_toke
     assert "src" in message and "lib" in message and "List the files in" in message
 
 
-def test_cassette_policy_refuses_with_the_divergence_as_an_http_400_message(tmp_path: Path,
-                                                                           qwen_tokenizer: Any) -> None:
+def test_cassette_policy_refuses_with_the_divergence_as_an_http_400_message(
+    tmp_path: Path, qwen_tokenizer: Any
+) -> None:
     path = tmp_path / "c.tito"
     ids = qwen_tokenizer.encode("hello there, engine")
     with CassetteWriter(path, Header(tokenizer_fingerprint=fingerprint())) as writer:
@@ -106,14 +107,22 @@ async def test_record_then_replay_through_the_adapter_and_fake_engine(tmp_path: 
     scenario = load_scenario(REPO / "fake_engine" / "examples" / "claude_tool_loop.yaml")
     bodies = capture_bodies("claude_baseline")
     options = EngineOptions(tokenizer=qwen_tokenizer)
-    writer = CassetteWriter(path, Header(tokenizer_fingerprint=fingerprint(), created="2026-01-01T00:00:00Z",
-                                         agent={"client": "claude-code", "version": "2.1.330"}))
+    writer = CassetteWriter(
+        path,
+        Header(
+            tokenizer_fingerprint=fingerprint(),
+            created="2026-01-01T00:00:00Z",
+            agent={"client": "claude-code", "version": "2.1.330"},
+        ),
+    )
     async with serve(create_engine(ScriptedPolicy(scenario, qwen_tokenizer), options)) as engine_url:
         adapter = create_adapter(AdapterSettings(engine_url=engine_url), TrajectoryManager(), writer)
         async with serve(adapter) as url:
             live_replies = await _send_agent_leg(url, bodies, BEARER, API_KEY)
-            async with aiohttp.ClientSession() as client, client.post(
-                    f"{url}/tito/sessions/{BEARER}/finish", json={"reward": 1.0}) as r:
+            async with (
+                aiohttp.ClientSession() as client,
+                client.post(f"{url}/tito/sessions/{BEARER}/finish", json={"reward": 1.0}) as r,
+            ):
                 live_samples = (await r.json())["samples"]
     writer.close()
 

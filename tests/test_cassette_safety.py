@@ -88,9 +88,20 @@ def test_configurable_patterns_catch_keys_no_header_showed(tmp_path: Path) -> No
     custom = "corp-token-" + "A1b2C3d4" * 3
     redactor = Redactor(patterns=(r"corp-token-[A-Za-z0-9]{16,}",))
     with CassetteWriter(path, header(), redactor=redactor) as writer:
-        writer.agent_exchange("run-1", "path", AgentExchange(
-            "POST", "/s/run-1/v1/messages", "key=AIzaSyA-secret-in-query", {}, f'{{"note":"{custom}"}}'.encode(),
-            200, {}, reply_body=b"{}"))
+        writer.agent_exchange(
+            "run-1",
+            "path",
+            AgentExchange(
+                "POST",
+                "/s/run-1/v1/messages",
+                "key=AIzaSyA-secret-in-query",
+                {},
+                f'{{"note":"{custom}"}}'.encode(),
+                200,
+                {},
+                reply_body=b"{}",
+            ),
+        )
     data = path.read_bytes()
     assert custom.encode() not in data and b"AIzaSyA-secret-in-query" not in data
     log = read_cassette(path).sessions["run-1"]  # a /s/<sid>/ path name is kept as the session's name
@@ -104,9 +115,19 @@ def test_a_repeated_engine_header_is_scrubbed_value_by_value(tmp_path: Path) -> 
     path = tmp_path / "repeated.tito"
     key = "sk-ant-" + "k3y" * 10
     with CassetteWriter(path, header()) as writer:
-        writer.write_engine(EngineRecord(
-            session="run-1", seq=0, method="POST", path="/generate", dialect="sglang", request={"input_ids": [1, 2]},
-            status=200, response={"text": "x"}, headers={"X-Trace": ["plain", f"t={key}"], "Accept": "*/*"}))
+        writer.write_engine(
+            EngineRecord(
+                session="run-1",
+                seq=0,
+                method="POST",
+                path="/generate",
+                dialect="sglang",
+                request={"input_ids": [1, 2]},
+                status=200,
+                response={"text": "x"},
+                headers={"X-Trace": ["plain", f"t={key}"], "Accept": "*/*"},
+            )
+        )
     assert key.encode() not in path.read_bytes()
     (record,) = read_cassette(path).sessions["run-1"].engine
     assert record.headers == {"X-Trace": ["plain", f"t={REDACTED}"], "Accept": "*/*"}
@@ -116,7 +137,7 @@ def test_hand_truncated_tail_keeps_every_complete_record(recorded: Path, tmp_pat
     full = read_cassette(recorded)
     n_records = len(next(iter(full.sessions.values())).records)
     with CassetteReader(recorded) as reader:
-        data = recorded.read_bytes()[:reader.records_end()]  # a killed recorder writes no index
+        data = recorded.read_bytes()[: reader.records_end()]  # a killed recorder writes no index
     for cut in (1, 5, FRAME_HEADER.size + 3):  # inside the last payload, inside its frame header
         cut_path = tmp_path / f"cut{cut}.tito"
         cut_path.write_bytes(data[:-cut])
@@ -218,10 +239,16 @@ def test_secrets_are_found_inside_rows_and_numbers_pass_untouched() -> None:
     redactor = Redactor()
     redactor.learn_headers({"Authorization": f"Bearer {BEARER}"})
     numeric = [[-0.25, 11, None], [None, 12, None], [-1.5, 13, None]]  # logprob triples, a None logprob too
-    response = {"text": f"echo {BEARER}", "meta_info": {
-        "output_token_logprobs": numeric,
-        "input_token_logprobs": [[-0.5, 1, "x"], [-0.1, 2, f"tok {BEARER}"]],  # return_text_in_logprobs
-        "ids": [1, 2, 3], "floats": [0.5, 1.5], "mixed": [1, f"{API_KEY}"]}}
+    response = {
+        "text": f"echo {BEARER}",
+        "meta_info": {
+            "output_token_logprobs": numeric,
+            "input_token_logprobs": [[-0.5, 1, "x"], [-0.1, 2, f"tok {BEARER}"]],  # return_text_in_logprobs
+            "ids": [1, 2, 3],
+            "floats": [0.5, 1.5],
+            "mixed": [1, f"{API_KEY}"],
+        },
+    }
     scrubbed = redactor.scrub_json(response)
     assert BEARER not in repr(scrubbed) and API_KEY not in repr(scrubbed)
     assert scrubbed["meta_info"]["input_token_logprobs"][0] == [-0.5, 1, "x"]
@@ -248,13 +275,32 @@ def test_a_shared_key_is_scrubbed_everywhere_and_a_session_credential_in_its_ses
         for token in ("token-of-session-a-000", "token-of-session-b-111"):
             headers = {"Authorization": f"Bearer {token}", "X-Cluster-Key": "x", "x-api-key": shared}
             writer.agent_request(token, "bearer", headers)  # as the adapter does when the request arrives
-            writer.engine_exchange(token, "bearer", EngineExchange(
-                "POST", "/generate", {"input_ids": [1, 2]}, 200,
-                {"text": f"I saw {shared} and {token}", "output_ids": [3]},
-                headers={"X-SMG-Routing-Key": token}))
-            writer.agent_exchange(token, "bearer", AgentExchange(
-                "POST", "/v1/messages", "", headers, f'{{"env":"TOKEN=Bearer {token} KEY={shared}"}}'.encode(),
-                200, {}, reply_body=b"{}"))
+            writer.engine_exchange(
+                token,
+                "bearer",
+                EngineExchange(
+                    "POST",
+                    "/generate",
+                    {"input_ids": [1, 2]},
+                    200,
+                    {"text": f"I saw {shared} and {token}", "output_ids": [3]},
+                    headers={"X-SMG-Routing-Key": token},
+                ),
+            )
+            writer.agent_exchange(
+                token,
+                "bearer",
+                AgentExchange(
+                    "POST",
+                    "/v1/messages",
+                    "",
+                    headers,
+                    f'{{"env":"TOKEN=Bearer {token} KEY={shared}"}}'.encode(),
+                    200,
+                    {},
+                    reply_body=b"{}",
+                ),
+            )
     data = path.read_bytes()
     assert b"token-of-session" not in data and shared.encode() not in data
     sessions = read_cassette(path).sessions

@@ -62,8 +62,9 @@ def replayed_samples(result: SessionResult) -> list[dict[str, Any]]:
 
 def committed_sections(*cassettes: Path) -> dict[str, str]:
     """The sessions' sections in the goldens committed beside these cassettes."""
-    return {name: text
-            for c in cassettes for name, text in goldens.parse(goldens.golden_path(c).read_text())[1].items()}
+    return {
+        name: text for c in cassettes for name, text in goldens.parse(goldens.golden_path(c).read_text())[1].items()
+    }
 
 
 def rewritten(source: Path, out: Path, **header_changes: Any) -> Path:
@@ -83,6 +84,7 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, di
     live: dict[str, list[dict[str, Any]]] = {}
     paths = []
     for sid, turns in ((MAIN, 3), (OTHER, 4)):
+
         async def drive(run: Live, sid: str = sid) -> None:
             await tool_loop(run.conversation(sid, stream=sid == MAIN))
             await run.finish(sid, 1.0)
@@ -130,7 +132,8 @@ def test_a_cut_session_replays_like_the_original(tmp_path: Path, capsys: pytest.
 
 
 def test_cutting_re_encodes_exactly_so_every_session_kept_gives_back_the_original_bytes(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # The committed cassettes are format version 1: a first cut gives their records in version 3, record for
     # record; a cut of that gives back its bytes.
     loop = CORPUS / "tool_loop.tito"
@@ -150,8 +153,11 @@ def test_copied_records_are_never_redacted_a_second_time(tmp_path: Path, capsys:
     recorded = tmp_path / "own_patterns.tito"
     body = json.dumps({"note": key_like}).encode()
     with CassetteWriter(recorded, header(extra={"note": key_like}), redactor=Redactor(patterns=())) as writer:
-        writer.agent_exchange("probe-run", "path", AgentExchange("POST", "/s/probe-run/v1/messages", "", {}, body,
-                                                                 200, {}, reply_body=body))
+        writer.agent_exchange(
+            "probe-run",
+            "path",
+            AgentExchange("POST", "/s/probe-run/v1/messages", "", {}, body, 200, {}, reply_body=body),
+        )
     out = tmp_path / "cut.tito"
     assert run_cli(capsys, "cut", recorded, "--session", "probe-run", "--out", out)[0] == 0
     assert out.read_bytes() == recorded.read_bytes()
@@ -175,7 +181,8 @@ def test_cut_refuses_an_unknown_session_and_a_broken_input(tmp_path: Path, capsy
 
 
 def test_a_merge_of_two_recordings_replays_clean_and_holds_both_sessions(
-        recordings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recordings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     first, second, live = recordings
     merged = tmp_path / "merged.tito"
     code, stdout, err = run_cli(capsys, "merge", first, second, "--out", merged)
@@ -199,8 +206,9 @@ def test_a_merge_of_two_recordings_replays_clean_and_holds_both_sessions(
     assert checked.ok and [s.golden for s in checked.sessions] == ["ok", "ok"]
 
 
-def test_the_merged_header_is_the_first_inputs_noting_every_source(recordings, tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_merged_header_is_the_first_inputs_noting_every_source(
+    recordings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     first, recorded_second, _ = recordings
     # Two proxies, two engines: the second recording as its engine's other port would have it (the fixture's two
     # runs may get the same free port, one after the other).
@@ -217,12 +225,21 @@ def test_the_merged_header_is_the_first_inputs_noting_every_source(recordings, t
     assert "engine_url" in MERGE_IGNORED_ADAPTER_KEYS
     sources = headers[2].extra.pop("merged_from")
     assert headers[2] == headers[0]
-    assert sources == [{"path": str(p), "created": h.created, "tito_version": h.tito_version, "agent": h.agent,
-                        "sessions": sessions_of(p)} for p, h in zip((first, second), headers[:2], strict=True)]
+    assert sources == [
+        {
+            "path": str(p),
+            "created": h.created,
+            "tito_version": h.tito_version,
+            "agent": h.agent,
+            "sessions": sessions_of(p),
+        }
+        for p, h in zip((first, second), headers[:2], strict=True)
+    ]
 
 
-def test_a_merge_of_corpus_cassettes_replays_against_their_own_goldens(tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_merge_of_corpus_cassettes_replays_against_their_own_goldens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     inputs = [CORPUS / "tool_loop.tito", CORPUS / "subagent.tito", WIRES]
     merged = tmp_path / "corpus.tito"
     assert run_cli(capsys, "merge", *inputs, "--out", merged)[0] == 0
@@ -242,19 +259,25 @@ def test_merge_refuses_clashing_session_names(tmp_path: Path, capsys: pytest.Cap
     out = tmp_path / "out.tito"
     code, stdout, err = run_cli(capsys, "merge", CORPUS / "subagent.tito", loop, copy, "--out", out)
     assert code == 2 and stdout == "" and not out.exists()
-    assert err == (f"tito cassette merge: session {sessions_of(loop)[0]!r} is in both {loop} and {copy}; "
-                   "session names must be unique in a cassette\n")
+    assert err == (
+        f"tito cassette merge: session {sessions_of(loop)[0]!r} is in both {loop} and {copy}; "
+        "session names must be unique in a cassette\n"
+    )
 
 
-@pytest.mark.parametrize(("change", "key", "shown"), [
-    ({"tokenizer_fingerprint": "sha256:0000"}, "tokenizer_fingerprint", '"sha256:0000"'),
-    ({"parsers": {"reasoning": "qwen3", "tool_call": "llama3"}}, "parsers.tool_call", '"llama3"'),
-    ({"adapter": {"manager": {"reward_policy": "split"}}}, "adapter.manager.reward_policy", '"split"'),
-    ({"adapter": {"preserve_reasoning": False}}, "adapter.preserve_reasoning", "false"),
-    ({"adapter": {"side_patterns": ["naming"]}}, "adapter.side_patterns", '["naming"]'),  # missing in the corpus
-])
-def test_merge_refuses_inputs_that_replay_differently(change: dict[str, Any], key: str, shown: str, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("change", "key", "shown"),
+    [
+        ({"tokenizer_fingerprint": "sha256:0000"}, "tokenizer_fingerprint", '"sha256:0000"'),
+        ({"parsers": {"reasoning": "qwen3", "tool_call": "llama3"}}, "parsers.tool_call", '"llama3"'),
+        ({"adapter": {"manager": {"reward_policy": "split"}}}, "adapter.manager.reward_policy", '"split"'),
+        ({"adapter": {"preserve_reasoning": False}}, "adapter.preserve_reasoning", "false"),
+        ({"adapter": {"side_patterns": ["naming"]}}, "adapter.side_patterns", '["naming"]'),  # missing in the corpus
+    ],
+)
+def test_merge_refuses_inputs_that_replay_differently(
+    change: dict[str, Any], key: str, shown: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     loop = CORPUS / "tool_loop.tito"
     if "adapter" in change:  # one adapter or manager setting changed, everything else as recorded
         adapter = read_cassette(loop).header.adapter
@@ -269,14 +292,18 @@ def test_merge_refuses_inputs_that_replay_differently(change: dict[str, Any], ke
     assert f"in {loop}; replay depends on it" in err
 
 
-def test_a_setting_a_header_lacks_counts_as_its_default(recordings, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_setting_a_header_lacks_counts_as_its_default(
+    recordings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A recording from before `side_patterns` existed; replay uses the default for it, which today's
     recordings write out: the two merge, and replay clean."""
     recorded = recordings[0]
     adapter = {**read_cassette(CORPUS / "tool_loop.tito").header.adapter, "splice": True}  # as `recorded`
-    loop = rewritten(CORPUS / "tool_loop.tito", tmp_path / "old.tito",
-                     adapter={k: v for k, v in adapter.items() if k != "side_patterns"})
+    loop = rewritten(
+        CORPUS / "tool_loop.tito",
+        tmp_path / "old.tito",
+        adapter={k: v for k, v in adapter.items() if k != "side_patterns"},
+    )
     assert "side_patterns" not in read_cassette(loop).header.adapter
     assert "side_patterns" in read_cassette(recorded).header.adapter
     merged = tmp_path / "merged.tito"
@@ -290,8 +317,9 @@ def test_a_header_without_splice_was_recorded_unspliced(tmp_path: Path, capsys: 
     `splice: false` recording, never with a spliced one."""
     adapter = read_cassette(CORPUS / "tool_loop.tito").header.adapter
     assert adapter["splice"] is True
-    old = rewritten(CORPUS / "tool_loop.tito", tmp_path / "old.tito",
-                    adapter={k: v for k, v in adapter.items() if k != "splice"})
+    old = rewritten(
+        CORPUS / "tool_loop.tito", tmp_path / "old.tito", adapter={k: v for k, v in adapter.items() if k != "splice"}
+    )
     spliced = CORPUS / "subagent.tito"
     code, _, err = run_cli(capsys, "merge", old, spliced, "--out", tmp_path / "out.tito")
     assert code == 2 and "adapter.splice is true in" in err
@@ -299,15 +327,18 @@ def test_a_header_without_splice_was_recorded_unspliced(tmp_path: Path, capsys: 
     assert run_cli(capsys, "merge", old, unspliced, "--out", tmp_path / "merged.tito")[0] == 0
 
 
-def test_a_truncated_input_is_merged_up_to_its_cut_with_a_warning(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_truncated_input_is_merged_up_to_its_cut_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cut_short = tmp_path / "killed.tito"
     cut_short.write_bytes((CORPUS / "tool_loop.tito").read_bytes()[:-10])  # the samples record is cut
     out = tmp_path / "merged.tito"
     code, _, err = run_cli(capsys, "merge", CORPUS / "subagent.tito", cut_short, "--out", out)
     assert code == 0
-    assert err == (f"tito cassette merge: warning: {cut_short} ends in a cut record (the recorder stopped "
-                   "mid-write); copied up to its last complete record\n")
+    assert err == (
+        f"tito cassette merge: warning: {cut_short} ends in a cut record (the recorder stopped "
+        "mid-write); copied up to its last complete record\n"
+    )
     merged, killed = read_cassette(out), read_cassette(cut_short)
     assert killed.truncated and not merged.truncated
     (name,) = killed.sessions
@@ -328,15 +359,18 @@ def test_export_is_json_with_the_token_ids_the_reader_gives(capsys: pytest.Captu
     with CassetteReader(WIRES) as reader:
         records = list(reader.records())
     type_names = {cls: name for name, cls in RECORD_TYPES.items()}
-    assert [(r["type"], r["session"], r["seq"]) for r in exported["records"]] == \
-        [(type_names[type(r)], r.session, r.seq) for r in records]  # every record, in file order
+    assert [(r["type"], r["session"], r["seq"]) for r in exported["records"]] == [
+        (type_names[type(r)], r.session, r.seq) for r in records
+    ]  # every record, in file order
     for got, decoded in zip(exported["records"], records, strict=True):
         if isinstance(decoded, EngineRecord):
             assert got["type"] == "engine" and decoded.request is not None
             assert got["request"]["input_ids"] == decoded.request["input_ids"]
             assert got["response"]["output_ids"] == decoded.response["output_ids"]
-            assert got["response"]["meta_info"]["output_token_logprobs"] == \
-                decoded.response["meta_info"]["output_token_logprobs"]
+            assert (
+                got["response"]["meta_info"]["output_token_logprobs"]
+                == decoded.response["meta_info"]["output_token_logprobs"]
+            )
         elif isinstance(decoded, AgentRecord):
             assert got["type"] == "agent" and got["body"] == json.loads(decoded.body)
             assert got["reply_events"] == decoded.reply_events and got["headers"] == decoded.headers
@@ -361,8 +395,10 @@ def test_every_action_is_deterministic_and_never_overwrites(tmp_path: Path, caps
     name = sessions_of(WIRES)[0]
     loop = CORPUS / "tool_loop.tito"
     actions: dict[str, list[str | Path]] = {
-        "export": ["export", WIRES], "cut": ["cut", WIRES, "--session", name],
-        "merge": ["merge", loop, WIRES]}
+        "export": ["export", WIRES],
+        "cut": ["cut", WIRES, "--session", name],
+        "merge": ["merge", loop, WIRES],
+    }
     for action, argv in actions.items():
         outs = [tmp_path / f"{action}-{i}" for i in (1, 2)]
         for out in outs:
@@ -378,6 +414,7 @@ def test_every_action_is_deterministic_and_never_overwrites(tmp_path: Path, caps
 
 # ---- hostile session names ----
 
+
 def renamed(source: Path, out: Path, names: dict[str, str]) -> Path:
     """`source` with its sessions renamed: a cassette from a pull request can name them anything."""
     with CassetteReader(source) as reader, CassetteWriter(out, reader.header, header_redacted=True) as writer:
@@ -388,7 +425,8 @@ def renamed(source: Path, out: Path, names: dict[str, str]) -> Path:
 
 
 def test_cut_and_merge_write_only_their_out_file_whatever_the_session_names(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Session names are data, never paths: `../`, an absolute path or a separator in one changes no file but
     `--out` (the tools open exactly that path, exclusively), here or anywhere the names point."""
     work = tmp_path / "work"

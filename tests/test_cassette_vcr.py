@@ -47,8 +47,12 @@ async def engine() -> Any:
 
 
 async def generate(url: str, prompt: list[int], temperature: float = 0.0) -> list[int]:
-    body = {"rid": uuid.uuid4().hex, "input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 32, "temperature": temperature}}
+    body = {
+        "rid": uuid.uuid4().hex,
+        "input_ids": prompt,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 32, "temperature": temperature},
+    }
     headers = {"X-SMG-Routing-Key": BEARER, "Authorization": f"Bearer {BEARER}"}
     async with aiohttp.ClientSession() as client, client.post(url + "/generate", json=body, headers=headers) as r:
         return (await r.json())["output_ids"]
@@ -128,10 +132,14 @@ async def test_a_mismatch_names_the_first_differing_token_with_the_decoded_text(
             await generate(engine.url, PROMPT_A, temperature=0.5)
     message = str(tokens.value)
     assert "input_ids differ at token 8 (recorded 9 tokens, request 9)" in message
-    assert "recorded: …'<|im_start|>user\\nHello<|im_end|>\\n<|im_start|>assistant' | '\\n'  (ids from 8: [198])" \
+    assert (
+        "recorded: …'<|im_start|>user\\nHello<|im_end|>\\n<|im_start|>assistant' | '\\n'  (ids from 8: [198])"
         in message
-    assert "request: …'<|im_start|>user\\nHello<|im_end|>\\n<|im_start|>assistant' | 'atus'  (ids from 8: [1000])" \
+    )
+    assert (
+        "request: …'<|im_start|>user\\nHello<|im_end|>\\n<|im_start|>assistant' | 'atus'  (ids from 8: [1000])"
         in message
+    )
     assert "in rendered message 1 (assistant" in message, message
     assert "sampling params differ: temperature: recorded 0.0, request 0.5" in str(sampling.value)
 

@@ -92,8 +92,16 @@ def stub_engine(chat_body: dict[str, Any]) -> web.Application:
 
 
 def test_an_engine_without_token_ids_is_not_faithful_and_says_which_field():
-    old = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "length",
-                        "logprobs": {"content": [{"token": "hi", "logprob": -0.5}]}}]}
+    old = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hi"},
+                "finish_reason": "length",
+                "logprobs": {"content": [{"token": "hi", "logprob": -0.5}]},
+            }
+        ]
+    }
     with running_app(stub_engine(old)) as url:
         report = check_engine(url)
         assert run(Namespace(url=url, json=False), say=lambda line: None) == 1
@@ -115,11 +123,13 @@ def test_exit_codes_from_the_command_line():
         assert run(Namespace(url=url + "/v1/", json=False), say=lines.append) == 0
     assert lines[-1] == "token-faithful: sglang, vllm-generate, vllm-openai"
     closed = f"http://127.0.0.1:{free_port()}"
-    result = subprocess.run([sys.executable, "-m", "tito_rl", "check-engine", closed], capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "tito_rl", "check-engine", closed], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2
     assert result.stdout.strip().splitlines() == [
-        f"tito check-engine: {closed} cannot be reached (GET {closed}/v1/models: ConnectionError)"]
+        f"tito check-engine: {closed} cannot be reached (GET {closed}/v1/models: ConnectionError)"
+    ]
 
 
 def test_json_report():

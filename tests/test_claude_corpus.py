@@ -43,8 +43,12 @@ def system_of(body: dict[str, Any]) -> str:
 @pytest.mark.parametrize("name", ["claude_subagent", "claude_compaction", *PAIR])
 def test_recorded_by_the_pinned_claude_code(name: str) -> None:
     cassette = read_cassette(CASSETTES / f"{name}.tito")
-    assert cassette.header.agent == {"client": "claude-code", "package": "@anthropic-ai/claude-code",
-                                     "version": "2.1.330", "scenario": name}
+    assert cassette.header.agent == {
+        "client": "claude-code",
+        "package": "@anthropic-ai/claude-code",
+        "version": "2.1.330",
+        "scenario": name,
+    }
     assert Path(CASSETTES / f"{name}.golden").is_file()
 
 
@@ -84,8 +88,13 @@ def test_continue_reloads_the_first_runs_reasoning(name: str) -> None:
     second_run = sent[2]["messages"]  # the --continue run's first request
     users = [m for m in second_run if m["role"] == "user" and texts(m) == "Now count its characters."]
     assert len(users) == 1
-    thinking = [b for m in second_run if m["role"] == "assistant" and isinstance(m["content"], list)
-                for b in m["content"] if b["type"] == "thinking"]
+    thinking = [
+        b
+        for m in second_run
+        if m["role"] == "assistant" and isinstance(m["content"], list)
+        for b in m["content"]
+        if b["type"] == "thinking"
+    ]
     assert len(thinking) == 2  # both of the first run's turns come back with their reasoning
 
 
@@ -97,7 +106,7 @@ def test_reasoning_preservation_spares_the_false_fork() -> None:
         assert trained_tokens(log) <= output_tokens(generations(log))
     first, _, third, _ = generations(dropped)
     held = first.request["input_ids"] + first.response["output_ids"]
-    assert third.request["input_ids"][:len(held)] != held  # the <think> block of turn 0 is gone
+    assert third.request["input_ids"][: len(held)] != held  # the <think> block of turn 0 is gone
     first, _, third, _ = generations(preserved)
     held = first.request["input_ids"] + first.response["output_ids"]
-    assert third.request["input_ids"][:len(held)] == held
+    assert third.request["input_ids"][: len(held)] == held

@@ -69,8 +69,12 @@ def last_user_text(body: dict[str, Any]) -> str:
 @pytest.mark.parametrize("name", NAMES)
 def test_recorded_by_the_pinned_claude_code_and_finished(name: str) -> None:
     cassette = read_cassette(CASSETTES / f"{name}.tito")
-    assert cassette.header.agent == {"client": "claude-code", "package": "@anthropic-ai/claude-code",
-                                     "version": "2.1.330", "scenario": name}
+    assert cassette.header.agent == {
+        "client": "claude-code",
+        "package": "@anthropic-ai/claude-code",
+        "version": "2.1.330",
+        "scenario": name,
+    }
     log = only(name)
     assert set(statuses(log)) == {200} and log.finishes and log.finishes[0].reward == 1.0
     assert (CASSETTES / f"{name}.golden").is_file()
@@ -80,8 +84,14 @@ def test_tool_loop_runs_six_real_commands_and_their_output_comes_back() -> None:
     sent = bodies(only("claude_tool_loop"))
     assert len(sent) == 7
     results = [tool_results(b["messages"][-1])[0] for b in sent[1:]]
-    assert results == ["(Bash completed with no output)", "words.txt", "alpha\nbeta\ngamma", "3 demo/words.txt",
-                       "14", "gamma\nbeta"]
+    assert results == [
+        "(Bash completed with no output)",
+        "words.txt",
+        "alpha\nbeta\ngamma",
+        "3 demo/words.txt",
+        "14",
+        "gamma\nbeta",
+    ]
 
 
 def test_parallel_calls_come_back_in_one_user_message_in_call_order() -> None:
@@ -91,8 +101,11 @@ def test_parallel_calls_come_back_in_one_user_message_in_call_order() -> None:
         calls = [b["id"] for b in replies[turn] if b["type"] == "tool_use"]
         answer = sent[turn + 1]["messages"][-1]["content"]
         assert len(calls) == count and [b["tool_use_id"] for b in answer] == calls
-    assert tool_results(sent[2]["messages"][-1]) == ["1\tone\n2\ttwo\n3\t", "1\tthree\n2\t",
-                                                    " 2 a.txt\n 1 b.txt\n 3 total"]
+    assert tool_results(sent[2]["messages"][-1]) == [
+        "1\tone\n2\ttwo\n3\t",
+        "1\tthree\n2\t",
+        " 2 a.txt\n 1 b.txt\n 3 total",
+    ]
     assert tool_results(sent[3]["messages"][-1]) == ["one\nthree\ntwo", "8"]
 
 
@@ -115,8 +128,16 @@ def test_cut_replies_in_text_thinking_and_tool_call_and_what_claude_code_does_af
     sent, replies = bodies(log), replied_blocks(log)
     finishes = [g.response["meta_info"]["finish_reason"]["type"] for g in generations(log)]
     assert finishes == ["stop", "length", "stop", "length", "stop", "length", "stop", "stop"]
-    assert stop_reasons(log) == ["tool_use", "max_tokens", "tool_use", "max_tokens", "tool_use", "max_tokens",
-                                 "tool_use", "end_turn"]
+    assert stop_reasons(log) == [
+        "tool_use",
+        "max_tokens",
+        "tool_use",
+        "max_tokens",
+        "tool_use",
+        "max_tokens",
+        "tool_use",
+        "end_turn",
+    ]
     # cut in its text: kept in the history, then the nudge
     assert sent[2]["messages"][-2]["content"][-1]["text"].endswith("the second is")
     assert last_user_text(sent[2]).startswith(RESUME)

@@ -22,8 +22,9 @@ from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 
 def test_version_prints_the_installed_version() -> None:
-    proc = subprocess.run([sys.executable, "-m", "tito_rl", "--version"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tito_rl", "--version"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0 and proc.stdout == f"tito {version('tito-rl')}\n" and not proc.stderr
 
 
@@ -41,17 +42,19 @@ tito_cli.main()
 """
 
 
-@pytest.mark.parametrize(("args", "state"), [
-    (["inspect", "cassettes/plain_chat.tito", "--session", "sid-7685e4fa5d99cf88"], "0 False False"),
-    (["inspect", "cassettes/plain_chat.tito"], "0 True False"),
-    (["replay", "-q", "cassettes/plain_chat.tito"], "0 True True"),
-])
+@pytest.mark.parametrize(
+    ("args", "state"),
+    [
+        (["inspect", "cassettes/plain_chat.tito", "--session", "sid-7685e4fa5d99cf88"], "0 False False"),
+        (["inspect", "cassettes/plain_chat.tito"], "0 True False"),
+        (["replay", "-q", "cassettes/plain_chat.tito"], "0 True True"),
+    ],
+)
 def test_a_program_that_exits_at_once_leaves_the_collector_what_its_end_needs(args: list[str], state: str) -> None:
     """Run as the program, `inspect --session` exits with automatic collection still paused (turning it on
     would start a pass over everything made), and `tito replay` has frozen what loading made before replaying;
     called in a process that goes on, neither leaves anything so (`test_inspect`, `test_replay_cli`)."""
-    done = subprocess.run([sys.executable, "-c", EXITING, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", EXITING, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == state
 
@@ -73,13 +76,22 @@ def test_every_subcommand_help_says_what_it_does_and_its_exit_codes(name: str, c
     out = capsys.readouterr().out
     command = SUBCOMMANDS[name]
     assert " ".join(out.split()).count(" ".join(command.description.split()[:12])) == 1  # the description
-    exits = out[out.index("\nexit codes:\n"):].splitlines()[1:]
+    exits = out[out.index("\nexit codes:\n") :].splitlines()[1:]
     codes = [line.split()[0] for line in exits if line.startswith("  ") and line.split()[0].isdigit()]
     assert codes[0] == "0" and "2" in codes and codes == sorted(codes, key=int)
 
 
-@pytest.mark.parametrize("command", [("cassette", "info"), ("cassette", "export"), ("cassette", "cut"),
-                                     ("cassette", "merge"), ("scenario", "check"), ("scenario", "schema")])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("cassette", "info"),
+        ("cassette", "export"),
+        ("cassette", "cut"),
+        ("cassette", "merge"),
+        ("scenario", "check"),
+        ("scenario", "schema"),
+    ],
+)
 def test_every_action_help_says_what_it_does_and_its_exit_codes(command: tuple[str, str], capsys) -> None:
     with pytest.raises(SystemExit) as exited:
         main([*command, "--help"])
@@ -89,7 +101,7 @@ def test_every_action_help_says_what_it_does_and_its_exit_codes(command: tuple[s
     assert usage.startswith(f"usage: tito {' '.join(command)} ")
     description = rest.split("\n\n")[0]
     assert len(description.split()) >= 12 and not description.startswith(("positional", "options"))  # a purpose
-    exits = out[out.index("\nexit codes:\n"):].splitlines()[1:]
+    exits = out[out.index("\nexit codes:\n") :].splitlines()[1:]
     codes = [line.split()[0] for line in exits if line.startswith("  ") and line.split()[0].isdigit()]
     assert codes[0] == "0" and "2" in codes and codes == sorted(codes, key=int)
 
@@ -117,8 +129,16 @@ def _progress(tty: bool) -> tuple[ProgressTap, Stream, list[float]]:
 
 
 def _exchange(turn: int) -> AgentExchange:
-    return AgentExchange(method="POST", path="/v1/messages", query="", headers={}, body=b"{}", status=200,
-                         reply_headers={}, turn_index=turn)
+    return AgentExchange(
+        method="POST",
+        path="/v1/messages",
+        query="",
+        headers={},
+        body=b"{}",
+        status=200,
+        reply_headers={},
+        turn_index=turn,
+    )
 
 
 def test_progress_into_a_log_is_a_line_at_most_every_10_s_and_a_last_one_at_the_end() -> None:
@@ -208,14 +228,30 @@ def test_progress_around_a_foreign_gateway_counts_its_turns_tokens_and_requests_
     tap, _, _ = _progress(tty=False)
     tap.agent_request("ro-1", "path:/r/{sid}", {})
     assert tap.counts.line().startswith("sessions 1 (finished 0)")  # counted at its first request
-    call = EngineExchange("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, 200,
-                          response={"choices": [{"message": {"content": "yo"}, "token_ids": [5, 6, 7]}],
-                                    "prompt_token_ids": [1, 2, 3, 4]}, dialect="vllm-openai")
+    call = EngineExchange(
+        "POST",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}]},
+        200,
+        response={
+            "choices": [{"message": {"content": "yo"}, "token_ids": [5, 6, 7]}],
+            "prompt_token_ids": [1, 2, 3, 4],
+        },
+        dialect="vllm-openai",
+    )
     tap.engine_exchange("ro-1", "path:/r/{sid}", call)
-    foreign = AgentExchange(method="POST", path="/r/ro-1/v1/chat/completions", query="", headers={}, body=b"{}",
-                            status=200, reply_headers={})
+    foreign = AgentExchange(
+        method="POST",
+        path="/r/ro-1/v1/chat/completions",
+        query="",
+        headers={},
+        body=b"{}",
+        status=200,
+        reply_headers={},
+    )
     tap.agent_exchange("ro-1", "path:/r/{sid}", foreign)  # after a generation: a turn
     tap.agent_exchange("ro-1", "path:/r/{sid}", foreign)  # none since: a side request (a count_tokens)
     tap.without_session("GET /health")
-    assert tap.counts.line() == ("sessions 1 (finished 0) | turns 1 (+1 side) | tokens 4 in, 3 out | errors 0 | "
-                                 "1 without a session")
+    assert tap.counts.line() == (
+        "sessions 1 (finished 0) | turns 1 (+1 side) | tokens 4 in, 3 out | errors 0 | 1 without a session"
+    )

@@ -31,44 +31,75 @@ def write(tmp_path: Path, client: Any = None, name: str = "demo", **top: Any) ->
     return path
 
 
-@pytest.mark.parametrize(("client", "message"), [
-    ("claude-code", "client: expected object, got string"),
-    ({"agent": "claude-code", "task": "t", "tsk": "x"}, "client: unknown key 'tsk'; allowed: agent, args, "),
-    ({"agent": "claude", "task": "t"}, "client.agent: 'claude' is not one of 'claude-code', 'codex', 'gemini-cli', "
-                                       "'opencode', 'qwen-code'"),
-    ({"agent": "codex"}, "client: missing key 'task' (the task text), or 'runs'"),
-    ({"agent": "codex", "task": "   "}, "client: the task text is empty"),
-    ({"agent": "codex", "task": "t", "timeout_s": 0}, "client.timeout_s: expected number > 0.0, got 0"),
-    ({"agent": "codex", "task": "t", "timeout_s": True}, "client.timeout_s: expected number, got boolean"),
-    ({"agent": "codex", "task": "t", "record_args": "--reward 1"}, "client.record_args: expected array, got string"),
-    ({"agent": "codex", "task": "t", "args": ["--x", 1]}, "client.args[1]: expected string, got integer"),
-    ({"agent": "codex", "task": "t", "kill_after_s": -1}, "client.kill_after_s: expected number > 0.0, got -1"),
-    ({"agent": "codex", "task": "t", "kill_after_s": "5"}, "client.kill_after_s: expected number | null, got string"),
-    ({"agent": "codex", "task": "t", "sessions": [{"task": "u"}]},
-     "client: either sessions or ['task'], not both"),
-    ({"agent": "codex", "sessions": []}, "client.sessions: expected array of length >= 1"),
-    ({"agent": "codex", "sessions": {"task": "t"}}, "client.sessions: expected array | null, got object"),
-    ({"agent": "codex", "sessions": [{"agent": "vim", "task": "t"}]},
-     "client.sessions[0].agent: 'vim' is not one of 'claude-code', "),
-    ({"agent": "codex", "sessions": [{"task": "t"}, {"runs": [{"task": "a"}], "task": "b"}]},
-     "client.sessions[1]: either runs or ['task'], not both"),
-    ({"agent": "codex", "sessions": [{"runs": []}]}, "client.sessions[0].runs: expected array of length >= 1"),
-    ({"agent": "codex", "sessions": [{"runs": [{"task": "a"}, {"task": "b", "env": {}}]}]},
-     "client.sessions[0].runs[1]: unknown key 'env'; allowed: args, kill_after_s, task"),
-    ({"agent": "codex", "sessions": [{"task": "t", "env": {"BAD-NAME": "1"}}]},
-     "client.sessions[0].env: key 'BAD-NAME': expected string matching regex '^[A-Za-z_][A-Za-z0-9_]*$'"),
-    ({"agent": "codex", "sessions": [{"task": "t", "env": {"FLAG": True}}]},
-     "client.sessions[0].env.FLAG: expected integer | number | string, got boolean"),
-    ({"agent": "codex", "sessions": [{"task": "t", "env": ["A=1"]}]},
-     "client.sessions[0].env: expected object, got array"),
-    ({"agent": "codex", "task": "t", "cut_streams": {"request": 1}}, "client.cut_streams: expected array, got object"),
-    ({"agent": "codex", "task": "t", "cut_streams": [{"request": 1}]},
-     "client.cut_streams[0]: missing key 'after_events'"),
-    ({"agent": "codex", "task": "t", "cut_streams": [{"request": 1, "after_events": 0}]},
-     "client.cut_streams[0]: a stream cut needs request >= 0 and after_events >= 1"),
-    ({"agent": "codex", "task": "t", "cut_streams": [{"request": 1, "after": 2}]},
-     "client.cut_streams[0]: unknown key 'after'; allowed: after_events, request"),
-])
+@pytest.mark.parametrize(
+    ("client", "message"),
+    [
+        ("claude-code", "client: expected object, got string"),
+        ({"agent": "claude-code", "task": "t", "tsk": "x"}, "client: unknown key 'tsk'; allowed: agent, args, "),
+        (
+            {"agent": "claude", "task": "t"},
+            "client.agent: 'claude' is not one of 'claude-code', 'codex', 'gemini-cli', 'opencode', 'qwen-code'",
+        ),
+        ({"agent": "codex"}, "client: missing key 'task' (the task text), or 'runs'"),
+        ({"agent": "codex", "task": "   "}, "client: the task text is empty"),
+        ({"agent": "codex", "task": "t", "timeout_s": 0}, "client.timeout_s: expected number > 0.0, got 0"),
+        ({"agent": "codex", "task": "t", "timeout_s": True}, "client.timeout_s: expected number, got boolean"),
+        (
+            {"agent": "codex", "task": "t", "record_args": "--reward 1"},
+            "client.record_args: expected array, got string",
+        ),
+        ({"agent": "codex", "task": "t", "args": ["--x", 1]}, "client.args[1]: expected string, got integer"),
+        ({"agent": "codex", "task": "t", "kill_after_s": -1}, "client.kill_after_s: expected number > 0.0, got -1"),
+        (
+            {"agent": "codex", "task": "t", "kill_after_s": "5"},
+            "client.kill_after_s: expected number | null, got string",
+        ),
+        ({"agent": "codex", "task": "t", "sessions": [{"task": "u"}]}, "client: either sessions or ['task'], not both"),
+        ({"agent": "codex", "sessions": []}, "client.sessions: expected array of length >= 1"),
+        ({"agent": "codex", "sessions": {"task": "t"}}, "client.sessions: expected array | null, got object"),
+        (
+            {"agent": "codex", "sessions": [{"agent": "vim", "task": "t"}]},
+            "client.sessions[0].agent: 'vim' is not one of 'claude-code', ",
+        ),
+        (
+            {"agent": "codex", "sessions": [{"task": "t"}, {"runs": [{"task": "a"}], "task": "b"}]},
+            "client.sessions[1]: either runs or ['task'], not both",
+        ),
+        ({"agent": "codex", "sessions": [{"runs": []}]}, "client.sessions[0].runs: expected array of length >= 1"),
+        (
+            {"agent": "codex", "sessions": [{"runs": [{"task": "a"}, {"task": "b", "env": {}}]}]},
+            "client.sessions[0].runs[1]: unknown key 'env'; allowed: args, kill_after_s, task",
+        ),
+        (
+            {"agent": "codex", "sessions": [{"task": "t", "env": {"BAD-NAME": "1"}}]},
+            "client.sessions[0].env: key 'BAD-NAME': expected string matching regex '^[A-Za-z_][A-Za-z0-9_]*$'",
+        ),
+        (
+            {"agent": "codex", "sessions": [{"task": "t", "env": {"FLAG": True}}]},
+            "client.sessions[0].env.FLAG: expected integer | number | string, got boolean",
+        ),
+        (
+            {"agent": "codex", "sessions": [{"task": "t", "env": ["A=1"]}]},
+            "client.sessions[0].env: expected object, got array",
+        ),
+        (
+            {"agent": "codex", "task": "t", "cut_streams": {"request": 1}},
+            "client.cut_streams: expected array, got object",
+        ),
+        (
+            {"agent": "codex", "task": "t", "cut_streams": [{"request": 1}]},
+            "client.cut_streams[0]: missing key 'after_events'",
+        ),
+        (
+            {"agent": "codex", "task": "t", "cut_streams": [{"request": 1, "after_events": 0}]},
+            "client.cut_streams[0]: a stream cut needs request >= 0 and after_events >= 1",
+        ),
+        (
+            {"agent": "codex", "task": "t", "cut_streams": [{"request": 1, "after": 2}]},
+            "client.cut_streams[0]: unknown key 'after'; allowed: after_events, request",
+        ),
+    ],
+)
 def test_each_mistake_is_one_clear_error(client: Any, message: str) -> None:
     with pytest.raises(ValueError) as info:
         parse_cli_script(client, "demo")
@@ -77,8 +108,18 @@ def test_each_mistake_is_one_clear_error(client: Any, message: str) -> None:
 
 
 def test_the_shorthand_is_one_session_of_one_run() -> None:
-    script = parse_cli_script({"agent": "qwen-code", "task": "List.", "args": ["--continue"], "kill_after_s": 4,
-                               "env": {"N": 3}, "record_args": ["--reward", "1"], "timeout_s": 60}, "demo")
+    script = parse_cli_script(
+        {
+            "agent": "qwen-code",
+            "task": "List.",
+            "args": ["--continue"],
+            "kill_after_s": 4,
+            "env": {"N": 3},
+            "record_args": ["--reward", "1"],
+            "timeout_s": 60,
+        },
+        "demo",
+    )
     (session,) = script.sessions
     assert session.id == "demo-qwen-code-0000" and session.agent == "qwen-code" and session.env == {"N": "3"}
     assert session.runs == (CliRun("List.", ("--continue",), 4.0),)
@@ -86,17 +127,30 @@ def test_the_shorthand_is_one_session_of_one_run() -> None:
 
 
 def test_cut_streams_belong_to_their_session() -> None:
-    script = parse_cli_script({"agent": "claude-code", "sessions": [
-        {"task": "a", "cut_streams": [{"request": 1, "after_events": 3}]}, {"task": "b"}]}, "demo")
+    script = parse_cli_script(
+        {
+            "agent": "claude-code",
+            "sessions": [{"task": "a", "cut_streams": [{"request": 1, "after_events": 3}]}, {"task": "b"}],
+        },
+        "demo",
+    )
     assert [s.cut_streams for s in script.sessions] == [(StreamCut(1, 3),), ()]
 
 
 def test_client_agent_is_the_default_of_sessions_that_name_none() -> None:
     """`agent:` beside `sessions:` is the default, not a clash (the module's own example has both)."""
-    script = parse_cli_script({"agent": "codex", "sessions": [{"task": "a"}, {"agent": "opencode", "task": "b"},
-                                                                {"runs": [{"task": "c"}, {"task": "d"}]}]}, "mix")
+    script = parse_cli_script(
+        {
+            "agent": "codex",
+            "sessions": [{"task": "a"}, {"agent": "opencode", "task": "b"}, {"runs": [{"task": "c"}, {"task": "d"}]}],
+        },
+        "mix",
+    )
     assert [(s.id, s.agent, len(s.runs)) for s in script.sessions] == [
-        ("mix-codex-0000", "codex", 1), ("mix-opencode-0001", "opencode", 1), ("mix-codex-0002", "codex", 2)]
+        ("mix-codex-0000", "codex", 1),
+        ("mix-opencode-0001", "opencode", 1),
+        ("mix-codex-0002", "codex", 2),
+    ]
     assert script.agents == ["codex", "opencode"]
 
 
@@ -118,9 +172,18 @@ def test_agent_override_runs_every_session() -> None:
 
 
 def test_task_replaces_the_scripts_runs(tmp_path: Path) -> None:
-    path = write(tmp_path, {"agent": "claude-code", "timeout_s": 30, "record_args": ["--reward", "0.5"],
-                            "sessions": [{"runs": [{"task": "a"}, {"task": "b", "args": ["--continue"]}]},
-                                         {"task": "c", "kill_after_s": 2}]})
+    path = write(
+        tmp_path,
+        {
+            "agent": "claude-code",
+            "timeout_s": 30,
+            "record_args": ["--reward", "0.5"],
+            "sessions": [
+                {"runs": [{"task": "a"}, {"task": "b", "args": ["--continue"]}]},
+                {"task": "c", "kill_after_s": 2},
+            ],
+        },
+    )
     script = load_cli_script(path, task="Only this.")
     (session,) = script.sessions
     assert session.runs == (CliRun("Only this."),) and session.agent == "claude-code"
@@ -144,7 +207,11 @@ def test_a_scenario_without_a_cli_client_needs_agent_and_task(tmp_path: Path) ->
 
 
 def test_scenario_name_is_the_name_key_else_the_file_stem(tmp_path: Path) -> None:
-    named = write(tmp_path, {"agent": "codex", "task": "t"}, name="file_stem", )
+    named = write(
+        tmp_path,
+        {"agent": "codex", "task": "t"},
+        name="file_stem",
+    )
     data = yaml.safe_load(named.read_text()) | {"name": "other"}
     assert scenario_name(named) == "file_stem" and scenario_name(named, data) == "other"
     assert client_agent(named) == "codex"

@@ -30,9 +30,22 @@ def through_tito() -> tuple[str, str]:
 
 def test_ci_checks_the_slime_cassettes_table_through_tito_without_slime() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TITO_SLIME_PATH"}
-    run = subprocess.run([sys.executable, "-m", "tito_rl.replayer.conformance", "--target", "tito",
-                          "cassettes/targets/slime_mixed.tito", "--check"], cwd=ROOT, capture_output=True, text=True,
-                         env=env, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tito_rl.replayer.conformance",
+            "--target",
+            "tito",
+            "cassettes/targets/slime_mixed.tito",
+            "--check",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr  # out of date: make conformance, read the diff, commit the page
     assert run.stdout == ""
 
@@ -42,13 +55,44 @@ def test_rllm_recordings_replay_through_tito_and_their_table_is_current() -> Non
     prompts compare as ids (the table the page holds), and no session stalls on an engine call it cannot make."""
     rllm = sorted(str(p.relative_to(ROOT)) for p in TARGETS.glob("rllm_*.tito"))
     assert len(rllm) == 3
-    run = subprocess.run([sys.executable, "-m", "tito_rl.replayer.conformance", "--target", "tito", *rllm, "--check"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "tito_rl.replayer.conformance", "--target", "tito", *rllm, "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     marker, text = block([str(ROOT / p) for p in rllm], "tito")
     assert marker == "rllm-through-tito"
     assert "| rllm_opencode_tool_loop | " in text and "| 8/8 |" in text  # opencode's prompts render alike
     assert "input_ids at token 9486" in text  # Qwen Code's parameter-less tool: `null` vs an empty schema
+
+
+@pytest.mark.parametrize(
+    ("prefix", "count", "expected"),
+    [
+        ("verifiers_", 3, "| verifiers_opencode_tool_loop | "),  # vllm-generate calls: prompt ids in the request
+        ("agentlightning_", 1, "| agl-loop | scripted, Chat JSON | "),  # sessions in its own URL, /proxy/rollout/{sid}
+    ],
+)
+def test_verifiers_and_agent_lightning_recordings_replay_through_tito_and_their_tables_are_current(
+    prefix: str, count: int, expected: str
+) -> None:
+    """Recordings made around verifiers (token ids in, /inference/v1/generate) and Agent Lightning (vLLM chat, the
+    session in the proxy's URL) replay through tito's adapter, and the page holds their tables as they come out."""
+    paths = sorted(str(p.relative_to(ROOT)) for p in TARGETS.glob(f"{prefix}*.tito"))
+    assert len(paths) == count
+    run = subprocess.run(
+        [sys.executable, "-m", "tito_rl.replayer.conformance", "--target", "tito", *paths, "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    marker, text = block([str(ROOT / p) for p in paths], "tito")
+    assert marker == f"{prefix.rstrip('_')}-through-tito" and expected in text
 
 
 def test_the_slime_table_is_what_the_committed_corpus_gives_through_slime() -> None:
@@ -61,8 +105,13 @@ def test_the_slime_table_is_what_the_committed_corpus_gives_through_slime() -> N
         slime_env.locate()
     except TargetError as exc:
         pytest.skip(f"needs slime: {exc}")
-    run = subprocess.run([sys.executable, "-m", "tito_rl.replayer.conformance", "--target", "slime", "cassettes/",
-                          "--check"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-m", "tito_rl.replayer.conformance", "--target", "slime", "cassettes/", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-3000:]  # out of date: make conformance, read the diff, commit the page
 
 
@@ -78,15 +127,21 @@ def test_the_page_holds_that_table_and_a_stale_one_is_caught(through_tito: tuple
 def test_the_table_through_tito_says_what_slime_did(through_tito: tuple[str, str]) -> None:
     _, text = through_tito
     rows = {line.split(" | ")[2]: line for line in text.splitlines() if line.startswith("| slime_mixed |")}
-    assert set(rows) == {"scripted, Anthropic SSE", "scripted, Anthropic JSON", "scripted, Chat SSE",
-                         "scripted, Chat JSON"}
+    assert set(rows) == {
+        "scripted, Anthropic SSE",
+        "scripted, Anthropic JSON",
+        "scripted, Chat SSE",
+        "scripted, Chat JSON",
+    }
     # slime capped every request at its own default; the client asked for 32000
     assert all("max_new_tokens 4096 → 32000" in row for row in rows.values())
     # the engine's 529: slime answered 500, tito answers 529
     assert "status: 500 vs 529" in rows["scripted, Anthropic JSON"]
     # slime replied with the first of two parallel calls and dropped the text before them
-    assert "tool calls 1" in rows["scripted, Chat SSE"] and "text: '' vs 'Reading both files.'" in rows[
-        "scripted, Chat SSE"]
+    assert (
+        "tool calls 1" in rows["scripted, Chat SSE"]
+        and "text: '' vs 'Reading both files.'" in rows["scripted, Chat SSE"]
+    )
     # slime's prompt for the second user question lacks the earlier reasoning (Qwen3's template): its fork
     assert "exchange 4, token 279 (message 2, assistant" in rows["scripted, Anthropic SSE"]
     # prompts and replies only: what slime trains is the live table's, its samples columns are gone
@@ -107,23 +162,52 @@ def test_a_foreign_target_s_figures_come_from_its_golden() -> None:
 
 
 def test_cells_read_the_replay_s_differences() -> None:
-    difference = Difference("engine-request", "engine request differs: input_ids at token 17 (recorded 280 tokens, "
-                            "replayed 286)", 0, 0, [
-                                "recorded: …'SDK' | '.You are a helpful assistant.'  (ids from 17: [13, 2610])",
-                                "replayed: …'SDK' | '.\\nYou are a helpful assistant.'  (ids from 17: [624, 2610])",
-                                "in rendered message 0 (system): 'You are…'",
-                                "sampling params also differ: max_new_tokens: recorded 32000, replayed 4096"])
+    difference = Difference(
+        "engine-request",
+        "engine request differs: input_ids at token 17 (recorded 280 tokens, replayed 286)",
+        0,
+        0,
+        [
+            "recorded: …'SDK' | '.You are a helpful assistant.'  (ids from 17: [13, 2610])",
+            "replayed: …'SDK' | '.\\nYou are a helpful assistant.'  (ids from 17: [624, 2610])",
+            "in rendered message 0 (system): 'You are…'",
+            "sampling params also differ: max_new_tokens: recorded 32000, replayed 4096",
+        ],
+    )
     cell = conformance._divergence_cell(difference)
     assert cell.startswith("exchange 0, token 17 (message 0, system; 280 → 286 tokens): '.You are a helpful")
     assert "→ '.\\nYou are a helpful" in cell
-    sampling = conformance._sampling([difference, Difference("engine-request", "engine request differs: sampling "
-                                      "params", 1, 1, ["max_new_tokens: recorded 29000, replayed 4096"])])
+    sampling = conformance._sampling(
+        [
+            difference,
+            Difference(
+                "engine-request",
+                "engine request differs: sampling params",
+                1,
+                1,
+                ["max_new_tokens: recorded 29000, replayed 4096"],
+            ),
+        ]
+    )
     assert conformance._sampling_text(sampling) == "max_new_tokens 29000–32000 → 4096 (×2)"
     side = Side(samples=1, forks=Counter(), trained=5, untrained_turns=3, realigns=1, merges=2)
     assert side.why_untrained() == "1 realign, 2 merges"
 
 
 def test_a_target_that_cannot_be_loaded_is_one_line_and_exit_2() -> None:
-    run = subprocess.run([sys.executable, "-m", "tito_rl.replayer.conformance", "--target", "no-such-target",
-                          "cassettes/tool_loop.tito", "--print"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tito_rl.replayer.conformance",
+            "--target",
+            "no-such-target",
+            "cassettes/tool_loop.tito",
+            "--print",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr

@@ -35,7 +35,8 @@ def test_install_clis_names_what_can_not_run(tmp_path: Path) -> None:
 
 
 def test_a_failed_scenario_is_reported_and_leaves_its_cassette_the_others_are_recorded(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     scenarios = tmp_path / "scenarios"
     scenarios.mkdir()
     good = scenarios / "good.yaml"

@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_clients_from_the_header() -> None:
     assert ct.clients_of({"client": "claude-code", "version": "2.1.330", "package": "x"}) == "claude-code 2.1.330"
     assert ct.clients_of({"client": "scripted", "version": "0.1.0"}) == "scripted"
-    assert ct.clients_of({"client": "mixed", "agents": {"codex": "0.169.0", "claude-code": "2.1.330"}}) == \
-        "claude-code 2.1.330, codex 0.169.0"
+    assert (
+        ct.clients_of({"client": "mixed", "agents": {"codex": "0.169.0", "claude-code": "2.1.330"}})
+        == "claude-code 2.1.330, codex 0.169.0"
+    )
     assert ct.clients_of(None) == "?"
 
 
@@ -26,8 +28,9 @@ def test_pins_prefers_description_then_the_first_sentence_of_the_comment(tmp_pat
     described = tmp_path / "a.yaml"
     described.write_text("# Long comment. More.\nname: a\ndescription: 'Pins a | b'\nturns: []\n")
     commented = tmp_path / "b.yaml"
-    commented.write_text("# A turn that runs out of tokens: the reply\n# stops at length. The client goes on.\n"
-                         "name: b\n")
+    commented.write_text(
+        "# A turn that runs out of tokens: the reply\n# stops at length. The client goes on.\nname: b\n"
+    )
     assert ct.pins_of(described) == "Pins a \\| b"
     assert ct.pins_of(commented) == "A turn that runs out of tokens: the reply stops at length."
     assert ct.pins_of(tmp_path / "none.yaml") == "(no scenario file)"
@@ -39,21 +42,31 @@ def test_pins_prefers_description_then_the_first_sentence_of_the_comment(tmp_pat
 def test_the_pair_table_never_invents_numbers() -> None:
     (line,) = ct.pair_table({})
     assert "claude_continue_preserved.tito, cassettes/claude_continue_dropped.tito not recorded yet" in line
-    preserved = ct.Figures("claude_continue_preserved", "claude-code 2.1.330", "x", samples=1, sample_tokens=1000,
-                           trained=200)
-    dropped = ct.Figures("claude_continue_dropped", "claude-code 2.1.330", "x", samples=2, sample_tokens=1900,
-                         trained=200, forks=Counter({"earlier-response": 1}))
+    preserved = ct.Figures(
+        "claude_continue_preserved", "claude-code 2.1.330", "x", samples=1, sample_tokens=1000, trained=200
+    )
+    dropped = ct.Figures(
+        "claude_continue_dropped",
+        "claude-code 2.1.330",
+        "x",
+        samples=2,
+        sample_tokens=1900,
+        trained=200,
+        forks=Counter({"earlier-response": 1}),
+    )
     lines = ct.pair_table({f.name: f for f in (preserved, dropped)})
     assert lines[-2:] == [
         "| earlier reasoning preserved | `claude_continue_preserved` | 1 | none | 1000 | 200 | 20.0% |",
         "| dropped (the Qwen3 template's rendering) | `claude_continue_dropped` | 2 | earlier-response 1 | 1900 | "
-        "200 | 10.5% |"]
+        "200 | 10.5% |",
+    ]
     (only,) = ct.pair_table({"claude_continue_dropped": dropped})
     assert "cassettes/claude_continue_preserved.tito not recorded yet" in only and "dropped.tito" not in only
 
 
-def test_readme_block_is_replaced_between_the_markers_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_readme_block_is_replaced_between_the_markers_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(ct, "block", lambda cassettes: ["| new |", "", "pair"])
     readme = tmp_path / "README.md"
     readme.write_text(f"# T\nintro\n{ct.START}\nold table\n{ct.END}\nafter\n")
@@ -66,14 +79,16 @@ def test_readme_block_is_replaced_between_the_markers_only(tmp_path: Path, monke
 
 
 @pytest.mark.parametrize("text", ["no markers\n", f"{ct.END}\n{ct.START}\n", f"{ct.START}\n{ct.START}\n{ct.END}\n"])
-def test_missing_or_misplaced_markers_are_one_clear_line(tmp_path: Path, text: str,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_or_misplaced_markers_are_one_clear_line(
+    tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(text)
     assert ct.main(["--readme", str(readme)]) == 1
     err = capsys.readouterr().err
-    assert err == (f"corpus-table: {readme}: needs one line {ct.START} and, after it, one line {ct.END} "
-                   "around the table\n")
+    assert err == (
+        f"corpus-table: {readme}: needs one line {ct.START} and, after it, one line {ct.END} around the table\n"
+    )
     assert readme.read_text() == text
 
 
@@ -95,8 +110,10 @@ def test_the_coverage_column_shows_the_tokens_a_realign_loses() -> None:
     assert "trained 21, emitted 64, coverage 0.328" in golden
     spliced = ct.figures(ROOT / "cassettes" / "drift_spliced.tito")
     assert spliced.coverage == "1.0" and spliced.trained == spliced.emitted > 0
-    assert "| `drift_realign` |" in "\n".join(ct.corpus_table([realigned])) and "| 0.328 |" in ct.corpus_table(
-        [realigned])[-1]
+    assert (
+        "| `drift_realign` |" in "\n".join(ct.corpus_table([realigned]))
+        and "| 0.328 |" in ct.corpus_table([realigned])[-1]
+    )
 
 
 def test_the_committed_readme_table_is_up_to_date() -> None:
@@ -107,8 +124,10 @@ def test_the_committed_readme_table_is_up_to_date() -> None:
 
 
 def test_first_sentence_skips_code_and_ellipses() -> None:
-    assert ct.first_sentence("Run `claude -p ... --continue`, twice. Then more.") == \
-        "Run `claude -p ... --continue`, twice."
+    assert (
+        ct.first_sentence("Run `claude -p ... --continue`, twice. Then more.")
+        == "Run `claude -p ... --continue`, twice."
+    )
     assert ct.first_sentence("It waits... then goes. Next.") == "It waits... then goes."
     assert ct.first_sentence("Claude Code 2.1.330 runs. Next.") == "Claude Code 2.1.330 runs."
     assert ct.first_sentence("no end") == "no end"
@@ -116,9 +135,16 @@ def test_first_sentence_skips_code_and_ellipses() -> None:
 
 def test_the_coverage_column_is_the_lowest_session_s() -> None:
     """A loss in one session of ten is not averaged away, and a token trained twice shows in any session."""
+
     def figure(*sessions: tuple[int, int]) -> str:
-        return ct.Figures("c", "scripted", "-", trained=sum(t for t, _ in sessions),
-                                    emitted=sum(e for _, e in sessions), per_session=list(sessions)).coverage
+        return ct.Figures(
+            "c",
+            "scripted",
+            "-",
+            trained=sum(t for t, _ in sessions),
+            emitted=sum(e for _, e in sessions),
+            per_session=list(sessions),
+        ).coverage
 
     assert figure((10, 10), (10, 10)) == "1.0"
     assert figure(*[(100, 100)] * 9, (50, 100)) == "0.500"  # averaged over the ten it would read 0.950

@@ -32,25 +32,61 @@ def chat_call(turn: int, stream: bool) -> EngineExchange:
     """A vLLM messages-in chat call of turn `turn`: the whole history in, prompt ids returned at the root."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug. ünïcödé ✓"}]
     for i in range(turn):
-        messages += [{"role": "assistant", "content": f"calling tool {i}"},
-                     {"role": "user", "content": tool_result(i)}]
+        messages += [{"role": "assistant", "content": f"calling tool {i}"}, {"role": "user", "content": tool_result(i)}]
     prompt = list(range(1000, 1000 + 50 + 2000 * turn))
     output = [7, 8, 9, 151645]
-    request = {"model": "m", "messages": messages, "logprobs": True, "return_token_ids": True, "stream": stream,
-               "max_tokens": 100}
-    entries = [{"token": f"token_id:{t}", "logprob": -0.25 * (i + 1), "bytes": [65], "top_logprobs": []}
-               for i, t in enumerate(output)]
+    request = {
+        "model": "m",
+        "messages": messages,
+        "logprobs": True,
+        "return_token_ids": True,
+        "stream": stream,
+        "max_tokens": 100,
+    }
+    entries = [
+        {"token": f"token_id:{t}", "logprob": -0.25 * (i + 1), "bytes": [65], "top_logprobs": []}
+        for i, t in enumerate(output)
+    ]
     if stream:
-        response: Any = [{"id": "c", "object": "chat.completion.chunk", "prompt_token_ids": prompt,
-                          "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "token_ids": []}]}]
-        response += [{"id": "c", "object": "chat.completion.chunk", "choices": [{
-            "index": 0, "delta": {"content": "x"} if t != 151645 else {}, "token_ids": [t],
-            "logprobs": {"content": [e]}, "finish_reason": "stop" if t == 151645 else None}]}
-            for t, e in zip(output, entries, strict=True)]
+        response: Any = [
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "prompt_token_ids": prompt,
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "token_ids": []}],
+            }
+        ]
+        response += [
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": "x"} if t != 151645 else {},
+                        "token_ids": [t],
+                        "logprobs": {"content": [e]},
+                        "finish_reason": "stop" if t == 151645 else None,
+                    }
+                ],
+            }
+            for t, e in zip(output, entries, strict=True)
+        ]
     else:
-        response = {"id": "c", "object": "chat.completion", "prompt_token_ids": prompt, "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": "xxx"}, "logprobs": {"content": entries},
-            "finish_reason": "stop", "token_ids": output}]}
+        response = {
+            "id": "c",
+            "object": "chat.completion",
+            "prompt_token_ids": prompt,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "xxx"},
+                    "logprobs": {"content": entries},
+                    "finish_reason": "stop",
+                    "token_ids": output,
+                }
+            ],
+        }
     return EngineExchange("POST", "/v1/chat/completions", request, 200, response, dialect="vllm-openai")
 
 
@@ -75,10 +111,12 @@ def test_chat_calls_read_back_exactly_with_their_dialect(stream: bool) -> None:
     assert header.format_version == FORMAT_VERSION == 4
     assert [c.request for c in calls] == [c.request for c in originals]  # writing leaves the caller's data alone
     assert [(r.request, r.response, r.dialect) for r in records] == [
-        (c.request, c.response, "vllm-openai") for c in originals]
+        (c.request, c.response, "vllm-openai") for c in originals
+    ]
     views = [record_view(r) for r in records]
-    assert [v.prompt_ids for v in views] == [c.response[0]["prompt_token_ids"] if stream
-                                             else c.response["prompt_token_ids"] for c in originals]
+    assert [v.prompt_ids for v in views] == [
+        c.response[0]["prompt_token_ids"] if stream else c.response["prompt_token_ids"] for c in originals
+    ]
     assert all(v.output_ids == [7, 8, 9, 151645] and v.messages_in for v in views)
 
 
@@ -91,9 +129,17 @@ def test_a_growing_chat_history_costs_what_it_adds_not_its_whole_length() -> Non
 
 def test_token_id_prompts_of_every_dialect_are_deltas_on_the_context() -> None:
     prompts = [list(range(5000 + 500 * t)) for t in range(6)]
-    calls = [EngineExchange("POST", "/inference/v1/generate", {"token_ids": p, "sampling_params": {"max_tokens": 4}},
-                            200, {"choices": [{"index": 0, "token_ids": [1, 2], "finish_reason": "stop"}]},
-                            dialect="vllm-generate") for p in prompts]
+    calls = [
+        EngineExchange(
+            "POST",
+            "/inference/v1/generate",
+            {"token_ids": p, "sampling_params": {"max_tokens": 4}},
+            200,
+            {"choices": [{"index": 0, "token_ids": [1, 2], "finish_reason": "stop"}]},
+            dialect="vllm-generate",
+        )
+        for p in prompts
+    ]
     data = written(calls)
     assert len(data) < 4 * len(prompts[-1]) * 1.2  # about the last prompt once, not the sum of all six
     _, records = read_back(data)
@@ -108,8 +154,10 @@ def test_a_generate_call_without_a_dialect_is_stored_as_before() -> None:
 
 def test_an_openai_stream_is_kept_chunk_by_chunk_and_a_generate_stream_by_its_last() -> None:
     text = 'data: {"choices":[{"token_ids":[1]}]}\n\ndata: {"choices":[{"token_ids":[2]}]}\n\ndata: [DONE]\n\n'
-    assert streamed_response("vllm-openai", text) == [{"choices": [{"token_ids": [1]}]},
-                                                      {"choices": [{"token_ids": [2]}]}]
+    assert streamed_response("vllm-openai", text) == [
+        {"choices": [{"token_ids": [1]}]},
+        {"choices": [{"token_ids": [2]}]},
+    ]
     assert streamed_response("sglang", text) == {"choices": [{"token_ids": [2]}]}
 
 
@@ -145,8 +193,16 @@ def test_sglang_meta_info_names_the_output_ids_when_the_gateway_asked_for_no_tok
     from tito_rl.trajectory.dialects.registry import view_of
 
     request = {"messages": [{"role": "user", "content": "hi"}], "input_ids": [1, 2, 3], "return_meta_info": True}
-    response = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop",
-                             "meta_info": {"output_token_logprobs": [[-0.1, 5, "a"], [-0.2, 6, "b"]]}}]}
+    response = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "x"},
+                "finish_reason": "stop",
+                "meta_info": {"output_token_logprobs": [[-0.1, 5, "a"], [-0.2, 6, "b"]]},
+            }
+        ]
+    }
     view = view_of(None, "/v1/chat/completions", request, response)
     assert (view.dialect, view.output_ids, view.logprobs) == ("sglang-openai", [5, 6], [-0.1, -0.2])
 

@@ -51,9 +51,26 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {}
     for dialect in DIALECTS:
         cassette = folder / f"{dialect}.tito"
-        run = subprocess.run([sys.executable, "-m", "tito_rl", "simulate", "--scenario", str(SCENARIO), "--out",
-                              str(cassette), "--target", target(dialect), "--engine-dialect", dialect],
-                             cwd=ROOT, capture_output=True, text=True, timeout=600)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tito_rl",
+                "simulate",
+                "--scenario",
+                str(SCENARIO),
+                "--out",
+                str(cassette),
+                "--target",
+                target(dialect),
+                "--engine-dialect",
+                dialect,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert run.returncode == 0, f"{dialect}: {run.stdout[-2000:]}{run.stderr[-4000:]}"
         out[dialect] = cassette
     return out
@@ -66,14 +83,18 @@ def engine_calls(cassette: Cassette) -> dict[str, list[EngineRecord]]:
 def json_session(cassette: Cassette) -> str:
     """The JSON session's name (a digest of its id: the id was the agent's bearer token), told by its prompt."""
     tokenizer = load_tokenizer()
-    (name,) = [name for name, calls in engine_calls(cassette).items()
-               if JSON_SESSION_PROMPT in tokenizer.decode(record_view(calls[0]).prompt_ids or [])]
+    (name,) = [
+        name
+        for name, calls in engine_calls(cassette).items()
+        if JSON_SESSION_PROMPT in tokenizer.decode(record_view(calls[0]).prompt_ids or [])
+    ]
     return name
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_each_dialect_records_its_engine_calls_under_that_dialect_on_its_path(recorded: dict[str, Path],
-                                                                              dialect: str) -> None:
+def test_each_dialect_records_its_engine_calls_under_that_dialect_on_its_path(
+    recorded: dict[str, Path], dialect: str
+) -> None:
     cassette = read_cassette(recorded[dialect])
     factory, path, streamed = DIALECTS[dialect]
     target_header = cassette.header.target
@@ -91,8 +112,7 @@ def test_each_dialect_records_its_engine_calls_under_that_dialect_on_its_path(re
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_the_view_reads_every_generation_as_the_gateway_trained_on_it(recorded: dict[str, Path],
-                                                                      dialect: str) -> None:
+def test_the_view_reads_every_generation_as_the_gateway_trained_on_it(recorded: dict[str, Path], dialect: str) -> None:
     """Prompt ids, output ids and logprobs from `record_view`, for every call; each call's prompt + output is a
     prefix of one of the gateway's own samples, with the gateway's logprobs over its output: tito and the gateway
     read the same answer the same way, each from the dialect's own fields."""
@@ -107,33 +127,41 @@ def test_the_view_reads_every_generation_as_the_gateway_trained_on_it(recorded: 
             assert view.logprobs is not None and len(view.logprobs) == len(view.output_ids)
             assert all(isinstance(lp, float) and lp <= 0.0 for lp in view.logprobs)
             whole = view.prompt_ids + view.output_ids
-            (sample,) = [s for s in samples if s["tokens"][:len(whole)] == whole]
+            (sample,) = [s for s in samples if s["tokens"][: len(whole)] == whole]
             start = len(sample["tokens"]) - sample["response_length"]
             at = len(view.prompt_ids) - start
-            assert sample["rollout_log_probs"][at:at + len(view.output_ids)] == view.logprobs
-            assert sample["loss_mask"][at:at + len(view.output_ids)] == [1] * len(view.output_ids)
+            assert sample["rollout_log_probs"][at : at + len(view.output_ids)] == view.logprobs
+            assert sample["loss_mask"][at : at + len(view.output_ids)] == [1] * len(view.output_ids)
 
 
 def test_every_dialect_carries_the_same_generations_and_goldens(recorded: dict[str, Path]) -> None:
     """One scripted engine, four APIs: the same prompts, outputs and logprobs, so the same samples."""
+
     def generations(dialect: str) -> dict[str, list[tuple]]:
         cassette = read_cassette(recorded[dialect])
-        return {name: [(v.prompt_ids, v.output_ids, v.logprobs) for v in map(record_view, calls)]
-                for name, calls in engine_calls(cassette).items()}
+        return {
+            name: [(v.prompt_ids, v.output_ids, v.logprobs) for v in map(record_view, calls)]
+            for name, calls in engine_calls(cassette).items()
+        }
 
     def body(dialect: str) -> str:
         text = recorded[dialect].with_suffix(".golden").read_text()
         lines = [line for line in text.splitlines() if not line.startswith("#")]
         return "\n".join(lines).replace(target(dialect), "TARGET")
 
-    assert generations("sglang-openai") == generations("vllm-openai") == generations("vllm-generate") \
+    assert (
+        generations("sglang-openai")
+        == generations("vllm-openai")
+        == generations("vllm-generate")
         == generations("sglang")
+    )
     assert body("sglang-openai") == body("vllm-openai") == body("vllm-generate") == body("sglang")
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_replays_through_the_target_with_no_engine_twice_byte_identical(recorded: dict[str, Path], dialect: str,
-                                                                        tmp_path: Path) -> None:
+def test_replays_through_the_target_with_no_engine_twice_byte_identical(
+    recorded: dict[str, Path], dialect: str, tmp_path: Path
+) -> None:
     exports = []
     for n in (1, 2):
         out = tmp_path / f"samples{n}.jsonl"
@@ -145,12 +173,14 @@ def test_replays_through_the_target_with_no_engine_twice_byte_identical(recorded
     rows = [json.loads(line) for line in exports[0].decode().splitlines()]
     live = read_cassette(recorded[dialect])
     assert sorted((r["session"], r["tokens"]) for r in rows) == sorted(
-        (name, s["tokens"]) for name, log in live.sessions.items() for s in log.samples)
+        (name, s["tokens"]) for name, log in live.sessions.items() for s in log.samples
+    )
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_a_changed_sampling_parameter_fails_the_replay_naming_the_field(recorded: dict[str, Path], dialect: str,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_changed_sampling_parameter_fails_the_replay_naming_the_field(
+    recorded: dict[str, Path], dialect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = recorded[dialect]
     monkeypatch.setenv(EXTRA_ENV, json.dumps({"sampling": {"temperature": 0.5}}))
     run = replay(str(path), "--session", json_session(read_cassette(path)))
@@ -165,16 +195,17 @@ def test_a_changed_sampling_parameter_fails_the_replay_naming_the_field(recorded
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_a_changed_prompt_fails_the_replay_naming_the_first_differing_token(recorded: dict[str, Path],
-                                                                            dialect: str,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_changed_prompt_fails_the_replay_naming_the_first_differing_token(
+    recorded: dict[str, Path], dialect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = recorded[dialect]
     monkeypatch.setenv(EXTRA_ENV, json.dumps({"system_suffix": " Mind the time."}))
     run = replay(str(path), "--session", json_session(read_cassette(path)))
     assert run.returncode == 1, run.stdout + run.stderr
     ids = "input_ids" if dialect == "sglang" else "prompt ids"
-    found = re.search(rf"engine request differs: {ids} at token (\d+) \(recorded (\d+) tokens, replayed (\d+)\)",
-                      run.stdout)
+    found = re.search(
+        rf"engine request differs: {ids} at token (\d+) \(recorded (\d+) tokens, replayed (\d+)\)", run.stdout
+    )
     assert found, run.stdout
     assert int(found[3]) > int(found[2])  # the suffix's tokens
     replayed = next(line for line in run.stdout.splitlines() if line.strip().startswith("replayed:"))

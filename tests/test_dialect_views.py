@@ -20,8 +20,31 @@ from tito_rl.trajectory.dialects.view import DIALECTS, SGLANG, SGLANG_OPENAI, VL
 MODEL = "Qwen/Qwen3-8B"
 # A Qwen3 prompt (system, user, generation prompt) and an answer that thinks, then calls a tool:
 # <think>\nThe user wants a listing.\n</think>\n\n<tool_call>\n{...}\n</tool_call><|im_end|>
-PROMPT = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198,
-          151644, 872, 198, 852, 279, 3542, 13, 151645, 198, 151644, 77091, 198]
+PROMPT = [
+    151644,
+    8948,
+    198,
+    2610,
+    525,
+    264,
+    10950,
+    17847,
+    13,
+    151645,
+    198,
+    151644,
+    872,
+    198,
+    852,
+    279,
+    3542,
+    13,
+    151645,
+    198,
+    151644,
+    77091,
+    198,
+]
 THINK, END_THINK, TOOL, END_TOOL, EOS = 151667, 151668, 151657, 151658, 151645
 REASONING_IDS = [198, 785, 1196, 6801, 264, 14838, 13, 198]
 CALL_IDS = [198, 4913, 606, 788, 330, 41882, 497, 198]
@@ -30,27 +53,51 @@ LOGPROBS = [round(-0.001 * (i + 1), 4) for i in range(len(OUTPUT))]
 REASONING = "\nThe user wants a listing.\n"
 ARGUMENTS = '{"command": "ls"}'
 CALL = {"id": "chatcmpl-tool-9f1c2e", "type": "function", "function": {"name": "Bash", "arguments": ARGUMENTS}}
-MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "List the files."}]
-TOOLS = [{"type": "function", "function": {
-    "name": "Bash", "description": "Run a command",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
-USAGE = {"prompt_tokens": len(PROMPT), "total_tokens": len(PROMPT) + len(OUTPUT), "completion_tokens": len(OUTPUT),
-         "prompt_tokens_details": None}
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "List the files."},
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "Bash",
+            "description": "Run a command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
+USAGE = {
+    "prompt_tokens": len(PROMPT),
+    "total_tokens": len(PROMPT) + len(OUTPUT),
+    "completion_tokens": len(OUTPUT),
+    "prompt_tokens_details": None,
+}
 
 
 def text_of(token: int) -> str:
     """A stand-in decoding: what the test needs is one string per id."""
-    return {THINK: "<think>", END_THINK: "</think>", TOOL: "<tool_call>", END_TOOL: "</tool_call>",
-            EOS: "<|im_end|>", 198: "\n", 271: "\n\n"}.get(token, f"t{token}")
+    return {
+        THINK: "<think>",
+        END_THINK: "</think>",
+        TOOL: "<tool_call>",
+        END_TOOL: "</tool_call>",
+        EOS: "<|im_end|>",
+        198: "\n",
+        271: "\n\n",
+    }.get(token, f"t{token}")
 
 
 def vllm_entry(token: int, logprob: float, as_ids: bool = True) -> dict[str, Any]:
     """One `ChatCompletionLogProbsContent`: with `return_tokens_as_token_ids` the token is `token_id:N` and the
     bytes are still the decoded text's (`_create_chat_logprobs`)."""
     decoded = text_of(token)
-    return {"token": f"token_id:{token}" if as_ids else decoded, "logprob": logprob,
-            "bytes": list(decoded.encode()), "top_logprobs": []}
+    return {
+        "token": f"token_id:{token}" if as_ids else decoded,
+        "logprob": logprob,
+        "bytes": list(decoded.encode()),
+        "top_logprobs": [],
+    }
 
 
 def chat_logprobs(ids: list[int], lps: list[float], as_ids: bool = True) -> dict[str, Any]:
@@ -75,48 +122,103 @@ class Case:
 
 # --- sglang: POST /generate (shared/notes/sglang-http.md) -------------------------------------------------------
 SGLANG_GENERATE_BODY = {
-    "text": "Let me list the files.", "output_ids": OUTPUT,
-    "meta_info": {"id": "a" * 32, "finish_reason": {"type": "stop", "matched": EOS}, "prompt_tokens": len(PROMPT),
-                  "weight_version": "default", "input_token_logprobs": [],
-                  "output_token_logprobs": [[lp, t, None] for t, lp in zip(OUTPUT, LOGPROBS, strict=True)],
-                  "completion_tokens": len(OUTPUT), "cached_tokens": 0}}
+    "text": "Let me list the files.",
+    "output_ids": OUTPUT,
+    "meta_info": {
+        "id": "a" * 32,
+        "finish_reason": {"type": "stop", "matched": EOS},
+        "prompt_tokens": len(PROMPT),
+        "weight_version": "default",
+        "input_token_logprobs": [],
+        "output_token_logprobs": [[lp, t, None] for t, lp in zip(OUTPUT, LOGPROBS, strict=True)],
+        "completion_tokens": len(OUTPUT),
+        "cached_tokens": 0,
+    },
+}
 SGLANG_GENERATE_REQUEST = {
-    "rid": "a" * 32, "input_ids": PROMPT, "return_logprob": True,
-    "sampling_params": {"max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0, "skip_special_tokens": False,
-                        "no_stop_trim": True}}
+    "rid": "a" * 32,
+    "input_ids": PROMPT,
+    "return_logprob": True,
+    "sampling_params": {
+        "max_new_tokens": 512,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+    },
+}
 
 # --- sglang-openai: SGLang's /v1/chat/completions (0.5.23 serving_chat._build_chat_response) -------------------
 SGLANG_CHAT_REQUEST = {
-    "model": MODEL, "messages": MESSAGES, "tools": TOOLS, "input_ids": PROMPT, "logprobs": True,
-    "return_meta_info": True, "return_prompt_token_ids": True, "return_token_ids": True, "no_stop_trim": True,
-    "max_completion_tokens": 512, "temperature": 1.0, "skip_special_tokens": False}
+    "model": MODEL,
+    "messages": MESSAGES,
+    "tools": TOOLS,
+    "input_ids": PROMPT,
+    "logprobs": True,
+    "return_meta_info": True,
+    "return_prompt_token_ids": True,
+    "return_token_ids": True,
+    "no_stop_trim": True,
+    "max_completion_tokens": 512,
+    "temperature": 1.0,
+    "skip_special_tokens": False,
+}
 
 
 def sglang_meta() -> dict[str, Any]:
     """The meta_info a chat choice carries with `return_meta_info`: /generate's, with text in each triple (the chat
     server asks for `return_text_in_logprobs`)."""
-    return {"id": "b" * 32, "finish_reason": {"type": "stop", "matched": EOS}, "prompt_tokens": len(PROMPT),
-            "weight_version": "default", "completion_tokens": len(OUTPUT), "cached_tokens": 0,
-            "output_token_logprobs": [[lp, t, text_of(t)] for t, lp in zip(OUTPUT, LOGPROBS, strict=True)]}
+    return {
+        "id": "b" * 32,
+        "finish_reason": {"type": "stop", "matched": EOS},
+        "prompt_tokens": len(PROMPT),
+        "weight_version": "default",
+        "completion_tokens": len(OUTPUT),
+        "cached_tokens": 0,
+        "output_token_logprobs": [[lp, t, text_of(t)] for t, lp in zip(OUTPUT, LOGPROBS, strict=True)],
+    }
 
 
-def sglang_chat_body(ids_key: str | None = "response_token_ids", meta: bool = True, prompt: bool = True,
-                     sglext: dict[str, Any] | None = None) -> dict[str, Any]:
+def sglang_chat_body(
+    ids_key: str | None = "response_token_ids",
+    meta: bool = True,
+    prompt: bool = True,
+    sglext: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     choice: dict[str, Any] = {
         "index": 0,
-        "message": {"role": "assistant", "content": "", "reasoning_content": REASONING,
-                    "tool_calls": [{"id": "call_5b1a", "index": 0, "type": "function",
-                                    "function": {"name": "Bash", "arguments": ARGUMENTS}}]},
+        "message": {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": REASONING,
+            "tool_calls": [
+                {
+                    "id": "call_5b1a",
+                    "index": 0,
+                    "type": "function",
+                    "function": {"name": "Bash", "arguments": ARGUMENTS},
+                }
+            ],
+        },
         "logprobs": chat_logprobs(OUTPUT, LOGPROBS, as_ids=False),
-        "finish_reason": "tool_calls", "matched_stop": EOS}
+        "finish_reason": "tool_calls",
+        "matched_stop": EOS,
+    }
     if prompt:
         choice["prompt_token_ids"] = PROMPT
     if ids_key:
         choice[ids_key] = OUTPUT
     if meta:
         choice["meta_info"] = sglang_meta()
-    body = {"id": "b" * 32, "object": "chat.completion", "created": 1764000000, "model": MODEL, "choices": [choice],
-            "usage": USAGE, "metadata": {"weight_version": "default"}}
+    body = {
+        "id": "b" * 32,
+        "object": "chat.completion",
+        "created": 1764000000,
+        "model": MODEL,
+        "choices": [choice],
+        "usage": USAGE,
+        "metadata": {"weight_version": "default"},
+    }
     if sglext is not None:
         body["sglext"] = sglext
     return body
@@ -125,34 +227,82 @@ def sglang_chat_body(ids_key: str | None = "response_token_ids", meta: bool = Tr
 def sglang_chat_chunks() -> list[dict[str, Any]]:
     """A streamed SGLang chat answer: no ids, no meta_info (both refused with stream), `matched_stop` on every
     choice, tool calls parsed into fragments."""
+
     def chunk(delta: dict[str, Any], finish: str | None = None, matched: int | None = None) -> dict[str, Any]:
-        return {"id": "c" * 32, "object": "chat.completion.chunk", "created": 1764000000, "model": MODEL,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
-                             "matched_stop": matched}]}
+        return {
+            "id": "c" * 32,
+            "object": "chat.completion.chunk",
+            "created": 1764000000,
+            "model": MODEL,
+            "choices": [
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": matched}
+            ],
+        }
+
     return [
         chunk({"role": "assistant", "content": ""}),
         chunk({"role": None, "content": None, "reasoning_content": REASONING[:9]}),
         chunk({"role": None, "content": None, "reasoning_content": REASONING[9:]}),
-        chunk({"role": None, "content": None, "reasoning_content": None, "tool_calls": [
-            {"id": "call_5b1a", "index": 0, "type": "function", "function": {"name": "Bash", "arguments": ""}}]}),
-        chunk({"role": None, "content": None, "reasoning_content": None, "tool_calls": [
-            {"id": None, "index": 0, "type": "function", "function": {"name": None, "arguments": ARGUMENTS}}]}),
+        chunk(
+            {
+                "role": None,
+                "content": None,
+                "reasoning_content": None,
+                "tool_calls": [
+                    {"id": "call_5b1a", "index": 0, "type": "function", "function": {"name": "Bash", "arguments": ""}}
+                ],
+            }
+        ),
+        chunk(
+            {
+                "role": None,
+                "content": None,
+                "reasoning_content": None,
+                "tool_calls": [
+                    {"id": None, "index": 0, "type": "function", "function": {"name": None, "arguments": ARGUMENTS}}
+                ],
+            }
+        ),
         chunk({"role": None, "content": None, "reasoning_content": None}, "tool_calls", EOS),
     ]
 
 
 # --- sglang-openai: SGLang's /v1/completions with return_token_ids (0.5.17+) --------------------------------------
-SGLANG_COMPLETION_REQUEST = {"model": MODEL, "prompt": PROMPT, "max_tokens": 512, "temperature": 1.0, "logprobs": 0,
-                             "return_token_ids": True, "no_stop_trim": True}
+SGLANG_COMPLETION_REQUEST = {
+    "model": MODEL,
+    "prompt": PROMPT,
+    "max_tokens": 512,
+    "temperature": 1.0,
+    "logprobs": 0,
+    "return_token_ids": True,
+    "no_stop_trim": True,
+}
 
 
 def sglang_completion_body() -> dict[str, Any]:
-    return {"id": "d" * 32, "object": "text_completion", "created": 1764000000, "model": MODEL, "choices": [{
-        "index": 0, "text": "".join(text_of(t) for t in OUTPUT),
-        "logprobs": {"text_offset": list(range(len(OUTPUT))), "token_logprobs": LOGPROBS,
-                     "tokens": [text_of(t) for t in OUTPUT], "top_logprobs": [None] * len(OUTPUT)},
-        "finish_reason": "stop", "matched_stop": EOS, "token_ids": OUTPUT, "prompt_token_ids": PROMPT}],
-        "usage": USAGE}
+    return {
+        "id": "d" * 32,
+        "object": "text_completion",
+        "created": 1764000000,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "text": "".join(text_of(t) for t in OUTPUT),
+                "logprobs": {
+                    "text_offset": list(range(len(OUTPUT))),
+                    "token_logprobs": LOGPROBS,
+                    "tokens": [text_of(t) for t in OUTPUT],
+                    "top_logprobs": [None] * len(OUTPUT),
+                },
+                "finish_reason": "stop",
+                "matched_stop": EOS,
+                "token_ids": OUTPUT,
+                "prompt_token_ids": PROMPT,
+            }
+        ],
+        "usage": USAGE,
+    }
 
 
 def sglang_completion_chunks() -> list[dict[str, Any]]:
@@ -160,42 +310,95 @@ def sglang_completion_chunks() -> list[dict[str, Any]]:
     parts = [OUTPUT[:5], OUTPUT[5:12], OUTPUT[12:]]
     chunks = []
     for i, part in enumerate(parts):
-        lps = LOGPROBS[len(sum(parts[:i], [])):][:len(part)]
-        choice = {"index": 0, "text": "".join(text_of(t) for t in part),
-                  "logprobs": {"text_offset": [0] * len(part), "token_logprobs": lps,
-                               "tokens": [text_of(t) for t in part], "top_logprobs": [None] * len(part)},
-                  "finish_reason": "stop" if i == 2 else None, "matched_stop": EOS if i == 2 else None,
-                  "token_ids": part}
+        lps = LOGPROBS[len(sum(parts[:i], [])) :][: len(part)]
+        choice = {
+            "index": 0,
+            "text": "".join(text_of(t) for t in part),
+            "logprobs": {
+                "text_offset": [0] * len(part),
+                "token_logprobs": lps,
+                "tokens": [text_of(t) for t in part],
+                "top_logprobs": [None] * len(part),
+            },
+            "finish_reason": "stop" if i == 2 else None,
+            "matched_stop": EOS if i == 2 else None,
+            "token_ids": part,
+        }
         if i == 0:
             choice["prompt_token_ids"] = PROMPT
-        chunks.append({"id": "e" * 32, "object": "text_completion", "created": 1764000000, "model": MODEL,
-                       "choices": [choice], "usage": None})
+        chunks.append(
+            {
+                "id": "e" * 32,
+                "object": "text_completion",
+                "created": 1764000000,
+                "model": MODEL,
+                "choices": [choice],
+                "usage": None,
+            }
+        )
     return chunks
 
 
 # --- vllm-openai: vLLM's /v1/chat/completions (messages in) -----------------------------------------------------
 VLLM_CHAT_REQUEST = {
-    "model": MODEL, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto", "logprobs": True, "top_logprobs": 0,
-    "return_token_ids": True, "return_tokens_as_token_ids": True, "max_tokens": 512, "temperature": 1.0,
-    "top_p": 1.0, "skip_special_tokens": False}
+    "model": MODEL,
+    "messages": MESSAGES,
+    "tools": TOOLS,
+    "tool_choice": "auto",
+    "logprobs": True,
+    "top_logprobs": 0,
+    "return_token_ids": True,
+    "return_tokens_as_token_ids": True,
+    "max_tokens": 512,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "skip_special_tokens": False,
+}
 
 
-def vllm_chat_body(reasoning_keys: tuple[str, ...] = ("reasoning",), token_ids: bool = True,
-                   content: str | None = None) -> dict[str, Any]:
+def vllm_chat_body(
+    reasoning_keys: tuple[str, ...] = ("reasoning",), token_ids: bool = True, content: str | None = None
+) -> dict[str, Any]:
     """`ChatCompletionResponse.model_dump()` (every field, nulls included) as 0.33 writes it; `reasoning_keys` picks
     the era: ("reasoning_content",) up to 0.11.0, both 0.11.1-0.15.1, ("reasoning",) from 0.16."""
-    message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "annotations": None,
-                               "audio": None, "function_call": None, "tool_calls": [CALL]}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": [CALL],
+    }
     for key in reasoning_keys:
         message[key] = REASONING
     return {
-        "id": "chatcmpl-5e0c", "object": "chat.completion", "created": 1764000000, "model": MODEL,
-        "choices": [{"index": 0, "message": message, "logprobs": chat_logprobs(OUTPUT, LOGPROBS),
-                     "finish_reason": "tool_calls", "stop_reason": None,
-                     "token_ids": OUTPUT if token_ids else None, "routed_experts": None, "weight_versions": None}],
-        "service_tier": None, "system_fingerprint": None, "usage": USAGE, "prompt_logprobs": None,
-        "prompt_token_ids": PROMPT if token_ids else None, "prompt_text": None, "kv_transfer_params": None,
-        "ec_transfer_params": None, "metrics": None}
+        "id": "chatcmpl-5e0c",
+        "object": "chat.completion",
+        "created": 1764000000,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": chat_logprobs(OUTPUT, LOGPROBS),
+                "finish_reason": "tool_calls",
+                "stop_reason": None,
+                "token_ids": OUTPUT if token_ids else None,
+                "routed_experts": None,
+                "weight_versions": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": USAGE,
+        "prompt_logprobs": None,
+        "prompt_token_ids": PROMPT if token_ids else None,
+        "prompt_text": None,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
 
 
 def vllm_chat_chunks(reasoning_key: str = "reasoning", n: int = 1) -> list[dict[str, Any]]:
@@ -206,16 +409,29 @@ def vllm_chat_chunks(reasoning_key: str = "reasoning", n: int = 1) -> list[dict[
     head = {"id": "chatcmpl-77aa", "object": "chat.completion.chunk", "created": 1764000000, "model": MODEL}
 
     def step(ids: list[int], delta: dict[str, Any], finish: str | None = None, index: int = 0) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": chat_logprobs(ids, slices(ids)),
-                                  "finish_reason": finish, "token_ids": ids}
+        choice: dict[str, Any] = {
+            "index": index,
+            "delta": delta,
+            "logprobs": chat_logprobs(ids, slices(ids)),
+            "finish_reason": finish,
+            "token_ids": ids,
+        }
         if finish is not None:
             choice["stop_reason"] = None
             choice["weight_versions"] = None
         return {**head, "choices": [choice], "kv_transfer_params": None}
 
-    chunks = [{**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                    "finish_reason": None}], "prompt_token_ids": PROMPT, "prompt_text": None}
-              for i in range(n)]
+    chunks = [
+        {
+            **head,
+            "choices": [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            ],
+            "prompt_token_ids": PROMPT,
+            "prompt_text": None,
+        }
+        for i in range(n)
+    ]
     chunks += [
         step([THINK], {}),
         step(REASONING_IDS[:4], {reasoning_key: REASONING[:9]}),
@@ -223,8 +439,10 @@ def vllm_chat_chunks(reasoning_key: str = "reasoning", n: int = 1) -> list[dict[
         step([END_THINK], {}),
         step([271], {"content": "\n\n"}),
         step([TOOL], {}),
-        step(CALL_IDS[:4], {"tool_calls": [{"id": CALL["id"], "type": "function", "index": 0,
-                                            "function": {"name": "Bash"}}]}),
+        step(
+            CALL_IDS[:4],
+            {"tool_calls": [{"id": CALL["id"], "type": "function", "index": 0, "function": {"name": "Bash"}}]},
+        ),
         step(CALL_IDS[4:], {"tool_calls": [{"index": 0, "function": {"arguments": ARGUMENTS}}]}),
         step([END_TOOL], {}),
     ]
@@ -236,23 +454,54 @@ def vllm_chat_chunks(reasoning_key: str = "reasoning", n: int = 1) -> list[dict[
 
 
 # --- vllm-openai: vLLM's /v1/completions with a token-id prompt --------------------------------------------------
-VLLM_COMPLETION_REQUEST = {"model": MODEL, "prompt": PROMPT, "max_tokens": 512, "temperature": 1.0, "logprobs": 0,
-                           "return_token_ids": True, "return_tokens_as_token_ids": True, "add_special_tokens": False}
+VLLM_COMPLETION_REQUEST = {
+    "model": MODEL,
+    "prompt": PROMPT,
+    "max_tokens": 512,
+    "temperature": 1.0,
+    "logprobs": 0,
+    "return_token_ids": True,
+    "return_tokens_as_token_ids": True,
+    "add_special_tokens": False,
+}
 
 
 def vllm_completion_logprobs(ids: list[int], lps: list[float]) -> dict[str, Any]:
-    return {"text_offset": list(range(len(ids))), "token_logprobs": lps, "tokens": [f"token_id:{t}" for t in ids],
-            "top_logprobs": [{f"token_id:{t}": lp} for t, lp in zip(ids, lps, strict=True)]}
+    return {
+        "text_offset": list(range(len(ids))),
+        "token_logprobs": lps,
+        "tokens": [f"token_id:{t}" for t in ids],
+        "top_logprobs": [{f"token_id:{t}": lp} for t, lp in zip(ids, lps, strict=True)],
+    }
 
 
 def vllm_completion_body() -> dict[str, Any]:
-    return {"id": "cmpl-1a2b", "object": "text_completion", "created": 1764000000, "model": MODEL, "choices": [{
-        "index": 0, "text": "".join(text_of(t) for t in OUTPUT[:-1]),
-        "logprobs": vllm_completion_logprobs(OUTPUT, LOGPROBS),
-        "finish_reason": "stop", "stop_reason": None, "token_ids": OUTPUT, "prompt_logprobs": None,
-        "prompt_token_ids": PROMPT, "routed_experts": None, "weight_versions": None}],
-        "service_tier": None, "system_fingerprint": None, "usage": USAGE, "kv_transfer_params": None,
-        "ec_transfer_params": None, "metrics": None}
+    return {
+        "id": "cmpl-1a2b",
+        "object": "text_completion",
+        "created": 1764000000,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "text": "".join(text_of(t) for t in OUTPUT[:-1]),
+                "logprobs": vllm_completion_logprobs(OUTPUT, LOGPROBS),
+                "finish_reason": "stop",
+                "stop_reason": None,
+                "token_ids": OUTPUT,
+                "prompt_logprobs": None,
+                "prompt_token_ids": PROMPT,
+                "routed_experts": None,
+                "weight_versions": None,
+            }
+        ],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": USAGE,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": None,
+    }
 
 
 def vllm_completion_chunks() -> list[dict[str, Any]]:
@@ -261,52 +510,121 @@ def vllm_completion_chunks() -> list[dict[str, Any]]:
     chunks, done = [], 0
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
-        chunks.append({"id": "cmpl-3c4d", "object": "text_completion", "created": 1764000000, "model": MODEL,
-                       "choices": [{"index": 0, "text": "".join(text_of(t) for t in part if t != EOS),
-                                    "logprobs": vllm_completion_logprobs(part, LOGPROBS[done:done + len(part)]),
-                                    "finish_reason": "stop" if last else None, "stop_reason": None,
-                                    "prompt_token_ids": PROMPT if i == 0 else None, "token_ids": part,
-                                    "weight_versions": None}],
-                       "kv_transfer_params": None})
+        chunks.append(
+            {
+                "id": "cmpl-3c4d",
+                "object": "text_completion",
+                "created": 1764000000,
+                "model": MODEL,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "".join(text_of(t) for t in part if t != EOS),
+                        "logprobs": vllm_completion_logprobs(part, LOGPROBS[done : done + len(part)]),
+                        "finish_reason": "stop" if last else None,
+                        "stop_reason": None,
+                        "prompt_token_ids": PROMPT if i == 0 else None,
+                        "token_ids": part,
+                        "weight_versions": None,
+                    }
+                ],
+                "kv_transfer_params": None,
+            }
+        )
         done += len(part)
     return chunks
 
 
 # --- vllm-generate: vLLM's /inference/v1/generate ------------------------------------------------------------------
-VLLM_TOKENS_REQUEST = {"model": MODEL, "token_ids": PROMPT, "return_token_ids": True,
-                       "sampling_params": {"max_tokens": 512, "temperature": 1.0, "top_p": 1.0, "logprobs": 0,
-                                           "skip_special_tokens": False}}
+VLLM_TOKENS_REQUEST = {
+    "model": MODEL,
+    "token_ids": PROMPT,
+    "return_token_ids": True,
+    "sampling_params": {
+        "max_tokens": 512,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "logprobs": 0,
+        "skip_special_tokens": False,
+    },
+}
 
 
 def tokens_body_old() -> dict[str, Any]:
     """0.11.1-0.31: `GenerateResponse.model_dump()`, logprob tokens `token_id:N` (`_create_tokens_logprobs`)."""
-    return {"request_id": "f" * 32, "choices": [{
-        "index": 0, "logprobs": {"content": [
-            {"token": f"token_id:{t}", "logprob": lp, "bytes": None,
-             "top_logprobs": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None}]}
-            for t, lp in zip(OUTPUT, LOGPROBS, strict=True)]},
-        "finish_reason": "stop", "token_ids": OUTPUT}], "prompt_logprobs": None, "kv_transfer_params": None}
+    return {
+        "request_id": "f" * 32,
+        "choices": [
+            {
+                "index": 0,
+                "logprobs": {
+                    "content": [
+                        {
+                            "token": f"token_id:{t}",
+                            "logprob": lp,
+                            "bytes": None,
+                            "top_logprobs": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None}],
+                        }
+                        for t, lp in zip(OUTPUT, LOGPROBS, strict=True)
+                    ]
+                },
+                "finish_reason": "stop",
+                "token_ids": OUTPUT,
+            }
+        ],
+        "prompt_logprobs": None,
+        "kv_transfer_params": None,
+    }
 
 
 def tokens_body_new() -> dict[str, Any]:
     """0.32+: `GenerateTokensResponse.model_dump()`, integer `token_id` and `rank`, the prompt ids back with
     `return_token_ids` (0.30+), `stop_reason` on the choice."""
-    return {"request_id": "f" * 32, "model": MODEL, "created": 1764000000, "usage": USAGE, "prompt_logprobs": None,
-            "prompt_token_id_logprobs": None, "prompt_token_ids": PROMPT, "mm_placeholders": None, "metrics": None,
-            "kv_transfer_params": None, "ec_transfer_params": None, "output_mode": "tokens", "choices": [{
-                "index": 0, "finish_reason": "stop", "stop_reason": None, "token_ids": OUTPUT, "routed_experts": None,
-                "sampling_mask": None, "weight_versions": None,
-                "logprobs": {"content": [{"token_id": t, "logprob": lp, "rank": 1,
-                                          "top_logprobs": [{"token_id": t, "logprob": lp, "rank": 1}]}
-                                         for t, lp in zip(OUTPUT, LOGPROBS, strict=True)]}}]}
+    return {
+        "request_id": "f" * 32,
+        "model": MODEL,
+        "created": 1764000000,
+        "usage": USAGE,
+        "prompt_logprobs": None,
+        "prompt_token_id_logprobs": None,
+        "prompt_token_ids": PROMPT,
+        "mm_placeholders": None,
+        "metrics": None,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "output_mode": "tokens",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "stop_reason": None,
+                "token_ids": OUTPUT,
+                "routed_experts": None,
+                "sampling_mask": None,
+                "weight_versions": None,
+                "logprobs": {
+                    "content": [
+                        {
+                            "token_id": t,
+                            "logprob": lp,
+                            "rank": 1,
+                            "top_logprobs": [{"token_id": t, "logprob": lp, "rank": 1}],
+                        }
+                        for t, lp in zip(OUTPUT, LOGPROBS, strict=True)
+                    ]
+                },
+            }
+        ],
+    }
 
 
 def tokens_text_body() -> dict[str, Any]:
     """0.32+ `output_mode: "text"`: the detokenized text beside the ids, chat-shaped logprobs."""
     body = tokens_body_new()
     body["output_mode"] = "text"
-    body["choices"][0].update(text="".join(text_of(t) for t in OUTPUT[:-1]),
-                              logprobs=chat_logprobs(OUTPUT, LOGPROBS, as_ids=False))
+    body["choices"][0].update(
+        text="".join(text_of(t) for t in OUTPUT[:-1]), logprobs=chat_logprobs(OUTPUT, LOGPROBS, as_ids=False)
+    )
     return body
 
 
@@ -315,12 +633,29 @@ def tokens_chunks() -> list[dict[str, Any]]:
     (return_token_ids), the finish on the last; `include_usage` adds a `choices: []` chunk."""
     parts, chunks, done = [OUTPUT[:1], OUTPUT[1:10], OUTPUT[10:]], [], 0
     for i, part in enumerate(parts):
-        lps = LOGPROBS[done:done + len(part)]
-        chunk: dict[str, Any] = {"request_id": "f" * 32, "usage": None, "output_mode": "tokens", "choices": [{
-            "index": 0, "finish_reason": "stop" if i == 2 else None, "stop_reason": None, "token_ids": part,
-            "routed_experts": None, "sampling_mask": None, "weight_versions": None,
-            "logprobs": {"content": [{"token_id": t, "logprob": lp, "rank": 1, "top_logprobs": []}
-                                     for t, lp in zip(part, lps, strict=True)]}}]}
+        lps = LOGPROBS[done : done + len(part)]
+        chunk: dict[str, Any] = {
+            "request_id": "f" * 32,
+            "usage": None,
+            "output_mode": "tokens",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop" if i == 2 else None,
+                    "stop_reason": None,
+                    "token_ids": part,
+                    "routed_experts": None,
+                    "sampling_mask": None,
+                    "weight_versions": None,
+                    "logprobs": {
+                        "content": [
+                            {"token_id": t, "logprob": lp, "rank": 1, "top_logprobs": []}
+                            for t, lp in zip(part, lps, strict=True)
+                        ]
+                    },
+                }
+            ],
+        }
         if i == 0:
             chunk["prompt_token_ids"] = PROMPT
         chunks.append(chunk)
@@ -334,104 +669,311 @@ PRIME_TOKENS_REQUEST = {**VLLM_CHAT_REQUEST, "tokens": PROMPT}
 PRIME_TOKENS_REQUEST.pop("return_tokens_as_token_ids")
 
 VIEW_OF_CALL = {  # the view every full answer above reads
-    "prompt_ids": PROMPT, "output_ids": OUTPUT, "logprobs": LOGPROBS}
+    "prompt_ids": PROMPT,
+    "output_ids": OUTPUT,
+    "logprobs": LOGPROBS,
+}
 
 CASES = [
-    Case("sglang /generate", SGLANG, "/generate", SGLANG_GENERATE_REQUEST, SGLANG_GENERATE_BODY,
-         {**VIEW_OF_CALL, "finish_reason": "stop", "text": "Let me list the files.",
-          "sampling": {"max_tokens": 512, "temperature": 1.0, "top_p": 1.0, "skip_special_tokens": False,
-                       "no_stop_trim": True}}),
-    Case("sglang-openai chat 0.5.18+", SGLANG_OPENAI, "/v1/chat/completions", SGLANG_CHAT_REQUEST,
-         sglang_chat_body(), {**VIEW_OF_CALL, "finish_reason": "tool_calls", "text": "", "reasoning": REASONING,
-                              "messages_in": False, "prompt_ids_asked": True,
-                              "sampling": {"max_tokens": 512, "temperature": 1.0, "no_stop_trim": True,
-                                           "skip_special_tokens": False}}),
-    Case("sglang-openai chat 0.5.17 token_ids", SGLANG_OPENAI, "/v1/chat/completions", SGLANG_CHAT_REQUEST,
-         sglang_chat_body("token_ids"), {**VIEW_OF_CALL, "finish_reason": "tool_calls"}),
-    Case("sglang-openai chat 0.5.13 prompt ids + meta_info only", SGLANG_OPENAI, "/v1/chat/completions",
-         {k: v for k, v in SGLANG_CHAT_REQUEST.items() if k != "return_token_ids"}, sglang_chat_body(None),
-         {"prompt_ids": PROMPT, "output_ids": OUTPUT, "logprobs": LOGPROBS}),  # the ids of meta_info's triples
-    Case("sglang-openai chat, messages in, sglext ids (0.5.20+)", SGLANG_OPENAI, "/v1/chat/completions",
-         {"model": MODEL, "messages": MESSAGES, "logprobs": True, "return_input_ids_in_sglext": True,
-          "return_output_ids_in_sglext": True},
-         sglang_chat_body(None, meta=False, prompt=False, sglext={"input_ids": PROMPT, "output_ids": [OUTPUT]}),
-         {**VIEW_OF_CALL, "messages_in": True, "prompt_ids_asked": True}),
-    Case("sglang-openai chat, messages in, known by matched_stop", SGLANG_OPENAI, "/v1/chat/completions",
-         {"model": MODEL, "messages": MESSAGES, "logprobs": True}, sglang_chat_body(None, meta=False, prompt=False),
-         {"prompt_ids": None, "output_ids": None, "logprobs": LOGPROBS, "messages_in": True,
-          "prompt_ids_asked": False, "reasoning": REASONING}),
-    Case("sglang-openai chat streamed", SGLANG_OPENAI, "/v1/chat/completions",
-         {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "input_ids": PROMPT, "stream": True},
-         sglang_chat_chunks(),
-         {"prompt_ids": PROMPT, "output_ids": None, "logprobs": None, "finish_reason": "tool_calls",
-          "reasoning": REASONING, "text": "", "stream": True,
-          "tool_calls": [{"id": "call_5b1a", "type": "function", "function": {"name": "Bash",
-                                                                              "arguments": ARGUMENTS}}]}),
-    Case("sglang-openai completions", SGLANG_OPENAI, "/v1/completions", SGLANG_COMPLETION_REQUEST,
-         sglang_completion_body(), {**VIEW_OF_CALL, "finish_reason": "stop",
-                                    "text": "".join(text_of(t) for t in OUTPUT)}),
-    Case("sglang-openai completions streamed", SGLANG_OPENAI, "/v1/completions",
-         {**SGLANG_COMPLETION_REQUEST, "stream": True}, sglang_completion_chunks(),
-         {**VIEW_OF_CALL, "finish_reason": "stop", "text": "".join(text_of(t) for t in OUTPUT)}),
-    Case("vllm-openai chat 0.16+", VLLM_OPENAI, "/v1/chat/completions", VLLM_CHAT_REQUEST, vllm_chat_body(),
-         {**VIEW_OF_CALL, "finish_reason": "tool_calls", "text": None, "reasoning": REASONING, "tool_calls": [CALL],
-          "messages_in": True, "prompt_ids_asked": True,
-          "sampling": {"max_tokens": 512, "temperature": 1.0, "top_p": 1.0, "skip_special_tokens": False}}),
-    Case("vllm-openai chat 0.11.1-0.15.1", VLLM_OPENAI, "/v1/chat/completions", VLLM_CHAT_REQUEST,
-         vllm_chat_body(("reasoning", "reasoning_content")), {**VIEW_OF_CALL, "reasoning": REASONING}),
-    Case("vllm-openai chat 0.10.2-0.11.0", VLLM_OPENAI, "/v1/chat/completions", VLLM_CHAT_REQUEST,
-         vllm_chat_body(("reasoning_content",)), {**VIEW_OF_CALL, "reasoning": REASONING}),
-    Case("vllm-openai chat, a plain answer", VLLM_OPENAI, "/v1/chat/completions", VLLM_CHAT_REQUEST,
-         vllm_chat_body((), content="Let me list the files."),
-         {**VIEW_OF_CALL, "text": "Let me list the files.", "reasoning": None, "tool_calls": [CALL]}),
-    Case("vllm-openai chat, ids not asked", VLLM_OPENAI, "/v1/chat/completions",
-         {k: v for k, v in VLLM_CHAT_REQUEST.items() if k != "return_token_ids"}, vllm_chat_body(token_ids=False),
-         {"prompt_ids": None, "output_ids": None, "logprobs": LOGPROBS, "messages_in": True,
-          "prompt_ids_asked": False}),
-    Case("vllm-openai chat streamed 0.33", VLLM_OPENAI, "/v1/chat/completions",
-         {**VLLM_CHAT_REQUEST, "stream": True, "stream_options": {"include_usage": True}}, vllm_chat_chunks(),
-         {**VIEW_OF_CALL, "logprobs": slices(OUTPUT), "finish_reason": "tool_calls", "text": "\n\n",
-          "reasoning": REASONING, "tool_calls": [CALL], "stream": True}),
-    Case("vllm-openai chat streamed <= 0.11.0", VLLM_OPENAI, "/v1/chat/completions",
-         {**VLLM_CHAT_REQUEST, "stream": True}, vllm_chat_chunks("reasoning_content"),
-         {"output_ids": OUTPUT, "reasoning": REASONING}),
-    Case("vllm-openai chat streamed n=2", VLLM_OPENAI, "/v1/chat/completions",
-         {**VLLM_CHAT_REQUEST, "stream": True, "n": 2}, vllm_chat_chunks(n=2),
-         {"prompt_ids": PROMPT, "output_ids": OUTPUT, "text": "\n\n"}),
-    Case("vllm-openai completions", VLLM_OPENAI, "/v1/completions", VLLM_COMPLETION_REQUEST, vllm_completion_body(),
-         {**VIEW_OF_CALL, "finish_reason": "stop", "messages_in": False,
-          "text": "".join(text_of(t) for t in OUTPUT[:-1])}),
-    Case("vllm-openai completions streamed", VLLM_OPENAI, "/v1/completions", {**VLLM_COMPLETION_REQUEST,
-                                                                             "stream": True},
-         vllm_completion_chunks(), {**VIEW_OF_CALL, "finish_reason": "stop"}),
-    Case("vllm-generate 0.11.1-0.31", VLLM_GENERATE, "/inference/v1/generate",
-         {k: v for k, v in VLLM_TOKENS_REQUEST.items() if k != "return_token_ids"}, tokens_body_old(),
-         {**VIEW_OF_CALL, "finish_reason": "stop", "prompt_ids_asked": True,
-          "sampling": {"max_tokens": 512, "temperature": 1.0, "top_p": 1.0, "logprobs": 0,
-                       "skip_special_tokens": False}}),
-    Case("vllm-generate 0.32+", VLLM_GENERATE, "/inference/v1/generate", VLLM_TOKENS_REQUEST, tokens_body_new(),
-         {**VIEW_OF_CALL, "finish_reason": "stop"}),
-    Case("vllm-generate 0.32+ output_mode text", VLLM_GENERATE, "/inference/v1/generate",
-         {**VLLM_TOKENS_REQUEST, "output_mode": "text"}, tokens_text_body(),
-         {**VIEW_OF_CALL, "text": "".join(text_of(t) for t in OUTPUT[:-1])}),
-    Case("vllm-generate streamed 0.32+", VLLM_GENERATE, "/inference/v1/generate", {**VLLM_TOKENS_REQUEST,
-                                                                                   "stream": True},
-         tokens_chunks(), {**VIEW_OF_CALL, "finish_reason": "stop", "stream": True}),
-    Case("vllm-generate: prime-rl chat/completions/tokens", VLLM_GENERATE, "/v1/chat/completions/tokens",
-         PRIME_TOKENS_REQUEST, vllm_chat_body(),
-         {**VIEW_OF_CALL, "endpoint": "generate", "finish_reason": "tool_calls", "reasoning": REASONING,
-          "tool_calls": [CALL], "messages_in": False}),
-    Case("vllm-generate: prime-rl chat/completions/tokens on vLLM <= 0.11.0", VLLM_GENERATE,
-         "/v1/chat/completions/tokens", PRIME_TOKENS_REQUEST,
-         vllm_chat_body(("reasoning_content",), content="Let me list the files."),
-         {**VIEW_OF_CALL, "text": "Let me list the files.", "reasoning": REASONING}),
-    Case("vllm-generate: prime-rl chat/completions/tokens streamed", VLLM_GENERATE, "/v1/chat/completions/tokens",
-         {**PRIME_TOKENS_REQUEST, "stream": True}, vllm_chat_chunks(),
-         {**VIEW_OF_CALL, "logprobs": slices(OUTPUT), "text": "\n\n", "reasoning": REASONING,
-          "tool_calls": [CALL]}),
-    Case("vllm-generate: prime-rl chat/completions/tokens streamed, vLLM <= 0.11.0", VLLM_GENERATE,
-         "/v1/chat/completions/tokens", {**PRIME_TOKENS_REQUEST, "stream": True},
-         vllm_chat_chunks("reasoning_content"), {**VIEW_OF_CALL, "logprobs": slices(OUTPUT), "reasoning": REASONING}),
+    Case(
+        "sglang /generate",
+        SGLANG,
+        "/generate",
+        SGLANG_GENERATE_REQUEST,
+        SGLANG_GENERATE_BODY,
+        {
+            **VIEW_OF_CALL,
+            "finish_reason": "stop",
+            "text": "Let me list the files.",
+            "sampling": {
+                "max_tokens": 512,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "skip_special_tokens": False,
+                "no_stop_trim": True,
+            },
+        },
+    ),
+    Case(
+        "sglang-openai chat 0.5.18+",
+        SGLANG_OPENAI,
+        "/v1/chat/completions",
+        SGLANG_CHAT_REQUEST,
+        sglang_chat_body(),
+        {
+            **VIEW_OF_CALL,
+            "finish_reason": "tool_calls",
+            "text": "",
+            "reasoning": REASONING,
+            "messages_in": False,
+            "prompt_ids_asked": True,
+            "sampling": {"max_tokens": 512, "temperature": 1.0, "no_stop_trim": True, "skip_special_tokens": False},
+        },
+    ),
+    Case(
+        "sglang-openai chat 0.5.17 token_ids",
+        SGLANG_OPENAI,
+        "/v1/chat/completions",
+        SGLANG_CHAT_REQUEST,
+        sglang_chat_body("token_ids"),
+        {**VIEW_OF_CALL, "finish_reason": "tool_calls"},
+    ),
+    Case(
+        "sglang-openai chat 0.5.13 prompt ids + meta_info only",
+        SGLANG_OPENAI,
+        "/v1/chat/completions",
+        {k: v for k, v in SGLANG_CHAT_REQUEST.items() if k != "return_token_ids"},
+        sglang_chat_body(None),
+        {"prompt_ids": PROMPT, "output_ids": OUTPUT, "logprobs": LOGPROBS},
+    ),  # the ids of meta_info's triples
+    Case(
+        "sglang-openai chat, messages in, sglext ids (0.5.20+)",
+        SGLANG_OPENAI,
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "messages": MESSAGES,
+            "logprobs": True,
+            "return_input_ids_in_sglext": True,
+            "return_output_ids_in_sglext": True,
+        },
+        sglang_chat_body(None, meta=False, prompt=False, sglext={"input_ids": PROMPT, "output_ids": [OUTPUT]}),
+        {**VIEW_OF_CALL, "messages_in": True, "prompt_ids_asked": True},
+    ),
+    Case(
+        "sglang-openai chat, messages in, known by matched_stop",
+        SGLANG_OPENAI,
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": MESSAGES, "logprobs": True},
+        sglang_chat_body(None, meta=False, prompt=False),
+        {
+            "prompt_ids": None,
+            "output_ids": None,
+            "logprobs": LOGPROBS,
+            "messages_in": True,
+            "prompt_ids_asked": False,
+            "reasoning": REASONING,
+        },
+    ),
+    Case(
+        "sglang-openai chat streamed",
+        SGLANG_OPENAI,
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "input_ids": PROMPT, "stream": True},
+        sglang_chat_chunks(),
+        {
+            "prompt_ids": PROMPT,
+            "output_ids": None,
+            "logprobs": None,
+            "finish_reason": "tool_calls",
+            "reasoning": REASONING,
+            "text": "",
+            "stream": True,
+            "tool_calls": [
+                {"id": "call_5b1a", "type": "function", "function": {"name": "Bash", "arguments": ARGUMENTS}}
+            ],
+        },
+    ),
+    Case(
+        "sglang-openai completions",
+        SGLANG_OPENAI,
+        "/v1/completions",
+        SGLANG_COMPLETION_REQUEST,
+        sglang_completion_body(),
+        {**VIEW_OF_CALL, "finish_reason": "stop", "text": "".join(text_of(t) for t in OUTPUT)},
+    ),
+    Case(
+        "sglang-openai completions streamed",
+        SGLANG_OPENAI,
+        "/v1/completions",
+        {**SGLANG_COMPLETION_REQUEST, "stream": True},
+        sglang_completion_chunks(),
+        {**VIEW_OF_CALL, "finish_reason": "stop", "text": "".join(text_of(t) for t in OUTPUT)},
+    ),
+    Case(
+        "vllm-openai chat 0.16+",
+        VLLM_OPENAI,
+        "/v1/chat/completions",
+        VLLM_CHAT_REQUEST,
+        vllm_chat_body(),
+        {
+            **VIEW_OF_CALL,
+            "finish_reason": "tool_calls",
+            "text": None,
+            "reasoning": REASONING,
+            "tool_calls": [CALL],
+            "messages_in": True,
+            "prompt_ids_asked": True,
+            "sampling": {"max_tokens": 512, "temperature": 1.0, "top_p": 1.0, "skip_special_tokens": False},
+        },
+    ),
+    Case(
+        "vllm-openai chat 0.11.1-0.15.1",
+        VLLM_OPENAI,
+        "/v1/chat/completions",
+        VLLM_CHAT_REQUEST,
+        vllm_chat_body(("reasoning", "reasoning_content")),
+        {**VIEW_OF_CALL, "reasoning": REASONING},
+    ),
+    Case(
+        "vllm-openai chat 0.10.2-0.11.0",
+        VLLM_OPENAI,
+        "/v1/chat/completions",
+        VLLM_CHAT_REQUEST,
+        vllm_chat_body(("reasoning_content",)),
+        {**VIEW_OF_CALL, "reasoning": REASONING},
+    ),
+    Case(
+        "vllm-openai chat, a plain answer",
+        VLLM_OPENAI,
+        "/v1/chat/completions",
+        VLLM_CHAT_REQUEST,
+        vllm_chat_body((), content="Let me list the files."),
+        {**VIEW_OF_CALL, "text": "Let me list the files.", "reasoning": None, "tool_calls": [CALL]},
+    ),
+    Case(
+        "vllm-openai chat, ids not asked",
+        VLLM_OPENAI,
+        "/v1/chat/completions",
+        {k: v for k, v in VLLM_CHAT_REQUEST.items() if k != "return_token_ids"},
+        vllm_chat_body(token_ids=False),
+        {"prompt_ids": None, "output_ids": None, "logprobs": LOGPROBS, "messages_in": True, "prompt_ids_asked": False},
+    ),
+    Case(
+        "vllm-openai chat streamed 0.33",
+        VLLM_OPENAI,
+        "/v1/chat/completions",
+        {**VLLM_CHAT_REQUEST, "stream": True, "stream_options": {"include_usage": True}},
+        vllm_chat_chunks(),
+        {
+            **VIEW_OF_CALL,
+            "logprobs": slices(OUTPUT),
+            "finish_reason": "tool_calls",
+            "text": "\n\n",
+            "reasoning": REASONING,
+            "tool_calls": [CALL],
+            "stream": True,
+        },
+    ),
+    Case(
+        "vllm-openai chat streamed <= 0.11.0",
+        VLLM_OPENAI,
+        "/v1/chat/completions",
+        {**VLLM_CHAT_REQUEST, "stream": True},
+        vllm_chat_chunks("reasoning_content"),
+        {"output_ids": OUTPUT, "reasoning": REASONING},
+    ),
+    Case(
+        "vllm-openai chat streamed n=2",
+        VLLM_OPENAI,
+        "/v1/chat/completions",
+        {**VLLM_CHAT_REQUEST, "stream": True, "n": 2},
+        vllm_chat_chunks(n=2),
+        {"prompt_ids": PROMPT, "output_ids": OUTPUT, "text": "\n\n"},
+    ),
+    Case(
+        "vllm-openai completions",
+        VLLM_OPENAI,
+        "/v1/completions",
+        VLLM_COMPLETION_REQUEST,
+        vllm_completion_body(),
+        {
+            **VIEW_OF_CALL,
+            "finish_reason": "stop",
+            "messages_in": False,
+            "text": "".join(text_of(t) for t in OUTPUT[:-1]),
+        },
+    ),
+    Case(
+        "vllm-openai completions streamed",
+        VLLM_OPENAI,
+        "/v1/completions",
+        {**VLLM_COMPLETION_REQUEST, "stream": True},
+        vllm_completion_chunks(),
+        {**VIEW_OF_CALL, "finish_reason": "stop"},
+    ),
+    Case(
+        "vllm-generate 0.11.1-0.31",
+        VLLM_GENERATE,
+        "/inference/v1/generate",
+        {k: v for k, v in VLLM_TOKENS_REQUEST.items() if k != "return_token_ids"},
+        tokens_body_old(),
+        {
+            **VIEW_OF_CALL,
+            "finish_reason": "stop",
+            "prompt_ids_asked": True,
+            "sampling": {
+                "max_tokens": 512,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "logprobs": 0,
+                "skip_special_tokens": False,
+            },
+        },
+    ),
+    Case(
+        "vllm-generate 0.32+",
+        VLLM_GENERATE,
+        "/inference/v1/generate",
+        VLLM_TOKENS_REQUEST,
+        tokens_body_new(),
+        {**VIEW_OF_CALL, "finish_reason": "stop"},
+    ),
+    Case(
+        "vllm-generate 0.32+ output_mode text",
+        VLLM_GENERATE,
+        "/inference/v1/generate",
+        {**VLLM_TOKENS_REQUEST, "output_mode": "text"},
+        tokens_text_body(),
+        {**VIEW_OF_CALL, "text": "".join(text_of(t) for t in OUTPUT[:-1])},
+    ),
+    Case(
+        "vllm-generate streamed 0.32+",
+        VLLM_GENERATE,
+        "/inference/v1/generate",
+        {**VLLM_TOKENS_REQUEST, "stream": True},
+        tokens_chunks(),
+        {**VIEW_OF_CALL, "finish_reason": "stop", "stream": True},
+    ),
+    Case(
+        "vllm-generate: prime-rl chat/completions/tokens",
+        VLLM_GENERATE,
+        "/v1/chat/completions/tokens",
+        PRIME_TOKENS_REQUEST,
+        vllm_chat_body(),
+        {
+            **VIEW_OF_CALL,
+            "endpoint": "generate",
+            "finish_reason": "tool_calls",
+            "reasoning": REASONING,
+            "tool_calls": [CALL],
+            "messages_in": False,
+        },
+    ),
+    Case(
+        "vllm-generate: prime-rl chat/completions/tokens on vLLM <= 0.11.0",
+        VLLM_GENERATE,
+        "/v1/chat/completions/tokens",
+        PRIME_TOKENS_REQUEST,
+        vllm_chat_body(("reasoning_content",), content="Let me list the files."),
+        {**VIEW_OF_CALL, "text": "Let me list the files.", "reasoning": REASONING},
+    ),
+    Case(
+        "vllm-generate: prime-rl chat/completions/tokens streamed",
+        VLLM_GENERATE,
+        "/v1/chat/completions/tokens",
+        {**PRIME_TOKENS_REQUEST, "stream": True},
+        vllm_chat_chunks(),
+        {**VIEW_OF_CALL, "logprobs": slices(OUTPUT), "text": "\n\n", "reasoning": REASONING, "tool_calls": [CALL]},
+    ),
+    Case(
+        "vllm-generate: prime-rl chat/completions/tokens streamed, vLLM <= 0.11.0",
+        VLLM_GENERATE,
+        "/v1/chat/completions/tokens",
+        {**PRIME_TOKENS_REQUEST, "stream": True},
+        vllm_chat_chunks("reasoning_content"),
+        {**VIEW_OF_CALL, "logprobs": slices(OUTPUT), "reasoning": REASONING},
+    ),
 ]
 
 
@@ -452,14 +994,17 @@ def test_a_hint_wins_on_the_paths_both_engines_serve() -> None:
     assert detect_dialect("/generate", SGLANG_GENERATE_REQUEST, None, hint=VLLM_OPENAI) == SGLANG
 
 
-@pytest.mark.parametrize("path,dialect,endpoint", [
-    ("/abort_request", SGLANG, "abort"),
-    ("/abort_requests", VLLM_GENERATE, "abort"),
-    ("/inference/v1/abort_requests", VLLM_GENERATE, "abort"),
-    ("/inference/v1/generate", VLLM_GENERATE, "generate"),
-    ("/v1/chat/completions/tokens", VLLM_GENERATE, "generate"),
-    ("/sessions/abc/v1/chat/completions?x=1", VLLM_OPENAI, "chat"),
-])
+@pytest.mark.parametrize(
+    "path,dialect,endpoint",
+    [
+        ("/abort_request", SGLANG, "abort"),
+        ("/abort_requests", VLLM_GENERATE, "abort"),
+        ("/inference/v1/abort_requests", VLLM_GENERATE, "abort"),
+        ("/inference/v1/generate", VLLM_GENERATE, "generate"),
+        ("/v1/chat/completions/tokens", VLLM_GENERATE, "generate"),
+        ("/sessions/abc/v1/chat/completions?x=1", VLLM_OPENAI, "chat"),
+    ],
+)
 def test_paths(path: str, dialect: str, endpoint: str) -> None:
     assert detect_dialect(path, {}, None) == dialect
     assert endpoint_of(path) == endpoint
@@ -516,8 +1061,17 @@ def test_the_field_table_is_well_formed() -> None:
     for f in FIELDS:
         assert f.dialect in DIALECTS and f.direction in ("request", "response") and f.place in PLACES, f
         assert f.since and f.source and f.streamed, f
-        assert f.view in ("", "prompt_ids", "output_ids", "logprobs", "finish_reason", "sampling", "text",
-                          "reasoning", "tool_calls"), f
+        assert f.view in (
+            "",
+            "prompt_ids",
+            "output_ids",
+            "logprobs",
+            "finish_reason",
+            "sampling",
+            "text",
+            "reasoning",
+            "tool_calls",
+        ), f
         if f.place == "delta":
             assert ".delta." in f.name, f
         if f.place == "message":

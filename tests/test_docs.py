@@ -83,19 +83,40 @@ def test_readme_example_test_runs(tmp_path: Path) -> None:
     example = next(b for b in blocks if "def test_" in b)
     test_file = tmp_path / "test_readme_example.py"
     test_file.write_text(example, encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
-                           str(test_file), "--rootdir", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:hypothesispytest",
+            str(test_file),
+            "--rootdir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert re.search(r"\b2 passed\b", proc.stdout), proc.stdout[-2000:]
 
 
 DOC_PAGES = [*PAGES, ROOT / "cassettes" / "FORMAT.md"]
-SOURCE_PATH = re.compile(r"(?<![\w./-])((?:trajectory|cassette|fake_engine|recorder|replayer|tito_rl|benchmarks|tests)"
-                         r"/[\w/]*?\w+\.py)\b")
+SOURCE_PATH = re.compile(
+    r"(?<![\w./-])((?:trajectory|cassette|fake_engine|recorder|replayer|tito_rl|benchmarks|tests)"
+    r"/[\w/]*?\w+\.py)\b"
+)
 DOTTED = re.compile(r"(?<![\w.])tito_rl(?:\.\w+)+")
-OLD_IMPORT = re.compile(r"^\s*(?:from|import) (?:trajectory|cassette|fake_engine|recorder|replayer|tito_cli)\b"
-                        r"|-m (?:trajectory|recorder|replayer|fake_engine|tito_cli)\b", re.M)
+OLD_IMPORT = re.compile(
+    r"^\s*(?:from|import) (?:trajectory|cassette|fake_engine|recorder|replayer|tito_cli)\b"
+    r"|-m (?:trajectory|recorder|replayer|fake_engine|tito_cli)\b",
+    re.M,
+)
 
 
 def resolves(dotted: str) -> bool:

@@ -30,10 +30,20 @@ def test_the_recording_covers_every_contract_request_in_both_start_modes():
     recording = load_recording("vllm", VLLM_VERSION)
     recorded = {(e.request.mode, e.request.name) for e in recording.exchanges}
     assert recorded == {(r.mode, r.name) for r in vllm_requests()}
-    assert recording.start_flags[FULL] == ["--enable-scale-out", "--enable-auto-tool-choice", "--tool-call-parser",
-                                           "hermes", "--reasoning-parser", "qwen3"]
-    assert recording.start_flags[TOOLS] == ["--enable-scale-out", "--enable-auto-tool-choice", "--tool-call-parser",
-                                            "hermes"]
+    assert recording.start_flags[FULL] == [
+        "--enable-scale-out",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--reasoning-parser",
+        "qwen3",
+    ]
+    assert recording.start_flags[TOOLS] == [
+        "--enable-scale-out",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    ]
     assert recording.start_flags[BARE] == []
     # Recorded through tito's engine tap: each answer carries the dialect the tap attributed the call.
     assert [e.answer.dialect for e in recording.exchanges] == [e.request.dialect for e in recording.exchanges]
@@ -64,8 +74,10 @@ def test_a_forced_tool_call_spelled_in_text_streams_as_the_real_engine_streamed_
         chunks = [c for c in exchange.answer.chunks if c != DONE and c["choices"]][1:]
         ids = [i for c in chunks for i in c["choices"][0]["token_ids"]]
         real = [(c["choices"][0]["delta"].get("tool_calls") or [{}])[0] for c in chunks]
-        fake = [(d.get("tool_calls") or [{}])[0] for d in vllm_chat_deltas(
-            load_tokenizer(), ids, tool_parsing=True, seed="s", reasoning_parser=False)]
+        fake = [
+            (d.get("tool_calls") or [{}])[0]
+            for d in vllm_chat_deltas(load_tokenizer(), ids, tool_parsing=True, seed="s", reasoning_parser=False)
+        ]
         assert [f.get("function") for f in fake] == [r.get("function") for r in real], name
         assert [sorted(f) for f in fake] == [sorted(r) for r in real], name
 
@@ -89,10 +101,20 @@ def test_every_left_out_difference_is_named_in_the_docs():
         assert f"`{rule.key}`" in page, rule.key
 
 
-BODY = {"object": "chat.completion", "choices": [{"index": 0, "message": {"content": "hi", "reasoning": None},
-                                                  "token_ids": [1, 2], "logprobs": {"content": [{"logprob": -1.0}]},
-                                                  "stop_reason": None}],
-        "prompt_token_ids": [5], "usage": {"prompt_tokens": 1}}
+BODY = {
+    "object": "chat.completion",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"content": "hi", "reasoning": None},
+            "token_ids": [1, 2],
+            "logprobs": {"content": [{"logprob": -1.0}]},
+            "stop_reason": None,
+        }
+    ],
+    "prompt_token_ids": [5],
+    "usage": {"prompt_tokens": 1},
+}
 
 
 def test_the_comparison_catches_missing_moved_retyped_and_emptied_fields():
@@ -102,11 +124,13 @@ def test_the_comparison_catches_missing_moved_retyped_and_emptied_fields():
     moved["choices"][0]["prompt_token_ids"] = moved.pop("prompt_token_ids")  # SGLang's place, not vLLM's
     assert compare_answers(real, Answer(200, body=moved), "x") == [
         "x: choices[].prompt_token_ids: the fake engine sends it (list), the real one does not",
-        "x: prompt_token_ids: the real engine sends it (list), the fake one does not"]
+        "x: prompt_token_ids: the real engine sends it (list), the fake one does not",
+    ]
     retyped = copy.deepcopy(BODY)
     retyped["choices"][0]["logprobs"]["content"][0]["logprob"] = "-1.0"
     assert compare_answers(real, Answer(200, body=retyped), "x") == [
-        "x: choices[].logprobs.content[].logprob: real float, fake str"]
+        "x: choices[].logprobs.content[].logprob: real float, fake str"
+    ]
     emptied = copy.deepcopy(BODY)
     emptied["choices"][0]["token_ids"] = None
     assert compare_answers(real, Answer(200, body=emptied), "x") == ["x: choices[].token_ids: real list, fake null"]
@@ -114,7 +138,8 @@ def test_the_comparison_catches_missing_moved_retyped_and_emptied_fields():
     other = copy.deepcopy(BODY)
     other["object"] = "text_completion"
     assert "x: object=chat.completion: the real engine sends it (value), the fake one does not" in compare_answers(
-        real, Answer(200, body=other), "x")
+        real, Answer(200, body=other), "x"
+    )
 
 
 def test_fields_the_real_engine_sends_as_null_are_values_not_structure():
@@ -138,15 +163,26 @@ def test_streams_compare_by_their_parts_and_order():
     assert compare_answers(real, Answer(200, chunks=list(real.chunks), streamed=True), "s") == []
     no_usage = Answer(200, chunks=[first, *tokens, last, DONE], streamed=True)
     assert compare_answers(real, no_usage, "s") == ["s: after the finish: real 1 chunk(s), fake 0"]
-    ids_late = Answer(200, chunks=[chunk(delta={"role": "assistant", "content": ""}), *tokens,
-                                   {**last, "prompt_token_ids": [1]}, usage, DONE], streamed=True)
+    ids_late = Answer(
+        200,
+        chunks=[
+            chunk(delta={"role": "assistant", "content": ""}),
+            *tokens,
+            {**last, "prompt_token_ids": [1]},
+            usage,
+            DONE,
+        ],
+        streamed=True,
+    )
     assert compare_answers(real, ids_late, "s") == [
         "s: first chunk: prompt_token_ids: the real engine sends it (list), the fake one does not",
-        "s: finish chunk: prompt_token_ids: the fake engine sends it (list), the real one does not"]
+        "s: finish chunk: prompt_token_ids: the fake engine sends it (list), the real one does not",
+    ]
     no_done = Answer(200, chunks=[first, *tokens, last, usage], streamed=True)
     assert compare_answers(real, no_done, "s") == ["s: [DONE]: real sends it, fake omits it"]
     assert compare_answers(real, Answer(200, body=BODY), "s") == [
-        "s: the real engine streams, the fake one answers with one body"]
+        "s: the real engine streams, the fake one answers with one body"
+    ]
 
 
 def test_drift_between_two_recordings_is_structural_only():
@@ -175,8 +211,10 @@ def test_the_sglang_contract_runs_against_any_running_sglang(tmp_path):
     from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
-    app = create_app(demo_policy(tokenizer), EngineOptions(tokenizer=tokenizer, model_name="qwen",
-                                                           openai_dialect="sglang-openai", context_length=4096))
+    app = create_app(
+        demo_policy(tokenizer),
+        EngineOptions(tokenizer=tokenizer, model_name="qwen", openai_dialect="sglang-openai", context_length=4096),
+    )
     saved = tmp_path / "sglang.json"
     with running_app(app) as url:
         assert main(["live", "--engine", "sglang", "--url", url, "--save", str(saved)]) == 0
@@ -228,7 +266,9 @@ def test_the_live_recording_goes_through_the_engine_tap_and_keeps_what_a_direct_
                 direct = send(url, request.method, request.path, resolve(request.body, values))
                 assert compare_answers(direct, answer, f"{mode} {request.name}") == []
                 assert (answer.streamed, answer.chunks[-1:] if answer.streamed else None) == (
-                    direct.streamed, [DONE] if direct.streamed else None), request.name
+                    direct.streamed,
+                    [DONE] if direct.streamed else None,
+                ), request.name
                 assert answer.dialect == request.dialect, request.name
                 streamed += answer.streamed
     assert values["$stop_id"] is not None and streamed >= 10

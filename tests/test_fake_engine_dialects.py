@@ -29,7 +29,8 @@ THINK, THINK_END, TOOL_CALL, TOOL_CALL_END, IM_END = 151667, 151668, 151657, 151
 # the release the engine contract checks live, unless --vllm-version says otherwise; SGLang 0.5.23).
 NOT_SERVED = {
     "choices[].token_ids@sglang-openai" + CHAT,  # SGLang 0.5.17 only; 0.5.18 on: response_token_ids
-    "sglext.input_ids", "sglext.output_ids",  # SGLang's sglext: only when asked (return_*_in_sglext)
+    "sglext.input_ids",
+    "sglext.output_ids",  # SGLang's sglext: only when asked (return_*_in_sglext)
     "choices[].message.reasoning_content@vllm-openai" + CHAT,  # vLLM up to 0.15.1 (--vllm-version 0.15.1)
     "choices[].delta.reasoning_content@vllm-openai" + CHAT,
     "choices[].logprobs.content[].token@vllm-generate" + TOKENS,  # vLLM 0.11.1 to 0.31 (--vllm-version 0.31.0)
@@ -78,8 +79,11 @@ async def _reference(s: Any, url: str, ids: list[int]) -> tuple[list[int], list[
 def _pinned(dialect: str, endpoint: str, body: Any, chunks: list[Any]) -> None:
     """Each response row of the table is where it says: in the body (every row but a delta's), and, for a stream,
     in some chunk (every row the table says is streamed)."""
-    rows = [f for f in fields_of(dialect, endpoint, "response")
-            if f.name not in NOT_SERVED and f"{f.name}@{dialect}{endpoint}" not in NOT_SERVED]
+    rows = [
+        f
+        for f in fields_of(dialect, endpoint, "response")
+        if f.name not in NOT_SERVED and f"{f.name}@{dialect}{endpoint}" not in NOT_SERVED
+    ]
     assert rows
     for f in rows:
         if body is not None and f.place != "delta":
@@ -93,8 +97,14 @@ def _pinned(dialect: str, endpoint: str, body: Any, chunks: list[Any]) -> None:
 
 async def test_vllm_chat_renders_parses_and_reads_back():
     async with serve() as (url, s, _):
-        req = {"model": "Qwen/Qwen3-8B", "messages": MESSAGES, "tools": [BASH], "logprobs": True, "top_logprobs": 0,
-               "return_token_ids": True}
+        req = {
+            "model": "Qwen/Qwen3-8B",
+            "messages": MESSAGES,
+            "tools": [BASH],
+            "logprobs": True,
+            "top_logprobs": 0,
+            "return_token_ids": True,
+        }
         body = await _post(s, url, CHAT, req)
         ids, lps = await _reference(s, url, first_prompt())
     assert detect_dialect(CHAT, req) == VLLM_OPENAI
@@ -112,8 +122,19 @@ async def test_vllm_chat_renders_parses_and_reads_back():
     [call] = message["tool_calls"]
     assert call["id"].startswith("chatcmpl-tool-") and call["type"] == "function"
     assert call["function"] == {"name": "Bash", "arguments": json.dumps({"command": "ls"})}
-    assert list(body) == ["id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
-                          "usage", "prompt_logprobs", "prompt_token_ids", "kv_transfer_params"]
+    assert list(body) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "service_tier",
+        "system_fingerprint",
+        "usage",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "kv_transfer_params",
+    ]
     assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
     view = view_of(None, CHAT, req, body)
     assert (view.dialect, view.prompt_ids, view.output_ids, view.logprobs) == (VLLM_OPENAI, first_prompt(), ids, lps)
@@ -123,8 +144,14 @@ async def test_vllm_chat_renders_parses_and_reads_back():
 
 async def test_vllm_chat_stream_is_shaped_like_vllms():
     async with serve() as (url, s, _):
-        req = {"messages": MESSAGES, "tools": [BASH], "logprobs": True, "return_token_ids": True, "stream": True,
-               "stream_options": {"include_usage": True}}
+        req = {
+            "messages": MESSAGES,
+            "tools": [BASH],
+            "logprobs": True,
+            "return_token_ids": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         chunks = await _post(s, url, CHAT, req)
         plain = await _post(s, url, CHAT, {**req, "stream": False, "stream_options": None})
         ids, lps = await _reference(s, url, first_prompt())
@@ -137,8 +164,12 @@ async def test_vllm_chat_stream_is_shaped_like_vllms():
     for control in (THINK, THINK_END, TOOL_CALL, TOOL_CALL_END, IM_END):
         assert by_id[control] == {}  # control tokens: chunks with an empty delta
     fragments = [f for c in tokens for f in c["choices"][0]["delta"].get("tool_calls", [])]
-    assert fragments[0]["index"] == 0 and fragments[0]["type"] == "function" and fragments[0]["function"] == {
-        "name": "Bash"} and fragments[0]["id"] == plain["choices"][0]["message"]["tool_calls"][0]["id"]
+    assert (
+        fragments[0]["index"] == 0
+        and fragments[0]["type"] == "function"
+        and fragments[0]["function"] == {"name": "Bash"}
+        and fragments[0]["id"] == plain["choices"][0]["message"]["tool_calls"][0]["id"]
+    )
     assert all(f["index"] == 0 and set(f) == {"index", "function"} for f in fragments[1:])
     assert "".join(f["function"].get("arguments", "") for f in fragments) == json.dumps({"command": "ls"})
     assert tokens[-1]["choices"][0]["finish_reason"] == "tool_calls" and "stop_reason" in tokens[-1]["choices"][0]
@@ -163,9 +194,18 @@ async def test_rendering_matches_transformers_and_honours_template_kwargs():
     from tito_rl.trajectory.tokens.tokenizer import load_transformers_tokenizer
 
     hf = load_transformers_tokenizer()
-    history = [SYSTEM, USER, {"role": "assistant", "content": "Let me list the files.", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": "{\"command\": \"ls\"}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "a.txt\nb.txt"}]}]
+    history = [
+        SYSTEM,
+        USER,
+        {
+            "role": "assistant",
+            "content": "Let me list the files.",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "ls"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "a.txt\nb.txt"}]},
+    ]
     async with serve() as (url, s, _):
         for messages, kwargs in ((MESSAGES, {}), (MESSAGES, {"enable_thinking": False}), (history, {})):
             req = {"messages": messages, "tools": [BASH], "return_token_ids": True, "chat_template_kwargs": kwargs}
@@ -176,8 +216,9 @@ async def test_rendering_matches_transformers_and_honours_template_kwargs():
                     c["function"]["arguments"] = json.loads(c["function"]["arguments"])
                 if isinstance(m.get("content"), list):
                     m["content"] = "\n".join(p["text"] for p in m["content"])
-            text = hf.apply_chat_template(expected_messages, tools=[BASH], add_generation_prompt=True, tokenize=False,
-                                          **kwargs)
+            text = hf.apply_chat_template(
+                expected_messages, tools=[BASH], add_generation_prompt=True, tokenize=False, **kwargs
+            )
             assert body["prompt_token_ids"] == hf.encode(text, add_special_tokens=False)
         # The scripted policy sees the rendered ids: the history's turn is turn 2 of the scenario.
         assert body["choices"][0]["message"]["content"] == "There are two files."
@@ -186,8 +227,19 @@ async def test_rendering_matches_transformers_and_honours_template_kwargs():
 
 async def test_tokens_as_token_ids_and_top_logprobs():
     async with serve() as (url, s, _):
-        body = await _post(s, url, CHAT, {"messages": MESSAGES, "tools": [BASH], "logprobs": True, "top_logprobs": 1,
-                                          "return_tokens_as_token_ids": True, "return_token_ids": True})
+        body = await _post(
+            s,
+            url,
+            CHAT,
+            {
+                "messages": MESSAGES,
+                "tools": [BASH],
+                "logprobs": True,
+                "top_logprobs": 1,
+                "return_tokens_as_token_ids": True,
+                "return_token_ids": True,
+            },
+        )
     content = body["choices"][0]["logprobs"]["content"]
     assert [e["token"] for e in content] == [f"token_id:{i}" for i in body["choices"][0]["token_ids"]]
     assert all(len(e["top_logprobs"]) == 1 and e["top_logprobs"][0]["logprob"] == e["logprob"] for e in content)
@@ -212,8 +264,12 @@ async def test_vllm_completions(stream: bool):
         answer = await _post(s, url, COMPLETIONS, req)
         ids, lps = await _reference(s, url, prompt)
         # A literal extra_body key (what rllm's gateway adds beside the root flag) is ignored, as vLLM 0.32 does.
-        nested = await _post(s, url, COMPLETIONS, {**req, "return_token_ids": None,
-                                                    "extra_body": {"return_token_ids": True}, "stream": False})
+        nested = await _post(
+            s,
+            url,
+            COMPLETIONS,
+            {**req, "return_token_ids": None, "extra_body": {"return_token_ids": True}, "stream": False},
+        )
     assert nested["choices"][0]["token_ids"] is None and nested["choices"][0]["prompt_token_ids"] is None
     view = view_of(None, COMPLETIONS, req, answer)
     assert (view.dialect, view.prompt_ids, view.output_ids, view.logprobs) == (VLLM_OPENAI, prompt, ids, lps)
@@ -238,8 +294,12 @@ async def test_vllm_completions(stream: bool):
 @pytest.mark.parametrize("stream", [False, True])
 async def test_vllm_generate(stream: bool):
     prompt = first_prompt()
-    req = {"token_ids": prompt, "sampling_params": {"max_tokens": 512, "temperature": 1.0, "logprobs": 0},
-           "stream": stream, "return_token_ids": True}
+    req = {
+        "token_ids": prompt,
+        "sampling_params": {"max_tokens": 512, "temperature": 1.0, "logprobs": 0},
+        "stream": stream,
+        "return_token_ids": True,
+    }
     async with serve() as (url, s, _):
         answer = await _post(s, url, TOKENS, req)
         ids, lps = await _reference(s, url, prompt)
@@ -258,8 +318,17 @@ async def test_vllm_generate(stream: bool):
 
 async def test_sglang_chat_with_input_ids_and_meta_info():
     prompt = first_prompt()
-    req = {"model": "m", "messages": MESSAGES, "tools": [BASH], "input_ids": prompt, "logprobs": True,
-           "return_meta_info": True, "return_prompt_token_ids": True, "return_token_ids": True, "no_stop_trim": True}
+    req = {
+        "model": "m",
+        "messages": MESSAGES,
+        "tools": [BASH],
+        "input_ids": prompt,
+        "logprobs": True,
+        "return_meta_info": True,
+        "return_prompt_token_ids": True,
+        "return_token_ids": True,
+        "no_stop_trim": True,
+    }
     async with serve() as (url, s, _):
         body = await _post(s, url, CHAT, req)
         ids, lps = await _reference(s, url, prompt)
@@ -324,14 +393,20 @@ async def test_overload_in_vllms_envelope():
     async with serve(_faulty(status=503, message="Overloaded")) as (url, s, _):
         r = await s.post(url + CHAT, json={"messages": MESSAGES, "tools": [BASH]})
         assert r.status == 503
-        assert await r.json() == {"error": {"message": "Overloaded", "type": "ServiceUnavailableError",
-                                            "param": None, "code": 503}}
+        assert await r.json() == {
+            "error": {"message": "Overloaded", "type": "ServiceUnavailableError", "param": None, "code": 503}
+        }
 
 
 async def test_abort_mid_generation_by_request_id():
     async with serve(_faulty(token_delay_ms=20)) as (url, s, _):
-        req = {"messages": MESSAGES, "tools": [BASH], "return_token_ids": True, "stream": True,
-               "request_id": "gateway-1"}
+        req = {
+            "messages": MESSAGES,
+            "tools": [BASH],
+            "return_token_ids": True,
+            "stream": True,
+            "request_id": "gateway-1",
+        }
         task = asyncio.ensure_future(_post(s, url, CHAT, req))
         await asyncio.sleep(0.2)
         await s.post(url + "/abort_request", json={"rid": "gateway-1"})
@@ -371,15 +446,20 @@ async def test_prompt_ids_helper_is_the_rendered_prompt():
 async def test_a_forwarded_bearer_key_picks_the_scenario_session_where_no_routing_key_comes():
     """rllm's gateway forwards the agent's headers and sends no routing key: the scripted client's key (its
     session id) still selects the scenario session that `match: {routing_key: ...}` names."""
-    scenario = {"name": "two", "sessions": [
-        {"match": {"routing_key": "alpha"}, "turns": [{"text": "I am alpha."}]},
-        {"match": {"routing_key": "beta"}, "turns": [{"text": "I am beta."}]}]}
+    scenario = {
+        "name": "two",
+        "sessions": [
+            {"match": {"routing_key": "alpha"}, "turns": [{"text": "I am alpha."}]},
+            {"match": {"routing_key": "beta"}, "turns": [{"text": "I am beta."}]},
+        ],
+    }
     request = {"model": "Qwen/Qwen3-8B", "messages": MESSAGES}
     async with serve(scenario) as (url, s, _):
         beta = await _post(s, url, CHAT, request, headers={"Authorization": "Bearer beta"})
         alpha = await _post(s, url, CHAT, request, headers={"Authorization": "Bearer alpha"})
-        routed = await _post(s, url, CHAT, request, headers={"Authorization": "Bearer alpha",
-                                                               "X-SMG-Routing-Key": "beta"})
+        routed = await _post(
+            s, url, CHAT, request, headers={"Authorization": "Bearer alpha", "X-SMG-Routing-Key": "beta"}
+        )
     assert "I am beta." in beta["choices"][0]["message"]["content"]
     assert "I am alpha." in alpha["choices"][0]["message"]["content"]
     assert "I am beta." in routed["choices"][0]["message"]["content"]  # a routing key still comes first

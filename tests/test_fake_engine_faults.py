@@ -21,8 +21,13 @@ async def test_http_5xx_and_529():
         async with serve(with_faults(status=status, message="Overloaded")) as (url, s, _):
             r = await s.post(url + "/generate", json=gen_body(first_prompt()))
             assert r.status == status
-            assert await r.json() == {"object": "error", "message": "Overloaded", "type": str(status),
-                                      "param": None, "code": status}
+            assert await r.json() == {
+                "object": "error",
+                "message": "Overloaded",
+                "type": str(status),
+                "param": None,
+                "code": status,
+            }
 
 
 async def test_added_latency_delays_the_answer():
@@ -71,15 +76,19 @@ async def test_max_new_tokens_caps_output():
 
 
 async def test_engine_restart_drops_in_flight_and_reports_unhealthy():
-    scenario = {"sessions": [
-        {"match": {"routing_key": "restart"}, "turns": [{"text": "x", "faults": {"restart_s": 0.4}}]},
-        {"turns": [{"text": "a b c d e f g h i j", "faults": {"token_delay_ms": 40}}]}]}
+    scenario = {
+        "sessions": [
+            {"match": {"routing_key": "restart"}, "turns": [{"text": "x", "faults": {"restart_s": 0.4}}]},
+            {"turns": [{"text": "a b c d e f g h i j", "faults": {"token_delay_ms": 40}}]},
+        ]
+    }
     async with serve(scenario) as (url, s, _):
         slow = asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid="slow")))
         await asyncio.sleep(0.1)
         with pytest.raises(aiohttp.ClientError):
-            async with s.post(url + "/generate", json=gen_body(first_prompt(), rid="boom"),
-                              headers={"X-SMG-Routing-Key": "restart"}) as r:
+            async with s.post(
+                url + "/generate", json=gen_body(first_prompt(), rid="boom"), headers={"X-SMG-Routing-Key": "restart"}
+            ) as r:
                 await r.read()
         with pytest.raises(aiohttp.ClientError):
             await (await slow).read()

@@ -90,14 +90,16 @@ async def test_stream_incremental_deltas_concatenate():
     chunks = events[:-1]
     assert all(len(c["output_ids"]) == 1 for c in chunks)
     assert [i for c in chunks for i in c["output_ids"]] == plain["output_ids"]
-    assert [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]] == \
-        plain["meta_info"]["output_token_logprobs"]
+    assert [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]] == plain["meta_info"][
+        "output_token_logprobs"
+    ]
     assert chunks[-1]["meta_info"]["completion_tokens"] == len(plain["output_ids"])
 
 
 async def test_abort_running_request_returns_partial_output():
-    scenario = {"turns": [{"text": "one two three four five six seven eight nine ten",
-                           "faults": {"token_delay_ms": 30}}]}
+    scenario = {
+        "turns": [{"text": "one two three four five six seven eight nine ten", "faults": {"token_delay_ms": 30}}]
+    }
     async with serve(scenario) as (url, s, _):
         task = asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid="run-1")))
         await asyncio.sleep(0.15)
@@ -106,8 +108,12 @@ async def test_abort_running_request_returns_partial_output():
         resp = await task
         body = await resp.json()
     assert resp.status == 200
-    assert body["meta_info"]["finish_reason"] == {"type": "abort", "message": "Aborted", "status_code": None,
-                                                  "err_type": None}
+    assert body["meta_info"]["finish_reason"] == {
+        "type": "abort",
+        "message": "Aborted",
+        "status_code": None,
+        "err_type": None,
+    }
     assert 0 < len(body["output_ids"]) < 12 and 151645 not in body["output_ids"]
     assert len(body["meta_info"]["output_token_logprobs"]) == len(body["output_ids"])
 
@@ -115,8 +121,10 @@ async def test_abort_running_request_returns_partial_output():
 async def test_abort_prefix_all_and_unknown_rid():
     scenario = {"turns": [{"text": "a b c d e f g h i j k l", "faults": {"token_delay_ms": 25}}]}
     async with serve(scenario) as (url, s, _):
-        tasks = {rid: asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid=rid)))
-                 for rid in ("job", "job-2", "other")}
+        tasks = {
+            rid: asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid=rid)))
+            for rid in ("job", "job-2", "other")
+        }
         await asyncio.sleep(0.1)
         async with s.post(url + "/abort_request", json={"rid": "nope"}) as r:
             assert r.status == 200  # unknown rid: 200, nothing aborted
@@ -126,8 +134,10 @@ async def test_abort_prefix_all_and_unknown_rid():
     assert reasons == {"job": "abort", "job-2": "abort", "other": "stop"}
 
     async with serve(scenario) as (url, s, _):
-        posts = [asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid=f"r{i}")))
-                 for i in range(3)]
+        posts = [
+            asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid=f"r{i}")))
+            for i in range(3)
+        ]
         await asyncio.sleep(0.1)
         async with s.post(url + "/abort_request", json={"rid": "", "abort_all": True}) as r:
             assert r.status == 200
@@ -162,8 +172,9 @@ async def test_router_mode_lists_workers_and_refuses_abort():
         worker_url = workers[0]["url"]
         async with s.post(worker_url + "/abort_request", json={"rid": "x"}) as r:
             assert r.status == 200
-        async with s.post(url + "/generate", json=gen_body(first_prompt()),
-                          headers={"X-SMG-Routing-Key": "sess-1"}) as r:
+        async with s.post(
+            url + "/generate", json=gen_body(first_prompt()), headers={"X-SMG-Routing-Key": "sess-1"}
+        ) as r:
             assert (await r.json())["meta_info"]["finish_reason"]["type"] == "stop"
         async with s.post(worker_url + "/generate", json=gen_body(first_prompt())) as r:
             assert r.status == 200

@@ -33,11 +33,14 @@ def assert_matches_schema(body: dict) -> None:
         assert api_types.LogprobEntry.from_json_value(entry).to_json_value() == entry
 
 
-@pytest.mark.parametrize("turn,finish", [
-    ({"text": "Hi."}, {"type": "stop", "matched": 151645}),
-    ({"text": "one two three four", "finish": "length"}, None),
-    ({"text": "one two three four", "finish": "abort"}, None),
-])
+@pytest.mark.parametrize(
+    "turn,finish",
+    [
+        ({"text": "Hi."}, {"type": "stop", "matched": 151645}),
+        ({"text": "one two three four", "finish": "length"}, None),
+        ({"text": "one two three four", "finish": "abort"}, None),
+    ],
+)
 async def test_generate_bodies_match_schema(turn, finish):
     async with serve({"turns": [turn]}) as (url, s, _):
         async with s.post(url + "/generate", json=gen_body(first_prompt())) as r:
@@ -60,9 +63,21 @@ async def test_key_order_follows_tokenizer_manager():
     async with serve() as (url, s, _), s.post(url + "/generate", json=gen_body(first_prompt())) as r:
         body = await r.json()
     assert list(body["meta_info"]) == [
-        "id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions", "input_token_logprobs",
-        "output_token_logprobs", "output_token_logprobs_length", "reasoning_tokens", "completion_tokens",
-        "cached_tokens", "weight_versions", "e2e_latency", "response_sent_to_client_ts"]
+        "id",
+        "finish_reason",
+        "prompt_tokens",
+        "weight_version",
+        "num_retractions",
+        "input_token_logprobs",
+        "output_token_logprobs",
+        "output_token_logprobs_length",
+        "reasoning_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "weight_versions",
+        "e2e_latency",
+        "response_sent_to_client_ts",
+    ]
 
 
 async def test_info_bodies_decode_with_schema():

@@ -34,6 +34,7 @@ def sampling_params_module() -> ModuleType:
     finally:
         del sys.modules["torch"]
 
+
 CONTRACT_CASES = [
     {"input_ids": [1, 2], "sampling_params": {"max_tokens": 5}},
     {"input_ids": [1, 2], "sampling_params": {"temperature": "hot"}},
@@ -76,8 +77,9 @@ def test_contract_text_matches_sglang_schema(body):
 
 async def test_contract_violations_over_http():
     async with serve() as (url, s, _):
-        async with s.post(url + "/generate", json={"input_ids": first_prompt(),
-                                                   "sampling_params": {"max_tokens": 8}}) as r:
+        async with s.post(
+            url + "/generate", json={"input_ids": first_prompt(), "sampling_params": {"max_tokens": 8}}
+        ) as r:
             assert r.status == 400
             assert await r.json() == {"error": oracle({"input_ids": [1], "sampling_params": {"max_tokens": 8}})}
         # Integral floats pass pydantic and are refused by the contract; fractional ones fail parsing first.
@@ -96,22 +98,29 @@ VALUE_CASES = [
     ({"input_ids": []}, "input_ids cannot be empty."),
     ({"sampling_params": {}}, "Either text, input_ids or input_embeds should be provided."),
     ({"input_ids": [1] * 100}, "The input (100 tokens) is longer than the model's context length (100 tokens)."),
-    ({"input_ids": [1] * 90, "sampling_params": {"max_new_tokens": 20}},
-     "Requested token count exceeds the model's maximum context length of 100 tokens. You requested a total "
-     "of 110 tokens: 90 tokens from the input messages and 20 tokens for the completion. Please reduce the "
-     "number of tokens in the input messages or the completion to fit within the limit."),
-    ({"input_ids": [1], "sampling_params": {"temperature": -1}},
-     "temperature must be a non-negative finite number, got -1.0."),
+    (
+        {"input_ids": [1] * 90, "sampling_params": {"max_new_tokens": 20}},
+        "Requested token count exceeds the model's maximum context length of 100 tokens. You requested a total "
+        "of 110 tokens: 90 tokens from the input messages and 20 tokens for the completion. Please reduce the "
+        "number of tokens in the input messages or the completion to fit within the limit.",
+    ),
+    (
+        {"input_ids": [1], "sampling_params": {"temperature": -1}},
+        "temperature must be a non-negative finite number, got -1.0.",
+    ),
     ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p must be in (0, 1], got 0.0."),
     ({"input_ids": [1], "sampling_params": {"top_k": 0}}, "top_k must be -1 (disable) or at least 1, got 0."),
     ({"input_ids": [1], "sampling_params": {"min_p": 2}}, "min_p must be in [0, 1], got 2.0."),
-    ({"input_ids": [1], "sampling_params": {"frequency_penalty": 3}},
-     "frequency_penalty must be in [-2, 2], got 3.0."),
-    ({"input_ids": [1], "sampling_params": {"repetition_penalty": 0}},
-     "repetition_penalty must be in (0, 2] (1.0 = no penalty), got 0.0."),
+    ({"input_ids": [1], "sampling_params": {"frequency_penalty": 3}}, "frequency_penalty must be in [-2, 2], got 3.0."),
+    (
+        {"input_ids": [1], "sampling_params": {"repetition_penalty": 0}},
+        "repetition_penalty must be in (0, 2] (1.0 = no penalty), got 0.0.",
+    ),
     ({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens must be at least 0, got -1."),
-    ({"input_ids": [1], "sampling_params": {"min_new_tokens": 9, "max_new_tokens": 4}},
-     "min_new_tokens must be in [0, max_new_tokens(4)], got 9."),
+    (
+        {"input_ids": [1], "sampling_params": {"min_new_tokens": 9, "max_new_tokens": 4}},
+        "min_new_tokens must be in [0, max_new_tokens(4)], got 9.",
+    ),
 ]
 
 
@@ -129,13 +138,20 @@ async def test_sampling_value_errors_match_sglang_sampling_params():
     for body, message in VALUE_CASES[4:]:
         params = body["sampling_params"]
         with pytest.raises(ValueError) as e:
-            sp_mod.SamplingParams(**{k: (float(v) if isinstance(v, int) and k not in
-                                         ("top_k", "max_new_tokens", "min_new_tokens") else v)
-                                     for k, v in params.items()}).verify(151936)
+            sp_mod.SamplingParams(
+                **{
+                    k: (
+                        float(v) if isinstance(v, int) and k not in ("top_k", "max_new_tokens", "min_new_tokens") else v
+                    )
+                    for k, v in params.items()
+                }
+            ).verify(151936)
         assert str(e.value) == message
 
 
 async def test_valid_reference_adapter_request_passes():
-    async with serve() as (url, s, _), s.post(url + "/generate", json=gen_body(first_prompt()),
-                      headers={"X-SMG-Routing-Key": "s1"}) as r:
+    async with (
+        serve() as (url, s, _),
+        s.post(url + "/generate", json=gen_body(first_prompt()), headers={"X-SMG-Routing-Key": "s1"}) as r,
+    ):
         assert r.status == 200

@@ -58,9 +58,12 @@ def gateway(engine_url: str, *extra: str) -> Iterator[str]:
     import subprocess
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.gateway_double", "--engine", engine_url,
-                             "--listen", f"127.0.0.1:{port}", *extra], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.gateway_double", "--engine", engine_url, "--listen", f"127.0.0.1:{port}", *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc)
         yield f"http://127.0.0.1:{port}"
@@ -93,8 +96,9 @@ def test_a_driver_of_another_design_is_recorded_and_replayed_twice_byte_identica
     assert first.returncode == second.returncode == 0, first.stdout + first.stderr
     assert first.stdout == second.stdout and "1 session(s): 1 ok" in first.stdout
     # its replies carry fresh uuid4 ids and times on every run: the volatile paths, and nothing else, differ
-    starts = [json.loads(e.split("data: ", 1)[1]) for a in log.agent for e in a.reply_events or []
-              if "message_start" in e]
+    starts = [
+        json.loads(e.split("data: ", 1)[1]) for a in log.agent for e in a.reply_events or [] if "message_start" in e
+    ]
     assert len(starts) == 7 and len({s["message"]["id"] for s in starts}) == 7  # random, one per reply
 
 
@@ -121,8 +125,7 @@ def test_a_gateway_tito_did_not_start_is_recorded_and_replayed_over_http(engine:
     out = tmp_path / "http.tito"
     listen = free_port()
     with gateway(f"http://127.0.0.1:{listen}") as url:
-        record(out, engine, TOOL_LOOP, "--target", url, "--engine-listen", f"127.0.0.1:{listen}",
-               *volatile_flags())
+        record(out, engine, TOOL_LOOP, "--target", url, "--engine-listen", f"127.0.0.1:{listen}", *volatile_flags())
     cassette = read_cassette(out)
     target = cassette.header.target
     assert target["kind"] == "http" and tuple(target["volatile"]) == VOLATILE
@@ -147,11 +150,29 @@ def test_a_gateway_with_no_routing_key_gets_its_calls_attributed_by_prompt(tmp_p
     scenario = tmp_path / "two.yaml"
     scenario.write_text(TWO_SESSIONS)
     out, listen, port = tmp_path / "nokey.tito", free_port(), free_port()
-    with tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}",
-              ready=f"http://127.0.0.1:{port}/health"), \
-            gateway(f"http://127.0.0.1:{listen}", "--no-routing-key") as url:
-        record(out, f"http://127.0.0.1:{port}", scenario, "--target", url, "--engine-listen",
-               f"127.0.0.1:{listen}", "--routing-header", "none", *volatile_flags())
+    with (
+        tito(
+            "fake-engine",
+            "--script",
+            str(scenario),
+            "--listen",
+            f"127.0.0.1:{port}",
+            ready=f"http://127.0.0.1:{port}/health",
+        ),
+        gateway(f"http://127.0.0.1:{listen}", "--no-routing-key") as url,
+    ):
+        record(
+            out,
+            f"http://127.0.0.1:{port}",
+            scenario,
+            "--target",
+            url,
+            "--engine-listen",
+            f"127.0.0.1:{listen}",
+            "--routing-header",
+            "none",
+            *volatile_flags(),
+        )
     cassette = read_cassette(out)
     assert cassette.header.target["routing_header"] is None
     tokenizer = load_tokenizer()
@@ -164,7 +185,8 @@ def test_a_gateway_with_no_routing_key_gets_its_calls_attributed_by_prompt(tmp_p
         fruits[fruit] = log
         assert all(f"the {fruit}" in p for p in prompts)  # both calls carry this session's own prompt
         assert f"There are {'three' if fruit == 'apples' else 'two'} {fruit}." in tokenizer.decode(
-            calls[1].response["output_ids"])
+            calls[1].response["output_ids"]
+        )
     assert set(fruits) == {"apples", "pears"}
     listen = free_port()
     with gateway(f"http://127.0.0.1:{listen}", "--no-routing-key") as url:
@@ -177,14 +199,41 @@ def test_a_gateway_with_no_routing_key_gets_its_calls_attributed_by_prompt(tmp_p
 def test_no_key_of_the_agent_reaches_a_cassette_recorded_around_a_gateway(engine: str, tmp_path: Path) -> None:  # noqa: F811
     out, listen, port = tmp_path / "keys.tito", free_port(), free_port()
     secrets = ("sk-ant-secret-0123456789abcdef", "secret-bearer-session-7")
-    body = json.dumps({"model": "m", "max_tokens": 64, "system": "You are a coding agent.",
-                       "messages": [{"role": "user", "content": "List the files."}]}).encode()
-    with gateway(f"http://127.0.0.1:{listen}") as url, \
-            tito("record", "--engine", engine, "--target", url, "--engine-listen", f"127.0.0.1:{listen}",
-                 "--listen", f"127.0.0.1:{port}", "--out", str(out), ready=f"http://127.0.0.1:{port}/health"
-                 ) as rec:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/messages", data=body, method="POST", headers={
-            "Authorization": f"Bearer {secrets[1]}", "x-api-key": secrets[0], "Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "model": "m",
+            "max_tokens": 64,
+            "system": "You are a coding agent.",
+            "messages": [{"role": "user", "content": "List the files."}],
+        }
+    ).encode()
+    with (
+        gateway(f"http://127.0.0.1:{listen}") as url,
+        tito(
+            "record",
+            "--engine",
+            engine,
+            "--target",
+            url,
+            "--engine-listen",
+            f"127.0.0.1:{listen}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--out",
+            str(out),
+            ready=f"http://127.0.0.1:{port}/health",
+        ) as rec,
+    ):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/messages",
+            data=body,
+            method="POST",
+            headers={
+                "Authorization": f"Bearer {secrets[1]}",
+                "x-api-key": secrets[0],
+                "Content-Type": "application/json",
+            },
+        )
         with urllib.request.urlopen(request, timeout=60) as resp:
             assert resp.status == 200 and secrets[0] not in resp.read().decode()
         rec.send_signal(signal.SIGINT)
@@ -195,8 +244,10 @@ def test_no_key_of_the_agent_reaches_a_cassette_recorded_around_a_gateway(engine
     assert len(log.agent) == 1 and log.agent[0].status == 200 and len(log.engine) == 1
 
 
-def test_the_pytest_plugin_replays_through_the_target_its_flag_or_ini_key_names(project: Path,  # noqa: F811
-                                                                                   tmp_path: Path) -> None:
+def test_the_pytest_plugin_replays_through_the_target_its_flag_or_ini_key_names(
+    project: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     """A cassette recorded through tito's adapter, replayed by pytest through another target: a one-token edit
     of the adapter (`tests.target_variants:edited`), named by `--tito-target` or the `tito_target` ini key."""
     copy = copy_project(project, tmp_path / "p")

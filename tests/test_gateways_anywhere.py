@@ -62,12 +62,30 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
 
 def scenario(tmp_path: Path, kind: str, finish: bool = True) -> Path:
     _, how = KINDS[kind]
-    sessions = [{"id": f"ro-apples-{kind}", "wire": "chat", "stream": True, "system": "You count fruit.",
-                 "tools": ["Bash"], "results": {"Bash": "a1\\na2\\na3"}, "api_key": SECRET, **how,
-                 "steps": [{"prompt": "How many are the apples?"}] + ([{"finish": 1.0}] if finish else [])},
-                {"id": f"ro-pears-{kind}", "wire": "anthropic", "stream": False, "system": "You count fruit.",
-                 "tools": ["Bash"], "results": {"Bash": "p1\\np2"}, "api_key": SECRET, **how,
-                 "steps": [{"prompt": "How many are the pears?"}, {"drop": True}]}]
+    sessions = [
+        {
+            "id": f"ro-apples-{kind}",
+            "wire": "chat",
+            "stream": True,
+            "system": "You count fruit.",
+            "tools": ["Bash"],
+            "results": {"Bash": "a1\\na2\\na3"},
+            "api_key": SECRET,
+            **how,
+            "steps": [{"prompt": "How many are the apples?"}] + ([{"finish": 1.0}] if finish else []),
+        },
+        {
+            "id": f"ro-pears-{kind}",
+            "wire": "anthropic",
+            "stream": False,
+            "system": "You count fruit.",
+            "tools": ["Bash"],
+            "results": {"Bash": "p1\\np2"},
+            "api_key": SECRET,
+            **how,
+            "steps": [{"prompt": "How many are the pears?"}, {"drop": True}],
+        },
+    ]
     path = tmp_path / f"{kind}.yaml"
     path.write_text(ENGINE + "client:\n  concurrency: 1\n  sessions: " + json.dumps(sessions) + "\n")
     return path
@@ -77,12 +95,30 @@ def record_around(tmp_path: Path, kind: str, *double: str, finish: bool = True) 
     spec, _ = KINDS[kind]
     script = scenario(tmp_path, kind, finish)
     out, listen, port = tmp_path / f"{kind}.tito", free_port(), free_port()
-    with tito("fake-engine", "--script", str(script), "--listen", f"127.0.0.1:{port}",
-              ready=f"http://127.0.0.1:{port}/health"), \
-            gateway(f"http://127.0.0.1:{listen}", "--sessions-in", spec, *double) as url:
-        record(out, f"http://127.0.0.1:{port}", script, "--target", url, "--engine-listen", f"127.0.0.1:{listen}",
-               "--session-from", spec, *volatile_flags(),
-               *(("--routing-header", "none") if "--no-routing-key" in double else ()))
+    with (
+        tito(
+            "fake-engine",
+            "--script",
+            str(script),
+            "--listen",
+            f"127.0.0.1:{port}",
+            ready=f"http://127.0.0.1:{port}/health",
+        ),
+        gateway(f"http://127.0.0.1:{listen}", "--sessions-in", spec, *double) as url,
+    ):
+        record(
+            out,
+            f"http://127.0.0.1:{port}",
+            script,
+            "--target",
+            url,
+            "--engine-listen",
+            f"127.0.0.1:{listen}",
+            "--session-from",
+            spec,
+            *volatile_flags(),
+            *(("--routing-header", "none") if "--no-routing-key" in double else ()),
+        )
     return out
 
 
@@ -101,7 +137,8 @@ def replay_through(out: Path, kind: str, *double: str) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize("kind", ["header", "cookie"])
 def test_sessions_in_a_header_or_a_cookie_are_recorded_verbatim_and_replayed_twice_identical(
-        tmp_path: Path, kind: str) -> None:
+    tmp_path: Path, kind: str
+) -> None:
     out = record_around(tmp_path, kind)
     data = out.read_bytes()
     assert SECRET.encode() not in data and COOKIE_SECRET.encode() not in data  # credentials never reach disk
@@ -144,8 +181,7 @@ def test_sessions_in_the_url_through_a_gateway_without_a_session_api_replay_gree
     assert runs[1][1] == runs[2][1] and "2 session(s): 2 ok" in runs[1][1]
     assert "no samples on either side" in runs[1][1]
     golden = out.with_suffix(".golden").read_text()
-    assert "== session ro-apples-path ==\nno samples on either side at 1 finish(es): 2 exchange(s) verified" \
-        in golden
+    assert "== session ro-apples-path ==\nno samples on either side at 1 finish(es): 2 exchange(s) verified" in golden
 
 
 def test_samples_on_one_side_only_say_which_side_has_what(tmp_path: Path) -> None:
@@ -158,19 +194,49 @@ def test_samples_on_one_side_only_say_which_side_has_what(tmp_path: Path) -> Non
 def test_requests_that_name_no_session_pass_through_and_are_no_session(tmp_path: Path) -> None:
     out, listen, port, engine = tmp_path / "sessionless.tito", free_port(), free_port(), free_port()
     spec = KINDS["header"][0]
-    body = json.dumps({"model": "m", "max_tokens": 64, "messages": [
-        {"role": "system", "content": "You count fruit."}, {"role": "user", "content": "How many are the apples?"}]})
-    with tito("fake-engine", "--script", str(scenario(tmp_path, "header")), "--listen", f"127.0.0.1:{engine}",
-              ready=f"http://127.0.0.1:{engine}/health"), \
-            gateway(f"http://127.0.0.1:{listen}", "--sessions-in", spec) as url, \
-            tito("record", "--engine", f"http://127.0.0.1:{engine}", "--target", url, "--engine-listen",
-                 f"127.0.0.1:{listen}", "--listen", f"127.0.0.1:{port}", "--out", str(out), "--session-from", spec,
-                 ready=f"http://127.0.0.1:{port}/health") as rec:
+    body = json.dumps(
+        {
+            "model": "m",
+            "max_tokens": 64,
+            "messages": [
+                {"role": "system", "content": "You count fruit."},
+                {"role": "user", "content": "How many are the apples?"},
+            ],
+        }
+    )
+    with (
+        tito(
+            "fake-engine",
+            "--script",
+            str(scenario(tmp_path, "header")),
+            "--listen",
+            f"127.0.0.1:{engine}",
+            ready=f"http://127.0.0.1:{engine}/health",
+        ),
+        gateway(f"http://127.0.0.1:{listen}", "--sessions-in", spec) as url,
+        tito(
+            "record",
+            "--engine",
+            f"http://127.0.0.1:{engine}",
+            "--target",
+            url,
+            "--engine-listen",
+            f"127.0.0.1:{listen}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--out",
+            str(out),
+            "--session-from",
+            spec,
+            ready=f"http://127.0.0.1:{port}/health",
+        ) as rec,
+    ):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as resp:
             assert json.loads(resp.read())["data"][0]["id"] == "double"  # passed through to the gateway
         headers = {"X-Session-Id": "ro-one", "Authorization": f"Bearer {SECRET}", "Content-Type": "application/json"}
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body.encode(),
-                                         method="POST", headers=headers)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions", data=body.encode(), method="POST", headers=headers
+        )
         with urllib.request.urlopen(request, timeout=60) as resp:
             assert resp.status == 200
         rec.send_signal(signal.SIGINT)
@@ -180,8 +246,11 @@ def test_requests_that_name_no_session_pass_through_and_are_no_session(tmp_path:
     assert "GET /v1/models (1)" in err, err
     # the live line's last counts: the session, its turn and tokens (the gateway's finish at stop gave samples)
     last = [line for line in err.splitlines() if line.startswith("tito record: sessions")][-1]
-    assert re.fullmatch(r"tito record: sessions 1 \(finished 1\) \| turns 1 \(\+0 side\) \| tokens [1-9]\d* in, "
-                        r"[1-9]\d* out \| errors 0 \| [2-9]\d* without a session", last), last
+    assert re.fullmatch(
+        r"tito record: sessions 1 \(finished 1\) \| turns 1 \(\+0 side\) \| tokens [1-9]\d* in, "
+        r"[1-9]\d* out \| errors 0 \| [2-9]\d* without a session",
+        last,
+    ), last
 
 
 class _Finishing:
@@ -194,10 +263,13 @@ class _Finishing:
         return web.json_response({"detail": "boom"} if self.status != 200 else {"ok": True}, status=self.status)
 
 
-@pytest.mark.parametrize(("status", "outcome"), [(404, None), (405, None), (200, None), (500, "answered 500"),
-                                                 (401, "answered 401"), (None, "did not answer")])
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [(404, None), (405, None), (200, None), (500, "answered 500"), (401, "answered 401"), (None, "did not answer")],
+)
 async def test_the_http_target_tells_a_failing_finish_from_one_that_offers_no_samples(
-        status: int | None, outcome: str | None) -> None:
+    status: int | None, outcome: str | None
+) -> None:
     runner = None
     port = free_port()
     if status is not None:
@@ -238,9 +310,26 @@ def rllm_gateway(worker: str, tmp_path: Path) -> Iterator[str]:
     config = tmp_path / "rllm.yaml"
     config.write_text("health_check_interval: 86400\n")
     port = free_port()
-    proc = subprocess.Popen([exe, "--host", "127.0.0.1", "--port", str(port), "--worker", worker, "--store",
-                             "memory", "--config", str(config), "--log-level", "WARNING"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker",
+            worker,
+            "--store",
+            "memory",
+            "--config",
+            str(config),
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc)
         yield f"http://127.0.0.1:{port}"
@@ -249,20 +338,48 @@ def rllm_gateway(worker: str, tmp_path: Path) -> Iterator[str]:
 
 
 def test_a_recording_around_rllms_gateway_as_a_process_replays_green_twice_identical(tmp_path: Path) -> None:
-    sessions = [{"id": f"ro-{fruit}-rllm", "wire": "chat", "stream": stream, "system": "You count fruit.",
-                 "tools": ["Bash"], "results": {"Bash": files}, "api_key": SECRET, "path_prefix": "/sessions/{id}",
-                 "steps": [{"prompt": f"How many are the {fruit}?"}, {"finish": 1.0}]}
-                for fruit, stream, files in (("apples", True, "a1\\na2\\na3"), ("pears", False, "p1\\np2"))]
+    sessions = [
+        {
+            "id": f"ro-{fruit}-rllm",
+            "wire": "chat",
+            "stream": stream,
+            "system": "You count fruit.",
+            "tools": ["Bash"],
+            "results": {"Bash": files},
+            "api_key": SECRET,
+            "path_prefix": "/sessions/{id}",
+            "steps": [{"prompt": f"How many are the {fruit}?"}, {"finish": 1.0}],
+        }
+        for fruit, stream, files in (("apples", True, "a1\\na2\\na3"), ("pears", False, "p1\\np2"))
+    ]
     script = tmp_path / "rllm.yaml.scenario"
     script.write_text(ENGINE + "client:\n  concurrency: 1\n  sessions: " + json.dumps(sessions) + "\n")
     out, listen, port = tmp_path / "rllm.tito", free_port(), free_port()
-    flags = ["--routing-header", "none", "--session-from", "path:/sessions/{sid}", "--engine-dialect",
-             "vllm-openai", *[f for v in RLLM_VOLATILE for f in ("--volatile", v)]]
-    with tito("fake-engine", "--script", str(script), "--listen", f"127.0.0.1:{port}", "--openai-dialect",
-              "vllm-openai", ready=f"http://127.0.0.1:{port}/health"), \
-            rllm_gateway(f"http://127.0.0.1:{listen}/v1", tmp_path) as url:
-        run = record(out, f"http://127.0.0.1:{port}", script, "--target", url, "--engine-listen",
-                     f"127.0.0.1:{listen}", *flags)
+    flags = [
+        "--routing-header",
+        "none",
+        "--session-from",
+        "path:/sessions/{sid}",
+        "--engine-dialect",
+        "vllm-openai",
+        *[f for v in RLLM_VOLATILE for f in ("--volatile", v)],
+    ]
+    with (
+        tito(
+            "fake-engine",
+            "--script",
+            str(script),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--openai-dialect",
+            "vllm-openai",
+            ready=f"http://127.0.0.1:{port}/health",
+        ),
+        rllm_gateway(f"http://127.0.0.1:{listen}/v1", tmp_path) as url,
+    ):
+        run = record(
+            out, f"http://127.0.0.1:{port}", script, "--target", url, "--engine-listen", f"127.0.0.1:{listen}", *flags
+        )
     assert "finished, the target offers no samples" in run.stderr, run.stderr[-2000:]
     cassette = read_cassette(out)
     assert SECRET.encode() not in out.read_bytes()
@@ -282,7 +399,8 @@ def test_a_recording_around_rllms_gateway_as_a_process_replays_green_twice_ident
 
 @pytest.mark.parametrize(("status", "answer", "kind"), [(500, 502, "target_failed"), (404, 404, "no_samples")])
 async def test_the_agent_tap_tells_the_agent_a_failed_finish_from_one_without_samples(
-        tmp_path: Path, status: int, answer: int, kind: str) -> None:
+    tmp_path: Path, status: int, answer: int, kind: str
+) -> None:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", _Finishing(status).handle)
     runner = web.AppRunner(app)
@@ -293,8 +411,10 @@ async def test_the_agent_tap_tells_the_agent_a_failed_finish_from_one_without_sa
     around = TapsAround(writer, HttpTarget(f"http://127.0.0.1:{port}"), "http://127.0.0.1:1")
     try:
         ends = await around.start(("127.0.0.1", 0), ("127.0.0.1", 0))
-        async with aiohttp.ClientSession() as http, \
-                http.post(f"{ends.agent_url}/tito/sessions/ro-1/finish", json={"reward": 1.0}) as resp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{ends.agent_url}/tito/sessions/ro-1/finish", json={"reward": 1.0}) as resp,
+        ):
             assert resp.status == answer
             error = (await resp.json())["error"]
         assert error["type"] == kind
@@ -312,14 +432,24 @@ def test_an_anonymous_session_of_health_checks_in_an_older_recording_is_not_repl
     """An older tito made the readiness checks' `GET /health` around a gateway an `anonymous` session, which
     failed replay; such a session (no engine call) is skipped, saying why."""
     out = tmp_path / "old.tito"
-    target: dict[str, Any] = {"kind": "http", "ref": "http://127.0.0.1:1", "name": "http", "version": None,
-                              "volatile": [], "routing_header": None, "settings": {}}
+    target: dict[str, Any] = {
+        "kind": "http",
+        "ref": "http://127.0.0.1:1",
+        "name": "http",
+        "version": None,
+        "volatile": [],
+        "routing_header": None,
+        "settings": {},
+    }
     header = Header(fingerprint(), target=target)
     with CassetteWriter(out, header) as writer:
         for _ in range(2):
             writer.agent_request("anonymous", "anonymous", {"Accept": "*/*"})
-            writer.agent_exchange("anonymous", "anonymous", AgentExchange("GET", "/health", "", {"Accept": "*/*"},
-                                                                           b"", 200, {}, reply_body=b'{"ok":true}'))
+            writer.agent_exchange(
+                "anonymous",
+                "anonymous",
+                AgentExchange("GET", "/health", "", {"Accept": "*/*"}, b"", 200, {}, reply_body=b'{"ok":true}'),
+            )
     listen = free_port()
     with gateway(f"http://127.0.0.1:{listen}") as url:
         run = replay(str(out), "--target", url, "--engine-listen", f"127.0.0.1:{listen}")

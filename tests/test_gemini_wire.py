@@ -31,8 +31,10 @@ from tito_rl.trajectory.adapters.wires import gemini
 CAPTURED = ["gemini_001", "gemini_002"]
 STREAM = "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
 GENERATE = "/v1beta/models/gemini-2.5-flash:generateContent"
-SIMPLE = {"contents": [{"role": "user", "parts": [{"text": "list files"}]}],
-          "tools": [{"functionDeclarations": [SHELL]}]}
+SIMPLE = {
+    "contents": [{"role": "user", "parts": [{"text": "list files"}]}],
+    "tools": [{"functionDeclarations": [SHELL]}],
+}
 
 
 def assert_one_chain(stats: Any, turns: int) -> None:
@@ -45,8 +47,10 @@ def captured() -> list[tuple[bytes, dict[str, Any]]]:
     """The CLI's request bytes and the reply the capture's stub sent, in order."""
     folder = capture_dir("gemini")
     replies = [json.loads(line)["reply"] for line in (folder / "requests.jsonl").read_text().splitlines()]
-    return [((folder / "bodies" / f"{name}.json").read_bytes(), reply) for name, reply in zip(CAPTURED, replies,
-                                                                                           strict=True)]
+    return [
+        ((folder / "bodies" / f"{name}.json").read_bytes(), reply)
+        for name, reply in zip(CAPTURED, replies, strict=True)
+    ]
 
 
 def test_captured_requests_parse_into_canonical_messages() -> None:
@@ -60,9 +64,20 @@ def test_captured_requests_parse_into_canonical_messages() -> None:
     assert one.messages[1]["content"].startswith("<session_context>")
     assert one.messages[1]["content"].endswith("</session_context>\n\nlist files")
     # The echo's id and thoughtSignature are gone: it equals the reply the stub sent, by value.
-    assert two.messages[2] == message("assistant", "I'll run a command.", None, [tool_call(
-        "run_shell_command", {"command": "echo stub-was-here > proof.txt && ls -la",
-                              "description": "Create proof file and list directory"})])
+    assert two.messages[2] == message(
+        "assistant",
+        "I'll run a command.",
+        None,
+        [
+            tool_call(
+                "run_shell_command",
+                {
+                    "command": "echo stub-was-here > proof.txt && ls -la",
+                    "description": "Create proof file and list directory",
+                },
+            )
+        ],
+    )
     assert two.messages[3]["content"].startswith("<untrusted_context>\nOutput: total 12")
     assert len(one.tools) == 16 and one.tools == two.tools
     shell = next(t["function"] for t in one.tools if t["function"]["name"] == "run_shell_command")
@@ -90,9 +105,17 @@ def test_captured_requests_render_alike_in_python_and_jinja_and_encode_increment
 async def test_captured_session_replies_in_sse_and_the_clis_echo_stays_on_one_chain(qwen_tokenizer: Any) -> None:
     (first, reply_one), (second, reply_two) = captured()
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
-        outputs = [qwen3_output("".join(p.get("text", "") for p in reply["parts"]), calls=[
-            (p["functionCall"]["name"], p["functionCall"]["args"]) for p in reply["parts"] if "functionCall" in p])
-            for reply in (reply_one, reply_two)]
+        outputs = [
+            qwen3_output(
+                "".join(p.get("text", "") for p in reply["parts"]),
+                calls=[
+                    (p["functionCall"]["name"], p["functionCall"]["args"])
+                    for p in reply["parts"]
+                    if "functionCall" in p
+                ],
+            )
+            for reply in (reply_one, reply_two)
+        ]
         stack.double.script += outputs
         seen = []
         for body, reply in ((first, reply_one), (second, reply_two)):
@@ -110,7 +133,7 @@ async def test_captured_session_replies_in_sse_and_the_clis_echo_stays_on_one_ch
         assert [u["promptTokenCount"] for u in seen] == [len(p) for p in prompts]
         # The second prompt extends the first prompt and its output, token for token: the echo was restored.
         first_turn = prompts[0] + stack.double.output_ids(outputs[0])
-        assert prompts[1][:len(first_turn)] == first_turn
+        assert prompts[1][: len(first_turn)] == first_turn
         assert "<tool_response>\n<untrusted_context>" in qwen_tokenizer.decode(prompts[1])
         assert_one_chain(stack.manager.stats("gem-key-000001"), turns=2)
 
@@ -124,8 +147,9 @@ async def test_thought_parts_are_reasoning_whether_the_echo_keeps_them_or_not(qw
             talk.contents.append({"role": "user", "parts": [{"text": "list files"}]})
             status, chunks = await talk.post()
             assert status == 200
-            assert chunks[0]["candidates"][0]["content"]["parts"] == [{"text": "I should list the files.",
-                                                                      "thought": True}]
+            assert chunks[0]["candidates"][0]["content"]["parts"] == [
+                {"text": "I should list the files.", "thought": True}
+            ]
             output = stack.double.output_ids(call)
             usage = chunks[-1]["usageMetadata"]
             assert usage["thoughtsTokenCount"] == output.index(151668) + 1  # up to and including </think>
@@ -140,8 +164,16 @@ async def test_thought_parts_are_reasoning_whether_the_echo_keeps_them_or_not(qw
             prompt = qwen_tokenizer.decode(stack.double.requests[-1]["input_ids"])
             assert "<think>\nI should list the files.\n</think>" in prompt  # kept in the history's render
             assert_one_chain(stack.manager.stats(key), turns=2)
-        parsed = gemini.parse_request({"contents": [{"role": "model", "parts": [
-            {"text": "why", "thought": True, "thoughtSignature": "x"}, {"text": "what"}]}]})
+        parsed = gemini.parse_request(
+            {
+                "contents": [
+                    {
+                        "role": "model",
+                        "parts": [{"text": "why", "thought": True, "thoughtSignature": "x"}, {"text": "what"}],
+                    }
+                ]
+            }
+        )
         assert parsed.messages == [message("assistant", "what", "why")]
 
 
@@ -155,8 +187,11 @@ async def test_json_replies_max_tokens_and_the_stream_without_alt_sse(qwen_token
             reply = await resp.json()
         (candidate,) = reply["candidates"]
         # No includeThoughts: no thought part (the reasoning is still recorded).
-        assert candidate == {"content": {"role": "model", "parts": [
-            {"text": "A fairly long answer that will not fit."}]}, "finishReason": "STOP", "index": 0}
+        assert candidate == {
+            "content": {"role": "model", "parts": [{"text": "A fairly long answer that will not fit."}]},
+            "finishReason": "STOP",
+            "index": 0,
+        }
         assert set(reply) == {"candidates", "usageMetadata", "modelVersion", "responseId"}
         assert reply["modelVersion"] == "gemini-2.5-flash" and len(reply["responseId"]) == 22
         limited = {**SIMPLE, "generationConfig": {"maxOutputTokens": 3, "stopSequences": ["END"], "topK": 5}}
@@ -178,8 +213,13 @@ async def test_structured_output_requests_are_side_requests(qwen_tokenizer: Any)
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
         stack.double.script += ['{"next_speaker": "user", "reasoning": "done"}', "main answer"]
         headers = {"x-goog-api-key": "gem-side-0001"}
-        check = {**SIMPLE, "generationConfig": {"responseMimeType": "application/json", "responseJsonSchema": {
-            "type": "object", "properties": {"next_speaker": {"type": "string"}}}}}
+        check = {
+            **SIMPLE,
+            "generationConfig": {
+                "responseMimeType": "application/json",
+                "responseJsonSchema": {"type": "object", "properties": {"next_speaker": {"type": "string"}}},
+            },
+        }
         async with http.post(stack.url + GENERATE, json=check, headers=headers) as resp:
             reply = await resp.json()
         assert json.loads(reply["candidates"][0]["content"]["parts"][0]["text"])["next_speaker"] == "user"
@@ -191,8 +231,9 @@ async def test_structured_output_requests_are_side_requests(qwen_tokenizer: Any)
     for schema_key in ("responseSchema", "response_json_schema"):
         config = {"response_mime_type": "application/json", schema_key: {"type": "OBJECT"}}
         assert gemini.parse_request({**SIMPLE, "generation_config": config}).structured_output
-    assert not gemini.parse_request({**SIMPLE, "generationConfig": {"responseMimeType": "application/json"}}
-                                    ).structured_output
+    assert not gemini.parse_request(
+        {**SIMPLE, "generationConfig": {"responseMimeType": "application/json"}}
+    ).structured_output
 
 
 def _content(*parts: Any, role: str = "user") -> dict[str, Any]:
@@ -219,8 +260,10 @@ BAD_BODIES = [
     (json.dumps(_content({"functionCall": {"name": "f", "args": [1]}}, role="model")).encode(), "args must be"),
     (json.dumps(_content({"functionCall": {"name": "f"}})).encode(), "belongs in a model content"),
     (json.dumps(_content({"functionResponse": {"name": "f", "response": "ok"}})).encode(), "response must be"),
-    (json.dumps(_content({"functionResponse": {"name": "f", "response": {}}}, role="model")).encode(),
-     "belongs in a user content"),
+    (
+        json.dumps(_content({"functionResponse": {"name": "f", "response": {}}}, role="model")).encode(),
+        "belongs in a user content",
+    ),
     (json.dumps(_content({"inlineData": "abc"})).encode(), "inlineData must be an object"),
     (json.dumps({**SIMPLE, "systemInstruction": {"parts": "x"}}).encode(), "systemInstruction.parts"),
     (json.dumps({**SIMPLE, "generationConfig": []}).encode(), "generationConfig must be an object"),
@@ -229,21 +272,25 @@ BAD_BODIES = [
     (json.dumps({**SIMPLE, "generationConfig": {"candidateCount": 2}}).encode(), "candidateCount must be 1"),
     (json.dumps({**SIMPLE, "tools": {"functionDeclarations": []}}).encode(), "tools must be a list"),
     (json.dumps({**SIMPLE, "tools": [{"functionDeclarations": {}}]}).encode(), "functionDeclarations must be"),
-    (json.dumps({**SIMPLE, "tools": [{"functionDeclarations": [{"description": "x"}]}]}).encode(),
-     "non-empty string name"),
+    (
+        json.dumps({**SIMPLE, "tools": [{"functionDeclarations": [{"description": "x"}]}]}).encode(),
+        "non-empty string name",
+    ),
     (json.dumps({**SIMPLE, "cachedContent": "cachedContents/abc"}).encode(), "cachedContent is not supported"),
     (b'{"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"temperature": NaN}}', "finite"),
     (b'{"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"maxOutputTokens": Infinity}}', "finite"),
-    (b'{"contents": [{"role": "model", "parts": [{"functionCall": {"name": "f", "args": {"n": NaN}}}]}]}',
-     "non-finite"),
-    (b'{"contents": [{"parts": [{"functionResponse": {"name": "f", "response": {"v": [-Infinity]}}}]}]}',
-     "non-finite"),
+    (
+        b'{"contents": [{"role": "model", "parts": [{"functionCall": {"name": "f", "args": {"n": NaN}}}]}]}',
+        "non-finite",
+    ),
+    (b'{"contents": [{"parts": [{"functionResponse": {"name": "f", "response": {"v": [-Infinity]}}}]}]}', "non-finite"),
 ]
 
 
 @pytest.mark.parametrize("raw,says", BAD_BODIES, ids=[s for _, s in BAD_BODIES])
-async def test_bad_input_is_a_400_in_geminis_envelope_and_reaches_no_engine(qwen_tokenizer: Any, raw: bytes,
-                                                                            says: str) -> None:
+async def test_bad_input_is_a_400_in_geminis_envelope_and_reaches_no_engine(
+    qwen_tokenizer: Any, raw: bytes, says: str
+) -> None:
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
         for path in (STREAM + "?alt=sse", GENERATE):
             async with http.post(stack.url + path, data=raw, headers={"x-goog-api-key": "gem-bad-0001"}) as resp:
@@ -254,14 +301,41 @@ async def test_bad_input_is_a_400_in_geminis_envelope_and_reaches_no_engine(qwen
         assert stack.double.requests == []
 
 
-FIELDS = st.sampled_from(["contents", "role", "parts", "text", "thought", "functionCall", "functionResponse", "name",
-                          "args", "response", "inlineData", "mimeType", "systemInstruction", "tools",
-                          "functionDeclarations", "parameters", "parametersJsonSchema", "generationConfig",
-                          "temperature", "topK", "maxOutputTokens", "stopSequences", "thinkingConfig",
-                          "responseMimeType", "responseSchema", "x"])
-JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.sampled_from(["", "user", "model"]),
-                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(FIELDS, inner, max_size=4),
-                       max_leaves=25)
+FIELDS = st.sampled_from(
+    [
+        "contents",
+        "role",
+        "parts",
+        "text",
+        "thought",
+        "functionCall",
+        "functionResponse",
+        "name",
+        "args",
+        "response",
+        "inlineData",
+        "mimeType",
+        "systemInstruction",
+        "tools",
+        "functionDeclarations",
+        "parameters",
+        "parametersJsonSchema",
+        "generationConfig",
+        "temperature",
+        "topK",
+        "maxOutputTokens",
+        "stopSequences",
+        "thinkingConfig",
+        "responseMimeType",
+        "responseSchema",
+        "x",
+    ]
+)
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.sampled_from(["", "user", "model"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(FIELDS, inner, max_size=4),
+    max_leaves=25,
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -283,11 +357,14 @@ async def test_unknown_actions_and_engine_errors_answer_in_geminis_envelope(qwen
             assert (await resp.json())["error"]["status"] == "NOT_FOUND"
         async with http.post(stack.url + "/v1beta/models/gemini-2.5-flash", json=SIMPLE) as resp:
             assert resp.status == 404
-        for failure, status, name in ((("status", 500), 502, "UNAVAILABLE"), (("status", 400), 400,
-                                                                              "INVALID_ARGUMENT")):
+        for failure, status, name in (
+            (("status", 500), 502, "UNAVAILABLE"),
+            (("status", 400), 400, "INVALID_ARGUMENT"),
+        ):
             stack.double.failures.append(failure)
-            async with http.post(stack.url + STREAM + "?alt=sse", json=SIMPLE,
-                                 headers={"x-goog-api-key": "gem-err-0001"}) as resp:
+            async with http.post(
+                stack.url + STREAM + "?alt=sse", json=SIMPLE, headers={"x-goog-api-key": "gem-err-0001"}
+            ) as resp:
                 assert resp.status == status
                 error = (await resp.json())["error"]
             assert (error["code"], error["status"]) == (status, name)
@@ -328,16 +405,24 @@ def test_the_gemini_api_key_names_the_session_after_bearer_and_x_api_key() -> No
 
 async def test_sessions_from_the_header_the_query_and_the_path_prefix(qwen_tokenizer: Any) -> None:
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
-        for talk in (GeminiConversation(http, stack.url, "gem-header-01"),
-                     GeminiConversation(http, stack.url, "gem-query-01", key_in_query=True)):
+        for talk in (
+            GeminiConversation(http, stack.url, "gem-header-01"),
+            GeminiConversation(http, stack.url, "gem-query-01", key_in_query=True),
+        ):
             talk.contents.append({"role": "user", "parts": [{"text": "hi"}]})
             assert (await talk.post())[0] == 200
         async with http.post(stack.url + "/s/gem-prefix-01" + GENERATE, json=SIMPLE) as resp:
             assert resp.status == 200
         assert [(s, src) for s, src, _ in stack.tap.agent] == [
-            ("gem-header-01", "x-goog-api-key"), ("gem-query-01", "query-key"), ("gem-prefix-01", "path")]
-        assert [h["X-SMG-Routing-Key"] for h in stack.double.headers] == ["gem-header-01", "gem-query-01",
-                                                                          "gem-prefix-01"]
+            ("gem-header-01", "x-goog-api-key"),
+            ("gem-query-01", "query-key"),
+            ("gem-prefix-01", "path"),
+        ]
+        assert [h["X-SMG-Routing-Key"] for h in stack.double.headers] == [
+            "gem-header-01",
+            "gem-query-01",
+            "gem-prefix-01",
+        ]
 
 
 def test_a_recorded_gemini_session_replays_byte_identical(tmp_path: Path) -> None:
@@ -347,10 +432,12 @@ def test_a_recorded_gemini_session_replays_byte_identical(tmp_path: Path) -> Non
 
     async def drive() -> None:
         async with recording(path, tool_loop_scenario(3)) as live:
+
             async def one(key: str, in_query: bool) -> None:
                 talk = GeminiConversation(live.http, live.url, key, key_in_query=in_query, stream=not in_query)
                 turns[key] = await talk.tool_loop()
                 await live.finish(key, 1.0)
+
             await asyncio.gather(*(one(k, q) for k, q in keys.items()))
 
     asyncio.run(drive())
@@ -360,8 +447,7 @@ def test_a_recorded_gemini_session_replays_byte_identical(tmp_path: Path) -> Non
     cassette = read_cassette(path)
     assert sorted(cassette.sessions) == sorted(session_digest(k) for k in keys)
     queried = cassette.sessions[session_digest("gem-live-query-0002")]
-    assert all("key=" in a.query and REDACTED in a.query.replace("%3C", "<").replace("%3E", ">")
-               for a in queried.agent)
+    assert all("key=" in a.query and REDACTED in a.query.replace("%3C", "<").replace("%3E", ">") for a in queried.agent)
     result = replay_cassette(path)
     for session in result.sessions:
         assert session.ok and not session.differences, session.differences

@@ -11,15 +11,18 @@ from tito_rl.replayer.goldens.diff_view import DiffStyle, render, use_color, wor
 
 OLD_SAMPLE = "  sample 0: reward 1, 283 tokens, response 80 from token 203 (trained 21, masked 59), turns 0,1"
 NEW_SAMPLE = "  sample 0: reward 1, 284 tokens, response 81 from token 203 (trained 21, masked 60), turns 0,1"
-OLD_RUN = ("    trained      21  turn 1   [<think>] [↵] [The] [·log] [·has] [·] «9 #aae03f87» [·] [4] [2] [·lines] [.] "
-           "[<|im_end|>] and a long tail of tokens that did not change at all")
+OLD_RUN = (
+    "    trained      21  turn 1   [<think>] [↵] [The] [·log] [·has] [·] «9 #aae03f87» [·] [4] [2] [·lines] [.] "
+    "[<|im_end|>] and a long tail of tokens that did not change at all"
+)
 NEW_RUN = OLD_RUN.replace("[·has]", "[·had]")
 
 
 def test_word_diff_marks_each_changed_token_and_folds_long_unchanged_runs() -> None:
     assert word_diff(OLD_SAMPLE, NEW_SAMPLE) == (
         "  sample 0: reward 1, [-283-]{+284+} tokens, response [-80-]{+81+} from token 203 (trained 21, masked "
-        "[-59-]{+60+}), turns 0,1")
+        "[-59-]{+60+}), turns 0,1"
+    )
     marked = word_diff(OLD_RUN, NEW_RUN)
     assert "[·[-has-]{+had+}]" in marked
     assert marked.startswith("…") and marked.endswith("…") and len(marked) < len(OLD_RUN) // 2
@@ -32,8 +35,13 @@ def test_a_changed_pair_gets_a_marks_line_and_unlike_lines_do_not() -> None:
     lines = render(goldens.unified_diff(old, new, "s"), DiffStyle())
     assert lines[:3] == ["--- s (golden)", "+++ s (replay)", "@@ -1,4 +1,4 @@"]
     body = lines[4:-1]
-    assert body == ["-" + OLD_SAMPLE, "-realign(divergence inside the response of turn 0) turn=1 at=205",
-                    "+" + NEW_SAMPLE, "?" + word_diff(OLD_SAMPLE, NEW_SAMPLE), "+completely other words here"]
+    assert body == [
+        "-" + OLD_SAMPLE,
+        "-realign(divergence inside the response of turn 0) turn=1 at=205",
+        "+" + NEW_SAMPLE,
+        "?" + word_diff(OLD_SAMPLE, NEW_SAMPLE),
+        "+completely other words here",
+    ]
 
 
 def test_colour_highlights_changed_tokens_in_place_instead_of_a_marks_line() -> None:

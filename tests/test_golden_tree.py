@@ -19,14 +19,22 @@ def routed(*replies: tuple[dict, str]) -> list[str]:
 def test_a_reply_that_only_thinks_shows_its_reasoning_and_a_cut_turn_its_finish():
     """Claude Code drops a thinking-only reply, or one cut inside its thinking, and asks again: without the
     reasoning and the finish such a dead-end leaf is a blank line in the golden."""
-    lines = routed(({"role": "assistant", "content": "", "reasoning_content": "Ten primes, sum 129."}, "stop"),
-                   ({"role": "assistant", "content": "", "reasoning_content": "Count them with"}, "length"))
-    assert lines[2:] == ['├─ n3 assistant [turn 0] thinks "Ten primes, sum 129."',
-                         '└─ n4 assistant [turn 1, finish length] thinks "Count them with"']
+    lines = routed(
+        ({"role": "assistant", "content": "", "reasoning_content": "Ten primes, sum 129."}, "stop"),
+        ({"role": "assistant", "content": "", "reasoning_content": "Count them with"}, "length"),
+    )
+    assert lines[2:] == [
+        '├─ n3 assistant [turn 0] thinks "Ten primes, sum 129."',
+        '└─ n4 assistant [turn 1, finish length] thinks "Count them with"',
+    ]
 
 
 def test_a_reply_with_text_or_calls_keeps_its_line_and_a_clean_stop_adds_nothing():
-    lines = routed(({"role": "assistant", "content": "There are ten.", "reasoning_content": "Ten."}, "stop"),
-                   ({"role": "assistant", "content": "The primes below 30 are", "reasoning_content": "x"}, "length"))
-    assert lines[2:] == ['├─ n3 assistant [turn 0] "There are ten."',
-                         '└─ n4 assistant [turn 1, finish length] "The primes below 30 are"']
+    lines = routed(
+        ({"role": "assistant", "content": "There are ten.", "reasoning_content": "Ten."}, "stop"),
+        ({"role": "assistant", "content": "The primes below 30 are", "reasoning_content": "x"}, "length"),
+    )
+    assert lines[2:] == [
+        '├─ n3 assistant [turn 0] "There are ten."',
+        '└─ n4 assistant [turn 1, finish length] "The primes below 30 are"',
+    ]

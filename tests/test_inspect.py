@@ -37,8 +37,14 @@ from tito_rl.trajectory.manager import Linearization
 from tito_rl.trajectory.records import Sample
 
 CASSETTES = ROOT / "cassettes"
-BROWSER_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+BROWSER_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 _inspections: dict[str, Inspection] = {}
 
 
@@ -50,8 +56,9 @@ def inspected(name: str) -> Inspection:
 
 
 def tito_inspect(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_rl", "inspect", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", "inspect", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def golden_section(name: str, heading: str) -> list[str]:
@@ -64,6 +71,7 @@ def golden_section(name: str, heading: str) -> list[str]:
 
 # --- text ----------------------------------------------------------------------------------------------------
 
+
 def test_text_shows_the_tree_the_exchanges_and_every_decision_with_its_token() -> None:
     done = tito_inspect(str(CASSETTES / "drift_realign.tito"))
     assert done.returncode == 0, done.stderr
@@ -72,10 +80,14 @@ def test_text_shows_the_tree_the_exchanges_and_every_decision_with_its_token() -
         assert "    " + line in out.splitlines()
     rows = [line.split() for line in out.splitlines() if re.match(r"^  \d+ ", line)]
     # exchange, turn, status, prompt tokens, output tokens, finish, started_s, agent_s, engine_s (the cassette's)
-    assert rows == [["0", "0", "200", "203", "43", "stop", "0.000", "0.512", "0.503"],
-                    ["1", "1", "200", "262", "21", "stop", "0.514", "0.005", "0.002"]]
-    assert ("    realign(divergence inside the response of turn 0) turn=1 at=205 leaf=5 tokens=43  "
-            "-> sample 0, token 205 'Count'") in out
+    assert rows == [
+        ["0", "0", "200", "203", "43", "stop", "0.000", "0.512", "0.503"],
+        ["1", "1", "200", "262", "21", "stop", "0.514", "0.005", "0.002"],
+    ]
+    assert (
+        "    realign(divergence inside the response of turn 0) turn=1 at=205 leaf=5 tokens=43  "
+        "-> sample 0, token 205 'Count'"
+    ) in out
     assert "realigns 1, realigned tokens 43" in out
     assert "    sample 0: 283 tokens, prompt 203, trained 21, masked 59, turns 0,1, leaf n5" in out
     assert tito_inspect(str(CASSETTES / "drift_realign.tito")).stdout == out  # deterministic
@@ -104,8 +116,12 @@ def test_session_option_and_unusable_input_exit_2_with_one_line(tmp_path: Path) 
     assert [s.name for s in one.sessions] == ["sid-586b562b0514fe28"]
     bad = tmp_path / "bad.tito"
     bad.write_bytes(b"not a cassette at all")
-    for args in ([str(CASSETTES / "client_abort.tito"), "--session", "nope"], [str(tmp_path / "missing.tito")],
-                 [str(bad)], [str(CASSETTES / "client_abort.tito"), "--html", str(tmp_path / "no" / "such.html")]):
+    for args in (
+        [str(CASSETTES / "client_abort.tito"), "--session", "nope"],
+        [str(tmp_path / "missing.tito")],
+        [str(bad)],
+        [str(CASSETTES / "client_abort.tito"), "--html", str(tmp_path / "no" / "such.html")],
+    ):
         done = tito_inspect(*args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -113,8 +129,9 @@ def test_session_option_and_unusable_input_exit_2_with_one_line(tmp_path: Path) 
     assert "no session 'nope'" in tito_inspect(str(CASSETTES / "client_abort.tito"), "--session", "nope").stderr
 
 
-def test_a_named_session_is_read_once_and_inspected_with_collection_paused(monkeypatch: pytest.MonkeyPatch,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_named_session_is_read_once_and_inspected_with_collection_paused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`inspect --session`: the session's records are read from the file once (the replay's plan gives the rows)
     and automatic collection is off meanwhile; the rows, from prompts read packed, are those a plain read of the
     records gives. A whole cassette keeps collection on (its garbage grows with the sessions)."""
@@ -153,6 +170,7 @@ def test_a_named_session_is_read_once_and_inspected_with_collection_paused(monke
 
 # --- HTML, without a browser ---------------------------------------------------------------------------------
 
+
 class Parsed(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
@@ -168,16 +186,24 @@ class Parsed(HTMLParser):
         self.text.append(data)
 
 
-EVIL = {1: "<|im_start|>", 2: "a&b", 3: "\"q'", 4: "<b>bold</b>", 5: "</span><script>x()</script>", 6: "&amp;",
-        7: "<i>"}
+EVIL = {
+    1: "<|im_start|>",
+    2: "a&b",
+    3: "\"q'",
+    4: "<b>bold</b>",
+    5: "</span><script>x()</script>",
+    6: "&amp;",
+    7: "<i>",
+}
 
 
-def synthetic(tokens: list[int], prompt: int, spans: list[Span], events: list[Event],
-              tree: list[dict[str, Any]]) -> Inspection:
+def synthetic(
+    tokens: list[int], prompt: int, spans: list[Span], events: list[Event], tree: list[dict[str, Any]]
+) -> Inspection:
     """An inspection built by hand: one sample whose loss follows its spans."""
     loss = [0] * len(tokens)
     for s in spans:
-        loss[s.start:s.start + s.length] = [int(s.trained)] * s.length
+        loss[s.start : s.start + s.length] = [int(s.trained)] * s.length
     logprobs = [-0.5 if m else 0.0 for m in loss[prompt:]]
     sample = Sample(tokens, len(tokens) - prompt, loss[prompt:], logprobs, 1.0, {"leaf": 3})
     lin = Linearization([sample], events, {3: [0]}, SessionStats(samples=1), [spans])
@@ -188,19 +214,37 @@ def synthetic(tokens: list[int], prompt: int, spans: list[Span], events: list[Ev
 
 
 def test_the_page_escapes_token_text_messages_and_reasons() -> None:
-    tree = [{"id": 1, "parent": 0, "role": "user", "message": {"role": "user", "content": "<b>hi</b> & \"you\""},
-             "generated": False, "turn": None, "leaf": False, "samples": []},
-            {"id": 3, "parent": 1, "role": "assistant", "message": {"role": "assistant", "content": "<script>"},
-             "generated": True, "turn": 1, "leaf": True, "samples": [0]}]
+    tree = [
+        {
+            "id": 1,
+            "parent": 0,
+            "role": "user",
+            "message": {"role": "user", "content": '<b>hi</b> & "you"'},
+            "generated": False,
+            "turn": None,
+            "leaf": False,
+            "samples": [],
+        },
+        {
+            "id": 3,
+            "parent": 1,
+            "role": "assistant",
+            "message": {"role": "assistant", "content": "<script>"},
+            "generated": True,
+            "turn": 1,
+            "leaf": True,
+            "samples": [0],
+        },
+    ]
     spans = [Span(0, 3, 2, True), Span(1, 6, 1, False)]
-    page = render_html(synthetic([1, 2, 3, 4, 5, 6, 7], 3, spans, [Event("fork", "<why> & \"how\"", 1, 5, 3)], tree))
+    page = render_html(synthetic([1, 2, 3, 4, 5, 6, 7], 3, spans, [Event("fork", '<why> & "how"', 1, 5, 3)], tree))
     parsed = Parsed()
     parsed.feed(page)
     assert parsed.tags.count("script") == 1 and "b" not in parsed.tags and "i" not in parsed.tags
     text = "".join(parsed.text)
     for name in EVIL.values():
         assert name in text  # shown literally
-    assert '"<b>hi</b> & "you""' in text and "<s&1>" in text and "<why> & \"how\"" in text
+    assert '"<b>hi</b> & "you""' in text and "<s&1>" in text and '<why> & "how"' in text
     tip = next(t for t in parsed.titles if t.startswith("</span><script>"))
     assert "id 5" in tip and "logprob -0.5" in tip and "trained: turn 0 output" in tip
     assert not re.search(r"https?:|src=|@import|url\(", page)  # nothing fetched
@@ -220,12 +264,15 @@ def test_a_150k_token_session_stays_small_with_every_trained_token_shown() -> No
 
 # --- the page in a real browser --------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def chromium() -> str:
     path = shutil.which("chromium")
     if path is None:
-        pytest.skip("no chromium on this machine: the real-browser test needs Debian's chromium "
-                    "(apt-get install -y chromium; .ci/run installs it where apt is available)")
+        pytest.skip(
+            "no chromium on this machine: the real-browser test needs Debian's chromium "
+            "(apt-get install -y chromium; .ci/run installs it where apt is available)"
+        )
     return path
 
 
@@ -248,13 +295,29 @@ def hostile_cassette(folder: Path) -> Path:
     from tito_rl.cassette.reader import CassetteReader, read_header
     from tito_rl.cassette.writer import CassetteWriter
 
-    scenario = {"name": "pwn", "turns": [
-        {"reasoning": PWN["reasoning"], "text": PWN["text"],
-         "tool_calls": [{"name": "Bash", "arguments": {"command": PWN["command"], "description": "x"}}]},
-        {"text": PWN["text"]}],
-        "client": {"sessions": [{"id": "pwn-0000", "wire": "anthropic", "system": "You are an agent.",
-                                 "tools": ["Bash"], "results": {"Bash": [PWN["tool"]]},
-                                 "steps": [{"prompt": PWN["prompt"]}, {"finish": 1.0}]}]}}
+    scenario = {
+        "name": "pwn",
+        "turns": [
+            {
+                "reasoning": PWN["reasoning"],
+                "text": PWN["text"],
+                "tool_calls": [{"name": "Bash", "arguments": {"command": PWN["command"], "description": "x"}}],
+            },
+            {"text": PWN["text"]},
+        ],
+        "client": {
+            "sessions": [
+                {
+                    "id": "pwn-0000",
+                    "wire": "anthropic",
+                    "system": "You are an agent.",
+                    "tools": ["Bash"],
+                    "results": {"Bash": [PWN["tool"]]},
+                    "steps": [{"prompt": PWN["prompt"]}, {"finish": 1.0}],
+                }
+            ]
+        },
+    }
     recorded = folder / "recorded.tito"
     asyncio.run(record_scenario(scenario, recorded))
     out = folder / "pwn.tito"
@@ -281,11 +344,17 @@ def pages(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
 
 @pytest.fixture(scope="module")
 def browser(chromium: str, pages: dict[str, Path]) -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api",
-                                   reason="playwright is not installed (pip install -e '.[dev]')")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')"
+    )
     with sync_api.sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
-        context = pw.chromium.launch_persistent_context(profile, executable_path=chromium, headless=True,
-                                                        args=BROWSER_FLAGS, viewport={"width": 1400, "height": 1000})
+        context = pw.chromium.launch_persistent_context(
+            profile,
+            executable_path=chromium,
+            headless=True,
+            args=BROWSER_FLAGS,
+            viewport={"width": 1400, "height": 1000},
+        )
         try:
             yield context
         finally:
@@ -300,8 +369,9 @@ def open_page(browser: Any, path: Path) -> tuple[Any, list[str]]:
     return page, requests
 
 
-def test_the_page_renders_tree_coloured_strips_tooltips_and_decisions(pages: dict[str, Path], browser: Any,
-                                                                      tmp_path: Path) -> None:
+def test_the_page_renders_tree_coloured_strips_tooltips_and_decisions(
+    pages: dict[str, Path], browser: Any, tmp_path: Path
+) -> None:
     inspection = inspected("drift_realign")
     finish = inspection.sessions[0].finishes[0]
     lin, sample = finish.linearization, finish.linearization.samples[0]
@@ -314,8 +384,10 @@ def test_the_page_renders_tree_coloured_strips_tooltips_and_decisions(pages: dic
 
     # the strip: every kind present, each with its own colour
     strip = "#s0f1x0 .strip"
-    colours = {kind: page.eval_on_selector(f"{strip} .tok.{kind}", "e => getComputedStyle(e).backgroundColor")
-               for kind in ("prompt", "context", "masked", "trained")}
+    colours = {
+        kind: page.eval_on_selector(f"{strip} .tok.{kind}", "e => getComputedStyle(e).backgroundColor")
+        for kind in ("prompt", "context", "masked", "trained")
+    }
     assert len(set(colours.values())) == 4, colours
     counts = {kind: page.locator(f"{strip} .tok.{kind}").count() for kind in ("context", "masked", "trained")}
     assert counts["trained"] == sum(sample.loss_mask) and counts["masked"] > 0 and counts["context"] > 0, counts
@@ -390,22 +462,62 @@ def test_script_in_a_cassette_never_runs_or_leaves_its_element(pages: dict[str, 
     assert PWN["reasoning"] in text.replace("\n", "") and "onerror=" in text
     # every token of the hostile text is a text node in its own span: no element came from the cassette
     tags = page.evaluate("[...new Set([...document.body.querySelectorAll('*')].map(e => e.tagName.toLowerCase()))]")
-    assert set(tags) <= {"h1", "h2", "h3", "h4", "div", "dl", "dt", "dd", "ul", "ol", "li", "span", "a", "nav",
-                         "section", "table", "thead", "tbody", "tr", "th", "td", "p", "code", "aside", "details",
-                         "summary", "br", "script"}, tags
+    assert set(tags) <= {
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "div",
+        "dl",
+        "dt",
+        "dd",
+        "ul",
+        "ol",
+        "li",
+        "span",
+        "a",
+        "nav",
+        "section",
+        "table",
+        "thead",
+        "tbody",
+        "tr",
+        "th",
+        "td",
+        "p",
+        "code",
+        "aside",
+        "details",
+        "summary",
+        "br",
+        "script",
+    }, tags
     page.close()
 
 
 # --- the audit's page in the same browser -----------------------------------------------------------------------
+
 
 def test_the_audit_page_renders_its_rules_and_examples_with_nothing_run(browser: Any, tmp_path: Path) -> None:
     """`tito audit --html` on the slime recordings, hostile text included (the stop token slime leaves in its
     replies, the agent's own words in examples), as a person opens it: every rule that fired has its section and
     example, the special token reads literally, the page loads nothing and runs nothing."""
     page_file = tmp_path / "audit.html"
-    done = subprocess.run([sys.executable, "-m", "tito_rl", "audit", str(ROOT / "cassettes/targets/slime_retry.tito"),
-                           str(ROOT / "cassettes/targets/slime_mixed.tito"), "--html", str(page_file)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tito_rl",
+            "audit",
+            str(ROOT / "cassettes/targets/slime_retry.tito"),
+            str(ROOT / "cassettes/targets/slime_mixed.tito"),
+            "--html",
+            str(page_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stderr  # the retry trained twice fires the default --fail-on
     page, requests = open_page(browser, page_file)
     headings = page.locator("h3").all_inner_texts()

@@ -53,8 +53,20 @@ def homonym_wheels() -> list[Path]:
     cache = Path(sys.prefix) / "tito-test-homonyms"
     wheels = sorted(cache.glob("*.whl"))
     if len(wheels) < len(HOMONYMS):
-        run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(cache),
-             *HOMONYMS])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "-w",
+                str(cache),
+                *HOMONYMS,
+            ]
+        )
         wheels = sorted(cache.glob("*.whl"))
     assert [w.name.split("-")[0] for w in wheels] == ["recorder", "replayer", "six", "trajectory"], wheels
     return wheels
@@ -74,8 +86,9 @@ def tito_wheel(tmp_path: Path) -> Path:
     return wheel
 
 
-def run(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{' '.join(argv)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
@@ -107,8 +120,7 @@ def test_the_wheel_installs_and_runs_beside_pypis_same_named_projects(tmp_path: 
     replay = run([str(tito), "replay", "cassettes/"], cwd=work, env=env)
     assert "1 session(s): 1 ok, 0 failed" in replay.stdout, replay.stdout
     assert run([str(python), "-c", BOTH_SIDES], cwd=work, env=env).stdout == "both sides import\n"
-    tests = run([str(python), "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:xdist"], cwd=work,
-                env=env)
+    tests = run([str(python), "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:xdist"], cwd=work, env=env)
     assert "cassettes/plain_chat.tito::sid-" in tests.stdout and " PASSED" in tests.stdout, tests.stdout
     assert "2 passed" in tests.stdout, tests.stdout
 

@@ -47,16 +47,26 @@ def reference() -> Any:
 
 
 def test_the_default_tokenizer_loads_without_transformers_and_keeps_its_fingerprint() -> None:
-    done = subprocess.run([sys.executable, "-c", (
-        "import sys\n"
-        "from tito_rl.trajectory.tokens.tokenizer import load_tokenizer, fingerprint\n"
-        "from tito_rl.trajectory.adapters.parsing.sglang_loader import parsers\n"
-        "from tito_rl.trajectory.adapters.rendering.render import ChatRenderer\n"
-        "tok = load_tokenizer(); parsers()\n"
-        "r = ChatRenderer(tok, True)\n"
-        "print(type(tok).__name__, len(r.encode(r.render([{'role': 'user', 'content': 'hi'}], None))))\n"
-        "print(fingerprint(), 'transformers' in sys.modules)\n")],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys\n"
+                "from tito_rl.trajectory.tokens.tokenizer import load_tokenizer, fingerprint\n"
+                "from tito_rl.trajectory.adapters.parsing.sglang_loader import parsers\n"
+                "from tito_rl.trajectory.adapters.rendering.render import ChatRenderer\n"
+                "tok = load_tokenizer(); parsers()\n"
+                "r = ChatRenderer(tok, True)\n"
+                "print(type(tok).__name__, len(r.encode(r.render([{'role': 'user', 'content': 'hi'}], None))))\n"
+                "print(fingerprint(), 'transformers' in sys.modules)\n"
+            ),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     name, count = done.stdout.splitlines()[0].split()
     assert name == "LightTokenizer" and int(count) > 3
@@ -66,7 +76,8 @@ def test_the_default_tokenizer_loads_without_transformers_and_keeps_its_fingerpr
 
 
 def test_a_prefetched_fingerprint_is_hashed_once_and_a_missing_folder_is_left_to_the_caller(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from tito_rl.trajectory.tokens import tokenizer
 
     expected = fingerprint()
@@ -104,7 +115,8 @@ def test_a_child_forked_while_the_fingerprint_is_hashed_can_still_hash() -> None
 
 
 def test_every_committed_prompt_renders_and_encodes_as_with_transformers(
-        reference: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    reference: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: list[tuple[Any, list[dict[str, Any]], Any, list[int], bool]] = []
     prompt = Adapter.prompt
 
@@ -122,8 +134,13 @@ def test_every_committed_prompt_renders_and_encodes_as_with_transformers(
     assert len(seen) > 100 and sum(not spliced for *_, spliced in seen) > 40
     for renderer, messages, tools, ids, spliced in seen:
         expected = reference.apply_chat_template(
-            messages, tools=tools or None, chat_template=renderer.template, tokenize=False,
-            add_generation_prompt=True, **renderer.template_kwargs)
+            messages,
+            tools=tools or None,
+            chat_template=renderer.template,
+            tokenize=False,
+            add_generation_prompt=True,
+            **renderer.template_kwargs,
+        )
         assert renderer.render(messages, tools) == expected
         assert renderer.render_jinja(messages, tools) == expected  # the Jinja path, not only the native one
         if spliced:  # the same text, in the tokens the model sampled where it continues a turn
@@ -135,8 +152,18 @@ def test_every_committed_prompt_renders_and_encodes_as_with_transformers(
 def test_tokens_vocabulary_and_decoding_agree_with_transformers(reference: Any) -> None:
     light = load_tokenizer()
     assert isinstance(light, LightTokenizer)
-    for name in ("special_tokens_map", "all_special_tokens", "all_special_ids", "eos_token_id", "pad_token_id",
-                 "bos_token_id", "unk_token_id", "eos_token", "pad_token", "chat_template"):
+    for name in (
+        "special_tokens_map",
+        "all_special_tokens",
+        "all_special_ids",
+        "eos_token_id",
+        "pad_token_id",
+        "bos_token_id",
+        "unk_token_id",
+        "eos_token",
+        "pad_token",
+        "chat_template",
+    ):
         assert getattr(light, name) == getattr(reference, name), name
     assert light.get_vocab() == reference.get_vocab() and len(light) == len(reference)
     for token in ("<|im_start|>", "<think>", "Hello", "no-such-token-at-all"):
@@ -148,12 +175,14 @@ def test_tokens_vocabulary_and_decoding_agree_with_transformers(reference: Any) 
         assert light.decode(ids, skip_special_tokens=skip) == reference.decode(ids, skip_special_tokens=skip)
     assert light.convert_ids_to_tokens(ids) == reference.convert_ids_to_tokens(ids)
     messages = [{"role": "user", "content": "hi"}]
-    assert light.apply_chat_template(messages, tokenize=True, return_dict=False, add_generation_prompt=True) == \
-        reference.apply_chat_template(messages, tokenize=True, return_dict=False, add_generation_prompt=True)
+    assert light.apply_chat_template(
+        messages, tokenize=True, return_dict=False, add_generation_prompt=True
+    ) == reference.apply_chat_template(messages, tokenize=True, return_dict=False, add_generation_prompt=True)
 
 
 def test_the_pinned_tokenizer_built_from_its_parts_is_its_tokenizer_json_serialized_byte_for_byte(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The embedded tokenizer loads from vocab.json, merges.txt and its config (0.1 s sooner): only a folder whose
     fingerprint is pinned does, and what it builds serializes exactly as its tokenizer.json loads."""
     folder = default_tokenizer_dir()
@@ -178,10 +207,19 @@ def test_a_pipeline_transformers_builds_otherwise_is_left_to_transformers(tmp_pa
     config = json.loads((folder / "tokenizer_config.json").read_text())
     backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
     check_pipeline(backend, config)
-    changed_configs = [{**config, "tokenizer_class": "LlamaTokenizerFast"}, {**config, "split_special_tokens": True},
-                       {**config, "clean_up_tokenization_spaces": True}, {**config, "add_prefix_space": True},
-                       {**config, "added_tokens_decoder": {**config["added_tokens_decoder"], "151644": {
-                           **config["added_tokens_decoder"]["151644"], "lstrip": True}}}]
+    changed_configs = [
+        {**config, "tokenizer_class": "LlamaTokenizerFast"},
+        {**config, "split_special_tokens": True},
+        {**config, "clean_up_tokenization_spaces": True},
+        {**config, "add_prefix_space": True},
+        {
+            **config,
+            "added_tokens_decoder": {
+                **config["added_tokens_decoder"],
+                "151644": {**config["added_tokens_decoder"]["151644"], "lstrip": True},
+            },
+        },
+    ]
     for changed in changed_configs:
         with pytest.raises(UnsupportedTokenizer):
             check_pipeline(backend, changed)

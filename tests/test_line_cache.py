@@ -12,9 +12,46 @@ from hypothesis import strategies as st
 from tito_rl.trajectory.adapters.rendering.line_cache import LineCache, shared_line_cache
 from tito_rl.trajectory.adapters.rendering.render import ChatRenderer
 
-FRAGMENTS = ["\n", "\n\n", "\r\n", " \n", "\n ", "\t", " ", "  ", "a", "Zeta", "ü", "e\u0301", "\u0301", "7", "42",
-             ".", "...", '"', "'s", "'ll", "{", "}", "<", ">", "-", "#", "\u3000", "\x1c", "\x85", "\u2028", "漢字",
-             "<|im_start|>", "<|im_end|>", "<think>", "</tool_call>", "```", "\\n", "é"]
+FRAGMENTS = [
+    "\n",
+    "\n\n",
+    "\r\n",
+    " \n",
+    "\n ",
+    "\t",
+    " ",
+    "  ",
+    "a",
+    "Zeta",
+    "ü",
+    "e\u0301",
+    "\u0301",
+    "7",
+    "42",
+    ".",
+    "...",
+    '"',
+    "'s",
+    "'ll",
+    "{",
+    "}",
+    "<",
+    ">",
+    "-",
+    "#",
+    "\u3000",
+    "\x1c",
+    "\x85",
+    "\u2028",
+    "漢字",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</tool_call>",
+    "```",
+    "\\n",
+    "é",
+]
 texts = st.lists(st.sampled_from(FRAGMENTS), max_size=40).map("".join)
 
 
@@ -57,13 +94,14 @@ def test_a_long_new_text_is_encoded_in_one_batch_and_equals_the_whole_text(qwen_
 def test_sessions_share_lines_and_the_cache_stays_bounded(qwen_tokenizer: Any) -> None:
     backend = qwen_tokenizer._tokenizer
     system = "You are an agent." + "".join(
-        f"\n{{\"type\": \"function\", \"name\": \"tool{i}\", \"about\": \"{'x' * 80}\"}}" for i in range(50))
+        f'\n{{"type": "function", "name": "tool{i}", "about": "{"x" * 80}"}}' for i in range(50)
+    )
     cache = LineCache(backend)
     first = cache.encode(system + "\nSession one asks.")
     assert cache.misses == 52
     second = cache.encode(system + "\nSession two asks something else.")
     assert cache.misses == 53 and cache.hits == 51  # only its own last line was encoded
-    assert first[:-4] == second[:len(first) - 4]
+    assert first[:-4] == second[: len(first) - 4]
     assert second == backend.encode(system + "\nSession two asks something else.", add_special_tokens=False).ids
     small = LineCache(backend, max_tokens=300)
     assert small.encode(system) == backend.encode(system, add_special_tokens=False).ids

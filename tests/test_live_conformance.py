@@ -18,25 +18,55 @@ def _rule(total: int, kinds: dict[str, int] | None = None) -> dict[str, object]:
 
 
 def _cassette(path: str, target: str, emitted: int, covered: int | None, **rules: dict[str, object]) -> dict:
-    return {"path": path, "target": target, "sessions": 1, "truncated": False, "emitted": emitted,
-            "covered": covered or 0, "coverage": None if covered is None else covered / emitted, "failing": [],
-            "allowed": {}, "rules": {k.replace("_", "-"): v for k, v in rules.items()}, "session_figures": []}
+    return {
+        "path": path,
+        "target": target,
+        "sessions": 1,
+        "truncated": False,
+        "emitted": emitted,
+        "covered": covered or 0,
+        "coverage": None if covered is None else covered / emitted,
+        "failing": [],
+        "allowed": {},
+        "rules": {k.replace("_", "-"): v for k, v in rules.items()},
+        "session_figures": [],
+    }
 
 
-REPORT = {"schema": "tito-audit", "version": 1, "fail_on": [], "failed": False, "rules": {}, "cassettes": [
-    _cassette("/r/loop.tito.tito", "tito", 100, 100),
-    _cassette("/r/loop.slime.tito", "slime", 100, 40, never_trained=_rule(60, {"realign": 60}),
-              prefix_break=_rule(3, {"reasoning-dropped": 2, "rewritten": 1}),
-              stop_token_leak=_rule(2, {"<|im_end|>": 2}), tool_call_lost=_rule(1),
-              sampling_override=_rule(4, {"max_tokens": 4}), status_changed=_rule(1, {"529 → 500": 1})),
-    _cassette("/r/loop.rllm.tito", "rllm", 100, 100, prefix_break=_rule(6, {"separator": 6})),
-    _cassette("/r/claude.tito.tito", "tito", 50, 50),
-    _cassette("/r/claude.slime.tito", "slime", 50, None),  # no finish recorded: coverage unknown, not 0
-]}
-RUNS = [Run("loop", "tito", Path("/r/loop.tito.tito")), Run("loop", "slime", Path("/r/loop.slime.tito")),
-        Run("loop", "rllm", Path("/r/loop.rllm.tito")), Run("claude", "tito", Path("/r/claude.tito.tito")),
-        Run("claude", "slime", Path("/r/claude.slime.tito")),
-        Run("qwen", "tito", error="exit 1"), Run("qwen", "rllm", error="API Error: 400 Requested token count")]
+REPORT = {
+    "schema": "tito-audit",
+    "version": 1,
+    "fail_on": [],
+    "failed": False,
+    "rules": {},
+    "cassettes": [
+        _cassette("/r/loop.tito.tito", "tito", 100, 100),
+        _cassette(
+            "/r/loop.slime.tito",
+            "slime",
+            100,
+            40,
+            never_trained=_rule(60, {"realign": 60}),
+            prefix_break=_rule(3, {"reasoning-dropped": 2, "rewritten": 1}),
+            stop_token_leak=_rule(2, {"<|im_end|>": 2}),
+            tool_call_lost=_rule(1),
+            sampling_override=_rule(4, {"max_tokens": 4}),
+            status_changed=_rule(1, {"529 → 500": 1}),
+        ),
+        _cassette("/r/loop.rllm.tito", "rllm", 100, 100, prefix_break=_rule(6, {"separator": 6})),
+        _cassette("/r/claude.tito.tito", "tito", 50, 50),
+        _cassette("/r/claude.slime.tito", "slime", 50, None),  # no finish recorded: coverage unknown, not 0
+    ],
+}
+RUNS = [
+    Run("loop", "tito", Path("/r/loop.tito.tito")),
+    Run("loop", "slime", Path("/r/loop.slime.tito")),
+    Run("loop", "rllm", Path("/r/loop.rllm.tito")),
+    Run("claude", "tito", Path("/r/claude.tito.tito")),
+    Run("claude", "slime", Path("/r/claude.slime.tito")),
+    Run("qwen", "tito", error="exit 1"),
+    Run("qwen", "rllm", error="API Error: 400 Requested token count"),
+]
 
 
 def test_figures_sum_the_audit_per_target_and_keep_unknown_coverage_apart() -> None:
@@ -61,15 +91,19 @@ def test_the_table_puts_gateways_side_by_side_on_the_scenarios_all_recorded() ->
     lines = text.splitlines()
     assert "not run here: miles (needs a GPU)" in lines[0]
     common = lines.index("**On the 1 scenario(s) every target recorded (loop).**")
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[common:common + 20] if line.startswith("| ")}
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines[common : common + 20] if line.startswith("| ")}
     assert rows["emitted-token coverage (trained once, engine's logprob)"].endswith(
-        "| 1.000 (100/100) | 0.400 (40/100) | 1.000 (100/100) |")
+        "| 1.000 (100/100) | 0.400 (40/100) | 1.000 (100/100) |"
+    )
     assert rows["prefix breaks, by kind"].endswith("| 0 | 3: reasoning-dropped 2, rewritten 1 | 6: separator 6 |")
     assert rows["stop-token leaks (replies)"].endswith("| 0 | 2: <\\|im_end\\|> 2 | 0 |")  # the pipe escaped
     everything = lines.index("**On every scenario each target recorded.**")
     assert "| scenarios (sessions) | 2 (2) | 2 (2) | 1 (1) |" in lines[everything:]
-    per = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in lines if line.startswith("| qwen ")
-           or line.startswith("| claude ") or line.startswith("| loop ")}
+    per = {
+        line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:]
+        for line in lines
+        if line.startswith("| qwen ") or line.startswith("| claude ") or line.startswith("| loop ")
+    }
     assert per["qwen"] == ["not recorded: exit 1", "-", "not recorded: API Error: 400 Requested token count |"]
     assert per["claude"][2] == "- |"  # not through rllm: its wire is not served
     assert per["loop"][1].startswith("coverage 0.40; never-trained 60 (realign 60); prefix-break 3 (")
@@ -83,19 +117,31 @@ def test_the_table_goes_between_its_markers_and_the_rest_of_the_page_is_kept() -
 
 def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
     scenarios = {p.stem: read_scenario(p) for folder in live.SCENARIOS for p in folder.glob("*.yaml")}
-    tito, slime, rllm, miles = live.TARGETS
+    tito, slime, rllm, miles, verifiers, agentlightning = live.TARGETS
     assert scenarios["tool_loop"].wires == {"anthropic"}  # a scripted session's default wire
     assert scenarios["mixed_concurrent"].wires == {"anthropic", "responses", "gemini", "chat"}
     assert [t.name for t in live.TARGETS if runs_through(scenarios["qwen_tool_loop"], t)] == [
-        "tito", "slime", "rllm", "miles"]
+        "tito",
+        "slime",
+        "rllm",
+        "miles",
+        "verifiers",
+    ]
     assert not runs_through(scenarios["codex_tool_loop"], slime) and runs_through(scenarios["codex_tool_loop"], tito)
     assert not runs_through(scenarios["claude_tool_loop"], rllm)
     url_sessions = Scenario(Path("x.yaml"), frozenset({"chat"}), path_prefix=True)  # /sessions/{id} in the URL
     assert runs_through(url_sessions, rllm) and runs_through(url_sessions, miles)
     assert not runs_through(url_sessions, tito)
+    # Agent Lightning: its own URL prefix, and no streaming (every real CLI streams)
+    assert [t.name for t in live.TARGETS if runs_through(scenarios["agentlightning_mixed"], t)] == ["agentlightning"]
+    assert not runs_through(scenarios["rllm_mixed"], agentlightning) and not runs_through(scenarios["rllm_mixed"], tito)
+    assert not runs_through(scenarios["opencode_tool_loop"], agentlightning)
+    assert runs_through(scenarios["verifiers_mixed"], verifiers) and not runs_through(scenarios["tool_loop"], verifiers)
 
 
 def test_a_failed_recording_says_why_in_one_line() -> None:
-    text = ("tito simulate: qwen.yaml: tito record exited with 1\n  stdout: ...\"error\":{\"message\":"
-            "\"[API Error: 400 Requested token count exceeds the model's maximum\n")
+    text = (
+        'tito simulate: qwen.yaml: tito record exited with 1\n  stdout: ..."error":{"message":'
+        "\"[API Error: 400 Requested token count exceeds the model's maximum\n"
+    )
     assert live._why(text).startswith("API Error: 400 Requested token count")

@@ -13,13 +13,21 @@ from tito_rl.trajectory.synthetic import SyntheticSession, assistant, system, to
 
 
 def test_canonical_identity_ignores_cosmetic_echo_changes() -> None:
-    sent = {"role": "assistant", "content": "hi", "reasoning_content": "r",
-            "tool_calls": [{"id": "call_1", "type": "function",
-                            "function": {"name": "Bash", "arguments": {"command": "ls", "n": 1}}}]}
-    echoed = {"tool_calls": [{"type": "function", "id": "toolu_9",
-                              "function": {"arguments": '{"n":1,"command":"ls"}', "name": "Bash"}}],
-              "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
-              "role": "assistant"}
+    sent = {
+        "role": "assistant",
+        "content": "hi",
+        "reasoning_content": "r",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "Bash", "arguments": {"command": "ls", "n": 1}}}
+        ],
+    }
+    echoed = {
+        "tool_calls": [
+            {"type": "function", "id": "toolu_9", "function": {"arguments": '{"n":1,"command":"ls"}', "name": "Bash"}}
+        ],
+        "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
+        "role": "assistant",
+    }
     assert canonical_message(sent) == canonical_message(echoed)
     assert canonical_message(sent, keep_reasoning=True) != canonical_message(echoed, keep_reasoning=True)
     assert canonical_message({"role": "assistant", "content": None}) == canonical_message({"role": "assistant"})
@@ -35,10 +43,15 @@ def test_echo_with_cosmetic_changes_routes_to_the_same_chain() -> None:
     s = SyntheticSession(m)
     call = assistant("", ("calc", {"x": 1}))
     s.turn([system("S"), user("go")], call)
-    echo = {"role": "assistant", "content": None,
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"x": 1}'}}]}
-    s.turn([system("S"), {"role": "user", "content": [{"type": "text", "text": "go"}]}, echo, tool("1", "c1")],
-           assistant("done"))
+    echo = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"x": 1}'}}],
+    }
+    s.turn(
+        [system("S"), {"role": "user", "content": [{"type": "text", "text": "go"}]}, echo, tool("1", "c1")],
+        assistant("done"),
+    )
     stats = m.stats("s")
     assert (stats.leaves, stats.samples, stats.branches, stats.merges) == (1, 1, 0, 0)
 
@@ -139,11 +152,13 @@ def test_an_unspliced_prompt_is_a_decision_and_names_the_realign_it_causes() -> 
     s.turn([system("S"), user("go")], call)
     msgs = [system("S"), user("go"), call, tool("2")]
     drifted = s.vocab.encode(s.vocab.decode(s.template.render(msgs)).replace("arg:x=1", "arg:x=1 <DRIFT>"))
-    m.record_turn("s", msgs, assistant("ok"), TurnRecord(drifted, s.template.reply_ids(assistant("ok")),
-                                                         unspliced="why not"))
+    m.record_turn(
+        "s", msgs, assistant("ok"), TurnRecord(drifted, s.template.reply_ids(assistant("ok")), unspliced="why not")
+    )
     assert [e.describe() for e in m.events("s")][:2] == [
         "unspliced(why not) turn=1",
-        "realign(divergence inside the response of turn 0, prompt rendered: not spliced) turn=1 at=9 leaf=5 tokens=3"]
+        "realign(divergence inside the response of turn 0, prompt rendered: not spliced) turn=1 at=9 leaf=5 tokens=3",
+    ]
 
 
 def test_response_region_starts_after_the_first_prompt_as_slime_lays_it_out() -> None:
@@ -154,7 +169,7 @@ def test_response_region_starts_after_the_first_prompt_as_slime_lays_it_out() ->
     assert sample.response_length == len(p2) - len(p1) + 2
     assert sample.loss_mask == [0] * (len(p2) - len(p1)) + [1, 1]
     assert sample.rollout_log_probs == [0.0] * (len(p2) - len(p1)) + [-0.25, -0.25]
-    assert sample.tokens[:len(p1)] == p1 and sample.prompt_length == len(p1)
+    assert sample.tokens[: len(p1)] == p1 and sample.prompt_length == len(p1)
 
 
 def test_a_sample_whose_first_turn_an_earlier_sample_trains_keeps_that_turn_masked_in_its_response() -> None:

@@ -58,10 +58,7 @@ GOLDENS = {
         "#0 reward=1 response=2 trained=2 turns=0\n"
         "<sys> system:S </sys> <usr> user:compute </usr> <gen> | [r:ok] [</ast>]"
     ),
-    "empty_response": (
-        "\n"
-        "samples=0 dropped=1"
-    ),
+    "empty_response": ("\nsamples=0 dropped=1"),
     "logprob_propagation_and_zero_padding": (
         "#0 reward=1 response=10 trained=5 turns=0,1\n"
         "<sys> system:S </sys> <usr> user:compute </usr> <gen> | [call:calc@-0.5] [arg:x=1@-0.25] [</ast>@-0.125] <nl>@0 <tool>@0 tool:2@0 </tool>@0 <gen>@0 [r:ok@-1.5] [</ast>@-0.75]"

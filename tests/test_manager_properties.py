@@ -87,9 +87,9 @@ def test_trained_tokens_come_from_one_output_and_train_once(steps, threshold) ->
         assert 0 < n <= len(sample.tokens)
         # slime's layout: the response region starts right after the prompt of the sample's first turn
         first_turn = sample.metadata["turns"][0]
-        assert sample.tokens[:len(sample.tokens) - n] == records[first_turn].prompt_ids
+        assert sample.tokens[: len(sample.tokens) - n] == records[first_turn].prompt_ids
         assert 1 in sample.loss_mask
-        response = sample.tokens[len(sample.tokens) - n:]
+        response = sample.tokens[len(sample.tokens) - n :]
         for tok, mask, lp in zip(response, sample.loss_mask, sample.rollout_log_probs, strict=True):
             if mask == 0:
                 assert lp == 0.0  # context inside the response region is zero-padded

@@ -33,7 +33,12 @@ def test_ten_sessions_of_five_clients_each_with_its_own_word_only(qwen_tokenizer
     by_word = words()
     assert len(script.sessions) == 10 and sorted(set(by_word.values())) == sorted(by_word.values())
     assert {a: sum(s.agent == a for s in script.sessions) for a in script.agents} == {
-        "claude-code": 2, "codex": 2, "qwen-code": 2, "opencode": 2, "gemini-cli": 2}
+        "claude-code": 2,
+        "codex": 2,
+        "qwen-code": 2,
+        "opencode": 2,
+        "gemini-cli": 2,
+    }
     cassette = read_cassette(CASSETTES / "mixed_concurrent.tito")
     assert cassette.header.agent is not None and cassette.header.agent["client"] == "mixed"
     assert sorted(cassette.header.agent["agents"]) == sorted(script.agents)
@@ -41,7 +46,7 @@ def test_ten_sessions_of_five_clients_each_with_its_own_word_only(qwen_tokenizer
     for session in script.sessions:
         log = cassette.sessions[session_digest(session.id)]
         (sample,) = log.samples
-        text = qwen_tokenizer.decode(sample["tokens"][-sample["response_length"]:])
+        text = qwen_tokenizer.decode(sample["tokens"][-sample["response_length"] :])
         own = by_word[session.id]
         assert own in text, (session.id, text[-300:])
         others = [w for w in by_word.values() if w != own and re.search(rf"\b{w}\b", text)]

@@ -21,8 +21,9 @@ FORCED = {**os.environ, parser_process.HELPER_ENV: "1"}
 
 
 def run_fresh(code: str, timeout_s: float = 300.0) -> str:
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                          env=FORCED)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=FORCED
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip()
 
@@ -156,23 +157,52 @@ def test_tito_serve_answers_through_the_helper_then_takes_the_parsers_over() -> 
     from tests.process_helpers import free_port, tito
 
     engine, port = free_port(), free_port()
-    body = json.dumps({"model": "tito", "max_tokens": 512, "messages": [{"role": "user", "content": "list the files"}],
-                       "tools": [{"name": "Bash", "description": "Run a shell command", "input_schema": {
-                           "type": "object", "properties": {"command": {"type": "string"}}}}]}).encode()
+    body = json.dumps(
+        {
+            "model": "tito",
+            "max_tokens": 512,
+            "messages": [{"role": "user", "content": "list the files"}],
+            "tools": [
+                {
+                    "name": "Bash",
+                    "description": "Run a shell command",
+                    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+                }
+            ],
+        }
+    ).encode()
 
     def ask(session: str) -> dict:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/messages", data=body, headers={
-            "Authorization": f"Bearer {session}", "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/messages",
+            data=body,
+            headers={"Authorization": f"Bearer {session}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=60) as resp:
             return json.load(resp)
 
     def children(pid: int) -> list[str]:
         return [c for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
-    with tito("fake-engine", "--script", "fake_engine/examples/claude_tool_loop.yaml", "--listen",
-              f"127.0.0.1:{engine}", ready=f"http://127.0.0.1:{engine}/health"), \
-            tito("serve", "--engine", f"http://127.0.0.1:{engine}", "--listen", f"127.0.0.1:{port}",
-                 ready=f"http://127.0.0.1:{port}/health", env={parser_process.HELPER_ENV: "1"}) as serve:
+    with (
+        tito(
+            "fake-engine",
+            "--script",
+            "fake_engine/examples/claude_tool_loop.yaml",
+            "--listen",
+            f"127.0.0.1:{engine}",
+            ready=f"http://127.0.0.1:{engine}/health",
+        ),
+        tito(
+            "serve",
+            "--engine",
+            f"http://127.0.0.1:{engine}",
+            "--listen",
+            f"127.0.0.1:{port}",
+            ready=f"http://127.0.0.1:{port}/health",
+            env={parser_process.HELPER_ENV: "1"},
+        ) as serve,
+    ):
         first = ask("serve-helper-session-1")
         deadline = time.monotonic() + 60
         while children(serve.pid) and time.monotonic() < deadline:
@@ -186,8 +216,13 @@ def test_tito_serve_answers_through_the_helper_then_takes_the_parsers_over() -> 
 
 
 def test_tito_serve_with_an_unknown_parser_is_one_line_and_exit_2() -> None:
-    done = subprocess.run([sys.executable, "-m", "tito_rl", "serve", "--engine", "http://127.0.0.1:9",
-                           "--tool-parser", "no-such-parser"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "tito_rl", "serve", "--engine", "http://127.0.0.1:9", "--tool-parser", "no-such-parser"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("tito serve: unknown tool parser 'no-such-parser'; known: [")
 
@@ -207,9 +242,16 @@ def test_a_single_pytest_process_replays_through_the_helper(tmp_path) -> None:
         "def pytest_sessionfinish(session):\n"
         "    helper = parser_process.active()\n"
         "    loaded = 'sglang.srt.function_call.function_call_parser' in sys.modules\n"
-        "    print(f'\\nhelper {helper is not None} parsers-here {loaded}', file=sys.stderr)\n")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=FORCED)
+        "    print(f'\\nhelper {helper is not None} parsers-here {loaded}', file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=FORCED,
+    )
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
     assert "helper True parsers-here False" in done.stderr
 
@@ -236,11 +278,22 @@ print("ok")
     assert out == "ok"
 
 
-@pytest.mark.parametrize(("forced", "cpus", "load", "wanted"), [
-    ("", 2, 0.3, True), ("", 2, 1.4, True), ("", 2, 1.6, False), ("", 2, 3.9, False), ("", 1, 0.0, False),
-    ("", 16, 14.0, True), ("1", 2, 3.9, True), ("0", 16, 0.0, False)])
-def test_the_helper_starts_only_where_a_core_is_likely_idle(monkeypatch: pytest.MonkeyPatch, forced: str,
-                                                            cpus: int, load: float, wanted: bool) -> None:
+@pytest.mark.parametrize(
+    ("forced", "cpus", "load", "wanted"),
+    [
+        ("", 2, 0.3, True),
+        ("", 2, 1.4, True),
+        ("", 2, 1.6, False),
+        ("", 2, 3.9, False),
+        ("", 1, 0.0, False),
+        ("", 16, 14.0, True),
+        ("1", 2, 3.9, True),
+        ("0", 16, 0.0, False),
+    ],
+)
+def test_the_helper_starts_only_where_a_core_is_likely_idle(
+    monkeypatch: pytest.MonkeyPatch, forced: str, cpus: int, load: float, wanted: bool
+) -> None:
     monkeypatch.setenv(parser_process.HELPER_ENV, forced)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))

@@ -53,8 +53,10 @@ CLIENT_TOOLS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         "glob": (("pattern", "path"), ("pattern",)),
         "grep": (("pattern", "path", "include"), ("pattern",)),
         "read": (("filePath", "offset", "limit"), ("filePath",)),
-        "task": (("description", "prompt", "subagent_type", "task_id", "command"), ("description", "prompt",
-                                                                                  "subagent_type")),
+        "task": (
+            ("description", "prompt", "subagent_type", "task_id", "command"),
+            ("description", "prompt", "subagent_type"),
+        ),
         "todowrite": (("todos",), ("todos",)),
         "webfetch": (("url", "format", "timeout"), ("url",)),
         "write": (("content", "filePath"), ("content", "filePath")),
@@ -64,8 +66,10 @@ CLIENT_TOOLS: dict[str, dict[str, tuple[tuple[str, ...], tuple[str, ...]]]] = {
         "read_file": (("file_path", "start_line", "end_line"), ("file_path",)),
         "grep_search": (("pattern", "dir_path", "include_pattern"), ("pattern",)),
         "glob": (("pattern", "dir_path", "case_sensitive"), ("pattern",)),
-        "replace": (("file_path", "instruction", "old_string", "new_string", "allow_multiple"),
-                    ("file_path", "instruction", "old_string", "new_string")),
+        "replace": (
+            ("file_path", "instruction", "old_string", "new_string", "allow_multiple"),
+            ("file_path", "instruction", "old_string", "new_string"),
+        ),
         "write_file": (("file_path", "content"), ("file_path", "content")),
         "web_fetch": (("prompt",), ("prompt",)),
         "run_shell_command": (("command", "description", "dir_path", "is_background"), ("command",)),
@@ -111,16 +115,22 @@ def test_opencode_gets_its_own_names_and_camel_case_arguments():
     tools = offered("opencode")
     assert resolve_call("shell", {"command": "ls"}, tools) == ("bash", {"command": "ls"})
     assert resolve_call("edit", {"file_path": "a", "old_string": "x", "new_string": "y"}, tools) == (
-        "edit", {"filePath": "a", "oldString": "x", "newString": "y"})
+        "edit",
+        {"filePath": "a", "oldString": "x", "newString": "y"},
+    )
     assert resolve_call("Read", {"file_path": "a"}, tools) == ("read", {"filePath": "a"})  # Claude Code's name
-    assert resolve_call("grep", {"pattern": "x", "include": "*.py"}, tools) == ("grep", {"pattern": "x",
-                                                                                       "include": "*.py"})
+    assert resolve_call("grep", {"pattern": "x", "include": "*.py"}, tools) == (
+        "grep",
+        {"pattern": "x", "include": "*.py"},
+    )
 
 
 def test_codex_and_gemini_argument_renames_and_unknown_names_pass_through():
     assert resolve_call("shell", {"command": "ls"}, offered("codex")) == ("exec_command", {"cmd": "ls"})
     assert resolve_call("glob", {"pattern": "*", "path": "src"}, offered("gemini-cli")) == (
-        "glob", {"pattern": "*", "dir_path": "src"})
+        "glob",
+        {"pattern": "*", "dir_path": "src"},
+    )
     assert resolve_call("grep", {"pattern": "x"}, offered("codex")) == ("grep", {"pattern": "x"})  # none offered
     assert resolve_call("frobnicate", {"a": 1}, offered("opencode")) == ("frobnicate", {"a": 1})
     assert resolve_call("Bash", {"command": "ls"}, offered("claude-code")) == ("Bash", {"command": "ls"})
@@ -130,23 +140,40 @@ def test_codex_and_gemini_argument_renames_and_unknown_names_pass_through():
 
 
 def _spec(name: str, props: tuple[str, ...], required: tuple[str, ...]) -> dict:
-    return {"type": "function", "function": {"name": name, "description": name, "parameters": {
-        "type": "object", "properties": {p: {"type": "string"} for p in props}, "required": list(required)}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": name,
+            "parameters": {
+                "type": "object",
+                "properties": {p: {"type": "string"} for p in props},
+                "required": list(required),
+            },
+        },
+    }
 
 
-@pytest.mark.parametrize("role,name,args", [
-    ("shell", "bash", {"command": "ls"}),
-    ("write", "write", {"filePath": "n.txt", "content": "a"}),
-    ("edit", "edit", {"filePath": "n.txt", "oldString": "a", "newString": "b"}),
-])
+@pytest.mark.parametrize(
+    "role,name,args",
+    [
+        ("shell", "bash", {"command": "ls"}),
+        ("write", "write", {"filePath": "n.txt", "content": "a"}),
+        ("edit", "edit", {"filePath": "n.txt", "oldString": "a", "newString": "b"}),
+    ],
+)
 def test_scripted_engine_calls_opencodes_tools_through_the_real_template(role, name, args):
     """The `<tools>` block the Qwen3 template renders from opencode's tools is what the engine reads."""
     specs = [_spec(n, p, r) for n, (p, r) in CLIENT_TOOLS["opencode"].items()]
-    generic = {"shell": {"command": "ls"}, "write": {"file_path": "n.txt", "content": "a"},
-               "edit": {"file_path": "n.txt", "old_string": "a", "new_string": "b"}}[role]
+    generic = {
+        "shell": {"command": "ls"},
+        "write": {"file_path": "n.txt", "content": "a"},
+        "edit": {"file_path": "n.txt", "old_string": "a", "new_string": "b"},
+    }[role]
     scenario = parse_scenario({"turns": [{"text": "ok", "tool_calls": [{"name": role, "arguments": generic}]}]})
-    ids = prompt_ids([{"role": "system", "content": "You are opencode."},
-                      {"role": "user", "content": '"list files"'}], tools=specs)
+    ids = prompt_ids(
+        [{"role": "system", "content": "You are opencode."}, {"role": "user", "content": '"list files"'}], tools=specs
+    )
     assert [t.name for t in offered_tools(tokenizer().decode(ids))] == list(CLIENT_TOOLS["opencode"])
     gen = ScriptedPolicy(scenario, tokenizer()).generate(request(ids))
     text = tokenizer().decode(gen.output_ids[:-1], skip_special_tokens=False)
@@ -162,16 +189,20 @@ WORKDIR_SNIPPETS = {
     "qwen-code": "My operating system is: linux\nI'm currently working in the directory: /tmp/sid-1/work\nHere is",
     "opencode": "<env>\n  Working directory: /sandbox/owork_opencode\n  Workspace root folder: /sandbox",
     "gemini-cli": "temporary directory is: /sandbox/ohome/.gemini/x\n- **Workspace Directories:**\n"
-                  "  - /sandbox/owork_gemini\n",
+    "  - /sandbox/owork_gemini\n",
 }
 
 
 @pytest.mark.parametrize("client", sorted(WORKDIR_SNIPPETS))
 def test_workdir_is_read_from_each_clients_prompt(client):
-    found = workdir_of("You are an agent. All commands run in the current working directory by default.\n"
-                       + WORKDIR_SNIPPETS[client])
-    assert found is not None and found.startswith("/") and found.rsplit("/", 1)[1] in (
-        "work_baseline", "cwork_baseline", "work", "owork_opencode", "owork_gemini")
+    found = workdir_of(
+        "You are an agent. All commands run in the current working directory by default.\n" + WORKDIR_SNIPPETS[client]
+    )
+    assert (
+        found is not None
+        and found.startswith("/")
+        and found.rsplit("/", 1)[1] in ("work_baseline", "cwork_baseline", "work", "owork_opencode", "owork_gemini")
+    )
 
 
 def test_with_workdir_replaces_in_nested_strings_and_refuses_without_a_workdir():
@@ -184,10 +215,16 @@ def test_with_workdir_replaces_in_nested_strings_and_refuses_without_a_workdir()
 
 def test_scripted_engine_fills_the_workdir_of_a_qwen_prompt():
     specs = [_spec(n, p, r) for n, (p, r) in CLIENT_TOOLS["qwen-code"].items()]
-    scenario = parse_scenario({"turns": [{"tool_calls": [{"name": "read",
-                                                          "arguments": {"file_path": "{workdir}/notes.txt"}}]}]})
-    ids = prompt_ids([{"role": "system", "content": "You are Qwen Code."},
-                      {"role": "user", "content": WORKDIR_SNIPPETS["qwen-code"]}], tools=specs)
+    scenario = parse_scenario(
+        {"turns": [{"tool_calls": [{"name": "read", "arguments": {"file_path": "{workdir}/notes.txt"}}]}]}
+    )
+    ids = prompt_ids(
+        [
+            {"role": "system", "content": "You are Qwen Code."},
+            {"role": "user", "content": WORKDIR_SNIPPETS["qwen-code"]},
+        ],
+        tools=specs,
+    )
     gen = ScriptedPolicy(scenario, tokenizer()).generate(request(ids))
     _, _, calls = parsers()(tokenizer().decode(gen.output_ids[:-1], skip_special_tokens=False), specs)
     assert calls == [("read_file", {"file_path": "/tmp/sid-1/work/notes.txt"})]

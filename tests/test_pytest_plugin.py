@@ -30,8 +30,14 @@ NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
 
 def pytest_run(project: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k not in ("NO_COLOR", "FORCE_COLOR")}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *NO_HYPOTHESIS, *args],
-                          cwd=project, capture_output=True, text=True, env={**base, **env}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *NO_HYPOTHESIS, *args],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**base, **env},
+        timeout=600,
+    )
 
 
 def copy_project(project: Path, to: Path) -> Path:
@@ -59,8 +65,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_sessions_are_items_that_replay_in_parallel_and_write_goldens_on_request(project: Path) -> None:
     names = [session_digest(s) for s in SIDS]
     listed = pytest_run(project, "--collect-only", "-q")
-    assert [line for line in listed.stdout.splitlines() if "::" in line] == [
-        f"cassettes/loop.tito::{n}" for n in names]
+    assert [line for line in listed.stdout.splitlines() if "::" in line] == [f"cassettes/loop.tito::{n}" for n in names]
 
     missing = pytest_run(project, "-q")
     assert missing.returncode == 1 and "2 failed" in missing.stdout
@@ -97,8 +102,12 @@ def test_ids_of_sessions_with_odd_names_paste_back(tmp_path: Path) -> None:
     writer.close()
     listed = pytest_run(tmp_path, "--collect-only", "-q")
     ids = [line for line in listed.stdout.splitlines() if line.startswith("cassettes/odd.tito::")]
-    assert ids == ["cassettes/odd.tito::odd%3A%3Aname [1]", "cassettes/odd.tito::odd%253A%253Aname [1]",
-                   "cassettes/odd.tito::100%25 ok", "cassettes/odd.tito::plain-name"], listed.stdout
+    assert ids == [
+        "cassettes/odd.tito::odd%3A%3Aname [1]",
+        "cassettes/odd.tito::odd%253A%253Aname [1]",
+        "cassettes/odd.tito::100%25 ok",
+        "cassettes/odd.tito::plain-name",
+    ], listed.stdout
     for shown in ids:
         pasted = pytest_run(tmp_path, "--collect-only", "-q", shown)
         assert pasted.returncode == 0 and [line for line in pasted.stdout.splitlines() if "::" in line] == [shown]
@@ -129,12 +138,13 @@ def test_a_failing_session_shows_its_report_not_a_traceback(project: Path, tmp_p
 
 
 def test_unused_goldens_fail_until_update_goldens_removes_them_also_with_two_workers(
-        project: Path, tmp_path: Path) -> None:
+    project: Path, tmp_path: Path
+) -> None:
     copy = copy_project(project, tmp_path / "p")
     assert tito_main(["replay", str(copy / "cassettes"), "--update-goldens"]) == 0  # the plugin's bytes: see below
     golden = copy / "cassettes" / "loop.golden"
     written = golden.read_text()
-    section = written[written.index("== session "):].split("\n\n== session ")[0]
+    section = written[written.index("== session ") :].split("\n\n== session ")[0]
     stale = section.replace(section.split(" ==")[0], "== session sid-gone0000000000", 1)
     golden.write_text(written + "\n" + stale + "\n")  # a section for a session the cassette no longer has
     (copy / "cassettes" / "gone.golden").write_text(written)  # a golden whose cassette was deleted
@@ -159,7 +169,7 @@ def test_unused_goldens_fail_until_update_goldens_removes_them_also_with_two_wor
     assert clean.returncode == 0 and "2 passed" in clean.stdout and "failed" not in clean.stdout
 
 
-USER_TEST = '''
+USER_TEST = """
 import json
 import urllib.request
 
@@ -190,7 +200,7 @@ def test_my_cassette_replays(tito_replay):
 
 def test_vcr_mode(tito_vcr, request):
     assert tito_vcr.record_mode == "once"  # pytest-recording's --record-mode
-'''
+"""
 
 
 def test_fixtures_serve_users_own_tests(project: Path, tmp_path: Path) -> None:
@@ -209,7 +219,7 @@ tito_record_mode = "new_episodes"
 tito_allow_unused_goldens = true
 """
 
-SETTINGS_TEST = '''
+SETTINGS_TEST = """
 import os
 
 import pytest
@@ -235,11 +245,12 @@ class TestCandidate:
         (session,) = tito_replay("recordings/drift_realign.tito").sessions
         assert session.golden == "changed" and not session.differences  # the realign became a fork
         assert any(line.startswith("+  fork(threshold)") for line in session.golden_diff)
-'''
+"""
 
 
 def test_pytest_recording_loads_beside_tito_and_settings_come_from_flags_tito_config_and_pyproject(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     (tmp_path / "pyproject.toml").write_text(PYPROJECT)
     (tmp_path / "recordings").mkdir()
     for suffix in (".tito", ".golden"):
@@ -247,17 +258,29 @@ def test_pytest_recording_loads_beside_tito_and_settings_come_from_flags_tito_co
     (tmp_path / "recordings" / "stale.golden").write_text("")  # unused, a warning by the ini setting
     (tmp_path / "test_settings.py").write_text(SETTINGS_TEST)
 
-    ini = pytest_run(tmp_path, "-q", "-p", "recording", WANT_RECORDING="none", WANT_VCR="new_episodes",
-                     WANT_CONFIG_VCR="none")  # -p: pytest-recording must be there, not silently absent
+    ini = pytest_run(
+        tmp_path, "-q", "-p", "recording", WANT_RECORDING="none", WANT_VCR="new_episodes", WANT_CONFIG_VCR="none"
+    )  # -p: pytest-recording must be there, not silently absent
     assert ini.returncode == 0 and "5 passed, 1 warning" in ini.stdout, ini.stdout + ini.stderr
     assert "unused golden recordings/stale.golden" in ini.stdout  # the cassette folder from the ini file
 
-    flags = pytest_run(tmp_path, "-q", "--record-mode", "once", WANT_RECORDING="once", WANT_VCR="once",
-                       WANT_CONFIG_VCR="once")  # pytest-recording's flag beats tito_config and the ini file
+    flags = pytest_run(
+        tmp_path, "-q", "--record-mode", "once", WANT_RECORDING="once", WANT_VCR="once", WANT_CONFIG_VCR="once"
+    )  # pytest-recording's flag beats tito_config and the ini file
     assert flags.returncode == 0 and "5 passed" in flags.stdout, flags.stdout + flags.stderr
-    ours = pytest_run(tmp_path, "-q", "--record-mode", "once", "--tito-record-mode", "rewrite",
-                      "--tito-cassette-dir", "elsewhere", WANT_RECORDING="once", WANT_VCR="all",
-                      WANT_CONFIG_VCR="all")  # tito's own flags first (rewrite: vcrpy's all, the old file ignored)
+    ours = pytest_run(
+        tmp_path,
+        "-q",
+        "--record-mode",
+        "once",
+        "--tito-record-mode",
+        "rewrite",
+        "--tito-cassette-dir",
+        "elsewhere",
+        WANT_RECORDING="once",
+        WANT_VCR="all",
+        WANT_CONFIG_VCR="all",
+    )  # tito's own flags first (rewrite: vcrpy's all, the old file ignored)
     assert ours.returncode == 0 and "3 passed" in ours.stdout and "warning" not in ours.stdout, ours.stdout
 
     bad = pytest_run(tmp_path, "-q", "-o", "tito_fork_threshold=many")

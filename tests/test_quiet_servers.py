@@ -23,10 +23,26 @@ def test_serve_record_and_fake_engine_print_only_their_own_lines(tmp_path) -> No
     request = (capture_dir("claude_baseline") / "bodies" / "baseline_001.json").read_bytes()
     results: dict[str, tuple[int, str]] = {}
     with tito("fake-engine", "--script", SCRIPT, "--port", str(engine_port), ready=engine + "/health") as fake:
-        with tito("serve", "--engine", engine, "--listen", f"127.0.0.1:{serve_port}",
-                  ready=f"http://127.0.0.1:{serve_port}/health") as serve, \
-                tito("record", "--engine", engine, "--listen", f"127.0.0.1:{record_port}",
-                     "--out", str(tmp_path / "run.tito"), ready=f"http://127.0.0.1:{record_port}/health") as record:
+        with (
+            tito(
+                "serve",
+                "--engine",
+                engine,
+                "--listen",
+                f"127.0.0.1:{serve_port}",
+                ready=f"http://127.0.0.1:{serve_port}/health",
+            ) as serve,
+            tito(
+                "record",
+                "--engine",
+                engine,
+                "--listen",
+                f"127.0.0.1:{record_port}",
+                "--out",
+                str(tmp_path / "run.tito"),
+                ready=f"http://127.0.0.1:{record_port}/health",
+            ) as record,
+        ):
             for port in (serve_port, record_port):
                 status, body = post(f"http://127.0.0.1:{port}/v1/messages?beta=true", request, agent_headers())
                 assert status == 200, body[:500]

@@ -18,21 +18,39 @@ from tito_rl.trajectory.adapters.wires import anthropic, openai_chat, responses
 WIRES = {"/v1/messages": anthropic, "/v1/chat/completions": openai_chat, "/v1/responses": responses}
 
 # Text built from the fragments the template looks at, so generated cases reach every branch.
-FRAGMENTS = ["<think>", "</think>", "\n", "\n\n", "<tool_response>", "</tool_response>", "a", "Ünïcode ✓",
-             '"q"', "{x}", " ", "<|im_end|>"]
+FRAGMENTS = [
+    "<think>",
+    "</think>",
+    "\n",
+    "\n\n",
+    "<tool_response>",
+    "</tool_response>",
+    "a",
+    "Ünïcode ✓",
+    '"q"',
+    "{x}",
+    " ",
+    "<|im_end|>",
+]
 text = st.lists(st.sampled_from(FRAGMENTS), max_size=6).map("".join)
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False, width=16), text)
-json_value = st.recursive(json_leaf, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["a", "b", "ü"]), inner, max_size=3)), max_leaves=6)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["a", "b", "ü"]), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
 @st.composite
 def tool_calls(draw: Any) -> list[dict[str, Any]]:
     calls = []
     for _ in range(draw(st.integers(1, 3))):
-        function = {"name": draw(st.sampled_from(["Bash", "Read", "ü"])),
-                    "arguments": draw(st.one_of(text, st.dictionaries(st.sampled_from(["cmd", "n"]), json_value,
-                                                                      max_size=2)))}
+        function = {
+            "name": draw(st.sampled_from(["Bash", "Read", "ü"])),
+            "arguments": draw(st.one_of(text, st.dictionaries(st.sampled_from(["cmd", "n"]), json_value, max_size=2))),
+        }
         calls.append({"type": "function", "function": function} if draw(st.booleans()) else function)
     return calls
 
@@ -41,8 +59,7 @@ def tool_calls(draw: Any) -> list[dict[str, Any]]:
 def messages(draw: Any) -> list[dict[str, Any]]:
     out = []
     for _ in range(draw(st.integers(1, 9))):
-        role = draw(st.sampled_from(["system", "user", "user", "assistant", "assistant", "tool", "tool",
-                                     "developer"]))
+        role = draw(st.sampled_from(["system", "user", "user", "assistant", "assistant", "tool", "tool", "developer"]))
         msg: dict[str, Any] = {"role": role, "content": draw(text)}
         if role == "user" and draw(st.booleans()):
             msg["content"] = "<tool_response>" + msg["content"] + "</tool_response>"
@@ -57,30 +74,51 @@ def messages(draw: Any) -> list[dict[str, Any]]:
 
 
 tools: st.SearchStrategy[list[dict[str, Any]] | None] = st.one_of(
-    st.none(), st.just([]), st.lists(st.fixed_dictionaries(
-        {"type": st.just("function"), "function": st.fixed_dictionaries(
-            {"name": text, "description": text, "parameters": json_value})}), min_size=1, max_size=3))
+    st.none(),
+    st.just([]),
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "type": st.just("function"),
+                "function": st.fixed_dictionaries({"name": text, "description": text, "parameters": json_value}),
+            }
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+)
 
 
-@pytest.fixture(scope="module", params=[(True, None), (False, None), (True, False), (False, True)],
-                ids=["keep-reasoning", "drop-reasoning", "keep-no-thinking", "drop-thinking"])
+@pytest.fixture(
+    scope="module",
+    params=[(True, None), (False, None), (True, False), (False, True)],
+    ids=["keep-reasoning", "drop-reasoning", "keep-no-thinking", "drop-thinking"],
+)
 def renderer(request: Any, qwen_tokenizer: Any) -> ChatRenderer:
     keep, thinking = request.param
-    renderer = ChatRenderer(qwen_tokenizer, preserve_reasoning=keep,
-                            template_kwargs=None if thinking is None else {"enable_thinking": thinking})
+    renderer = ChatRenderer(
+        qwen_tokenizer,
+        preserve_reasoning=keep,
+        template_kwargs=None if thinking is None else {"enable_thinking": thinking},
+    )
     assert renderer.native and renderer.preserves_reasoning == keep
     return renderer
 
 
 def native(renderer: ChatRenderer, msgs: list[dict[str, Any]], tool_list: Any) -> str | None:
-    return qwen3_template.render(msgs, tool_list or None, keep_reasoning=renderer.preserves_reasoning,
-                                 enable_thinking=renderer.template_kwargs.get("enable_thinking"))
+    return qwen3_template.render(
+        msgs,
+        tool_list or None,
+        keep_reasoning=renderer.preserves_reasoning,
+        enable_thinking=renderer.template_kwargs.get("enable_thinking"),
+    )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(msgs=messages(), tool_list=tools)
-def test_python_template_equals_jinja_on_generated_conversations(renderer: ChatRenderer, msgs: Any,
-                                                                  tool_list: Any) -> None:
+def test_python_template_equals_jinja_on_generated_conversations(
+    renderer: ChatRenderer, msgs: Any, tool_list: Any
+) -> None:
     text = native(renderer, msgs, tool_list)
     assert text is not None  # every generated case is one it covers: a silent fallback would prove nothing
     assert text == renderer.render_jinja(msgs, tool_list)

@@ -59,17 +59,30 @@ def ready_at(home: Path) -> ReadyEngine:
     python.write_text("")
     model.mkdir()
     (model / "config.json").write_text("{}")
-    ready = ReadyEngine(python=str(python), model=str(model), served_model_name=SERVED_MODEL_NAME,
-                        vllm_version=VLLM_VERSION, model_sha256="0" * 64, env={}, start_command="")
+    ready = ReadyEngine(
+        python=str(python),
+        model=str(model),
+        served_model_name=SERVED_MODEL_NAME,
+        vllm_version=VLLM_VERSION,
+        model_sha256="0" * 64,
+        env={},
+        start_command="",
+    )
     (home / "READY").write_text(ready.to_json())
     return ready
 
 
 def test_start_flags_are_what_each_dialect_needs():
-    assert StartFlags().arguments() == ["--enable-scale-out", "--enable-auto-tool-choice", "--tool-call-parser",
-                                        "hermes"]
-    assert FULL_FLAGS.arguments()[-2:] == ["--reasoning-parser", "qwen3"] and FULL_FLAGS.label() == \
-        "scale-out+tools+reasoning"
+    assert StartFlags().arguments() == [
+        "--enable-scale-out",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    ]
+    assert (
+        FULL_FLAGS.arguments()[-2:] == ["--reasoning-parser", "qwen3"]
+        and FULL_FLAGS.label() == "scale-out+tools+reasoning"
+    )
     assert BARE_FLAGS.arguments() == [] and BARE_FLAGS.label() == "bare"
 
 
@@ -81,7 +94,7 @@ def test_the_server_command_runs_vllms_module_on_loopback(tmp_path):
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8123"
     assert "--enable-scale-out" in argv and "--enable-auto-tool-choice" not in argv
     at = argv.index("--dtype")
-    assert argv[at:at + 5] == ["--dtype", "float32", "--max-model-len", "8192", "--enforce-eager"]
+    assert argv[at : at + 5] == ["--dtype", "float32", "--max-model-len", "8192", "--enforce-eager"]
     line = shell_start_command(ready.python, ready.model)
     assert line.startswith("env ") and "VLLM_CPU_KVCACHE_SPACE=1" in line and "HF_HUB_OFFLINE=1" in line
 
@@ -137,10 +150,16 @@ def test_seeded_answers_repeat_and_agree_across_routes(real_engines):
     server = real_engines.get(FULL_FLAGS)
     prompt = list(load_tokenizer().encode("The capital of France is", add_special_tokens=False))
     params = {"max_tokens": 8, "seed": 11, "logprobs": 0}
-    generate = [send(server.url, "POST", "/inference/v1/generate", {"token_ids": prompt, "sampling_params": params})
-                for _ in range(2)]
-    completion = send(server.url, "POST", "/v1/completions", {"model": SERVED_MODEL_NAME, "prompt": prompt,
-                                                               "return_token_ids": True, **params})
+    generate = [
+        send(server.url, "POST", "/inference/v1/generate", {"token_ids": prompt, "sampling_params": params})
+        for _ in range(2)
+    ]
+    completion = send(
+        server.url,
+        "POST",
+        "/v1/completions",
+        {"model": SERVED_MODEL_NAME, "prompt": prompt, "return_token_ids": True, **params},
+    )
     ids = [a.body["choices"][0]["token_ids"] for a in generate]
     assert ids[0] == ids[1] == completion.body["choices"][0]["token_ids"] and len(ids[0]) == 8
 
@@ -185,11 +204,17 @@ def test_the_model_rebuilds_byte_for_byte_from_its_seed(tmp_path):
         pytest.skip("the real vLLM is not built: run `make real-engine`")
     script = Path(__file__).resolve().parent.parent / "recorder" / "real_engine" / "tiny_qwen3.py"
     seed = int((Path(ready.model) / ".tito-model-complete").read_text().split()[1])  # "seed N"
-    subprocess.run([ready.python, str(script), str(tmp_path), str(default_tokenizer_dir()), str(seed)], check=True,
-                   capture_output=True, timeout=600)
+    subprocess.run(
+        [ready.python, str(script), str(tmp_path), str(default_tokenizer_dir()), str(seed)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     assert weights_digest(tmp_path) == ready.model_sha256
-    assert json.loads((tmp_path / "generation_config.json").read_text()) == {"bos_token_id": 151643,
-                                                                              "eos_token_id": 151645}
+    assert json.loads((tmp_path / "generation_config.json").read_text()) == {
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    }
 
 
 def test_build_writes_ready_once_and_then_reuses_it(tmp_path, monkeypatch):

@@ -50,8 +50,13 @@ def without_volatile(value: Any) -> Any:
 def engine_leg(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Each session's engine calls, in order, as sent and answered, the per-call random values aside."""
     cassette = read_cassette(path)
-    return {name: [(e.method, e.path, e.dialect, e.status, without_volatile(e.request), without_volatile(e.response))
-                   for e in cassette.sessions[name].engine] for name in sorted(cassette.sessions)}
+    return {
+        name: [
+            (e.method, e.path, e.dialect, e.status, without_volatile(e.request), without_volatile(e.response))
+            for e in cassette.sessions[name].engine
+        ]
+        for name in sorted(cassette.sessions)
+    }
 
 
 def replayed_to_live_samples(path: Path) -> int:
@@ -89,7 +94,10 @@ def test_committed_cassette_replays_with_no_engine_to_its_live_samples(name: str
         return
     dialect = recorded.header.adapter["engine_dialect"]
     assert (dialect, recorded.header.adapter["engine_model"], recorded.header.adapter["engine_seed"]) == (
-        cassette.args[1], SERVED_MODEL, 7)
+        cassette.args[1],
+        SERVED_MODEL,
+        7,
+    )
     assert recorded.header.engine == {"served_model_name": SERVED_MODEL}
     path_of = {"vllm-generate": "/inference/v1/generate", "vllm-openai": "/v1/completions"}
     assert {(c.dialect, c.path) for c in generations} == {(dialect, path_of[dialect])}
@@ -99,8 +107,13 @@ def test_committed_cassette_replays_with_no_engine_to_its_live_samples(name: str
 def test_tito_replay_exits_0_and_the_tito_target_audits_fire_nothing() -> None:
     if any(c.name.startswith("rllm") for c in LIVE_CASSETTES):
         pytest.importorskip("rllm_model_gateway", reason="rllm-model-gateway (a dev dependency) is not installed")
-    run = subprocess.run([sys.executable, "-m", "tito_rl", "replay", str(REAL_VLLM_CASSETTES)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "tito_rl", "replay", str(REAL_VLLM_CASSETTES)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "10 session(s): 10 ok, 0 failed" in run.stdout
     for cassette in LIVE_CASSETTES:
@@ -122,7 +135,8 @@ def real_vllm_url(real_engines: Any) -> str:
 @pytest.mark.real_engine
 @pytest.mark.parametrize("name", BY_NAME)
 def test_recording_again_gives_the_committed_engine_leg_and_replays_to_the_live_samples(
-        name: str, real_vllm_url: str, tmp_path: Path) -> None:
+    name: str, real_vllm_url: str, tmp_path: Path
+) -> None:
     cassette = BY_NAME[name]
     needs_target(cassette)
     first, second = tmp_path / "first.tito", tmp_path / "second.tito"
@@ -156,9 +170,12 @@ async def test_aborts_and_errors_against_the_real_vllm(real_vllm_url: str) -> No
         settings = AdapterSettings(engine_url=real_vllm_url, engine_dialect=dialect, engine_seed=7)
         async with serve(create_app(settings, manager, tap, warm=False)) as url, aiohttp.ClientSession() as http:
             with pytest.raises(TimeoutError):
-                async with http.post(f"{url}/v1/chat/completions", json=long_reply,
-                                     headers={"Authorization": "Bearer gone"},
-                                     timeout=aiohttp.ClientTimeout(total=3)) as resp:
+                async with http.post(
+                    f"{url}/v1/chat/completions",
+                    json=long_reply,
+                    headers={"Authorization": "Bearer gone"},
+                    timeout=aiohttp.ClientTimeout(total=3),
+                ) as resp:
                     await resp.read()
             for _ in range(600):  # the abort and the partial answer come back after the client has gone
                 if tap.agent:
@@ -177,7 +194,8 @@ async def test_aborts_and_errors_against_the_real_vllm(real_vllm_url: str) -> No
                 assert [c.path for c in calls] == ["/v1/completions"] and generation.error == DROPPED
             assert manager.stats("gone").side_turns == 1  # the aborted turn: kept, never trained
             over = {**long_reply, "max_tokens": 100, "messages": [{"role": "user", "content": "word " * 9000}]}
-            async with http.post(f"{url}/v1/chat/completions", json=over,
-                                 headers={"Authorization": "Bearer long"}) as resp:
+            async with http.post(
+                f"{url}/v1/chat/completions", json=over, headers={"Authorization": "Bearer long"}
+            ) as resp:
                 assert resp.status == 400, await resp.text()
                 assert "engine" in (await resp.json())["error"]["message"]

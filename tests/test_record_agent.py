@@ -16,8 +16,9 @@ from tito_rl.cassette.reader import read_cassette
 from tito_rl.recorder.agents.install import ensure_installed
 from tito_rl.recorder.agents.pins import CLAUDE_CODE
 
-pytestmark = pytest.mark.skipif(shutil.which("npm") is None,
-                                reason="npm is missing: the real agent CLI cannot be installed")
+pytestmark = pytest.mark.skipif(
+    shutil.which("npm") is None, reason="npm is missing: the real agent CLI cannot be installed"
+)
 
 
 def test_record_claude_code_against_the_scripted_fake_engine(tmp_path: Path) -> None:
@@ -25,26 +26,62 @@ def test_record_claude_code_against_the_scripted_fake_engine(tmp_path: Path) -> 
     out = tmp_path / "claude.tito"
     port = free_port()
     engine = f"http://127.0.0.1:{port}"
-    with tito("fake-engine", "--script", "fake_engine/examples/claude_tool_loop.yaml", "--port", str(port),
-              ready=engine + "/health"):
+    with tito(
+        "fake-engine",
+        "--script",
+        "fake_engine/examples/claude_tool_loop.yaml",
+        "--port",
+        str(port),
+        ready=engine + "/health",
+    ):
         proc = subprocess.run(
-            [sys.executable, "-m", "tito_rl", "record", "--engine", engine, "--listen", f"127.0.0.1:{free_port()}",
-             "--out", str(out), "--agent", "claude-code", "--task", "List the files in this folder.",
-             "--sessions", "1", "--reward", "1.0", "--quiet"],
-            cwd=ROOT, capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "tito_rl",
+                "record",
+                "--engine",
+                engine,
+                "--listen",
+                f"127.0.0.1:{free_port()}",
+                "--out",
+                str(out),
+                "--agent",
+                "claude-code",
+                "--task",
+                "List the files in this folder.",
+                "--sessions",
+                "1",
+                "--reward",
+                "1.0",
+                "--quiet",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "session rec-claude-code-0000: ok" in proc.stderr
     cassette = read_cassette(out)
-    assert cassette.header.agent == {"client": "claude-code", "package": "@anthropic-ai/claude-code",
-                                     "version": "2.1.330"}
+    assert cassette.header.agent == {
+        "client": "claude-code",
+        "package": "@anthropic-ai/claude-code",
+        "version": "2.1.330",
+    }
     (log,) = cassette.sessions.values()
     turns = [a for a in log.agent if not a.side and a.status == 200]
     assert len(turns) == 2
     first_reply = "".join(turns[0].reply_events or [])
     assert '"type":"tool_use"' in first_reply.replace(" ", "") and "Bash" in first_reply
     second = json.loads(turns[1].body)
-    results = [b for m in second["messages"] if m["role"] == "user" and isinstance(m["content"], list)
-               for b in m["content"] if b.get("type") == "tool_result"]
+    results = [
+        b
+        for m in second["messages"]
+        if m["role"] == "user" and isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    ]
     assert results, "the CLI ran the tool and sent its result back"
     assert "text_delta" in "".join(turns[1].reply_events or [])
     (sample,) = log.samples
@@ -54,13 +91,27 @@ def test_record_claude_code_against_the_scripted_fake_engine(tmp_path: Path) -> 
     assert sample["metadata"]["use_tool"] is True
 
 
-GEMINI_LOOP = {"name": "gemini_tool_loop", "turns": [
-    {"reasoning": "I should leave a proof that the tool ran.", "text": "I will write a proof file.",
-     "tool_calls": [{"name": "shell", "arguments": {"command": "echo tito-was-here > proof.txt",
-                                                     "description": "Write a proof file"}}]},
-    {"reasoning": "Now read it back.", "text": "Reading it back.",
-     "tool_calls": [{"name": "shell", "arguments": {"command": "cat proof.txt", "description": "Read it"}}]},
-    {"reasoning": "The file holds the text.", "text": "proof.txt says tito-was-here."}]}
+GEMINI_LOOP = {
+    "name": "gemini_tool_loop",
+    "turns": [
+        {
+            "reasoning": "I should leave a proof that the tool ran.",
+            "text": "I will write a proof file.",
+            "tool_calls": [
+                {
+                    "name": "shell",
+                    "arguments": {"command": "echo tito-was-here > proof.txt", "description": "Write a proof file"},
+                }
+            ],
+        },
+        {
+            "reasoning": "Now read it back.",
+            "text": "Reading it back.",
+            "tool_calls": [{"name": "shell", "arguments": {"command": "cat proof.txt", "description": "Read it"}}],
+        },
+        {"reasoning": "The file holds the text.", "text": "proof.txt says tito-was-here."},
+    ],
+}
 
 
 def test_record_gemini_cli_through_the_adapter_and_replay_it_clean(tmp_path: Path) -> None:
@@ -78,10 +129,32 @@ def test_record_gemini_cli_through_the_adapter_and_replay_it_clean(tmp_path: Pat
     engine = f"http://127.0.0.1:{port}"
     with tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}", ready=engine + "/health"):
         proc = subprocess.run(
-            [sys.executable, "-m", "tito_rl", "record", "--engine", engine, "--listen", f"127.0.0.1:{free_port()}",
-             "--out", str(out), "--agent", "gemini-cli", "--task", "Leave a proof file, then read it back.",
-             "--sessions", "1", "--reward", "1.0", "--quiet"],
-            cwd=ROOT, capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "tito_rl",
+                "record",
+                "--engine",
+                engine,
+                "--listen",
+                f"127.0.0.1:{free_port()}",
+                "--out",
+                str(out),
+                "--agent",
+                "gemini-cli",
+                "--task",
+                "Leave a proof file, then read it back.",
+                "--sessions",
+                "1",
+                "--reward",
+                "1.0",
+                "--quiet",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "session rec-gemini-cli-0000: ok" in proc.stderr
     cassette = read_cassette(out)
@@ -89,15 +162,17 @@ def test_record_gemini_cli_through_the_adapter_and_replay_it_clean(tmp_path: Pat
     (log,) = cassette.sessions.values()
     assert log.source == "x-goog-api-key"
     assert [(a.path, a.query, a.status, a.side) for a in log.agent] == [
-        ("/v1beta/models/tito-policy:streamGenerateContent", "alt=sse", 200, False)] * 3
+        ("/v1beta/models/tito-policy:streamGenerateContent", "alt=sse", 200, False)
+    ] * 3
     assert all(a.headers["x-goog-api-key"] == "<redacted>" for a in log.agent)
     first_reply = "".join(log.agent[0].reply_events or [])
     assert '"thought":true' in first_reply and '"functionCall":{"name":"run_shell_command"' in first_reply
     second, third = (json.loads(a.body)["contents"] for a in log.agent[1:])
     echoed = [p for p in second[-2]["parts"] if "functionCall" in p]
     assert echoed[0]["functionCall"]["id"] and echoed[0]["thoughtSignature"]  # added by the CLI on echo
-    outputs = [p["functionResponse"]["response"]["output"] for c in third for p in c["parts"]
-               if "functionResponse" in p]
+    outputs = [
+        p["functionResponse"]["response"]["output"] for c in third for p in c["parts"] if "functionResponse" in p
+    ]
     assert len(outputs) == 2 and all(o.startswith("<untrusted_context>") for o in outputs)
     assert "tito-was-here" in outputs[1]  # the CLI really ran both commands: cat read what echo wrote
     (sample,) = log.samples

@@ -28,8 +28,9 @@ def capture(name: str) -> bytes:
 
 
 def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method="POST",
-                                 headers={"content-type": "application/json", **(headers or {})})
+    req = urllib.request.Request(
+        url, data=body, method="POST", headers={"content-type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, resp.read()
@@ -38,8 +39,12 @@ def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[
 
 
 def agent_headers() -> dict[str, str]:
-    return {"authorization": f"Bearer {BEARER}", "x-api-key": API_KEY, "anthropic-version": "2023-06-01",
-            "cookie": f"session={BEARER}"}
+    return {
+        "authorization": f"Bearer {BEARER}",
+        "x-api-key": API_KEY,
+        "anthropic-version": "2023-06-01",
+        "cookie": f"session={BEARER}",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +53,19 @@ def recorded(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("rec") / "run.tito"
     engine_port, proxy_port = free_port(), free_port()
     engine = f"http://127.0.0.1:{engine_port}"
-    with tito("fake-engine", "--script", SCRIPT, "--port", str(engine_port), ready=engine + "/health"), \
-            tito("record", "--engine", engine, "--listen", f"127.0.0.1:{proxy_port}", "--out", str(out),
-                 ready=f"http://127.0.0.1:{proxy_port}/health") as rec:
+    with (
+        tito("fake-engine", "--script", SCRIPT, "--port", str(engine_port), ready=engine + "/health"),
+        tito(
+            "record",
+            "--engine",
+            engine,
+            "--listen",
+            f"127.0.0.1:{proxy_port}",
+            "--out",
+            str(out),
+            ready=f"http://127.0.0.1:{proxy_port}/health",
+        ) as rec,
+    ):
         url = f"http://127.0.0.1:{proxy_port}/v1/messages?beta=true"
         for name in ("baseline_001.json", "baseline_002.json"):
             status, body = post(url, capture(name), agent_headers())
@@ -73,8 +88,7 @@ def test_recording_holds_both_legs_and_the_finalized_samples(recorded: Path) -> 
     (sample, *rest) = log.samples  # SIGTERM finalized the open session
     assert sample["loss_mask"] and sum(sample["loss_mask"]) > 0
     out_ids = [i for e in generate for i in e.response["output_ids"]]
-    trained = [t for t, m in zip(sample["tokens"][-sample["response_length"]:], sample["loss_mask"],
-                                 strict=True) if m]
+    trained = [t for t, m in zip(sample["tokens"][-sample["response_length"] :], sample["loss_mask"], strict=True) if m]
     assert set(trained) <= set(out_ids)
 
 
@@ -88,17 +102,27 @@ def test_kill_9_keeps_every_completed_exchange(tmp_path: Path) -> None:
     out = tmp_path / "killed.tito"
     engine_port, proxy_port = free_port(), free_port()
     engine = f"http://127.0.0.1:{engine_port}"
-    with tito("fake-engine", "--script", SCRIPT, "--port", str(engine_port), ready=engine + "/health"), \
-            tito("record", "--engine", engine, "--listen", f"127.0.0.1:{proxy_port}", "--out", str(out),
-                 ready=f"http://127.0.0.1:{proxy_port}/health") as rec:
-        status, _ = post(f"http://127.0.0.1:{proxy_port}/v1/messages", capture("baseline_001.json"),
-                         agent_headers())
+    with (
+        tito("fake-engine", "--script", SCRIPT, "--port", str(engine_port), ready=engine + "/health"),
+        tito(
+            "record",
+            "--engine",
+            engine,
+            "--listen",
+            f"127.0.0.1:{proxy_port}",
+            "--out",
+            str(out),
+            ready=f"http://127.0.0.1:{proxy_port}/health",
+        ) as rec,
+    ):
+        status, _ = post(f"http://127.0.0.1:{proxy_port}/v1/messages", capture("baseline_001.json"), agent_headers())
         assert status == 200
         # The proxy appends the exchange right after the reply's last byte; wait for that append, then
         # kill -9 while the session is still open (nothing finalized).
         deadline = time.monotonic() + 120  # a hang's bound: the append takes milliseconds
         while time.monotonic() < deadline and not any(
-                isinstance(r, AgentRecord) for log in read_cassette(out).sessions.values() for r in log.records):
+            isinstance(r, AgentRecord) for log in read_cassette(out).sessions.values() for r in log.records
+        ):
             time.sleep(0.05)
         rec.send_signal(signal.SIGKILL)
         rec.wait(timeout=60)
@@ -113,8 +137,13 @@ def test_cassette_info_reports_the_recording(recorded: Path) -> None:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "tito_rl", "cassette", "info", str(recorded), "--json"],
-                          capture_output=True, text=True, timeout=60, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tito_rl", "cassette", "info", str(recorded), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     info = json.loads(proc.stdout)
     assert info["truncated"] is False
     (session,) = info["sessions"]
@@ -127,13 +156,16 @@ def test_fake_engine_serves_the_cassette_back_to_tito_serve(recorded: Path) -> N
     engine_port, adapter_port = free_port(), free_port()
     engine = f"http://127.0.0.1:{engine_port}"
     adapter = f"http://127.0.0.1:{adapter_port}"
-    with tito("fake-engine", "--cassette", str(recorded), "--port", str(engine_port), ready=engine + "/health"), \
-            tito("serve", "--engine", engine, "--listen", f"127.0.0.1:{adapter_port}", ready=adapter + "/health"):
+    with (
+        tito("fake-engine", "--cassette", str(recorded), "--port", str(engine_port), ready=engine + "/health"),
+        tito("serve", "--engine", engine, "--listen", f"127.0.0.1:{adapter_port}", ready=adapter + "/health"),
+    ):
         headers = {"authorization": f"Bearer {log.name}"}  # replay names the session as the cassette does
         agent: list[AgentRecord] = log.agent
         for record in agent:
-            status, body = post(adapter + record.path + ("?" + record.query if record.query else ""),
-                                record.body, headers)
+            status, body = post(
+                adapter + record.path + ("?" + record.query if record.query else ""), record.body, headers
+            )
             assert status == 200, body[:500]
         status, body = post(f"{adapter}/tito/sessions/{log.name}/finish", json.dumps({"reward": 0.0}).encode())
         assert status == 200
@@ -145,8 +177,9 @@ def test_fake_engine_serves_the_cassette_back_to_tito_serve(recorded: Path) -> N
 
         changed = json.loads(agent[0].body)
         changed["messages"][0]["content"][-1]["text"] += " And also count them."
-        status, body = post(adapter + "/v1/messages", json.dumps(changed).encode(),
-                            {"authorization": "Bearer another-session"})
+        status, body = post(
+            adapter + "/v1/messages", json.dumps(changed).encode(), {"authorization": "Bearer another-session"}
+        )
         assert status >= 400
         error = json.loads(body)
         assert error["type"] == "error"
@@ -175,9 +208,19 @@ def test_a_dead_cassette_writer_stops_the_proxy_answering_with_the_reason(tmp_pa
     engine_port, proxy_port = free_port(), free_port()
     engine = f"http://127.0.0.1:{engine_port}"
     proxy = f"http://127.0.0.1:{proxy_port}"
-    with tito("fake-engine", "--script", SCRIPT, "--port", str(engine_port), ready=engine + "/health"), \
-            tito("record", "--engine", engine, "--listen", f"127.0.0.1:{proxy_port}", "--out", str(out),
-                 ready=proxy + "/health") as rec:
+    with (
+        tito("fake-engine", "--script", SCRIPT, "--port", str(engine_port), ready=engine + "/health"),
+        tito(
+            "record",
+            "--engine",
+            engine,
+            "--listen",
+            f"127.0.0.1:{proxy_port}",
+            "--out",
+            str(out),
+            ready=proxy + "/health",
+        ) as rec,
+    ):
         os.kill(_writer_pid(rec.pid), signal.SIGKILL)
         statuses = []
         for _ in range(5):  # the turn during which the writer is found dead is answered, then refused

@@ -61,9 +61,20 @@ def test_live_counts_scraped_during_a_recording_equal_its_audit(tmp_path: Path) 
     scraper.start()
     seen: list[Any] = []
     try:
-        rc, run = asyncio.run(record_run(tmp_path, "--metrics", f"127.0.0.1:{port}", "--no-splice",
-                                         "--sample-rate", "0.7", "--rotate-sessions", "3",
-                                         scenario_spec=faulty_scenario(), seen=seen))
+        rc, run = asyncio.run(
+            record_run(
+                tmp_path,
+                "--metrics",
+                f"127.0.0.1:{port}",
+                "--no-splice",
+                "--sample-rate",
+                "0.7",
+                "--rotate-sessions",
+                "3",
+                scenario_spec=faulty_scenario(),
+                seen=seen,
+            )
+        )
     finally:
         done.set()
         scraper.join(timeout=120)
@@ -108,8 +119,17 @@ def test_around_a_gateway_of_another_design_the_live_counts_equal_its_audit(tmp_
     """The taps around a foreign target (`tests/gateway_double.py`: its own translation, prefix breaks, sampling
     overrides, engine errors turned into other statuses): the same live audit, labelled with its name."""
     seen: list[Any] = []
-    asyncio.run(record_run(tmp_path, "--metrics", "127.0.0.1:0", "--target", "tests.gateway_double:create",
-                           scenario_spec=faulty_scenario(), seen=seen))  # a session the double fails exits 1
+    asyncio.run(
+        record_run(
+            tmp_path,
+            "--metrics",
+            "127.0.0.1:0",
+            "--target",
+            "tests.gateway_double:create",
+            scenario_spec=faulty_scenario(),
+            seen=seen,
+        )
+    )  # a session the double fails exits 1
     final = samples(generate_latest(seen[0].metrics_recorder.registry).decode())
     code, out, err = tito_cmd("audit", str(tmp_path / "run"), "--json")
     report = json.loads(out)

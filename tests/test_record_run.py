@@ -41,7 +41,13 @@ def test_sampling_is_by_session_id_reproducible_nested_and_near_the_rate() -> No
 
 def test_sizes_read_as_bytes_and_bad_ones_are_refused() -> None:
     assert [parse_size(t) for t in ("4096", "512K", "2G", "1.5M", "3MiB", "1gb")] == [
-        4096, 512 << 10, 2 << 30, 3 << 19, 3 << 20, 1 << 30]
+        4096,
+        512 << 10,
+        2 << 30,
+        3 << 19,
+        3 << 20,
+        1 << 30,
+    ]
     for bad in ("", "G", "-1M", "0", "ten", "nan"):
         with pytest.raises(ValueError):
             parse_size(bad)
@@ -69,7 +75,8 @@ def _closed_sessions(path: Path) -> set[str]:
 
 
 def test_rotation_every_n_sessions_keeps_each_session_whole_in_one_closed_cassette(
-        tmp_path: Path, traffic: list[tuple[str, Any]]) -> None:
+    tmp_path: Path, traffic: list[tuple[str, Any]]
+) -> None:
     tap = RotatingTap(tmp_path / "run", header(), Rotation(sessions=2))
     a, b, c = sid(1), sid(2), sid(3)
     tap.agent_request(a, "bearer", {})
@@ -91,7 +98,8 @@ def test_rotation_every_n_sessions_keeps_each_session_whole_in_one_closed_casset
 
 
 def test_rotation_by_bytes_and_a_straggler_goes_on_in_the_newest_cassette(
-        tmp_path: Path, traffic: list[tuple[str, Any]]) -> None:
+    tmp_path: Path, traffic: list[tuple[str, Any]]
+) -> None:
     tap = RotatingTap(tmp_path, header(), Rotation(bytes=1), keep_sealed=1)  # a session a cassette, one kept open
     straggler = sid(0)
     tap.agent_request(straggler, "bearer", {})
@@ -136,8 +144,9 @@ def test_the_cap_closes_every_cassette_and_drops_what_follows(tmp_path: Path, tr
     assert tap.bytes_written <= 2 * one_session + 1 + record_bound
 
 
-def test_the_writer_process_rotates_caps_and_tells_the_proxy(tmp_path: Path, traffic: list[tuple[str, Any]],
-                                                              capfd: pytest.CaptureFixture[str]) -> None:
+def test_the_writer_process_rotates_caps_and_tells_the_proxy(
+    tmp_path: Path, traffic: list[tuple[str, Any]], capfd: pytest.CaptureFixture[str]
+) -> None:
     events: list[dict[str, Any]] = []
     layout = Layout(rotation=Rotation(sessions=1), max_bytes=1)
     tap = WriterProcessTap(tmp_path / "run", header(), layout=layout, on_event=events.append)
@@ -157,21 +166,49 @@ RUN_SESSIONS = 12
 
 def run_scenario(sessions: int = RUN_SESSIONS) -> dict[str, Any]:
     """A run's sessions in small: two or three turns each on the three wires, every sixth one dropped."""
-    engine = [{"match": {"prompt_contains": f"Variant T={t}."}, "turns": [
-        {"reasoning": f"Step {k}.", "text": f"Reading part {k}.",
-         "tool_calls": [{"name": "shell", "arguments": {"command": f"cat part_{k}.py", "description": "Read"}}]}
-        for k in range(t - 1)] + [{"text": "Done."}]} for t in (2, 3)]
-    clients = [{"id": sid(i), "wire": ("anthropic", "chat", "responses")[i % 3], "stream": i % 2 == 0,
-                "system": f"You are a coding agent. Variant T={2 + i % 2}.", "tools": ["Bash", "Read"],
-                "results": {"Bash": {"lines": 3}},
-                "steps": [{"prompt": f"Task {i}: read the parts.", "max_turns": 5},
-                          {"drop": True} if i % 6 == 5 else {"finish": 1.0}]} for i in range(sessions)]
-    return {"name": "run_small", "after_last": "error", "sessions": engine,
-            "client": {"concurrency": 4, "sessions": clients}}
+    engine = [
+        {
+            "match": {"prompt_contains": f"Variant T={t}."},
+            "turns": [
+                {
+                    "reasoning": f"Step {k}.",
+                    "text": f"Reading part {k}.",
+                    "tool_calls": [
+                        {"name": "shell", "arguments": {"command": f"cat part_{k}.py", "description": "Read"}}
+                    ],
+                }
+                for k in range(t - 1)
+            ]
+            + [{"text": "Done."}],
+        }
+        for t in (2, 3)
+    ]
+    clients = [
+        {
+            "id": sid(i),
+            "wire": ("anthropic", "chat", "responses")[i % 3],
+            "stream": i % 2 == 0,
+            "system": f"You are a coding agent. Variant T={2 + i % 2}.",
+            "tools": ["Bash", "Read"],
+            "results": {"Bash": {"lines": 3}},
+            "steps": [
+                {"prompt": f"Task {i}: read the parts.", "max_turns": 5},
+                {"drop": True} if i % 6 == 5 else {"finish": 1.0},
+            ],
+        }
+        for i in range(sessions)
+    ]
+    return {
+        "name": "run_small",
+        "after_last": "error",
+        "sessions": engine,
+        "client": {"concurrency": 4, "sessions": clients},
+    }
 
 
-async def record_run(tmp_path: Path, *flags: str, scenario_spec: dict[str, Any] | None = None,
-                     seen: list[Any] | None = None) -> tuple[int, Path]:
+async def record_run(
+    tmp_path: Path, *flags: str, scenario_spec: dict[str, Any] | None = None, seen: list[Any] | None = None
+) -> tuple[int, Path]:
     """`tito record --agent scripted` in this process; `seen` gets the parsed arguments (their metrics)."""
     import asyncio
     import json
@@ -191,10 +228,24 @@ async def record_run(tmp_path: Path, *flags: str, scenario_spec: dict[str, Any] 
     tokenizer = load_tokenizer()
     frozen = gc.get_freeze_count()
     try:
-        async with serve(create_engine(ScriptedPolicy(load_scenario(scenario), tokenizer),
-                                       EngineOptions(tokenizer=tokenizer))) as engine_url:
-            argv = ["record", "--engine", engine_url, "--listen", f"127.0.0.1:{free_port()}", "--out", str(out),
-                    "--agent", "scripted", "--scenario", str(scenario), "--quiet", *flags]
+        async with serve(
+            create_engine(ScriptedPolicy(load_scenario(scenario), tokenizer), EngineOptions(tokenizer=tokenizer))
+        ) as engine_url:
+            argv = [
+                "record",
+                "--engine",
+                engine_url,
+                "--listen",
+                f"127.0.0.1:{free_port()}",
+                "--out",
+                str(out),
+                "--agent",
+                "scripted",
+                "--scenario",
+                str(scenario),
+                "--quiet",
+                *flags,
+            ]
             args = tito_cli.build_parser(argv).parse_args(argv)
             assert record_cli.check(args) is None
             if seen is not None:
@@ -258,7 +309,8 @@ def test_a_sampled_rotated_run_is_a_folder_every_reader_takes(tmp_path: Path) ->
 
 
 async def test_past_the_cap_the_proxy_serves_on_and_records_nothing_more(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     rc, run = await record_run(tmp_path, "--rotate-sessions", "1", "--max-bytes", "40K")
     err = capfd.readouterr().err
     assert rc == 0 and "FAILED" not in err  # every scripted session was served to its end
@@ -296,20 +348,24 @@ def test_bad_run_options_are_one_clear_line(tmp_path: Path) -> None:
         argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / out), *flags]
         return record_cli.check(tito_cli.build_parser(argv).parse_args(argv))
 
-    assert problem("--sample-rate", "0") == ("--sample-rate 0.0: expected a fraction of the sessions, above 0 and at "
-                                             "most 1")
+    assert problem("--sample-rate", "0") == (
+        "--sample-rate 0.0: expected a fraction of the sessions, above 0 and at most 1"
+    )
     assert problem("--sample-rate", "1.5") is not None
     assert problem("--rotate-bytes", "lots") == "--rotate-bytes lots: expected a size such as 4096, 512M or 2G"
     assert problem("--max-bytes=-3G") == "--max-bytes -3G: expected a size such as 4096, 512M or 2G"
     assert problem("--rotate-sessions", "0") == "--rotate-sessions must be >= 1"
-    assert problem("--rotate-sessions", "5", "--per-session") == ("--per-session and --rotate-sessions/--rotate-bytes "
-                                                                  "each choose the cassettes: give one")
+    assert problem("--rotate-sessions", "5", "--per-session") == (
+        "--per-session and --rotate-sessions/--rotate-bytes each choose the cassettes: give one"
+    )
     assert problem("--metrics", "nowhere") == "--metrics nowhere: expected HOST:PORT"
     (tmp_path / "file.tito").write_bytes(b"")
     not_a_folder = f"--out {tmp_path / 'file.tito'} exists and is not a folder"
     assert problem("--rotate-sessions", "5", out="file.tito") == not_a_folder
-    assert problem("--rotate-sessions", "5", "--max-bytes", "2G", "--sample-rate", "0.25", "--metrics",
-                   "127.0.0.1:9400") is None
+    assert (
+        problem("--rotate-sessions", "5", "--max-bytes", "2G", "--sample-rate", "0.25", "--metrics", "127.0.0.1:9400")
+        is None
+    )
 
 
 def test_the_cap_holds_for_one_cassette_per_session_too(tmp_path: Path, traffic: list[tuple[str, Any]]) -> None:

@@ -68,14 +68,20 @@ def test_replay_is_deterministic_whatever_the_concurrency(tmp_path: Path) -> Non
     for jobs in (1, 3, 3):
         result = replay_cassette(path, options=ReplayOptions(jobs=jobs))
         assert result.ok, [s.differences for s in result.sessions]
-        runs.append(([goldens.section(s, names) for s in result.sessions], list(exports.replayed_rows([result])),
-                     [s.line() for s in result.sessions]))
+        runs.append(
+            (
+                [goldens.section(s, names) for s in result.sessions],
+                list(exports.replayed_rows([result])),
+                [s.line() for s in result.sessions],
+            )
+        )
     assert runs[0] == runs[1] == runs[2]
     assert len(runs[0][1]) == 3 and all(json.loads(row)["reward"] == 0.5 for row in runs[0][1])
 
 
 def test_a_changed_chat_template_fails_at_its_first_changed_token_and_update_goldens_shows_it(
-        loop_cassette, tmp_path: Path) -> None:
+    loop_cassette, tmp_path: Path
+) -> None:
     path = tmp_path / "loop.tito"
     path.write_bytes(loop_cassette[0].read_bytes())
     assert replay(path, update_goldens=True).ok  # the golden of the recording
@@ -130,8 +136,7 @@ def test_a_changed_fork_threshold_fails_in_the_samples_and_update_goldens_shows_
     assert "+  fork(threshold) turn=1" in diff
 
 
-def test_a_changed_argument_serialization_fails_at_the_echoed_call(loop_cassette, monkeypatch,
-                                                                   tmp_path: Path) -> None:
+def test_a_changed_argument_serialization_fails_at_the_echoed_call(loop_cassette, monkeypatch, tmp_path: Path) -> None:
     """An adapter change that sorts tool-call argument keys: the model wrote `description` before `command`,
     so the echoed call renders differently from what the model generated. Spliced, the prompt holds the
     model's own ids and the change cannot reach it; rendered (--no-splice), it fails at the echoed call."""
@@ -216,11 +221,17 @@ def test_aborts_engine_failures_retries_probes_and_side_requests_replay_as_they_
         "#2 answered 529, engine /generate 529, no turn",
         "#3 retry of #2 (identical body): generated again -> turn 0",
         "#4 client gone mid-generation, engine request aborted, no turn",
-        "#5 retry of #4 (identical body): generated again -> turn 1"]
+        "#5 retry of #4 (identical body): generated again -> turn 1",
+    ]
     records = _agent_records(path)
     assert [(r.method, r.status, r.side) for r in records] == [
-        ("HEAD", 200, True), ("POST", 200, True), ("POST", 529, False), ("POST", 200, False), ("POST", 499, True),
-        ("POST", 200, False)]
+        ("HEAD", 200, True),
+        ("POST", 200, True),
+        ("POST", 529, False),
+        ("POST", 200, False),
+        ("POST", 499, True),
+        ("POST", 200, False),
+    ]
 
 
 def _agent_records(path: Path) -> list[Any]:

@@ -28,8 +28,14 @@ SESSIONS = ("cli-live-token-a-0001", "cli-live-token-b-0002")
 
 def replay(*args: str, seed: str = "0") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONHASHSEED": seed}
-    return subprocess.run([sys.executable, "-m", "tito_rl", "replay", *args], cwd=ROOT, capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", "replay", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 async def _drive(url: str) -> dict[str, list[dict[str, Any]]]:
@@ -49,9 +55,20 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
     script.write_text(yaml.safe_dump(tool_loop_scenario(3)))
     engine_port, proxy_port = free_port(), free_port()
     engine, proxy = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
-    with tito("fake-engine", "--script", str(script), "--port", str(engine_port), ready=engine + "/health"), \
-            tito("record", "--engine", engine, "--listen", f"127.0.0.1:{proxy_port}", "--out", str(out), "--quiet",
-                 ready=proxy + "/health"):
+    with (
+        tito("fake-engine", "--script", str(script), "--port", str(engine_port), ready=engine + "/health"),
+        tito(
+            "record",
+            "--engine",
+            engine,
+            "--listen",
+            f"127.0.0.1:{proxy_port}",
+            "--out",
+            str(out),
+            "--quiet",
+            ready=proxy + "/health",
+        ),
+    ):
         samples = asyncio.run(_drive(proxy))
     return out, samples
 
@@ -70,11 +87,15 @@ def test_a_recording_replays_clean_and_its_exported_samples_equal_the_live_ones(
     assert lines[0] == str(path) and lines[-1] == "2 session(s): 2 ok, 0 failed"
     assert all(line.endswith("  ok") for line in lines[1:3]) and "turns 3" in lines[1]
     order = [session_digest(sid) for sid in SESSIONS]  # the sessions ran at once: the cassette's order varies
-    rows = sorted((json.loads(line) for line in exported.read_text().splitlines()),
-                  key=lambda row: (order.index(row["session"]), row["index"]))
-    expected = [{"session": session_digest(sid), "index": i, **s, "metadata": {**s["metadata"],
-                                                                               "session": session_digest(sid)}}
-                for sid in SESSIONS for i, s in enumerate(live[sid])]
+    rows = sorted(
+        (json.loads(line) for line in exported.read_text().splitlines()),
+        key=lambda row: (order.index(row["session"]), row["index"]),
+    )
+    expected = [
+        {"session": session_digest(sid), "index": i, **s, "metadata": {**s["metadata"], "session": session_digest(sid)}}
+        for sid in SESSIONS
+        for i, s in enumerate(live[sid])
+    ]
     assert rows == expected and exported.read_bytes() == live_file.read_bytes()
 
     one = replay(str(path), "--session", session_digest(SESSIONS[1]))
@@ -83,7 +104,8 @@ def test_a_recording_replays_clean_and_its_exported_samples_equal_the_live_ones(
 
 
 def test_two_replays_print_and_export_the_same_bytes_whatever_the_concurrency_and_hash_seed(
-        recorded, tmp_path: Path) -> None:
+    recorded, tmp_path: Path
+) -> None:
     path, _ = recorded
     a = replay(str(path), "--jobs", "1", "--export-samples", str(tmp_path / "a.jsonl"), seed="1")
     b = replay(str(path), "--jobs", "4", "--export-samples", str(tmp_path / "b.jsonl"), seed="2")
@@ -110,5 +132,6 @@ def test_unusable_input_exits_2_with_one_clear_line(recorded, tmp_path: Path) ->
     for args, expected in cases.items():
         run = replay(*args)
         assert run.returncode == 2 and run.stdout == "", (args, run.stdout, run.stderr)
-        assert run.stderr.count("\n") == 1 and run.stderr.startswith("tito replay: ") and expected in run.stderr, \
+        assert run.stderr.count("\n") == 1 and run.stderr.startswith("tito replay: ") and expected in run.stderr, (
             run.stderr
+        )

@@ -25,8 +25,9 @@ CASSETTES = ("mixed_concurrent", "openai_wires", "drift_realign", "tool_loop")
 
 
 def tito_replay(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_rl", "replay", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", "replay", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,16 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_with(corpus: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     out.mkdir()
-    return tito_replay(str(corpus), "--export-samples", str(out / "replayed.jsonl"), "--export-live-samples",
-                       str(out / "live.jsonl"), "--junit-xml", str(out / "report.xml"), *args)
+    return tito_replay(
+        str(corpus),
+        "--export-samples",
+        str(out / "replayed.jsonl"),
+        "--export-live-samples",
+        str(out / "live.jsonl"),
+        "--junit-xml",
+        str(out / "report.xml"),
+        *args,
+    )
 
 
 def test_workers_give_the_same_bytes_as_one_process(corpus: Path, tmp_path: Path) -> None:
@@ -61,8 +70,10 @@ def test_workers_give_the_same_bytes_as_one_process(corpus: Path, tmp_path: Path
     report = ET.parse(tmp_path / "one" / "report.xml").getroot()
     assert report.get("tests") == "14" and report.get("failures") == "1"
     cases = report.findall("./testsuite/testcase")
-    assert [c.get("classname") for c in cases][:2] == [str(corpus / "drift_realign.tito"),
-                                                       str(corpus / "mixed_concurrent.tito")]
+    assert [c.get("classname") for c in cases][:2] == [
+        str(corpus / "drift_realign.tito"),
+        str(corpus / "mixed_concurrent.tito"),
+    ]
     failed = [c for c in cases if c.find("failure") is not None]
     assert len(failed) == 1 and failed[0].get("classname").endswith("drift_realign.tito")
     failure = failed[0].find("failure")
@@ -91,8 +102,9 @@ def test_shards_replay_every_session_exactly_once(corpus: Path, capsys: pytest.C
 
 
 def test_the_shard_of_a_session_is_stable_and_bad_shards_are_refused(corpus: Path) -> None:
-    assert shard_of("/ci/a/cassettes/tool_loop.tito", "sid-6c2a3be4bc9dd66a", 4) == \
-        shard_of("tool_loop.tito", "sid-6c2a3be4bc9dd66a", 4)  # the folder plays no part
+    assert shard_of("/ci/a/cassettes/tool_loop.tito", "sid-6c2a3be4bc9dd66a", 4) == shard_of(
+        "tool_loop.tito", "sid-6c2a3be4bc9dd66a", 4
+    )  # the folder plays no part
     assert parse_shard("2/4") == (2, 4)
     for bad in ("0/4", "5/4", "2", "a/b", "-1/2"):
         with pytest.raises(ValueError, match="--shard must be I/N"):
@@ -120,9 +132,16 @@ def test_a_replayed_session_is_forgotten_once_reported() -> None:
                 result = await harness.replay_session(plan_session(cassette.sessions[name]))
                 assert result.ok and name in harness.plans and harness.tap.exchanges and harness.transport.legs
                 harness.forget(name)
-                assert not (harness.plans or harness.results or harness.manager.captured or harness.manager.sessions()
-                            or harness.tap.exchanges or harness.tap.finished or harness.transport.legs
-                            or harness.adapter.sessions)
+                assert not (
+                    harness.plans
+                    or harness.results
+                    or harness.manager.captured
+                    or harness.manager.sessions()
+                    or harness.tap.exchanges
+                    or harness.tap.finished
+                    or harness.transport.legs
+                    or harness.adapter.sessions
+                )
             return harness
 
     run_sync(replay_both())

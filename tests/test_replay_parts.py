@@ -26,22 +26,28 @@ from tito_rl.replayer.reporting import exports
 
 
 def _agent(seq: int, started: float, duration: float, **kw) -> AgentRecord:
-    return AgentRecord("s", seq, "POST", "/v1/messages", "", {}, b"{}", 200, {}, started_s=started,
-                       duration_s=duration, **kw)
+    return AgentRecord(
+        "s", seq, "POST", "/v1/messages", "", {}, b"{}", 200, {}, started_s=started, duration_s=duration, **kw
+    )
 
 
 def _steps(log: SessionLog) -> list[str]:
     names = {Start: "S", End: "E", Finish: "F", Drop: "D"}
-    return [names[type(s)] + (str(s.exchange.index) if isinstance(s, Start | End) else "")
-            for s in plan_session(log).steps]
+    return [
+        names[type(s)] + (str(s.exchange.index) if isinstance(s, Start | End) else "") for s in plan_session(log).steps
+    ]
 
 
 def test_steps_keep_answer_order_for_ends_and_start_order_for_starts() -> None:
-    log = SessionLog("s", "bearer", [
-        EngineRecord("s", 1, "POST", "/generate", {}, 200),
-        _agent(2, 0.0, 1.0),  # answered first, at 1.0
-        _agent(3, 0.5, 0.6),  # started while the first was in flight, answered at 1.1
-    ])
+    log = SessionLog(
+        "s",
+        "bearer",
+        [
+            EngineRecord("s", 1, "POST", "/generate", {}, 200),
+            _agent(2, 0.0, 1.0),  # answered first, at 1.0
+            _agent(3, 0.5, 0.6),  # started while the first was in flight, answered at 1.1
+        ],
+    )
     assert _steps(log) == ["S0", "S1", "E0", "E1"]
     sequential = SessionLog("s", "bearer", [_agent(1, 0.0, 0.1), _agent(2, 0.2, 0.1), _agent(3, 0.4, 0.1)])
     assert _steps(sequential) == ["S0", "E0", "S1", "E1", "S2", "E2"]
@@ -50,16 +56,20 @@ def test_steps_keep_answer_order_for_ends_and_start_order_for_starts() -> None:
 
 
 def test_finish_and_drop_are_barriers_and_engine_calls_belong_to_the_next_exchange() -> None:
-    log = SessionLog("s", "bearer", [
-        EngineRecord("s", 1, "POST", "/generate", {}, 200),
-        _agent(2, 0.0, 1.0),
-        SamplesRecord("s", 3, 1.0, []),
-        EngineRecord("s", 4, "POST", "/abort_request", {}, 200),
-        EngineRecord("s", 5, "POST", "/generate", {}, 200),
-        _agent(6, 0.0, 0.5),
-        DropRecord("s", 7),
-        EngineRecord("s", 8, "POST", "/generate", {}, 200),  # the recorder died before its agent exchange
-    ])
+    log = SessionLog(
+        "s",
+        "bearer",
+        [
+            EngineRecord("s", 1, "POST", "/generate", {}, 200),
+            _agent(2, 0.0, 1.0),
+            SamplesRecord("s", 3, 1.0, []),
+            EngineRecord("s", 4, "POST", "/abort_request", {}, 200),
+            EngineRecord("s", 5, "POST", "/generate", {}, 200),
+            _agent(6, 0.0, 0.5),
+            DropRecord("s", 7),
+            EngineRecord("s", 8, "POST", "/generate", {}, 200),  # the recorder died before its agent exchange
+        ],
+    )
     plan = plan_session(log)
     assert _steps(log) == ["S0", "E0", "F", "S1", "E1", "D"]
     assert [[r.path for r in e.engine] for e in plan.exchanges] == [["/generate"], ["/abort_request", "/generate"]]
@@ -68,12 +78,30 @@ def test_finish_and_drop_are_barriers_and_engine_calls_belong_to_the_next_exchan
 
 
 def test_replayed_requests_carry_the_session_name_where_the_credential_was() -> None:
-    record = AgentRecord("sid-1", 1, "POST", "/v1/messages", "", {
-        "Authorization": "<redacted>", "x-api-key": "<redacted>", "Cookie": "<redacted>", "Host": "127.0.0.1:8400",
-        "Content-Length": "12", "anthropic-version": "2023-06-01"}, b"{}", 200, {})
+    record = AgentRecord(
+        "sid-1",
+        1,
+        "POST",
+        "/v1/messages",
+        "",
+        {
+            "Authorization": "<redacted>",
+            "x-api-key": "<redacted>",
+            "Cookie": "<redacted>",
+            "Host": "127.0.0.1:8400",
+            "Content-Length": "12",
+            "anthropic-version": "2023-06-01",
+        },
+        b"{}",
+        200,
+        {},
+    )
     headers = request_headers(record, "bearer", "sid-0123456789abcdef", 4)
-    assert headers == {"Authorization": "Bearer sid-0123456789abcdef", "anthropic-version": "2023-06-01",
-                       REPLAY_HEADER: "4 sid-0123456789abcdef"}
+    assert headers == {
+        "Authorization": "Bearer sid-0123456789abcdef",
+        "anthropic-version": "2023-06-01",
+        REPLAY_HEADER: "4 sid-0123456789abcdef",
+    }
     assert request_headers(record, "x-api-key", "sid-0123456789abcdef", 0)["x-api-key"] == "sid-0123456789abcdef"
 
 
@@ -93,25 +121,39 @@ def test_sse_reply_differences_name_the_event_and_the_path() -> None:
     def event(name: str, data: dict) -> str:
         return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
-    recorded = [event("message_start", {"message": {"id": "msg_1"}}), event("content_block_delta",
-                                                                          {"delta": {"text": "Hello"}})]
+    recorded = [
+        event("message_start", {"message": {"id": "msg_1"}}),
+        event("content_block_delta", {"delta": {"text": "Hello"}}),
+    ]
     replayed = [recorded[0], event("content_block_delta", {"delta": {"text": "Hullo"}})]
     assert reply_difference(None, recorded, None, list(recorded)) is None
     assert reply_difference(None, recorded, None, replayed) == [
-        "event 1 (content_block_delta): delta.text", "recorded: 'Hello'", "replayed: 'Hullo'"]
+        "event 1 (content_block_delta): delta.text",
+        "recorded: 'Hello'",
+        "replayed: 'Hullo'",
+    ]
     assert reply_difference(None, recorded, None, recorded[:1])[0].startswith("recorded 2 events, replayed 1")
     assert reply_difference(b'{"a": 1}', None, b'{"a":1}', None)[0] == "same JSON, different bytes"
 
 
 def test_sample_differences_name_sample_field_token_and_turn() -> None:
-    live = [{"tokens": [1, 2, 3, 4], "response_length": 2, "loss_mask": [1, 1], "rollout_log_probs": [-0.5, -0.25],
-             "reward": 1.0, "metadata": {"turns": [0]}}]
+    live = [
+        {
+            "tokens": [1, 2, 3, 4],
+            "response_length": 2,
+            "loss_mask": [1, 1],
+            "rollout_log_probs": [-0.5, -0.25],
+            "reward": 1.0,
+            "metadata": {"turns": [0]},
+        }
+    ]
     same = json.loads(json.dumps(live))
     assert samples_difference(live, same, str) is None
     changed = json.loads(json.dumps(live))
     changed[0]["tokens"][3] = 9
-    difference = samples_difference(live, changed, lambda ids: " ".join(map(str, ids)),
-                                    turn_of=lambda sample, token: 7 if token >= 2 else None)
+    difference = samples_difference(
+        live, changed, lambda ids: " ".join(map(str, ids)), turn_of=lambda sample, token: 7 if token >= 2 else None
+    )
     assert difference is not None
     summary, detail, turn = difference
     assert summary == "sample 0: tokens differ" and turn == 7
@@ -125,8 +167,9 @@ def test_sample_differences_name_sample_field_token_and_turn() -> None:
 
 
 def _result(path: Path, *names: str) -> CassetteResult:
-    return CassetteResult(str(path), Header("sha256:x"), [SessionResult(str(path), n) for n in names],
-                          all_sessions=list(names))
+    return CassetteResult(
+        str(path), Header("sha256:x"), [SessionResult(str(path), n) for n in names], all_sessions=list(names)
+    )
 
 
 def test_golden_sections_are_checked_updated_and_kept_in_cassette_order(tmp_path: Path, monkeypatch) -> None:
@@ -166,8 +209,10 @@ def test_parallel_updates_of_one_golden_keep_every_section(tmp_path: Path, monke
     cassette = tmp_path / "c.tito"
     names = [f"s{i}" for i in range(8)]
     monkeypatch.setattr(goldens, "section", lambda result, _: f"== session {result.session} ==\nx\n")
-    threads = [threading.Thread(target=goldens.check, args=(_result(cassette, n), names, str), kwargs={"update": True})
-               for n in names]
+    threads = [
+        threading.Thread(target=goldens.check, args=(_result(cassette, n), names, str), kwargs={"update": True})
+        for n in names
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -183,12 +228,20 @@ def test_orphan_goldens_are_found(tmp_path: Path) -> None:
 
 
 def test_exports_have_one_shape_for_live_and_replayed_samples(tmp_path: Path) -> None:
-    sample = {"tokens": [1, 2], "response_length": 1, "loss_mask": [1], "rollout_log_probs": [-0.1],
-              "reward": 1.0, "metadata": {"session": "sid-1"}}
+    sample = {
+        "tokens": [1, 2],
+        "response_length": 1,
+        "loss_mask": [1],
+        "rollout_log_probs": [-0.1],
+        "reward": 1.0,
+        "metadata": {"session": "sid-1"},
+    }
     session = SessionResult("c.tito", "sid-1", live_samples=[sample])
     rows = list(exports.live_rows([CassetteResult("c.tito", Header("sha256:x"), [session])]))
-    assert rows == ['{"session":"sid-1","index":0,"tokens":[1,2],"response_length":1,"loss_mask":[1],'
-                    '"rollout_log_probs":[-0.1],"reward":1.0,"metadata":{"session":"sid-1"}}']
+    assert rows == [
+        '{"session":"sid-1","index":0,"tokens":[1,2],"response_length":1,"loss_mask":[1],'
+        '"rollout_log_probs":[-0.1],"reward":1.0,"metadata":{"session":"sid-1"}}'
+    ]
 
 
 class _Terminal(io.StringIO):

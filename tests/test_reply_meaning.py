@@ -28,15 +28,24 @@ def sse(*payloads: dict) -> list[str]:
 def test_tito_s_replies_on_the_four_wires() -> None:
     parallel = reading("tool_loop.tito", "corpus-tool-loop-0000", 3)  # Anthropic SSE, two calls at once
     grep = {"command": 'grep -n "def divide" src/calc.py', "description": "Find divide"}
-    assert parallel == Meaning(200, "", "test_divide_by_zero fails. I read the source and find the divide function "
-                               "at the same time.", [("Read", {"file_path": "/work/src/calc.py"}), ("Bash", grep)],
-                               "tool_calls")
+    assert parallel == Meaning(
+        200,
+        "",
+        "test_divide_by_zero fails. I read the source and find the divide function at the same time.",
+        [("Read", {"file_path": "/work/src/calc.py"}), ("Bash", grep)],
+        "tool_calls",
+    )
     responses = reading("openai_wires.tito", "corpus-openai-responses-0000", 0)  # Responses SSE
-    assert responses == Meaning(200, "", "Check the git status.", [("exec_command", {"cmd": "git status --short"})],
-                                "tool_calls")
+    assert responses == Meaning(
+        200, "", "Check the git status.", [("exec_command", {"cmd": "git status --short"})], "tool_calls"
+    )
     chat = reading("openai_wires.tito", "corpus-openai-chat-0000", 2)  # Chat SSE, the last answer
     assert (chat.text, chat.reasoning, chat.tool_calls, chat.stop) == (
-        "The largest file is src/big.py (120 KB), a generated lookup table.", "It is a generated table.", [], "stop")
+        "The largest file is src/big.py (120 KB), a generated lookup table.",
+        "It is a generated table.",
+        [],
+        "stop",
+    )
     gemini = reading("gemini_tool_loop.tito", None, 1)  # Gemini SSE: thought parts are reasoning, not text
     assert gemini.text == "Checking the file." and gemini.reasoning.startswith("The command printed nothing")
     assert [name for name, _ in gemini.tool_calls] == ["read_file", "run_shell_command"]
@@ -57,8 +66,12 @@ def test_slime_s_replies_json_and_sse() -> None:
 
 def test_differences_an_agent_would_notice_and_those_it_would_not() -> None:
     tito = Meaning(200, "The notes say Friday.", "Read the notes.", [("Read", {"file_path": "/a"})], "stop")
-    assert tito.differences(Meaning(200, "\nThe notes say Friday.\n", "\nRead the notes.\n",
-                                    [("Read", {"file_path": "/a"})], "stop")) == []  # surrounding whitespace
+    assert (
+        tito.differences(
+            Meaning(200, "\nThe notes say Friday.\n", "\nRead the notes.\n", [("Read", {"file_path": "/a"})], "stop")
+        )
+        == []
+    )  # surrounding whitespace
     leaked = Meaning(200, "The notes say Friday." * 5 + "<|im_end|>", "Read the notes.", tito.tool_calls, "stop")
     (line,) = Meaning(200, "The notes say Friday." * 5, "Read the notes.", tito.tool_calls, "stop").differences(leaked)
     assert line.startswith("text: '…") and "<|im_end|>'" in line  # where the two differ, not their shared start
@@ -69,23 +82,58 @@ def test_differences_an_agent_would_notice_and_those_it_would_not() -> None:
 
 def test_other_gateways_stream_shapes() -> None:
     # a chat stream whose first tool-call chunk carries the name and no arguments key at all
-    chat = meaning("/v1/chat/completions", 200, None, sse(
-        {"choices": [{"index": 0, "delta": {"role": "assistant", "reasoning": "Look."}}]},
-        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "ls"}}]}}]},
-        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"pa'}}]}}]},
-        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": 'th": "/"}'}}]}}]},
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}))
+    chat = meaning(
+        "/v1/chat/completions",
+        200,
+        None,
+        sse(
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "reasoning": "Look."}}]},
+            {
+                "choices": [
+                    {"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "ls"}}]}}
+                ]
+            },
+            {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"pa'}}]}}]},
+            {
+                "choices": [
+                    {"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": 'th": "/"}'}}]}}
+                ]
+            },
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        ),
+    )
     assert chat == Meaning(200, "", "Look.", [("ls", {"path": "/"})], "tool_calls")
     # an Anthropic stream that sends a tool call's whole input in its start and no input_json_delta
-    anthropic = meaning("/v1/messages", 200, None, sse(
-        {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}},
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Hm."}},
-        {"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t", "name": "ls",
-                                                                        "input": {"path": "/"}}},
-        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}}))
+    anthropic = meaning(
+        "/v1/messages",
+        200,
+        None,
+        sse(
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}},
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Hm."}},
+            {
+                "type": "content_block_start",
+                "index": 1,
+                "content_block": {"type": "tool_use", "id": "t", "name": "ls", "input": {"path": "/"}},
+            },
+            {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
+        ),
+    )
     assert anthropic == Meaning(200, "", "Hm.", [("ls", {"path": "/"})], "tool_calls")
     # Responses JSON with reasoning as content rather than summary
-    responses = meaning("/v1/responses", 200, json.dumps({"object": "response", "status": "completed", "output": [
-        {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Think."}]},
-        {"type": "message", "content": [{"type": "output_text", "text": "Done."}]}]}).encode(), None)
+    responses = meaning(
+        "/v1/responses",
+        200,
+        json.dumps(
+            {
+                "object": "response",
+                "status": "completed",
+                "output": [
+                    {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Think."}]},
+                    {"type": "message", "content": [{"type": "output_text", "text": "Done."}]},
+                ],
+            }
+        ).encode(),
+        None,
+    )
     assert responses == Meaning(200, "Done.", "Think.", [], "stop")

@@ -36,8 +36,9 @@ MIXED_SESSIONS = ("rllm-sse-loop", "rllm-json-retry", "rllm-sse-retry", "rllm-js
 
 def run_tito(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if k != rllm.CONFIG_ENV} | (env or {})
-    return subprocess.run([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=full)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=full
+    )
 
 
 def test_the_corpus_has_the_scripted_and_both_cli_recordings() -> None:
@@ -79,8 +80,13 @@ def test_each_rllm_cassette_replays_through_rllm_with_no_engine_twice_byte_ident
     for row in rows:
         by_session[row["session"]] = by_session.get(row["session"], 0) + 1
         assert len(row["loss_mask"]) == row["response_length"] == len(row["rollout_log_probs"])
-    assert by_session == {"rllm-sse-loop": 6, "rllm-json-retry": 3, "rllm-sse-retry": 2,
-                          "rllm-qwen-tool-loop-qwen-code-0000": 8, "rllm-opencode-tool-loop-opencode-0000": 8}
+    assert by_session == {
+        "rllm-sse-loop": 6,
+        "rllm-json-retry": 3,
+        "rllm-sse-retry": 2,
+        "rllm-qwen-tool-loop-qwen-code-0000": 8,
+        "rllm-opencode-tool-loop-opencode-0000": 8,
+    }
     assert {row["reward"] for row in rows if row["session"] == "rllm-json-retry"} == {0.5}
 
 
@@ -95,8 +101,9 @@ def test_a_gateway_that_no_longer_adds_logprobs_fails_the_replay_naming_the_fiel
 
 def test_session_and_engine_match_order_on_an_rllm_cassette(tmp_path: Path) -> None:
     out = tmp_path / "one.jsonl"
-    run = run_tito("replay", str(MIXED), "--session", "rllm-json-retry", "--engine-match", "order",
-                   "--export-samples", str(out))
+    run = run_tito(
+        "replay", str(MIXED), "--session", "rllm-json-retry", "--engine-match", "order", "--export-samples", str(out)
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "rllm-json-retry" in run.stdout
     assert not any(name in run.stdout for name in MIXED_SESSIONS if name != "rllm-json-retry")
@@ -134,8 +141,13 @@ def test_the_scripted_client_takes_a_validated_path_prefix() -> None:
         return {"sessions": [{"id": "a", "wire": "chat", "path_prefix": prefix, "steps": [{"prompt": "x"}]}]}
 
     assert parse_client_script(session("/gw/{id}/x")).sessions[0].prefix == "/gw/a/x"
-    for bad, why in (("sessions/{id}", "must start with '/'"), ("/sessions/{id}/", "trailing"),
-                     ("/s/{sid}", "only placeholder is {id}"), ("/s?x=1", "path only"), ("/s/{id", "only placeholder")):
+    for bad, why in (
+        ("sessions/{id}", "must start with '/'"),
+        ("/sessions/{id}/", "trailing"),
+        ("/s/{sid}", "only placeholder is {id}"),
+        ("/s?x=1", "path only"),
+        ("/s/{id", "only placeholder"),
+    ):
         with pytest.raises(ScenarioError, match="path_prefix") as caught:
             parse_client_script(session(bad))
         assert why in str(caught.value)
@@ -159,22 +171,36 @@ def test_the_rllm_driver_declares_its_session_path_and_the_clis_get_it() -> None
 
 
 def test_replay_puts_the_sessions_name_back_into_a_redacted_url() -> None:
-    record = AgentRecord(session="rllm-sse-loop", seq=1, method="POST", path="/sessions/<redacted>/v1/chat/completions",
-                         query="", headers={}, body=b"{}", status=200, reply_headers={})
+    record = AgentRecord(
+        session="rllm-sse-loop",
+        seq=1,
+        method="POST",
+        path="/sessions/<redacted>/v1/chat/completions",
+        query="",
+        headers={},
+        body=b"{}",
+        status=200,
+        reply_headers={},
+    )
     assert request_target(record, "path", "rllm-sse-loop") == "/sessions/rllm-sse-loop/v1/chat/completions"
     assert request_target(record, "bearer", "x") == record.path  # only a session taken from the URL
 
 
-def test_the_gateway_config_file_sets_only_the_knobs_the_driver_leaves_to_it(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_gateway_config_file_sets_only_the_knobs_the_driver_leaves_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = tmp_path / "gw.yaml"
     config.write_text("add_logprobs: false\nstrip_vllm_fields: false\n")
     monkeypatch.setenv(rllm.CONFIG_ENV, str(config))
     target = rllm.create(TargetOptions())
     assert target.flags == {"add_logprobs": False, "strip_vllm_fields": False}
     assert target.info.settings["add_logprobs"] is False
-    for text, why in (("port: 1\n", "set by tito's driver"), ("add_logprobs: 0\n", "must be true or false"),
-                      ("colour: red\n", "unknown or unsupported"), ("- a\n", "a mapping")):
+    for text, why in (
+        ("port: 1\n", "set by tito's driver"),
+        ("add_logprobs: 0\n", "must be true or false"),
+        ("colour: red\n", "unknown or unsupported"),
+        ("- a\n", "a mapping"),
+    ):
         config.write_text(text)
         with pytest.raises(TargetError, match=why):
             rllm.create(TargetOptions())

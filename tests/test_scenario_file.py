@@ -18,9 +18,11 @@ import yaml
 from tests.process_helpers import ROOT
 from tito_rl.recorder.scenario_file import ScenarioError, check_scenario, scenario_schema
 
-COMMITTED = sorted((ROOT / "cassettes" / "scenarios").glob("*.yaml")) + sorted(
-    (ROOT / "fake_engine" / "examples").glob("*.yaml")) + sorted(
-    (ROOT / "cassettes" / "real_vllm" / "scenarios").glob("*.yaml"))
+COMMITTED = (
+    sorted((ROOT / "cassettes" / "scenarios").glob("*.yaml"))
+    + sorted((ROOT / "fake_engine" / "examples").glob("*.yaml"))
+    + sorted((ROOT / "cassettes" / "real_vllm" / "scenarios").glob("*.yaml"))
+)
 SCRIPTED = {"sessions": [{"id": "s-0", "wire": "chat", "steps": [{"prompt": "hi"}, {"finish": 1}]}]}
 CLI = {"agent": "codex", "task": "List the files."}
 
@@ -38,34 +40,54 @@ def turns(n: int, **last: Any) -> list[dict[str, Any]]:
 # (scenario data, the one line check_scenario gives after "FILE: ")
 MISTAKES = [
     # the engine's script
-    ({"turns": turns(3, tool_calls=[{"name": "shell", "arguments": ["ls"]}])},
-     "turns[3].tool_calls[0].arguments: expected object, got array"),
-    ({"turns": turns(1, tool_calls=[{"name": "shell", "args": {}}])},
-     "turns[1].tool_calls[0]: unknown key 'args'; allowed: arguments, name"),
-    ({"sessions": [{"turns": ["a"]}, {"match": {"prompt_contain": "x"}, "turns": ["b"]}]},
-     "sessions[1].match: unknown key 'prompt_contain'; allowed: last_user_contains, prompt_contains, routing_key"),
+    (
+        {"turns": turns(3, tool_calls=[{"name": "shell", "arguments": ["ls"]}])},
+        "turns[3].tool_calls[0].arguments: expected object, got array",
+    ),
+    (
+        {"turns": turns(1, tool_calls=[{"name": "shell", "args": {}}])},
+        "turns[1].tool_calls[0]: unknown key 'args'; allowed: arguments, name",
+    ),
+    (
+        {"sessions": [{"turns": ["a"]}, {"match": {"prompt_contain": "x"}, "turns": ["b"]}]},
+        "sessions[1].match: unknown key 'prompt_contain'; allowed: last_user_contains, prompt_contains, routing_key",
+    ),
     ({"turns": turns(0, faults={"latency_ms": "slow"})}, "turns[0].faults.latency_ms: expected number, got string"),
     ({"turns": turns(0, ids=[1, 2, -3])}, "turns[0].ids[2]: expected integer >= 0, got -3"),
     ({"turns": ["a"], "after_last": "loop"}, "after_last: 'loop' is not one of 'repeat', 'error'"),
     ({"turns": ["a"], "sesions": []}, "scenario: unknown key 'sesions'; allowed: after_last, client, description, "),
     (["turns"], "scenario: expected object, got array"),
     # the scripted client's client: section
-    ({"turns": ["a"], "client": {"sessions": [{**SCRIPTED["sessions"][0], "steps": [{"prompt": 1}]}]}},
-     "client.sessions[0].steps[0].prompt: expected string | null, got integer"),
-    ({"turns": ["a"], "client": {"sessions": [{**SCRIPTED["sessions"][0], "subagents": {"scout": {"tool": []}}}]}},
-     "client.sessions[0].subagents.scout: unknown key 'tool'; allowed: prompt, results, system, tools"),
-    ({"turns": ["a"], "client": {"sessions": [{**SCRIPTED["sessions"][0], "disconnects": [{"request": 1}]}]}},
-     "client.sessions[0].disconnects[0]: missing key 'after_ms'"),
+    (
+        {"turns": ["a"], "client": {"sessions": [{**SCRIPTED["sessions"][0], "steps": [{"prompt": 1}]}]}},
+        "client.sessions[0].steps[0].prompt: expected string | null, got integer",
+    ),
+    (
+        {"turns": ["a"], "client": {"sessions": [{**SCRIPTED["sessions"][0], "subagents": {"scout": {"tool": []}}}]}},
+        "client.sessions[0].subagents.scout: unknown key 'tool'; allowed: prompt, results, system, tools",
+    ),
+    (
+        {"turns": ["a"], "client": {"sessions": [{**SCRIPTED["sessions"][0], "disconnects": [{"request": 1}]}]}},
+        "client.sessions[0].disconnects[0]: missing key 'after_ms'",
+    ),
     # a real CLI's client: section
-    ({"turns": ["a"], "client": {**CLI, "sessions": None, "task": None, "runs": [{"task": "a", "args": "-c"}]}},
-     "client.runs[0].args: expected array, got string"),
-    ({"turns": ["a"], "client": {"agent": "codex", "sessions": [{"task": "a"}, {"task": "b", "kill_after_s": 0}]}},
-     "client.sessions[1].kill_after_s: expected number > 0.0, got 0"),
+    (
+        {"turns": ["a"], "client": {**CLI, "sessions": None, "task": None, "runs": [{"task": "a", "args": "-c"}]}},
+        "client.runs[0].args: expected array, got string",
+    ),
+    (
+        {"turns": ["a"], "client": {"agent": "codex", "sessions": [{"task": "a"}, {"task": "b", "kill_after_s": 0}]}},
+        "client.sessions[1].kill_after_s: expected number > 0.0, got 0",
+    ),
     # record_args: tito record's own flags
-    ({"turns": ["a"], "client": {**CLI, "record_args": ["--rewrd", "1"]}},
-     "client.record_args: not tito record flags: --rewrd 1"),
-    ({"turns": ["a"], "client": {**SCRIPTED, "record_args": ["--reward", "high"]}},
-     "client.record_args: argument --reward: invalid float value: 'high'"),
+    (
+        {"turns": ["a"], "client": {**CLI, "record_args": ["--rewrd", "1"]}},
+        "client.record_args: not tito record flags: --rewrd 1",
+    ),
+    (
+        {"turns": ["a"], "client": {**SCRIPTED, "record_args": ["--reward", "high"]}},
+        "client.record_args: argument --reward: invalid float value: 'high'",
+    ),
 ]
 
 
@@ -94,8 +116,10 @@ def test_every_committed_scenario_fits_the_model_and_the_schema() -> None:
     for path in COMMITTED:
         checked = check_scenario(path)
         clients.add(type(checked.client).__name__)
-        errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(
-            yaml.safe_load(path.read_text()))]
+        errors = [
+            f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(yaml.safe_load(path.read_text()))
+        ]
         assert not errors, (path, errors)
     assert clients == {"ClientScript", "CliClient", "NoneType"}  # all three kinds of file are covered
 
@@ -109,18 +133,19 @@ def test_the_schema_rejects_what_the_model_rejects() -> None:
 
 
 def tito(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_three_commands_give_the_same_one_line_and_exit_2(tmp_path: Path) -> None:
-    path = write(tmp_path, {"turns": turns(3, tool_calls=[{"name": "shell", "arguments": ["ls"]}]),
-                            "client": SCRIPTED})
+    path = write(tmp_path, {"turns": turns(3, tool_calls=[{"name": "shell", "arguments": ["ls"]}]), "client": SCRIPTED})
     line = f"{path}: turns[3].tool_calls[0].arguments: expected object, got array\n"
     runs = {
         "fake-engine": tito("fake-engine", "--script", str(path), "--listen", "127.0.0.1:1"),
-        "record": tito("record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "r.tito"),
-                       "--scenario", str(path)),
+        "record": tito(
+            "record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "r.tito"), "--scenario", str(path)
+        ),
         "simulate": tito("simulate", "--scenario", str(path), "--out", str(tmp_path / "s.tito")),
         "scenario": tito("scenario", "check", str(path)),
     }
@@ -131,8 +156,12 @@ def test_the_three_commands_give_the_same_one_line_and_exit_2(tmp_path: Path) ->
 
 
 def test_scenario_check_and_schema_on_the_command_line(tmp_path: Path) -> None:
-    good = tito("scenario", "check", str(ROOT / "cassettes" / "scenarios" / "tool_loop.yaml"),
-                str(ROOT / "cassettes" / "scenarios" / "claude_tool_loop.yaml"))
+    good = tito(
+        "scenario",
+        "check",
+        str(ROOT / "cassettes" / "scenarios" / "tool_loop.yaml"),
+        str(ROOT / "cassettes" / "scenarios" / "claude_tool_loop.yaml"),
+    )
     assert good.returncode == 0 and good.stderr == "", good.stderr
     assert good.stdout.splitlines()[1].endswith("claude_tool_loop.yaml: ok (1 engine session(s), client claude-code)")
     schema = tito("scenario", "schema")

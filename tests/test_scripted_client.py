@@ -78,10 +78,14 @@ async def test_anthropic_tool_loop_echoes_every_reply_exactly(tmp_path: Path) ->
     assert len(sent[4]["messages"][-1]["content"]) == 2  # both results, in one user message, in call order
     # Claude Code's rewrites: cache_control only on the newest message; a one-block prompt later a string.
     assert [("cache_control" in json.dumps(m)) for m in sent[3]["messages"]] == [False] * 6 + [True]
-    assert isinstance(sent[0]["messages"][0]["content"], list) and sent[1]["messages"][0]["content"] == \
-        "What does this project do? Then make its tests pass."
-    assert all(a.body == json.dumps(b, separators=(",", ":"), ensure_ascii=False).encode()
-               for a, b in zip(log.agent, sent, strict=True))  # compact JSON, raw UTF-8
+    assert (
+        isinstance(sent[0]["messages"][0]["content"], list)
+        and sent[1]["messages"][0]["content"] == "What does this project do? Then make its tests pass."
+    )
+    assert all(
+        a.body == json.dumps(b, separators=(",", ":"), ensure_ascii=False).encode()
+        for a, b in zip(log.agent, sent, strict=True)
+    )  # compact JSON, raw UTF-8
     assert trained_tokens(log) == output_tokens(generations(log))  # every turn CLEAN: all output trained
 
 
@@ -131,31 +135,55 @@ async def test_subagent_runs_between_main_turns_and_compaction_restarts_the_hist
     sub_answer = _reply_blocks(session_log(cassette, "corpus-subagent-0000").agent[3].reply_events)[-1]["text"]
     agent_result = sent[4]["messages"][-1]["content"][0]
     assert agent_result["type"] == "tool_result" and agent_result["content"] == sub_answer
-    assert sent[1]["messages"][0]["content"][0]["text"] == \
-        "Find where the configuration file is loaded and which path it reads."  # the Agent call's prompt
+    assert (
+        sent[1]["messages"][0]["content"][0]["text"]
+        == "Find where the configuration file is loaded and which path it reads."
+    )  # the Agent call's prompt
 
     cassette, (result,) = await record_scenario(SCENARIOS / "compaction.yaml", tmp_path / "c.tito")
     assert result.ok and result.samples == 2, result.line()
     sent = bodies(session_log(cassette, "corpus-compaction-0000"))
     assert len(sent) == 5 and len(sent[2]["messages"]) == 5  # prompt, call, result, answer, summary request
-    assert sent[3]["messages"][0]["content"] == COMPACTION_PREFIX + \
-        "Summary: the user asked how many TODO comments src holds; grep found 3."
+    assert (
+        sent[3]["messages"][0]["content"]
+        == COMPACTION_PREFIX + "Summary: the user asked how many TODO comments src holds; grep found 3."
+    )
     assert sent[3]["messages"][1]["content"][0]["text"] == "And how many FIXME comments?"
 
 
 def _json_wires_scenario() -> dict[str, Any]:
-    turns = [{"reasoning": "Look first.", "text": "Listing.", "tool_calls": [{"name": "shell",
-                                                                              "arguments": {"command": "ls"}}]},
-             {"reasoning": "Done.", "text": "Two files."}]
+    turns = [
+        {
+            "reasoning": "Look first.",
+            "text": "Listing.",
+            "tool_calls": [{"name": "shell", "arguments": {"command": "ls"}}],
+        },
+        {"reasoning": "Done.", "text": "Two files."},
+    ]
     systems = {"anthropic": "You are agent A.", "chat": "You are agent C.", "responses": "You are agent R."}
     tools = {"anthropic": ["Bash"], "chat": ["run_shell_command"], "responses": ["exec_command"]}
-    return {"name": "json_wires", "after_last": "error",
-            "sessions": [{"match": {"prompt_contains": s}, "turns": turns} for s in systems.values()],
-            "client": {"sessions": [
-                {"id": f"json-{wire}", "wire": wire, "stream": False, "system": system, "tools": tools[wire],
-                 "results": {tools[wire][0]: "a.txt\nb.txt"},
-                 "steps": [{"prompt": "List the files."}, {"finish": 0.5} if wire != "responses" else {"drop": True}]}
-                for wire, system in systems.items()]}}
+    return {
+        "name": "json_wires",
+        "after_last": "error",
+        "sessions": [{"match": {"prompt_contains": s}, "turns": turns} for s in systems.values()],
+        "client": {
+            "sessions": [
+                {
+                    "id": f"json-{wire}",
+                    "wire": wire,
+                    "stream": False,
+                    "system": system,
+                    "tools": tools[wire],
+                    "results": {tools[wire][0]: "a.txt\nb.txt"},
+                    "steps": [
+                        {"prompt": "List the files."},
+                        {"finish": 0.5} if wire != "responses" else {"drop": True},
+                    ],
+                }
+                for wire, system in systems.items()
+            ]
+        },
+    }
 
 
 async def test_json_replies_on_all_three_wires_concurrently(tmp_path: Path) -> None:
@@ -174,8 +202,11 @@ async def test_json_replies_on_all_three_wires_concurrently(tmp_path: Path) -> N
     output = _json_reply(r.agent[0].reply_body)["output"]
     sent = bodies(r)[1]
     assert sent["input"][0]["role"] == "developer" and sent["input"][-1]["call_id"] == output[-1]["call_id"]
-    assert sent["input"][2] == {**output[0], "content": None} and list(sent["input"][2])[:3] == ["type", "id",
-                                                                                                "summary"]
+    assert sent["input"][2] == {**output[0], "content": None} and list(sent["input"][2])[:3] == [
+        "type",
+        "id",
+        "summary",
+    ]
     assert isinstance(r.records[-1], DropRecord) and not r.samples
     for wire, log in zip(("anthropic", "chat", "responses"), (a, c, r), strict=True):  # the token stays in the header
         assert all(session_digest(f"json-{wire}").encode() not in x.body for x in log.agent)
@@ -183,15 +214,35 @@ async def test_json_replies_on_all_three_wires_concurrently(tmp_path: Path) -> N
 
 
 async def test_concurrency_runs_sessions_in_turn_and_generated_outputs_differ_per_session(tmp_path: Path) -> None:
-    turns = [{"reasoning": "Read it.", "text": "Reading.", "tool_calls": [{"name": "shell",
-                                                                            "arguments": {"command": "cat a"}}]},
-             {"reasoning": "Done.", "text": "Read."}]
+    turns = [
+        {
+            "reasoning": "Read it.",
+            "text": "Reading.",
+            "tool_calls": [{"name": "shell", "arguments": {"command": "cat a"}}],
+        },
+        {"reasoning": "Done.", "text": "Read."},
+    ]
     ids = [f"gen-{i}" for i in range(3)]
     scenario: dict[str, Any] = {
-        "name": "generated", "after_last": "error", "turns": turns, "client": {"concurrency": 1, "sessions": [
-            {"id": sid, "wire": "chat", "stream": False, "system": "You are agent G.", "tools": ["run_shell_command"],
-             "results": {"run_shell_command": {"lines": 30}}, "steps": [{"prompt": "Read a."}, {"finish": 1.0}]}
-            for sid in ids]}}
+        "name": "generated",
+        "after_last": "error",
+        "turns": turns,
+        "client": {
+            "concurrency": 1,
+            "sessions": [
+                {
+                    "id": sid,
+                    "wire": "chat",
+                    "stream": False,
+                    "system": "You are agent G.",
+                    "tools": ["run_shell_command"],
+                    "results": {"run_shell_command": {"lines": 30}},
+                    "steps": [{"prompt": "Read a."}, {"finish": 1.0}],
+                }
+                for sid in ids
+            ],
+        },
+    }
     cassette, results = await record_scenario(scenario, tmp_path / "g.tito")
     assert [r.ok for r in results] == [True] * 3, [r.line() for r in results]
     order = [session_digest(sid) for sid in ids]
@@ -212,20 +263,37 @@ async def test_concurrency_runs_sessions_in_turn_and_generated_outputs_differ_pe
 def test_client_scripts_are_parsed_strictly() -> None:
     good = {"sessions": [{"id": "x", "wire": "chat", "steps": [{"prompt": "hi"}]}]}
     assert parse_client_script(good).sessions[0].stream is True
-    bad = [({"sessions": [{"id": "x", "wire": "grpc", "steps": [{"prompt": "hi"}]}]},
-            "client.sessions[0].wire: 'grpc' is not one of 'anthropic', 'chat', 'responses'"),
-           ({"sessions": [{"id": "x", "wire": "chat", "steps": [{"prompt": "a", "finish": 1}]}]},
-            "client.sessions[0].steps[0]: exactly one of prompt, compact, finish, drop (got ['prompt', 'finish'])"),
-           ({"sessions": [{"id": "x", "wire": "chat", "tools": ["Nope"], "steps": [{"prompt": "a"}]}]},
-            "client.sessions[0]: unknown tool 'Nope' in tools; catalog: Agent, Bash, Read, "),
-           ({"sessions": [{"id": "x", "wire": "chat", "results": {"Agent": {"subagent": "ghost"}},
-                           "steps": [{"prompt": "a"}]}]},
-            "client.sessions[0]: the result of Agent names an unknown sub-agent 'ghost'"),
-           ({"sessions": [{"id": "x", "wire": "chat", "steps": [{"prompt": "a"}]}] * 2},
-            "client: session ids must be unique, got ['x', 'x']"),
-           ({"sessions": [{"id": "x", "wire": "chat", "step": []}]}, "client.sessions[0]: unknown key 'step'; "),
-           ({"sessions": [{"id": "x", "wire": "chat", "results": {"Bash": [1]}, "steps": [{"prompt": "a"}]}]},
-            "client.sessions[0].results.Bash[0]: expected string, got integer")]
+    bad = [
+        (
+            {"sessions": [{"id": "x", "wire": "grpc", "steps": [{"prompt": "hi"}]}]},
+            "client.sessions[0].wire: 'grpc' is not one of 'anthropic', 'chat', 'responses'",
+        ),
+        (
+            {"sessions": [{"id": "x", "wire": "chat", "steps": [{"prompt": "a", "finish": 1}]}]},
+            "client.sessions[0].steps[0]: exactly one of prompt, compact, finish, drop (got ['prompt', 'finish'])",
+        ),
+        (
+            {"sessions": [{"id": "x", "wire": "chat", "tools": ["Nope"], "steps": [{"prompt": "a"}]}]},
+            "client.sessions[0]: unknown tool 'Nope' in tools; catalog: Agent, Bash, Read, ",
+        ),
+        (
+            {
+                "sessions": [
+                    {"id": "x", "wire": "chat", "results": {"Agent": {"subagent": "ghost"}}, "steps": [{"prompt": "a"}]}
+                ]
+            },
+            "client.sessions[0]: the result of Agent names an unknown sub-agent 'ghost'",
+        ),
+        (
+            {"sessions": [{"id": "x", "wire": "chat", "steps": [{"prompt": "a"}]}] * 2},
+            "client: session ids must be unique, got ['x', 'x']",
+        ),
+        ({"sessions": [{"id": "x", "wire": "chat", "step": []}]}, "client.sessions[0]: unknown key 'step'; "),
+        (
+            {"sessions": [{"id": "x", "wire": "chat", "results": {"Bash": [1]}, "steps": [{"prompt": "a"}]}]},
+            "client.sessions[0].results.Bash[0]: expected string, got integer",
+        ),
+    ]
     for script, message in bad:
         with pytest.raises(ValueError) as info:
             parse_client_script(script)
@@ -241,15 +309,25 @@ def test_record_cli_checks_the_scripted_flags(tmp_path: Path) -> None:
         said = problem(*extra)
         assert said is not None, extra
         return said
+
     assert problem("--agent", "scripted") == "--agent scripted needs --scenario FILE"
-    assert "no `client:` section" in refusal("--agent", "scripted", "--scenario", "fake_engine/examples/"
-                                                                                   "claude_tool_loop.yaml")
+    assert "no `client:` section" in refusal(
+        "--agent", "scripted", "--scenario", "fake_engine/examples/claude_tool_loop.yaml"
+    )
     # Without --agent, the scenario's client: section says who plays the client.
     assert problem("--scenario", str(SCENARIOS / "tool_loop.yaml")) is None
     assert "has no client: section: name the CLI with --agent" in refusal(
-        "--scenario", "fake_engine/examples/claude_tool_loop.yaml")
-    argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "o.tito"),
-            "--scenario", str(SCENARIOS / "claude_tool_loop.yaml")]
+        "--scenario", "fake_engine/examples/claude_tool_loop.yaml"
+    )
+    argv = [
+        "record",
+        "--engine",
+        "http://127.0.0.1:1",
+        "--out",
+        str(tmp_path / "o.tito"),
+        "--scenario",
+        str(SCENARIOS / "claude_tool_loop.yaml"),
+    ]
     args = tito_cli.build_parser(argv).parse_args(argv)
     assert record_cli.check(args) is None
     assert args.agent == "claude-code" and args.cli_script.sessions[0].agent == "claude-code"
@@ -259,31 +337,41 @@ def test_record_cli_checks_the_scripted_flags(tmp_path: Path) -> None:
 
 def test_an_agent_option_the_run_would_ignore_is_refused_in_one_line(tmp_path: Path) -> None:
     """`--sessions 24` with the scripted client used to record the script's one session and say nothing."""
+
     def problem(*extra: str) -> str | None:
         argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "o.tito"), *extra]
         return record_cli.check(tito_cli.build_parser(argv).parse_args(argv))
+
     scripted = ("--agent", "scripted", "--scenario", str(SCENARIOS / "tool_loop.yaml"))
     assert problem(*scripted, "--sessions", "24") == (
         "--sessions does not apply here: the scenario's client: section says its sessions, concurrency, model and "
-        "rewards")
+        "rewards"
+    )
     assert problem(*scripted, "--concurrency", "2", "--reward", "1", "--task", "t").startswith(
-        "--task, --concurrency, --reward do not apply here")
+        "--task, --concurrency, --reward do not apply here"
+    )
     assert problem(*scripted, "--agent-timeout", "30") is None  # the scripted client's sessions time out with it
     cli_script = ("--scenario", str(SCENARIOS / "claude_tool_loop.yaml"))
-    assert problem(*cli_script, "--sessions", "4").startswith("--sessions does not apply here: the scenario's "
-                                                                "client: section lists its sessions and runs")
+    assert problem(*cli_script, "--sessions", "4").startswith(
+        "--sessions does not apply here: the scenario's client: section lists its sessions and runs"
+    )
     assert problem(*cli_script, "--reward", "1", "--agent-model", "m", "--sandbox", "local") is None
     assert problem("--sessions", "2").startswith("--sessions does not apply here: no agent is launched (--agent)")
     assert problem("--agent", "codex", "--task", "t", "--sessions", "4", "--concurrency", "2") is None
     # target options that tito's own adapter (or a driver) would ignore
-    assert problem("--engine-dialect", "vllm-openai").startswith("--engine-dialect vllm-openai is for a target other")
-    assert problem("--engine-dialect", "sglang") is None
-    assert problem("--session-from", "cookie:sid").startswith("--engine-listen, --volatile, --routing-header and "
-                                                              "--session-from are for a target other")
-    assert problem("--target", "rllm", "--volatile", "id").startswith("--volatile and --routing-header are for an "
-                                                                      "http:// target")
-    assert problem("--target", "http://127.0.0.1:9", "--engine-listen", "127.0.0.1:9",
-                   "--session-from", "path:/x").endswith("names the session's segment once, as {sid}")
+    assert problem("--engine-dialect", "sglang-openai").startswith(
+        "--engine-dialect sglang-openai: tito's adapter calls the engine in sglang, vllm-generate"
+    )
+    assert problem("--engine-dialect", "sglang") is None and problem("--engine-dialect", "vllm-openai") is None
+    assert problem("--session-from", "cookie:sid").startswith(
+        "--engine-listen, --volatile, --routing-header and --session-from are for a target other"
+    )
+    assert problem("--target", "rllm", "--volatile", "id").startswith(
+        "--volatile and --routing-header are for an http:// target"
+    )
+    assert problem(
+        "--target", "http://127.0.0.1:9", "--engine-listen", "127.0.0.1:9", "--session-from", "path:/x"
+    ).endswith("names the session's segment once, as {sid}")
     argv = ["record", "--engine", "http://127.0.0.1:1", "--out", str(tmp_path / "o.tito"), *scripted]
     args = tito_cli.build_parser(argv).parse_args(argv)
     assert record_cli.check(args) is None and (args.sessions, args.reward, args.agent_timeout) == (1, 0.0, 600.0)
@@ -293,6 +381,7 @@ def test_record_args_left_out_of_a_run_are_named() -> None:
     def unapplied(*extra: str) -> list[str]:
         argv = ["record", "--engine", "http://127.0.0.1:1", "--out", "o.tito", *extra]
         return unapplied_record_args(tito_cli.build_parser(argv).parse_args(argv), ("--no-preserve-reasoning",))
+
     assert unapplied() == ["no_preserve_reasoning"]
     assert unapplied("--no-preserve-reasoning") == []
 
@@ -302,10 +391,23 @@ async def test_tito_record_agent_scripted_writes_the_cassette(tmp_path: Path) ->
     scenario = SCENARIOS / "retry_529.yaml"
     out = tmp_path / "retry.tito"
     tokenizer = load_tokenizer()
-    async with serve(create_engine(ScriptedPolicy(load_scenario(scenario), tokenizer),
-                                   EngineOptions(tokenizer=tokenizer))) as engine_url:
-        argv = ["record", "--engine", engine_url, "--listen", f"127.0.0.1:{free_port()}", "--out", str(out),
-                "--agent", "scripted", "--scenario", str(scenario), "--quiet"]
+    async with serve(
+        create_engine(ScriptedPolicy(load_scenario(scenario), tokenizer), EngineOptions(tokenizer=tokenizer))
+    ) as engine_url:
+        argv = [
+            "record",
+            "--engine",
+            engine_url,
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--out",
+            str(out),
+            "--agent",
+            "scripted",
+            "--scenario",
+            str(scenario),
+            "--quiet",
+        ]
         rc = await asyncio.wait_for(record_cli.serve_until_signal(tito_cli.build_parser(argv).parse_args(argv)), 60)
     assert rc == 0
     cassette = read_cassette(out)

@@ -98,12 +98,15 @@ def test_servers_run_on_uvloop_unless_told_otherwise(monkeypatch: pytest.MonkeyP
         loop.close()
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"meta_info": {"output_token_logprobs": [[-0.015625, 151645, null]], "e2e_latency": 1e-05}}',
-    b'{"a": NaN, "b": -Infinity}',  # the stdlib accepts these; orjson does not
-    b'"\\ud800 lone surrogate"',
-    b'{"k": 1, "k": 2}',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"meta_info": {"output_token_logprobs": [[-0.015625, 151645, null]], "e2e_latency": 1e-05}}',
+        b'{"a": NaN, "b": -Infinity}',  # the stdlib accepts these; orjson does not
+        b'"\\ud800 lone surrogate"',
+        b'{"k": 1, "k": 2}',
+    ],
+)
 def test_engine_replies_read_exactly_as_the_stdlib_reads_them(raw: bytes) -> None:
     ours, stdlib = fast_json.loads(raw), json.loads(raw)
     assert json.dumps(ours) == json.dumps(stdlib)
@@ -116,10 +119,13 @@ def test_bad_engine_json_is_still_a_value_error() -> None:
         fast_json.loads(b"<html>502 Bad Gateway</html>")
 
 
-@pytest.mark.parametrize("value", [
-    {"rid": "r", "input_ids": list(range(3000)), "sampling_params": {"temperature": 0.7, "stop": ["\u2028"]}},
-    {"rid": "r", "sampling_params": {"top_k": 2**70}},  # orjson refuses: the stdlib writes it
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"rid": "r", "input_ids": list(range(3000)), "sampling_params": {"temperature": 0.7, "stop": ["\u2028"]}},
+        {"rid": "r", "sampling_params": {"top_k": 2**70}},  # orjson refuses: the stdlib writes it
+    ],
+)
 def test_engine_requests_encode_to_the_same_json_value(value: dict) -> None:
     assert json.loads(fast_json.dumps(value)) == value
 

@@ -22,14 +22,17 @@ from tito_rl.trajectory.adapters.session_from import (
 from tito_rl.trajectory.adapters.tap import AgentExchange
 
 
-@pytest.mark.parametrize(("text", "kind", "name", "secret"), [
-    ("bearer", "bearer", "", True),
-    ("header:X-Session-Id", "header", "x-session-id", False),
-    ("header:api-key", "header", "api-key", True),
-    ("cookie:sid", "cookie", "sid", False),
-    ("path:/proxy/rollout/{sid}", "path", "/proxy/rollout/{sid}", False),
-    ("path:/proxy/rollout/{sid}/attempt/{aid}", "path", "/proxy/rollout/{sid}/attempt/{aid}", False),
-])
+@pytest.mark.parametrize(
+    ("text", "kind", "name", "secret"),
+    [
+        ("bearer", "bearer", "", True),
+        ("header:X-Session-Id", "header", "x-session-id", False),
+        ("header:api-key", "header", "api-key", True),
+        ("cookie:sid", "cookie", "sid", False),
+        ("path:/proxy/rollout/{sid}", "path", "/proxy/rollout/{sid}", False),
+        ("path:/proxy/rollout/{sid}/attempt/{aid}", "path", "/proxy/rollout/{sid}/attempt/{aid}", False),
+    ],
+)
 def test_each_kind_parses_to_its_spec(text: str, kind: str, name: str, secret: bool) -> None:
     where = parse_session_from(text)
     assert (where.kind, where.name, where.secret) == (kind, name, secret)
@@ -37,18 +40,21 @@ def test_each_kind_parses_to_its_spec(text: str, kind: str, name: str, secret: b
     assert (from_source(where.spec) == where) is (kind != "bearer")
 
 
-@pytest.mark.parametrize(("text", "says"), [
-    ("query", "expected bearer, header:NAME"),
-    ("header:", "expected bearer, header:NAME"),
-    ("header:x session", "is not a header name"),
-    ("cookie:a;b", "is not a cookie name"),
-    ("path:proxy/{sid}", "the prefix is a path"),
-    ("path:/proxy/{sid}/", "the prefix is a path"),
-    ("path:/proxy/rollout", "names the session's segment once"),
-    ("path:/a/{sid}/b/{sid}", "names the session's segment once"),
-    ("path:/a/x{sid}", "names the session's segment once"),
-    ("path:/a/{sid}/b{x}", "a placeholder is a whole segment"),
-])
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("query", "expected bearer, header:NAME"),
+        ("header:", "expected bearer, header:NAME"),
+        ("header:x session", "is not a header name"),
+        ("cookie:a;b", "is not a cookie name"),
+        ("path:proxy/{sid}", "the prefix is a path"),
+        ("path:/proxy/{sid}/", "the prefix is a path"),
+        ("path:/proxy/rollout", "names the session's segment once"),
+        ("path:/a/{sid}/b/{sid}", "names the session's segment once"),
+        ("path:/a/x{sid}", "names the session's segment once"),
+        ("path:/a/{sid}/b{x}", "a placeholder is a whole segment"),
+    ],
+)
 def test_a_bad_spec_is_one_line_naming_what_is_wrong(text: str, says: str) -> None:
     with pytest.raises(SessionFromError) as caught:
         parse_session_from(text)
@@ -56,8 +62,11 @@ def test_a_bad_spec_is_one_line_naming_what_is_wrong(text: str, says: str) -> No
 
 
 def test_each_kind_reads_its_own_place_and_a_request_naming_none_is_no_session() -> None:
-    headers = {"Authorization": "Bearer sk-rollout-secret-0001", "X-Session-Id": "ro-7",
-               "Cookie": "theme=dark; sid=ro-8; other=x"}
+    headers = {
+        "Authorization": "Bearer sk-rollout-secret-0001",
+        "X-Session-Id": "ro-7",
+        "Cookie": "theme=dark; sid=ro-8; other=x",
+    }
     path = "/proxy/rollout/ro-9/attempt/at-1/mode/train/openai/v1/chat/completions"
     assert parse_session_from("bearer").resolve(path, headers).sid == "sk-rollout-secret-0001"
     ref = parse_session_from("header:x-session-id").resolve(path, headers)
@@ -83,19 +92,24 @@ def test_each_kind_reads_its_own_place_and_a_request_naming_none_is_no_session()
 def _write(file: Path, source_id: str, source: str, headers: dict[str, str], path: str, body: bytes) -> bytes:
     with CassetteWriter(file, Header("sha256:test", created="2026-01-01T00:00:00Z")) as writer:
         writer.agent_request(source_id, source, headers)
-        writer.agent_exchange(source_id, source, AgentExchange("POST", path, "", headers, body, 200, {},
-                                                               reply_body=b'{"ok": true}'))
+        writer.agent_exchange(
+            source_id, source, AgentExchange("POST", path, "", headers, body, 200, {}, reply_body=b'{"ok": true}')
+        )
         writer.session_finished(source_id, source, 1.0, [])
     return file.read_bytes()
 
 
-@pytest.mark.parametrize(("source", "path", "extra"), [
-    ("header:x-session-id", "/v1/chat/completions", {"X-Session-Id": "ro-public-0007"}),
-    ("cookie:sid", "/v1/chat/completions", {"Cookie": "theme=dark-cookie-secret; sid=ro-public-0007"}),
-    ("path:/proxy/rollout/{sid}", "/proxy/rollout/ro-public-0007/v1/chat/completions", {}),
-])
+@pytest.mark.parametrize(
+    ("source", "path", "extra"),
+    [
+        ("header:x-session-id", "/v1/chat/completions", {"X-Session-Id": "ro-public-0007"}),
+        ("cookie:sid", "/v1/chat/completions", {"Cookie": "theme=dark-cookie-secret; sid=ro-public-0007"}),
+        ("path:/proxy/rollout/{sid}", "/proxy/rollout/ro-public-0007/v1/chat/completions", {}),
+    ],
+)
 def test_a_public_session_id_stays_verbatim_and_no_secret_reaches_the_cassette(
-        source: str, path: str, extra: dict[str, str], tmp_path: Path) -> None:
+    source: str, path: str, extra: dict[str, str], tmp_path: Path
+) -> None:
     secrets = ("sk-rollout-secret-000000000000000000000000000001", "dark-cookie-secret")
     headers = {"Authorization": f"Bearer {secrets[0]}", **extra}
     body = b'{"messages": [{"role": "user", "content": "session ro-public-0007, key ' + secrets[0].encode() + b'"}]}'

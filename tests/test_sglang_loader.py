@@ -34,7 +34,8 @@ def test_parsers_load_without_sglangs_runtime_or_torch() -> None:
         "print(sorted(m for m in ('torch', 'triton', 'tvm_ffi', 'sglang.lang', 'sglang.srt.managers')"
         " if m in sys.modules))\n"
         "print(hasattr(sglang, 'Runtime'), xgrammar.StructuralTag is xgrammar.structural_tag.StructuralTag)\n"
-        "print(p.ReasoningParser('qwen3').parse_non_stream('<think>a</think>b'))\n")
+        "print(p.ReasoningParser('qwen3').parse_non_stream('<think>a</think>b'))\n"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[]", "False True", "('a', 'b')"]
     assert done.stderr == ""  # no advice, warnings or leak reports from the libraries loaded
@@ -51,8 +52,10 @@ def test_a_different_version_is_an_error_naming_the_pinned_one(monkeypatch: pyte
 def test_a_missing_package_is_an_error_with_the_install_command() -> None:
     with pytest.raises(SglangInstallError) as e:
         check_version("no-such-distribution-tito", "1.0")
-    assert str(e.value) == ("no-such-distribution-tito is not installed; tito's parsers need "
-                            f"no-such-distribution-tito==1.0: {sglang_loader.INSTALL_COMMAND}")
+    assert str(e.value) == (
+        "no-such-distribution-tito is not installed; tito's parsers need "
+        f"no-such-distribution-tito==1.0: {sglang_loader.INSTALL_COMMAND}"
+    )
 
 
 def test_tito_serve_with_another_sglang_says_which_version_it_needs() -> None:
@@ -61,16 +64,22 @@ def test_tito_serve_with_another_sglang_says_which_version_it_needs() -> None:
         "real = importlib.metadata.version\n"
         "importlib.metadata.version = lambda name: '0.5.22' if name == 'sglang' else real(name)\n"
         "from tito_rl.main import main\n"
-        "sys.exit(main(['serve', '--engine', 'http://127.0.0.1:9']))\n")
+        "sys.exit(main(['serve', '--engine', 'http://127.0.0.1:9']))\n"
+    )
     assert done.returncode == 2
     assert done.stdout == ""
-    assert done.stderr == (f"tito serve: sglang 0.5.22 is installed, but tito's parsers need sglang=={SGLANG_VERSION} "
-                           f"(they are loaded from that version's modules): {sglang_loader.INSTALL_COMMAND}\n")
+    assert done.stderr == (
+        f"tito serve: sglang 0.5.22 is installed, but tito's parsers need sglang=={SGLANG_VERSION} "
+        f"(they are loaded from that version's modules): {sglang_loader.INSTALL_COMMAND}\n"
+    )
 
 
 def test_the_pins_installed_are_the_pins_checked() -> None:
-    pins = [line for line in (ROOT / "requirements-parsers.txt").read_text().splitlines()
-            if line and not line.startswith("#")]
+    pins = [
+        line
+        for line in (ROOT / "requirements-parsers.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     assert pins == [f"sglang=={SGLANG_VERSION}", f"xgrammar=={XGRAMMAR_VERSION}"]
     assert importlib.metadata.version("sglang") == SGLANG_VERSION
     assert importlib.metadata.version("xgrammar") == XGRAMMAR_VERSION
@@ -91,11 +100,15 @@ def test_stand_ins_are_held_only_where_the_parsers_never_call_them() -> None:
         "print([n for n in ('transformers', 'IPython', 'numpy', 'requests', 'pybase64', 'tqdm') if n in sys.modules])\n"
         "import numpy, requests, tqdm, transformers, IPython.display\n"
         "print(numpy.zeros(2).tolist(), callable(tqdm.tqdm), transformers.PreTrainedTokenizerBase.__module__)\n"
-        "print(p.ReasoningParser('qwen3').parse_non_stream('<think>a</think>b'))\n")
+        "print(p.ReasoningParser('qwen3').parse_non_stream('<think>a</think>b'))\n"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "['sglang.srt.parser.reasoning_parser', 'sglang.utils']", "[]",
-        "[0.0, 0.0] True transformers.tokenization_utils_base", "('a', 'b')"]
+        "['sglang.srt.parser.reasoning_parser', 'sglang.utils']",
+        "[]",
+        "[0.0, 0.0] True transformers.tokenization_utils_base",
+        "('a', 'b')",
+    ]
 
 
 def test_openai_runs_its_init_only_when_a_name_of_it_is_asked_for() -> None:
@@ -113,11 +126,14 @@ def test_openai_runs_its_init_only_when_a_name_of_it_is_asked_for() -> None:
         "from importlib.metadata import version\n"
         "print(OpenAI is openai.OpenAI, openai.__version__ == version('openai'), Batch.__module__,"
         " openai.types.responses.ResponseOutputText.__module__)\n"
-        "print(getattr(openai, 'no_such_name', 'missing'))\n")
+        "print(getattr(openai, 'no_such_name', 'missing'))\n"
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "False False False False", "True True openai.types.batch openai.types.responses.response_output_text",
-        "missing"]
+        "False False False False",
+        "True True openai.types.batch openai.types.responses.response_output_text",
+        "missing",
+    ]
 
 
 def test_a_bare_model_rebuild_while_the_parsers_load_waits_for_first_use() -> None:
@@ -138,7 +154,8 @@ def test_a_bare_model_rebuild_while_the_parsers_load_waits_for_first_use() -> No
         "print(type(parsed.format.elements[1]).__name__, parsed.format.elements[1].elements[0].value)\n"
         "import json, hashlib\n"
         "schema = json.dumps(st.StructuralTag.model_json_schema(), sort_keys=True)\n"
-        "print(hashlib.sha256(schema.encode()).hexdigest())\n")
+        "print(hashlib.sha256(schema.encode()).hexdigest())\n"
+    )
     assert done.returncode == 0, done.stderr
     deferred = done.stdout.splitlines()
     eager = run_python(  # xgrammar imported on its own, its models built at import as it means them to be
@@ -149,7 +166,8 @@ def test_a_bare_model_rebuild_while_the_parsers_load_waits_for_first_use() -> No
         "print(st.SequenceFormat.__pydantic_complete__)\n"
         "import json, hashlib\n"
         "schema = json.dumps(st.StructuralTag.model_json_schema(), sort_keys=True)\n"
-        "print(hashlib.sha256(schema.encode()).hexdigest())\n")
+        "print(hashlib.sha256(schema.encode()).hexdigest())\n"
+    )
     assert eager.returncode == 0, eager.stderr
     assert deferred[:2] == ["True False", "SequenceFormat b"]
     assert eager.stdout.splitlines() == ["True", deferred[2]]  # the same schema, built later

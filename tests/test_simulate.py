@@ -47,9 +47,22 @@ def test_a_scenario_without_client_needs_agent_and_task(tmp_path: Path) -> None:
 def test_the_command_line_says_why_in_one_line_and_exits_1(tmp_path: Path) -> None:
     out = tmp_path / "kept.tito"
     out.write_bytes(b"committed")
-    proc = subprocess.run([sys.executable, "-m", "tito_rl", "simulate", "--scenario",
-                           str(scenario(tmp_path, BARE_ENGINE, "bare")), "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tito_rl",
+            "simulate",
+            "--scenario",
+            str(scenario(tmp_path, BARE_ENGINE, "bare")),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr == f"tito simulate: {out} exists: pass --replace to re-record it\n"
 
@@ -59,9 +72,19 @@ def test_the_command_line_says_why_in_one_line_and_exits_1(tmp_path: Path) -> No
 FAILING = {
     "after_last": "error",
     "turns": [{"text": "Listing.", "tool_calls": [{"name": "Bash", "arguments": {"command": "ls"}}]}],
-    "client": {"sessions": [{"id": "simulate-fails-0000", "wire": "anthropic", "stream": False,
-                             "system": "You are a coding agent.", "tools": ["Bash"], "results": {"Bash": "a.txt"},
-                             "steps": [{"prompt": "List the files."}, {"finish": 1.0}]}]},
+    "client": {
+        "sessions": [
+            {
+                "id": "simulate-fails-0000",
+                "wire": "anthropic",
+                "stream": False,
+                "system": "You are a coding agent.",
+                "tools": ["Bash"],
+                "results": {"Bash": "a.txt"},
+                "steps": [{"prompt": "List the files."}, {"finish": 1.0}],
+            }
+        ]
+    },
 }
 
 
@@ -75,8 +98,10 @@ def test_a_failed_recording_leaves_no_cassette(tmp_path: Path) -> None:
     out.write_bytes(b"committed")  # with --replace, the old cassette stays until a new one is complete
     with pytest.raises(SimulateError, match="tito record exited with 1"):
         simulate(path, out, replace=True)
-    assert out.read_bytes() == b"committed" and sorted(p.name for p in tmp_path.iterdir()) == ["fails.tito",
-                                                                                                "fails.yaml"]
+    assert out.read_bytes() == b"committed" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "fails.tito",
+        "fails.yaml",
+    ]
 
 
 def test_claude_code_records_a_cassette_and_golden_that_replay_clean(tmp_path: Path) -> None:
@@ -85,28 +110,39 @@ def test_claude_code_records_a_cassette_and_golden_that_replay_clean(tmp_path: P
     from tito_rl.recorder.agents.pins import CLAUDE_CODE
 
     if not is_installed(CLAUDE_CODE):
-        pytest.skip(f"{CLAUDE_CODE.spec} is not installed in .tools/npm: `tito simulate` installs it with npm "
-                    "(needs the registry), or run `python -c 'from tito_rl.recorder.agents.install import "
-                    "ensure_installed; from tito_rl.recorder.agents.pins import CLAUDE_CODE; "
-                    "ensure_installed(CLAUDE_CODE)'`")
+        pytest.skip(
+            f"{CLAUDE_CODE.spec} is not installed in .tools/npm: `tito simulate` installs it with npm "
+            "(needs the registry), or run `python -c 'from tito_rl.recorder.agents.install import "
+            "ensure_installed; from tito_rl.recorder.agents.pins import CLAUDE_CODE; "
+            "ensure_installed(CLAUDE_CODE)'`"
+        )
     # The example engine script under a name of its own: session ids (and so sandbox paths) derive from it,
     # and another recording of the example may run at the same time.
     data = yaml.safe_load((ROOT / "fake_engine" / "examples" / "claude_tool_loop.yaml").read_text())
-    data["client"] = {"agent": "claude-code", "task": "List the files in this folder.", "timeout_s": 120,
-                      "record_args": ["--reward", "1"]}
+    data["client"] = {
+        "agent": "claude-code",
+        "task": "List the files in this folder.",
+        "timeout_s": 120,
+        "record_args": ["--reward", "1"],
+    }
     out = tmp_path / "sim_claude.tito"
     done = simulate(scenario(tmp_path, data, "test_simulate_claude"), out, timeout_s=300)
     assert done.cassette == out and out.is_file() and out.with_suffix(".golden").is_file()
     assert "session test-simulate-claude-claude-code-0000 run 0: ok" in done.log
     assert not out.with_name(out.name + ".partial").exists()
     cassette = read_cassette(out)
-    assert cassette.header.agent == {"client": "claude-code", "package": "@anthropic-ai/claude-code",
-                                     "version": "2.1.330", "scenario": "test_simulate_claude"}
+    assert cassette.header.agent == {
+        "client": "claude-code",
+        "package": "@anthropic-ai/claude-code",
+        "version": "2.1.330",
+        "scenario": "test_simulate_claude",
+    }
     golden = out.with_suffix(".golden").read_text()
     assert "stats: turns 2, side turns 0, leaves 1, samples 1, forks none" in golden
     assert 'calls "Bash({"command":"ls"' in golden
-    replay = subprocess.run([sys.executable, "-m", "tito_rl", "replay", str(out)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    replay = subprocess.run(
+        [sys.executable, "-m", "tito_rl", "replay", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert replay.returncode == 0, replay.stdout + replay.stderr
 
 
@@ -120,8 +156,14 @@ def test_a_session_already_recording_is_one_clear_error(tmp_path: Path) -> None:
     from tito_rl.recorder.agents.sandbox import LocalSandbox, SandboxError
     from tito_rl.trajectory.adapters.session import session_digest
 
-    with LocalSandbox(parent=tmp_path, name="taken"), pytest.raises(SandboxError, match=r"taken exists: a "
-                                                                    r"recording of the same session is running"):
+    with (
+        LocalSandbox(parent=tmp_path, name="taken"),
+        pytest.raises(
+            SandboxError,
+            match=r"taken exists: a "
+            r"recording of the same session is running",
+        ),
+    ):
         LocalSandbox(parent=tmp_path, name="taken")
     if not is_installed(CODEX):
         pytest.skip(f"{CODEX.spec} is not installed in .tools/npm: `tito simulate --agent codex ...` installs it")

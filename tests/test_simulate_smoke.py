@@ -31,14 +31,25 @@ def smoke_scenario(agent: str, word: str) -> dict:
         "after_last": "repeat",  # a client's extra request (a title, a next-speaker check) gets the answer again
         "sessions": [
             {"match": {"prompt_contains": "title generator"}, "turns": [{"text": "Smoke test"}]},
-            {"turns": [
-                {"reasoning": f"I echo {word}.", "text": f"Running echo {word}.",
-                 "tool_calls": [{"name": "shell", "arguments": {"command": f"echo {word}",
-                                                                "description": "Echo the word"}}]},
-                {"reasoning": "The shell answered.", "text": f"The shell printed {word}."}]},
+            {
+                "turns": [
+                    {
+                        "reasoning": f"I echo {word}.",
+                        "text": f"Running echo {word}.",
+                        "tool_calls": [
+                            {"name": "shell", "arguments": {"command": f"echo {word}", "description": "Echo the word"}}
+                        ],
+                    },
+                    {"reasoning": "The shell answered.", "text": f"The shell printed {word}."},
+                ]
+            },
         ],
-        "client": {"agent": agent, "task": f"Run echo {word} in the shell.", "timeout_s": 120,
-                   "record_args": ["--reward", "1"]},
+        "client": {
+            "agent": agent,
+            "task": f"Run echo {word} in the shell.",
+            "timeout_s": 120,
+            "record_args": ["--reward", "1"],
+        },
     }
 
 
@@ -46,8 +57,10 @@ def smoke_scenario(agent: str, word: str) -> dict:
 def test_client_rerecords_a_tool_loop_that_replays_clean(agent: str, tmp_path: Path) -> None:
     pin = PINS[agent]
     if not is_installed(pin):
-        pytest.skip(f"{agent}: {pin.spec} is not installed in {install_dir(pin)}; `make corpus` or "
-                    f"`tito simulate --agent {agent} ...` installs it with npm (cached there)")
+        pytest.skip(
+            f"{agent}: {pin.spec} is not installed in {install_dir(pin)}; `make corpus` or "
+            f"`tito simulate --agent {agent} ...` installs it with npm (cached there)"
+        )
     scenario = tmp_path / f"smoke_{agent}.yaml"
     scenario.write_text(yaml.safe_dump(smoke_scenario(agent, WORDS[agent]), sort_keys=False))
     out = tmp_path / f"smoke_{agent}.tito"
@@ -69,5 +82,6 @@ def test_client_rerecords_a_tool_loop_that_replays_clean(agent: str, tmp_path: P
     # What `tito replay` checks, in this process (its tokenizer is loaded once for all five tests).
     result = replay_cassette(out)
     goldens.check(result, result.all_sessions, TokenizerNames(load_tokenizer(result.tokenizer_dir)))
-    assert [(s.differences, s.golden) for s in result.sessions] == [([], "ok")], [s.golden_diff for s in
-                                                                                  result.sessions]
+    assert [(s.differences, s.golden) for s in result.sessions] == [([], "ok")], [
+        s.golden_diff for s in result.sessions
+    ]

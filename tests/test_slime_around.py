@@ -35,8 +35,9 @@ SESSIONS = ("slime-anthropic-sse", "slime-anthropic-json", "slime-chat-sse", "sl
 
 
 def run_tito(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 def slime_missing() -> str | None:
@@ -106,8 +107,9 @@ def test_a_one_token_edit_in_slime_s_translation_fails_the_replay_naming_that_to
     anthropic.write_text(source.replace(line, line.replace("flatten_content(system)", 'flatten_content(system) + "!"')))
     run = run_tito("replay", str(CASSETTE), env={**os.environ, "TITO_SLIME_PATH": str(tmp_path)})
     assert run.returncode == 1, run.stdout + run.stderr
-    found = re.findall(r"engine request differs: input_ids at token (\d+) \(recorded (\d+) tokens, replayed (\d+)\)",
-                       run.stdout)
+    found = re.findall(
+        r"engine request differs: input_ids at token (\d+) \(recorded (\d+) tokens, replayed (\d+)\)", run.stdout
+    )
     assert len(found) == 2 and all(int(replayed) == int(recorded) + 1 for _, recorded, replayed in found), run.stdout
     replayed = [line for line in run.stdout.splitlines() if line.strip().startswith("replayed:")]
     assert len(replayed) == 2 and all("brief' | '.!\\n\\n# Tools" in line for line in replayed), replayed
@@ -119,8 +121,14 @@ def test_a_grpo_group_recorded_around_slime_gets_each_session_its_own_output_bac
     scenario = grpo_scenario(tmp_path)
     out = tmp_path / "grpo.tito"
     port = free_port()
-    with tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}",
-              ready=f"http://127.0.0.1:{port}/health"):
+    with tito(
+        "fake-engine",
+        "--script",
+        str(scenario),
+        "--listen",
+        f"127.0.0.1:{port}",
+        ready=f"http://127.0.0.1:{port}/health",
+    ):
         record(out, f"http://127.0.0.1:{port}", scenario, "--target", "slime")
     cassette = read_cassette(out)
     assert cassette.header.target["name"] == "slime"

@@ -26,8 +26,13 @@ from tito_rl.replayer.replay.cassette_replay import replay_cassette_async
 from tito_rl.replayer.replay.loading import adapter_settings
 from tito_rl.trajectory.events import coverage_text
 
-TOOLS = [{"name": "Bash", "description": "Run a shell command.",
-          "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+TOOLS = [
+    {
+        "name": "Bash",
+        "description": "Run a shell command.",
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}},
+    }
+]
 NEWLINE = 198
 
 
@@ -40,6 +45,7 @@ def drifting(stack: Any, tokenizer: Any) -> list[list[int]]:
         drifted = inject_split(tokenizer, ids)
         emitted.append((drifted[0] if drifted else ids) + [EOS])
         return emitted[-1]
+
     stack.double.output_ids = output_ids
     return emitted
 
@@ -48,8 +54,15 @@ def coverage(stats: Any) -> str:
     return coverage_text(stats.trained_tokens, stats.emitted_tokens)
 
 
-async def ask(http: aiohttp.ClientSession, url: str, sid: str, messages: list[dict[str, Any]],
-              max_tokens: int = 256, tools: list[dict[str, Any]] = TOOLS, system: str = "S") -> dict[str, Any]:
+async def ask(
+    http: aiohttp.ClientSession,
+    url: str,
+    sid: str,
+    messages: list[dict[str, Any]],
+    max_tokens: int = 256,
+    tools: list[dict[str, Any]] = TOOLS,
+    system: str = "S",
+) -> dict[str, Any]:
     """One Anthropic-wire turn; the history gains the reply as Claude Code echoes it (its content blocks)."""
     body = {"model": "m", "max_tokens": max_tokens, "system": system, "tools": tools, "messages": messages}
     async with http.post(url + "/v1/messages", json=body, headers={"Authorization": f"Bearer {sid}"}) as resp:
@@ -60,8 +73,14 @@ async def ask(http: aiohttp.ClientSession, url: str, sid: str, messages: list[di
 
 
 def result_for(reply: dict[str, Any], output: str = "ok") -> dict[str, Any]:
-    return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": b["id"], "content": output}
-                                        for b in reply["content"] if b["type"] == "tool_use"]}
+    return {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": b["id"], "content": output}
+            for b in reply["content"]
+            if b["type"] == "tool_use"
+        ],
+    }
 
 
 def kinds(stack: Any, sid: str) -> list[str]:
@@ -110,11 +129,11 @@ def test_drift_fault_every_emitted_token_is_trained_once(drift_cassette, capsys)
     # Each prompt holds the previous prompt and output exactly as sent and emitted, then the template's "\n".
     for before, after in zip(engine, engine[1:], strict=False):
         held = before.request["input_ids"] + before.response["output_ids"]
-        assert after.request["input_ids"][:len(held) + 1] == held + [NEWLINE]
+        assert after.request["input_ids"][: len(held) + 1] == held + [NEWLINE]
     (sample,) = live[SID]
     emitted = sum(len(o) for o in outputs)
     assert sum(sample["loss_mask"]) == emitted  # coverage 1.0: every emitted token trained, once
-    trained = [t for t, m in zip(sample["tokens"][-sample["response_length"]:], sample["loss_mask"], strict=True) if m]
+    trained = [t for t, m in zip(sample["tokens"][-sample["response_length"] :], sample["loss_mask"], strict=True) if m]
     assert trained == [t for o in outputs for t in o]
 
     assert main(["replay", str(path)]) == 0  # strict: the recorded spliced prompts are what replay sends
@@ -136,8 +155,7 @@ def test_no_splice_what_if_shows_what_splicing_changes(drift_cassette, capsys) -
     assert "samples 1 -> 1" in out and "trained 180 -> 33  coverage 1.0 -> 0.183  differs" in out
 
 
-def test_a_header_without_the_setting_replays_as_recorded_before_splicing(monkeypatch, tmp_path: Path,
-                                                                          capsys) -> None:
+def test_a_header_without_the_setting_replays_as_recorded_before_splicing(monkeypatch, tmp_path: Path, capsys) -> None:
     """Cassettes from before splicing lack the key: their prompts were rendered, so they replay unspliced."""
     assert adapter_settings(Header("fingerprint", adapter={}), None, {}).splice is False
     assert adapter_settings(Header("fingerprint", adapter={"splice": True}), None, {}).splice is True
@@ -145,8 +163,9 @@ def test_a_header_without_the_setting_replays_as_recorded_before_splicing(monkey
     import tito_rl.recorder.taps.proxy as proxy
 
     original = proxy.adapter_settings_dict
-    monkeypatch.setattr(proxy, "adapter_settings_dict",
-                        lambda settings: {k: v for k, v in original(settings).items() if k != "splice"})
+    monkeypatch.setattr(
+        proxy, "adapter_settings_dict", lambda settings: {k: v for k, v in original(settings).items() if k != "splice"}
+    )
     path = tmp_path / "old.tito"
     record(path, tool_loop_scenario(3, t0={"drift": True}), _loop_and_finish, splice=False)
     monkeypatch.undo()
@@ -164,8 +183,8 @@ async def _loop_and_finish(live: Live) -> None:
     await live.finish(SID, 1.0)
 
 
-
 # ---- the issue's scenario: drift on some turns of several concurrent Claude-Code-like sessions ------------------
+
 
 def _drifting_sessions_scenario(sessions: int = 6) -> dict[str, Any]:
     """Each session a tool loop of 7 or 8 model turns over two user prompts (thinking, text, one parallel call),
@@ -178,8 +197,13 @@ def _drifting_sessions_scenario(sessions: int = 6) -> dict[str, Any]:
             calls = [{"name": "shell", "arguments": {"command": f"ls part{k}/dir{t}", "description": f"List {t}"}}]
             if t == 2:
                 calls.append({"name": "read", "arguments": {"file_path": f"/work/part{k}/notes{t}.md"}})
-            turns.append({"reasoning": f"Session {k}, step {t}: I need to see what part{k}/dir{t} holds.",
-                          "text": f"Looking at dir{t}.", "tool_calls": calls})
+            turns.append(
+                {
+                    "reasoning": f"Session {k}, step {t}: I need to see what part{k}/dir{t} holds.",
+                    "text": f"Looking at dir{t}.",
+                    "tool_calls": calls,
+                }
+            )
         turns.append({"reasoning": "I have seen every folder.", "text": f"Part {k} holds {len(turns)} folders."})
         turns.append({"reasoning": "The user asks for a summary.", "text": f"In short: part {k} is all folders."})
         for t, turn in enumerate(turns):
@@ -188,11 +212,21 @@ def _drifting_sessions_scenario(sessions: int = 6) -> dict[str, Any]:
             elif (t + k) % 3 == 1:
                 turn["faults"] = {"drift": True, "drift_splits": 4}
         engine.append({"match": {"prompt_contains": f"part {k} of the repository"}, "turns": turns})
-        client.append({"id": f"drift-session-{k}", "wire": "anthropic", "stream": k % 2 == 0,
-                       "system": "You are a coding agent working in /work. Be brief.", "tools": ["Bash", "Read"],
-                       "results": {"Bash": [f"file{n}.py" for n in range(6)], "Read": "# notes"},
-                       "steps": [{"prompt": f"What is in part {k} of the repository?"},
-                                 {"prompt": "Summarise it in one line."}, {"finish": 1.0}]})
+        client.append(
+            {
+                "id": f"drift-session-{k}",
+                "wire": "anthropic",
+                "stream": k % 2 == 0,
+                "system": "You are a coding agent working in /work. Be brief.",
+                "tools": ["Bash", "Read"],
+                "results": {"Bash": [f"file{n}.py" for n in range(6)], "Read": "# notes"},
+                "steps": [
+                    {"prompt": f"What is in part {k} of the repository?"},
+                    {"prompt": "Summarise it in one line."},
+                    {"finish": 1.0},
+                ],
+            }
+        )
     return {"name": "drifting_sessions", "sessions": engine, "client": {"sessions": client}}
 
 
@@ -208,11 +242,11 @@ async def test_drift_on_some_turns_of_concurrent_sessions_trains_every_emitted_t
         log = session_log(cassette, result.session_id)
         outputs = [e.response["output_ids"] for e in generations(log)]
         outputs_seen += len(outputs)
-        drifted += sum(tokenizer.encode(tokenizer.decode(o[:-1]), add_special_tokens=False) != o[:-1]
-                       for o in outputs)
+        drifted += sum(tokenizer.encode(tokenizer.decode(o[:-1]), add_special_tokens=False) != o[:-1] for o in outputs)
         (sample,) = log.samples
-        trained = [t for t, m in zip(sample["tokens"][-sample["response_length"]:], sample["loss_mask"], strict=True)
-                   if m]
+        trained = [
+            t for t, m in zip(sample["tokens"][-sample["response_length"] :], sample["loss_mask"], strict=True) if m
+        ]
         assert trained == [t for o in outputs for t in o], result.session_id  # each emitted token, once, in order
     assert outputs_seen == 45 and drifted >= 25  # the fault really split tokens on most turns
     replayed = await replay_cassette_async(tmp_path / "drifting.tito")  # no golden: the recording is the check
@@ -222,14 +256,18 @@ async def test_drift_on_some_turns_of_concurrent_sessions_trains_every_emitted_t
         assert (c["samples"], c["realigns"], c["forks"], c["trained"]) == (1, 0, {}, c["emitted"]), session.line()
         assert "coverage 1.0" in session.line()
 
+
 # ---- what the spliced prompt is ---------------------------------------------------------------------------------
+
 
 async def test_the_spliced_prompt_is_the_previous_prompt_and_output_then_the_rendered_rest(qwen_tokenizer) -> None:
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
         emitted = drifting(stack, qwen_tokenizer)
-        stack.double.script += [qwen3_output("Looking.", "I list.", [("Bash", {"command": "ls"})]),
-                                qwen3_output("A long answer that the token limit will cut short here.", "Done."),
-                                "Fine."]
+        stack.double.script += [
+            qwen3_output("Looking.", "I list.", [("Bash", {"command": "ls"})]),
+            qwen3_output("A long answer that the token limit will cut short here.", "Done."),
+            "Fine.",
+        ]
         messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
         reply = await ask(http, stack.url, "p", messages)
         messages.append(result_for(reply, "README.md"))
@@ -239,14 +277,15 @@ async def test_the_spliced_prompt_is_the_previous_prompt_and_output_then_the_ren
     p0, p1, p2 = (r["input_ids"] for r in stack.double.requests)
     o0, o1 = emitted[0], emitted[1][:12]
     assert o0[-1] == EOS and o1[-1] != EOS
-    assert p1[:len(p0) + len(o0) + 1] == p0 + o0 + [NEWLINE]  # the model's <|im_end|>, then the template's "\n"
-    assert p2[:len(p1) + len(o1) + 2] == p1 + o1 + [EOS, NEWLINE]  # a cut reply: the template closes the turn
+    assert p1[: len(p0) + len(o0) + 1] == p0 + o0 + [NEWLINE]  # the model's <|im_end|>, then the template's "\n"
+    assert p2[: len(p1) + len(o1) + 2] == p1 + o1 + [EOS, NEWLINE]  # a cut reply: the template closes the turn
     adapter = stack.adapter
-    rendered = adapter.renderer.encode(adapter.renderer.render(adapter.renderer_messages(
-        adapter.state("p"), _turn(messages[:-1])), _openai_tools()))
+    rendered = adapter.renderer.encode(
+        adapter.renderer.render(adapter.renderer_messages(adapter.state("p"), _turn(messages[:-1])), _openai_tools())
+    )
     cut = len(p1) + len(o1) + 1
     # What follows the spliced history is exactly the template's render of the new messages, as ids.
-    assert p2[cut:] == rendered[len(rendered) - (len(p2) - cut):]
+    assert p2[cut:] == rendered[len(rendered) - (len(p2) - cut) :]
     assert p2 != rendered and qwen_tokenizer.decode(p2) == qwen_tokenizer.decode(rendered)  # drift only
     stats = stack.manager.stats("p")
     assert (stats.realigns, stats.samples, coverage(stats)) == (0, 1, "1.0")
@@ -256,8 +295,7 @@ async def test_the_spliced_prompt_is_the_previous_prompt_and_output_then_the_ren
 def _turn(messages: list[dict[str, Any]]) -> Any:
     from tito_rl.trajectory.adapters.wires import anthropic
 
-    return anthropic.parse_request({"model": "m", "max_tokens": 1, "system": "S", "tools": TOOLS,
-                                    "messages": messages})
+    return anthropic.parse_request({"model": "m", "max_tokens": 1, "system": "S", "tools": TOOLS, "messages": messages})
 
 
 def _openai_tools() -> list[dict[str, Any]]:
@@ -276,7 +314,7 @@ async def test_text_the_template_normalises_is_kept_as_the_model_emitted_it(qwen
         await ask(http, stack.url, "n", messages)
     p0, p1 = (r["input_ids"] for r in stack.double.requests)
     o0 = stack.double.output_ids(raw)
-    assert p1[:len(p0) + len(o0)] == p0 + o0
+    assert p1[: len(p0) + len(o0)] == p0 + o0
     assert "Let me check.\n<tool_call>" not in qwen_tokenizer.decode(p1)  # the template's spelling is not used
     stats = stack.manager.stats("n")
     assert (stats.realigns, sum(stats.forks.values()), coverage(stats)) == (0, 0, "1.0")
@@ -293,14 +331,17 @@ async def test_text_the_template_normalises_is_kept_as_the_model_emitted_it(qwen
 
 # ---- where splicing is refused, and says so ---------------------------------------------------------------------
 
+
 async def test_reasoning_dropped_on_purpose_is_rendered_and_named(qwen_tokenizer) -> None:
     """--no-preserve-reasoning: a tool loop keeps reasoning (spliced); a new user message makes the template
     drop it, which splicing must not undo: the render is sent, and both refusals are in the decisions."""
     async with running_stack(qwen_tokenizer, preserve_reasoning=False) as stack, aiohttp.ClientSession() as http:
         drifting(stack, qwen_tokenizer)
-        stack.double.script += [qwen3_output("", "First I list.", [("Bash", {"command": "ls"})]),
-                                qwen3_output("It holds README.md.", "The listing is short."),
-                                qwen3_output("Yes.", "The user asks again.")]
+        stack.double.script += [
+            qwen3_output("", "First I list.", [("Bash", {"command": "ls"})]),
+            qwen3_output("It holds README.md.", "The listing is short."),
+            qwen3_output("Yes.", "The user asks again."),
+        ]
         messages: list[dict[str, Any]] = [{"role": "user", "content": "what is here?"}]
         reply = await ask(http, stack.url, "r", messages)
         messages.append(result_for(reply, "README.md"))
@@ -309,13 +350,14 @@ async def test_reasoning_dropped_on_purpose_is_rendered_and_named(qwen_tokenizer
         await ask(http, stack.url, "r", messages)  # new query: the template drops both turns' reasoning
     p2 = stack.double.requests[2]["input_ids"]
     adapter = stack.adapter
-    text = adapter.renderer.render(adapter.renderer_messages(adapter.state("r"), _turn(messages[:-1])),
-                                   _openai_tools())
+    text = adapter.renderer.render(adapter.renderer_messages(adapter.state("r"), _turn(messages[:-1])), _openai_tools())
     assert p2 == qwen_tokenizer.encode(text, add_special_tokens=False)  # exactly the render
     assert "First I list." not in qwen_tokenizer.decode(p2)
     events = kinds(stack, "r")
-    assert events[0] == ("unspliced(turn 1's prompt no longer renders as a prefix of this one (earlier history "
-                         "rendered otherwise)) turn=2")
+    assert events[0] == (
+        "unspliced(turn 1's prompt no longer renders as a prefix of this one (earlier history "
+        "rendered otherwise)) turn=2"
+    )
     assert stack.manager.stats("r").forks == {"earlier-response": 1}  # the manager sees the dropped reasoning
 
 
@@ -330,7 +372,8 @@ async def test_a_single_reply_whose_reasoning_the_template_drops_is_rendered_the
         "unspliced(the template renders turn 0's reply otherwise than as ongoing history (e.g. reasoning dropped)) "
         "turn=1",
         f"realign(divergence inside the response of turn 0, prompt rendered: not spliced) turn=1 at="
-        f"{len(stack.double.requests[0]['input_ids'])} leaf=5 tokens=12"]
+        f"{len(stack.double.requests[0]['input_ids'])} leaf=5 tokens=12",
+    ]
 
 
 async def test_a_client_that_rewrites_the_reply_gets_the_render(qwen_tokenizer) -> None:
@@ -364,8 +407,10 @@ async def test_a_template_that_renders_history_around_a_turn_otherwise_is_not_sp
         reply = await ask(http, stack.url, "u", messages)
         messages.append(result_for(reply))
         await ask(http, stack.url, "u", messages, tools=[*TOOLS, {**TOOLS[0], "name": "Read"}])
-    expected = ("unspliced(turn 0's prompt no longer renders as a prefix of this one (earlier history rendered "
-                "otherwise)) turn=1")
+    expected = (
+        "unspliced(turn 0's prompt no longer renders as a prefix of this one (earlier history rendered "
+        "otherwise)) turn=1"
+    )
     assert kinds(stack, "t")[0] == expected and kinds(stack, "u")[0] == expected
 
 
@@ -373,14 +418,16 @@ async def test_an_output_ending_on_another_special_token_is_not_spliced(qwen_tok
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
         # the double's method, replaced for this test: every output ends on <|endoftext|>
         stack.double.output_ids = (  # type: ignore[method-assign]
-            lambda text: qwen_tokenizer.encode(text, add_special_tokens=False) + [151643])
+            lambda text: qwen_tokenizer.encode(text, add_special_tokens=False) + [151643]
+        )
         stack.double.script += [qwen3_output("", "", [("Bash", {"command": "ls"})]), "Done."]
         messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
         reply = await ask(http, stack.url, "e", messages)
         messages.append(result_for(reply))
         await ask(http, stack.url, "e", messages)
-    assert kinds(stack, "e")[0] == ("unspliced(turn 0's output ends on a special token other than the end of turn) "
-                                    "turn=1")
+    assert kinds(stack, "e")[0] == (
+        "unspliced(turn 0's output ends on a special token other than the end of turn) turn=1"
+    )
 
 
 async def main_sub_main(stack: Any, http: aiohttp.ClientSession, sid: str, sub_calls: int) -> list[list[int]]:
@@ -406,8 +453,7 @@ async def test_sub_agents_splice_onto_their_own_chains(qwen_tokenizer) -> None:
         p = await main_sub_main(stack, http, "a", 1)
     stats = stack.manager.stats("a")
     assert (stats.samples, stats.realigns, sum(stats.forks.values()), coverage(stats)) == (2, 0, 0, "1.0")
-    assert p[2][:len(p[1])] == p[1] and p[3][:len(p[0])] == p[0]  # each continues its own chain's ids
-
+    assert p[2][: len(p[1])] == p[1] and p[3][: len(p[0])] == p[0]  # each continues its own chain's ids
 
 
 async def test_a_rewritten_reply_is_rendered_after_the_turns_before_it_stay_spliced(qwen_tokenizer) -> None:
@@ -416,8 +462,11 @@ async def test_a_rewritten_reply_is_rendered_after_the_turns_before_it_stay_spli
     named as not spliced), never a false fork inside turn 0, which came back unchanged."""
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
         emitted = drifting(stack, qwen_tokenizer)
-        stack.double.script += [qwen3_output("", "I list.", [("Bash", {"command": "ls"})]),
-                                qwen3_output("", "I look closer.", [("Bash", {"command": "ls -la"})]), "Done."]
+        stack.double.script += [
+            qwen3_output("", "I list.", [("Bash", {"command": "ls"})]),
+            qwen3_output("", "I look closer.", [("Bash", {"command": "ls -la"})]),
+            "Done.",
+        ]
         messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
         reply = await ask(http, stack.url, "r", messages)
         messages.append(result_for(reply))
@@ -428,14 +477,16 @@ async def test_a_rewritten_reply_is_rendered_after_the_turns_before_it_stay_spli
         await ask(http, stack.url, "r", messages)
     p0, p1, p2 = (r["input_ids"] for r in stack.double.requests)
     held = p0 + emitted[0] + [NEWLINE]
-    assert p1[:len(held)] == held and p2[:len(held)] == held  # turn 0's drifted ids, in both later prompts
-    assert p2[:len(p1) + len(emitted[1])] != p1 + emitted[1]  # turn 1 rendered as the client rewrote it
-    assert "as the client remembers it" in qwen_tokenizer.decode(p2[len(held):])
+    assert p1[: len(held)] == held and p2[: len(held)] == held  # turn 0's drifted ids, in both later prompts
+    assert p2[: len(p1) + len(emitted[1])] != p1 + emitted[1]  # turn 1 rendered as the client rewrote it
+    assert "as the client remembers it" in qwen_tokenizer.decode(p2[len(held) :])
     stats = stack.manager.stats("r")
     assert (stats.samples, sum(stats.forks.values()), stats.realigns) == (1, 0, 1)
     unspliced, realign = kinds(stack, "r")[:2]
-    assert unspliced == ("unspliced(the client's echo of turn 1's reply differs from the reply sent; spliced onto "
-                         "turn 0, rendered after it) turn=2")
+    assert unspliced == (
+        "unspliced(the client's echo of turn 1's reply differs from the reply sent; spliced onto "
+        "turn 0, rendered after it) turn=2"
+    )
     assert realign.startswith("realign(divergence inside the response of turn 1, prompt rendered: not spliced) turn=2")
 
 
@@ -444,7 +495,7 @@ async def test_a_long_sub_agent_leaves_the_main_thread_spliced(qwen_tokenizer) -
     is kept before the sub-agent's superseded turns, so it resumes spliced; every emitted token trained once."""
     async with running_stack(qwen_tokenizer) as stack, aiohttp.ClientSession() as http:
         p = await main_sub_main(stack, http, "l", 10)
-    assert p[-1][:len(p[0])] == p[0] and len(p) == 13
+    assert p[-1][: len(p[0])] == p[0] and len(p) == 13
     stats = stack.manager.stats("l")
     assert (stats.samples, stats.realigns, sum(stats.forks.values()), coverage(stats)) == (2, 0, 0, "1.0")
     assert not [e for e in kinds(stack, "l") if e.startswith("unspliced")]
@@ -466,11 +517,15 @@ async def test_a_turn_let_go_is_named_when_a_prompt_continues_it(qwen_tokenizer)
     capacity = stack.adapter.state("g").splices.capacity
     assert capacity == 8
     unspliced, realign = [e for e in kinds(stack, "g") if e.endswith("turn=10") or " turn=10 " in e][:2]
-    assert unspliced == (f"unspliced(turn 0's ids are no longer held (the session holds its last {capacity} turns, "
-                         "chain tips first)) turn=10")
+    assert unspliced == (
+        f"unspliced(turn 0's ids are no longer held (the session holds its last {capacity} turns, "
+        "chain tips first)) turn=10"
+    )
     assert realign.startswith("realign(divergence inside the response of turn 0, prompt rendered: not spliced) turn=10")
 
+
 # ---- every wire: the real CLIs' echoes are spliced ----------------------------------------------------------------
+
 
 async def _replay_capture(tokenizer: Any, scenario: str, splice: bool) -> Any:
     sid = f"cap-{scenario}"
@@ -504,8 +559,10 @@ async def test_gemini_echoes_are_spliced(qwen_tokenizer) -> None:
     for splice in (True, False):
         async with running_stack(qwen_tokenizer, splice=splice) as stack, aiohttp.ClientSession() as http:
             drifting(stack, qwen_tokenizer)
-            stack.double.script += [qwen3_output("Listing.", "I list.", [("run_shell_command", {"command": "ls"})]),
-                                    qwen3_output("README.md and src.", "Done.")]
+            stack.double.script += [
+                qwen3_output("Listing.", "I list.", [("run_shell_command", {"command": "ls"})]),
+                qwen3_output("README.md and src.", "Done."),
+            ]
             await GeminiConversation(http, stack.url, "gem-splice-0001").tool_loop()
         stats = stack.manager.stats("gem-splice-0001")
         assert (stats.samples, stats.realigns == 0, coverage(stats) == "1.0") == (1, splice, splice), stats
@@ -513,9 +570,15 @@ async def test_gemini_echoes_are_spliced(qwen_tokenizer) -> None:
 
 def test_coverage_is_one_only_when_every_emitted_token_is_trained() -> None:
     cases = ((5, 5), (0, 0), (9996, 10000), (21, 64), (0, 3), (10001, 10000), (6, 5))
-    assert [coverage_text(*c) for c in cases] == ["1.0", "-", "0.999", "0.328", "0.000",
-                                                  "1.001 (trained more than emitted)",
-                                                  "1.200 (trained more than emitted)"]
+    assert [coverage_text(*c) for c in cases] == [
+        "1.0",
+        "-",
+        "0.999",
+        "0.328",
+        "0.000",
+        "1.001 (trained more than emitted)",
+        "1.200 (trained more than emitted)",
+    ]
 
 
 def test_tito_serve_and_record_take_no_splice() -> None:

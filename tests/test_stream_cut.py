@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestServer
 
 from tito_rl.recorder.agents.stream_cut import CuttingRelay, StreamCut, cut_events
 
-EVENTS = b"".join(f"event: e{n}\ndata: {{\"n\":{n}}}\n\n".encode() for n in range(5))
+EVENTS = b"".join(f'event: e{n}\ndata: {{"n":{n}}}\n\n'.encode() for n in range(5))
 
 
 def test_cut_events_keeps_whole_events_only() -> None:
@@ -37,8 +37,9 @@ async def test_the_chosen_reply_is_cut_and_the_others_pass_through() -> None:
                 replies: list[bytes | None] = []
                 for _ in range(3):
                     try:
-                        async with http.post(url + "/v1/messages?beta=true", data=b'{"a":1}',
-                                             headers={"Authorization": "Bearer s"}) as resp:
+                        async with http.post(
+                            url + "/v1/messages?beta=true", data=b'{"a":1}', headers={"Authorization": "Bearer s"}
+                        ) as resp:
                             replies.append(await resp.read())
                     except aiohttp.ClientPayloadError:
                         replies.append(None)

@@ -142,13 +142,26 @@ async def test_slime_finish_stats_show_its_drift_decisions() -> None:
         await driver.stop()
         engine.server.stop()
     assert isinstance(clean, TargetFinish) and isinstance(drifted, TargetFinish)
-    assert {k: clean.stats[k] for k in ("turns", "samples", "leaves", "forks", "realigns", "untrained_turns")} \
-        == {"turns": 3, "samples": 1, "leaves": 1, "forks": {}, "realigns": 0, "untrained_turns": 0}
-    assert {k: drifted.stats[k] for k in ("turns", "samples", "forks", "realigns", "untrained_turns")} \
-        == {"turns": 3, "samples": 1, "forks": {}, "realigns": 2, "untrained_turns": 2}
+    assert {k: clean.stats[k] for k in ("turns", "samples", "leaves", "forks", "realigns", "untrained_turns")} == {
+        "turns": 3,
+        "samples": 1,
+        "leaves": 1,
+        "forks": {},
+        "realigns": 0,
+        "untrained_turns": 0,
+    }
+    assert {k: drifted.stats[k] for k in ("turns", "samples", "forks", "realigns", "untrained_turns")} == {
+        "turns": 3,
+        "samples": 1,
+        "forks": {},
+        "realigns": 2,
+        "untrained_turns": 2,
+    }
     assert drifted.stats["realigned_tokens"] > 0
-    assert drifted.stats["masked_tokens"] == sum(s["response_length"] for s in drifted.samples) \
-        - drifted.stats["trained_tokens"]
+    assert (
+        drifted.stats["masked_tokens"]
+        == sum(s["response_length"] for s in drifted.samples) - drifted.stats["trained_tokens"]
+    )
 
 
 @needs_slime
@@ -184,8 +197,14 @@ async def test_slime_aborts_the_engine_when_the_client_walks_away(stream: bool) 
     engine = start_logged_engine([sid], turns)
     driver = create_driver("slime", TargetOptions())
     script = client_script([("anthropic", stream)])
-    script = msgspec.structs.replace(script, sessions=(msgspec.structs.replace(
-        script.sessions[0], disconnects=(Disconnect(request=1, after_ms=300, resend_after_ms=300),)),))
+    script = msgspec.structs.replace(
+        script,
+        sessions=(
+            msgspec.structs.replace(
+                script.sessions[0], disconnects=(Disconnect(request=1, after_ms=300, resend_after_ms=300),)
+            ),
+        ),
+    )
     try:
         url = await driver.start(engine.url)
         results = await run_script(script, url)
@@ -217,13 +236,21 @@ async def test_slime_volatile_fields_are_exactly_its_random_ones() -> None:
             for wire, stream in WIRES:
                 codec = WIRE_CODECS[wire]
                 tools = tuple(TOOL_CATALOG[t] for t in TOOLS[wire])
-                body = codec.body("tito-policy", system_prompt(f"vol-{wire}"), tools,
-                                  [codec.user("What is this project?")], 4096, stream, "vol")
+                body = codec.body(
+                    "tito-policy",
+                    system_prompt(f"vol-{wire}"),
+                    tools,
+                    [codec.user("What is this project?")],
+                    4096,
+                    stream,
+                    "vol",
+                )
                 replies = []
                 for sid in (f"vol-{wire}-{stream}-a", f"vol-{wire}-{stream}-b"):
                     await asyncio.sleep(1.01 - time.time() % 1)  # a new wall-clock second: `created` differs
-                    async with http.post(url + codec.path, json=body, headers={"Authorization": f"Bearer {sid}"}
-                                         ) as resp:
+                    async with http.post(
+                        url + codec.path, json=body, headers={"Authorization": f"Bearer {sid}"}
+                    ) as resp:
                         assert resp.status == 200
                         replies.append(reply_payloads(await resp.read(), resp.headers["Content-Type"]))
                 assert replies[0] != replies[1]
@@ -266,8 +293,9 @@ def _dataclass_fields(source: str, class_name: str) -> list[tuple[str, str | Non
         elif isinstance(stmt, ast.ClassDef):
             members = [ast.unparse(s) for s in stmt.body if isinstance(s, ast.Assign)]
             out.append((f"class {stmt.name}", "; ".join(members) or None))
-            out += [(f"{stmt.name}.{name}", default) for name, default in _dataclass_fields(
-                ast.unparse(stmt), stmt.name)]
+            out += [
+                (f"{stmt.name}.{name}", default) for name, default in _dataclass_fields(ast.unparse(stmt), stmt.name)
+            ]
     return out
 
 
@@ -281,9 +309,11 @@ def test_sample_stand_in_has_slimes_fields() -> None:
 
 @needs_slime
 def test_slime_target_without_torch_says_so_in_one_line() -> None:
-    code = ("import asyncio\nfrom tito_rl.recorder.targets.registry import create_driver\n"
-            "from tito_rl.recorder.targets.base import TargetOptions\n"
-            "d = create_driver('slime', TargetOptions())\nprint(d.info.settings['sample_stand_in'])\n")
+    code = (
+        "import asyncio\nfrom tito_rl.recorder.targets.registry import create_driver\n"
+        "from tito_rl.recorder.targets.base import TargetOptions\n"
+        "d = create_driver('slime', TargetOptions())\nprint(d.info.settings['sample_stand_in'])\n"
+    )
     env = {**os.environ, "TITO_SLIME_PATH": str(slime_env.locate())}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -345,12 +375,15 @@ def test_a_driver_is_found_as_module_attribute() -> None:
     assert driver.info.name == "gateway-double" and driver.info.routing_header is None
 
 
-@pytest.mark.parametrize(("name", "says"), [
-    ("no-such-gateway", "unknown target 'no-such-gateway'"),
-    ("tests.gateway_double:nothing_here", "has no attribute 'nothing_here'"),
-    ("tests.no_such_module:create", "cannot import tests.no_such_module"),
-    ("tests.gateway_double:VOLATILE", "is not callable"),
-])
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("no-such-gateway", "unknown target 'no-such-gateway'"),
+        ("tests.gateway_double:nothing_here", "has no attribute 'nothing_here'"),
+        ("tests.no_such_module:create", "cannot import tests.no_such_module"),
+        ("tests.gateway_double:VOLATILE", "is not callable"),
+    ],
+)
 def test_a_bad_target_name_is_one_clear_line(name: str, says: str) -> None:
     with pytest.raises(TargetError) as caught:
         create_driver(name, TargetOptions())
@@ -368,16 +401,22 @@ async def test_gateway_double_process_serves_the_session_api(routing_key: bool) 
     sids = [session_id(w, s) for w, s in wires]
     engine = start_logged_engine(sids)
     command = [sys.executable, "-m", "tests.gateway_double", "--engine", engine.url, "--listen", "127.0.0.1:0"]
-    process = await asyncio.create_subprocess_exec(*command, *([] if routing_key else ["--no-routing-key"]),
-                                                   cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.PIPE)
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        *([] if routing_key else ["--no-routing-key"]),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
         assert line.startswith("gateway double listening on http://127.0.0.1:"), line
         url = line.split()[4]
         script = client_script(wires)
-        with_finish = msgspec.structs.replace(script, sessions=tuple(
-            msgspec.structs.replace(s, steps=(*s.steps, Step(finish=0.5))) for s in script.sessions))
+        with_finish = msgspec.structs.replace(
+            script,
+            sessions=tuple(msgspec.structs.replace(s, steps=(*s.steps, Step(finish=0.5))) for s in script.sessions),
+        )
         results = await run_script(with_finish, url)
         # The chat client echoes without reasoning: each later prompt does not extend the double's held tokens,
         # so its simple linearization forks at every turn.

@@ -28,8 +28,9 @@ from tito_rl.trajectory.records import Sample
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "cassettes" / "targets" / "scenarios" / "rllm_mixed.yaml"  # chat wire, session in the URL
-needs_miles = pytest.mark.skipif(not os.environ.get(miles.PATH_ENV),
-                                 reason=f"{miles.PATH_ENV} is not set (a miles checkout; see docs/targets.md)")
+needs_miles = pytest.mark.skipif(
+    not os.environ.get(miles.PATH_ENV), reason=f"{miles.PATH_ENV} is not set (a miles checkout; see docs/targets.md)"
+)
 
 
 def test_miles_is_built_in_and_missing_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,9 +44,22 @@ def test_miles_is_built_in_and_missing_is_one_line(monkeypatch: pytest.MonkeyPat
 @pytest.fixture(scope="module")
 def engine() -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tito_rl", "fake-engine", "--demo", "--port", str(port),
-                             "--openai-dialect", "sglang-openai"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tito_rl",
+            "fake-engine",
+            "--demo",
+            "--port",
+            str(port),
+            "--openai-dialect",
+            "sglang-openai",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{url}/health", proc)
@@ -62,8 +76,9 @@ async def two_turns(engine_url: str, echo_reasoning: bool) -> tuple[list[dict[st
         async with aiohttp.ClientSession() as http:
             for _ in range(2):
                 body = {"model": "m", "messages": messages}
-                async with http.post(f"{url}/sessions/s-1/v1/chat/completions", json=body,
-                                     headers={"Authorization": "Bearer s-1"}) as response:
+                async with http.post(
+                    f"{url}/sessions/s-1/v1/chat/completions", json=body, headers={"Authorization": "Bearer s-1"}
+                ) as response:
                     assert response.status == 200, await response.text()
                     message = (await response.json())["choices"][0]["message"]
                 echoed = message if echo_reasoning else {"role": "assistant", "content": message["content"]}
@@ -100,12 +115,30 @@ def test_an_echo_without_reasoning_rolls_the_session_back_and_drops_the_first_tu
 @needs_miles
 def test_simulate_through_miles_then_replay_with_no_engine(tmp_path: Path) -> None:
     out = tmp_path / "miles_mixed.tito"
-    run = subprocess.run([sys.executable, "-m", "tito_rl", "simulate", "--scenario", str(SCENARIO), "--out",
-                          str(out), "--target", "miles", "--engine-dialect", "sglang-openai"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tito_rl",
+            "simulate",
+            "--scenario",
+            str(SCENARIO),
+            "--out",
+            str(out),
+            "--target",
+            "miles",
+            "--engine-dialect",
+            "sglang-openai",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "rllm-json-drop: ok" in run.stderr + run.stdout
-    replay = subprocess.run([sys.executable, "-m", "tito_rl", "replay", str(out)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=600)
+    replay = subprocess.run(
+        [sys.executable, "-m", "tito_rl", "replay", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
     assert "4 ok, 0 failed" in replay.stdout

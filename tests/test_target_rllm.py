@@ -87,20 +87,43 @@ class StubEngine:
         turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
         message: dict[str, Any] = {"role": "assistant", "content": REPLIES[turn % len(REPLIES)]}
         if turn == 0:
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"chatcmpl-tool-{secrets.token_hex(8)}", "type": "function",
-                 "function": {"name": "read_file", "arguments": json.dumps({"path": "README.md"})}}]}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"chatcmpl-tool-{secrets.token_hex(8)}",
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": json.dumps({"path": "README.md"})},
+                    }
+                ],
+            }
         prompt, output = render(body["messages"]), [*text_ids(assistant_text(message)), END]
         base = {"id": f"chatcmpl-{secrets.token_hex(8)}", "created": int(time.time()), "model": body["model"]}
-        lps = [{"token": f"token_id:{t}", "logprob": logprob(i), "bytes": [], "top_logprobs": []}
-               for i, t in enumerate(output)]
+        lps = [
+            {"token": f"token_id:{t}", "logprob": logprob(i), "bytes": [], "top_logprobs": []}
+            for i, t in enumerate(output)
+        ]
         if not body.get("stream"):
-            choice = {"index": 0, "message": message, "logprobs": {"content": lps}, "finish_reason": "stop",
-                      "stop_reason": None, "token_ids": output}
-            return web.json_response({**base, "object": "chat.completion", "choices": [choice],
-                                      "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(output)},
-                                      "prompt_logprobs": None, "prompt_token_ids": prompt,
-                                      "kv_transfer_params": None})
+            choice = {
+                "index": 0,
+                "message": message,
+                "logprobs": {"content": lps},
+                "finish_reason": "stop",
+                "stop_reason": None,
+                "token_ids": output,
+            }
+            return web.json_response(
+                {
+                    **base,
+                    "object": "chat.completion",
+                    "choices": [choice],
+                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(output)},
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": prompt,
+                    "kv_transfer_params": None,
+                }
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         chunk = {**base, "object": "chat.completion.chunk"}
@@ -108,8 +131,15 @@ class StubEngine:
         async def send(data: dict[str, Any]) -> None:
             await resp.write(f"data: {json.dumps(data)}\n\n".encode())
 
-        await send({**chunk, "prompt_token_ids": prompt, "choices": [
-            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+        await send(
+            {
+                **chunk,
+                "prompt_token_ids": prompt,
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                ],
+            }
+        )
         if message.get("tool_calls"):  # the whole call in one delta, as vLLM's parsers often send it
             deltas = [{"tool_calls": [{"index": 0, **message["tool_calls"][0]}]}, {}]
             spans = [output[:-1], output[-1:]]
@@ -119,9 +149,21 @@ class StubEngine:
         at = 0
         for n, (delta, span) in enumerate(zip(deltas, spans, strict=True)):
             last = n == len(deltas) - 1
-            lp = {"content": lps[at:at + len(span)]}
-            await send({**chunk, "choices": [{"index": 0, "delta": delta, "logprobs": lp,
-                                              "finish_reason": "stop" if last else None, "token_ids": span}]})
+            lp = {"content": lps[at : at + len(span)]}
+            await send(
+                {
+                    **chunk,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": delta,
+                            "logprobs": lp,
+                            "finish_reason": "stop" if last else None,
+                            "token_ids": span,
+                        }
+                    ],
+                }
+            )
             at += len(span)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -161,8 +203,9 @@ async def gateway(engine: StubEngine) -> AsyncIterator[tuple[rllm.RllmTarget, st
     assert driver.thread is None and not any(t.name == rllm.THREAD_NAME for t in threading.enumerate())
 
 
-async def chat(http: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]], stream: bool) -> tuple[
-        dict[str, Any], list[Any]]:
+async def chat(
+    http: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]], stream: bool
+) -> tuple[dict[str, Any], list[Any]]:
     """One agent call; the assistant message as the agent assembles it, and the reply's payloads."""
     body = {"model": "stub", "messages": messages, "stream": stream}
     async with http.post(f"{url}/chat/completions", json=body, headers={"Authorization": AUTH}) as resp:
@@ -183,8 +226,10 @@ async def chat(http: aiohttp.ClientSession, url: str, messages: list[dict[str, A
 async def two_turns(base: str, sid: str, stream: bool) -> tuple[list[dict[str, Any]], list[list[Any]]]:
     """The agent's side of a 2-turn session: a question, a tool call, its result, an answer."""
     url = f"{base}/sessions/{sid}/v1"
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."},
-                                      {"role": "user", "content": "What is this?"}]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is this?"},
+    ]
     replies = []
     async with aiohttp.ClientSession() as http:
         first, payloads = await chat(http, url, messages, stream)
@@ -198,10 +243,11 @@ async def two_turns(base: str, sid: str, stream: bool) -> tuple[list[dict[str, A
 def expected_sample(engine: StubEngine) -> tuple[list[int], list[int], list[float], int]:
     """rllm's row for the stub's two calls: prompt 1, completion 1, the new prompt tokens of call 2 (masked,
     logprob 0.0), completion 2 (rllm/trainer/verl/transform.py _process_trajectory)."""
-    (p1, o1), (p2, o2) = [(render(c["body"]["messages"]),
-                           [*text_ids(assistant_text(_reply_message(c))), END]) for c in engine.calls]
-    assert p2[:len(p1) + len(o1)] == p1 + o1, "the stub's template must grow by appending"
-    obs = p2[len(p1) + len(o1):]
+    (p1, o1), (p2, o2) = [
+        (render(c["body"]["messages"]), [*text_ids(assistant_text(_reply_message(c))), END]) for c in engine.calls
+    ]
+    assert p2[: len(p1) + len(o1)] == p1 + o1, "the stub's template must grow by appending"
+    obs = p2[len(p1) + len(o1) :]
     tokens = p1 + o1 + obs + o2
     mask = [1] * len(o1) + [0] * len(obs) + [1] * len(o2)
     logprobs = [logprob(i) for i in range(len(o1))] + [0.0] * len(obs) + [logprob(i) for i in range(len(o2))]
@@ -211,8 +257,10 @@ def expected_sample(engine: StubEngine) -> tuple[list[int], list[int], list[floa
 def _reply_message(call: dict[str, Any]) -> dict[str, Any]:
     turn = sum(1 for m in call["body"]["messages"] if m["role"] == "assistant")
     if turn == 0:
-        return {"content": None, "tool_calls": [{"function": {"name": "read_file",
-                                                              "arguments": json.dumps({"path": "README.md"})}}]}
+        return {
+            "content": None,
+            "tool_calls": [{"function": {"name": "read_file", "arguments": json.dumps({"path": "README.md"})}}],
+        }
     return {"content": REPLIES[turn % len(REPLIES)]}
 
 
@@ -235,8 +283,11 @@ async def test_two_turn_session_becomes_rllms_merged_sample(engine: StubEngine, 
         for p in payloads:
             assert "prompt_token_ids" not in p and all("token_ids" not in c for c in p["choices"])
             hits |= mask_paths(p, rllm.VOLATILE)[1]
-    assert hits == {"id", "created", "choices[*].message.tool_calls[*].id" if not stream
-                    else "choices[*].delta.tool_calls[*].id"}
+    assert hits == {
+        "id",
+        "created",
+        "choices[*].message.tool_calls[*].id" if not stream else "choices[*].delta.tool_calls[*].id",
+    }
 
     finished = await driver.finish("s-1", 1.5)
     assert isinstance(finished, TargetFinish)
@@ -275,8 +326,9 @@ class Bag:
 
 @pytest.mark.parametrize("rule", ["drain", "poll"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
-async def test_an_immediate_finish_keeps_the_last_trace(engine: StubEngine, gateway: Any, stream: bool,
-                                                        rule: str) -> None:
+async def test_an_immediate_finish_keeps_the_last_trace(
+    engine: StubEngine, gateway: Any, stream: bool, rule: str
+) -> None:
     """Trace writes are fire-and-forget tasks; slowed down here (as a sqlite store's are), a read right after the
     last reply misses the last trace, and the driver's finish does not."""
     driver, base = gateway
@@ -329,17 +381,24 @@ def test_missing_gateway_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def trace(prompt: list[int], completion: list[int], logprobs: list[float] | None = None) -> dict[str, Any]:
-    return {"prompt_token_ids": prompt, "completion_token_ids": completion,
-            "logprobs": [-0.5] * len(completion) if logprobs is None else logprobs}
+    return {
+        "prompt_token_ids": prompt,
+        "completion_token_ids": completion,
+        "logprobs": [-0.5] * len(completion) if logprobs is None else logprobs,
+    }
 
 
 def test_rows_follow_rllms_prefix_merge() -> None:
     """A chain merges; a prompt that leaves it opens a row (`prompt`, or `earlier-response` where it rewrote an
     earlier completion); a trace without ids trains nothing; short logprobs are padded with 0.0 as rllm pads."""
-    traces = [trace([1, 2], [3, 4]), trace([1, 2, 3, 4, 5], [6]),  # one row: obs [5]
-              {"prompt_token_ids": [], "completion_token_ids": [], "logprobs": None},  # GET /v1/models' empty trace
-              trace([1, 2, 3, 9], [7], logprobs=[]),  # leaves the row inside completion 1
-              trace([8], [9]), trace([1], [2])]  # leaves it in the context, twice
+    traces = [
+        trace([1, 2], [3, 4]),
+        trace([1, 2, 3, 4, 5], [6]),  # one row: obs [5]
+        {"prompt_token_ids": [], "completion_token_ids": [], "logprobs": None},  # GET /v1/models' empty trace
+        trace([1, 2, 3, 9], [7], logprobs=[]),  # leaves the row inside completion 1
+        trace([8], [9]),
+        trace([1], [2]),
+    ]  # leaves it in the context, twice
     built = build_samples(traces, 2.0)
     first = built.samples[0]
     assert first["tokens"] == [1, 2, 3, 4, 5, 6] and first["loss_mask"] == [1, 1, 0, 1]
@@ -358,9 +417,24 @@ async def test_http_kind_around_the_gateway_as_a_process(engine: StubEngine) -> 
     (the gateway serves no /tito/sessions API)."""
     port = free_port()
     exe = Path(sys.executable).with_name("rllm-model-gateway")
-    proc = subprocess.Popen([str(exe), "--host", "127.0.0.1", "--port", str(port), "--worker", f"{engine.url}/v1",
-                             "--store", "memory", "--log-level", "warning"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [
+            str(exe),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker",
+            f"{engine.url}/v1",
+            "--store",
+            "memory",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         await asyncio.to_thread(wait_http, f"http://127.0.0.1:{port}/health", proc, 60.0)
         target = HttpTarget(f"http://127.0.0.1:{port}", volatile=rllm.VOLATILE, routing_header=None)
@@ -377,9 +451,17 @@ async def test_http_kind_around_the_gateway_as_a_process(engine: StubEngine) -> 
             pytest.fail(proc_output(proc))
 
 
-FAKE_TOOLS = [{"type": "function", "function": {"name": name, "description": name, "parameters": {
-    "type": "object", "properties": {key: {"type": "string"} for key in keys}}}}
-    for name, keys in (("shell", ("command", "description")), ("read", ("file_path",)))]
+FAKE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": name,
+            "parameters": {"type": "object", "properties": {key: {"type": "string"} for key in keys}},
+        },
+    }
+    for name, keys in (("shell", ("command", "description")), ("read", ("file_path",)))
+]
 
 
 async def test_against_the_fake_engine_in_vllm_dialect() -> None:
@@ -389,8 +471,10 @@ async def test_against_the_fake_engine_in_vllm_dialect() -> None:
     engine = await asyncio.to_thread(start_logged_engine, [sid])
     generations: list[Generation] = []
     try:
-        async with aiohttp.ClientSession() as http, http.post(f"{engine.url}/v1/chat/completions",
-                                                                json={"model": "x", "messages": []}) as probe:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{engine.url}/v1/chat/completions", json={"model": "x", "messages": []}) as probe,
+        ):
             if probe.status in (404, 405):
                 pytest.skip("the fake engine does not serve POST /v1/chat/completions yet")
         driver = create_driver("rllm", TargetOptions())
@@ -400,14 +484,17 @@ async def test_against_the_fake_engine_in_vllm_dialect() -> None:
         write = store.store_trace
 
         async def noted(trace_id: str, session_id: str, data: dict[str, Any]) -> None:  # what rllm trains on
-            generations.append(Generation(None, data["prompt_token_ids"], data["completion_token_ids"],
-                                          data["logprobs"] or []))
+            generations.append(
+                Generation(None, data["prompt_token_ids"], data["completion_token_ids"], data["logprobs"] or [])
+            )
             await write(trace_id, session_id, data)
 
         store.store_trace = noted
         try:
-            messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(sid)},
-                                              {"role": "user", "content": "What is this project?"}]
+            messages: list[dict[str, Any]] = [
+                {"role": "system", "content": system_prompt(sid)},
+                {"role": "user", "content": "What is this project?"},
+            ]
             async with aiohttp.ClientSession() as http:
                 for _ in range(len(TURNS)):
                     body = {"model": "x", "messages": messages, "tools": FAKE_TOOLS}
@@ -417,8 +504,9 @@ async def test_against_the_fake_engine_in_vllm_dialect() -> None:
                     messages.append(message)
                     if not message.get("tool_calls"):
                         break
-                    messages += [{"role": "tool", "tool_call_id": c["id"], "content": "ok"}
-                                 for c in message["tool_calls"]]
+                    messages += [
+                        {"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in message["tool_calls"]
+                    ]
             finished = await driver.finish(sid, 1.0)
         finally:
             await driver.stop()

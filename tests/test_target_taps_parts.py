@@ -137,7 +137,7 @@ class StubTarget:
         async def stream(request: web.Request) -> web.StreamResponse:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
-            await response.write(b"data: {\"n\": 1}\n\ndata: {\"n\": 2}\n\n")
+            await response.write(b'data: {"n": 1}\n\ndata: {"n": 2}\n\n')
             request.transport.close()  # the gateway dies mid-stream
             return response
 
@@ -171,16 +171,21 @@ async def test_a_cut_stream_and_a_hang_up_pass_through_the_agent_tap_and_are_rec
     ends = await around.start(("127.0.0.1", 0), ("127.0.0.1", 0))
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
-            async with http.post(ends.agent_url + "/stream", data=b"{}", headers={"Authorization": "Bearer cut-1"}) \
-                    as resp:
+            async with http.post(
+                ends.agent_url + "/stream", data=b"{}", headers={"Authorization": "Bearer cut-1"}
+            ) as resp:
                 received = b""
                 with contextlib.suppress(aiohttp.ClientError):
                     async for chunk in resp.content.iter_any():
                         received += chunk
             assert received == b'data: {"n": 1}\n\ndata: {"n": 2}\n\n'  # what the gateway sent, then the cut
             with contextlib.suppress(TimeoutError):
-                await http.post(ends.agent_url + "/slow", data=b"{}", headers={"Authorization": "Bearer cut-2"},
-                                timeout=aiohttp.ClientTimeout(total=0.5))
+                await http.post(
+                    ends.agent_url + "/slow",
+                    data=b"{}",
+                    headers={"Authorization": "Bearer cut-2"},
+                    timeout=aiohttp.ClientTimeout(total=0.5),
+                )
             await asyncio.wait_for(target.hung_up.wait(), 120)  # the gateway saw the agent hang up
         for _ in range(2_400):  # a hang's bound (120 s), not a timing
             if sum(kind == "agent" for kind, _ in tap.calls) == 2:

@@ -33,8 +33,9 @@ WORDS = ("amber", "birch", "cedar", "dune", "ember", "fjord", "grove", "heath")
 
 
 def run_tito(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+    )
 
 
 def replay(*args: str) -> subprocess.CompletedProcess[str]:
@@ -46,8 +47,21 @@ def replay(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def record(out: Path, engine: str, scenario: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    run = run_tito("record", "--engine", engine, "--agent", "scripted", "--scenario", str(scenario), "--out",
-                   str(out), "--listen", f"127.0.0.1:{free_port()}", "--quiet", *extra)
+    run = run_tito(
+        "record",
+        "--engine",
+        engine,
+        "--agent",
+        "scripted",
+        "--scenario",
+        str(scenario),
+        "--out",
+        str(out),
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--quiet",
+        *extra,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 
@@ -55,8 +69,14 @@ def record(out: Path, engine: str, scenario: Path, *extra: str) -> subprocess.Co
 @pytest.fixture(scope="module")
 def engine() -> Iterator[str]:
     port = free_port()
-    with tito("fake-engine", "--script", str(TOOL_LOOP), "--listen", f"127.0.0.1:{port}",
-              ready=f"http://127.0.0.1:{port}/health"):
+    with tito(
+        "fake-engine",
+        "--script",
+        str(TOOL_LOOP),
+        "--listen",
+        f"127.0.0.1:{port}",
+        ready=f"http://127.0.0.1:{port}/health",
+    ):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -112,8 +132,11 @@ def test_a_one_token_edit_in_the_target_fails_the_replay_naming_that_token(aroun
 
 
 def test_unusable_targets_are_one_line_and_exit_2(around_driver: Path, engine: str, tmp_path: Path) -> None:
-    for args in (["--target", "no-such-target"], ["--target", "tests.target_variants:not_a_driver"],
-                 ["--target", "http://127.0.0.1:9"]):  # a running gateway needs --engine-listen
+    for args in (
+        ["--target", "no-such-target"],
+        ["--target", "tests.target_variants:not_a_driver"],
+        ["--target", "http://127.0.0.1:9"],
+    ):  # a running gateway needs --engine-listen
         run = replay(str(around_driver), *args)
         assert run.returncode == 2, run.stdout + run.stderr
         assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr, run.stderr
@@ -134,11 +157,17 @@ client:
 
 def grpo_scenario(folder: Path) -> Path:
     """Eight sessions of one prompt, as a GRPO group samples them: identical first prompts, different outputs."""
-    engine = "\n".join(f"  - match: {{routing_key: grpo-{i:04d}}}\n    turns:\n"
-                       f"      - reasoning: I pick a word.\n        text: My word is {w}." for i, w in enumerate(WORDS))
-    client = "\n".join(f"    - id: grpo-{i:04d}\n      wire: {'anthropic' if i % 2 else 'chat'}\n      stream: true\n"
-                       "      system: You answer with one word.\n      tools: [Bash]\n"
-                       "      steps:\n        - prompt: Pick a word.\n        - finish: 1.0" for i in range(len(WORDS)))
+    engine = "\n".join(
+        f"  - match: {{routing_key: grpo-{i:04d}}}\n    turns:\n"
+        f"      - reasoning: I pick a word.\n        text: My word is {w}."
+        for i, w in enumerate(WORDS)
+    )
+    client = "\n".join(
+        f"    - id: grpo-{i:04d}\n      wire: {'anthropic' if i % 2 else 'chat'}\n      stream: true\n"
+        "      system: You answer with one word.\n      tools: [Bash]\n"
+        "      steps:\n        - prompt: Pick a word.\n        - finish: 1.0"
+        for i in range(len(WORDS))
+    )
     path = folder / "grpo_group.yaml"
     path.write_text(GRPO.format(engine=engine, client=client))
     return path
@@ -148,8 +177,14 @@ def test_a_grpo_group_gets_each_session_its_own_output_back_on_replay(tmp_path: 
     scenario = grpo_scenario(tmp_path)
     out = tmp_path / "grpo.tito"
     port = free_port()
-    with tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}",
-              ready=f"http://127.0.0.1:{port}/health"):
+    with tito(
+        "fake-engine",
+        "--script",
+        str(scenario),
+        "--listen",
+        f"127.0.0.1:{port}",
+        ready=f"http://127.0.0.1:{port}/health",
+    ):
         record(out, f"http://127.0.0.1:{port}", scenario, "--target", TITO_DRIVER)
     cassette = read_cassette(out)
     tokenizer = load_tokenizer()
@@ -175,10 +210,23 @@ def test_a_running_gateway_is_recorded_and_replayed_over_http(engine: str, tmp_p
     """`tito serve` started by hand is the gateway: tito taps both legs without starting it."""
     engine_listen, gateway = free_port(), free_port()
     out = tmp_path / "http.tito"
-    with tito("serve", "--engine", f"http://127.0.0.1:{engine_listen}", "--listen", f"127.0.0.1:{gateway}",
-              ready=f"http://127.0.0.1:{gateway}/health"):
-        record(out, engine, TOOL_LOOP, "--target", f"http://127.0.0.1:{gateway}",
-               "--engine-listen", f"127.0.0.1:{engine_listen}")
+    with tito(
+        "serve",
+        "--engine",
+        f"http://127.0.0.1:{engine_listen}",
+        "--listen",
+        f"127.0.0.1:{gateway}",
+        ready=f"http://127.0.0.1:{gateway}/health",
+    ):
+        record(
+            out,
+            engine,
+            TOOL_LOOP,
+            "--target",
+            f"http://127.0.0.1:{gateway}",
+            "--engine-listen",
+            f"127.0.0.1:{engine_listen}",
+        )
         cassette = read_cassette(out)
         assert cassette.header.target["kind"] == "http"
         (log,) = cassette.sessions.values()
@@ -192,18 +240,34 @@ def test_a_running_gateway_is_recorded_and_replayed_over_http(engine: str, tmp_p
 
 def test_kill_9_of_a_recording_around_a_target_keeps_every_completed_exchange(engine: str, tmp_path: Path) -> None:
     out, port = tmp_path / "killed.tito", free_port()
-    body = (b'{"model":"m","max_tokens":256,"stream":false,"system":"You are a coding agent.",'
-            b'"messages":[{"role":"user","content":"List the files."}]}')
-    with tito("record", "--engine", engine, "--target", TITO_DRIVER, "--listen", f"127.0.0.1:{port}", "--out",
-              str(out), ready=f"http://127.0.0.1:{port}/v1/models") as rec:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/messages", data=body, method="POST",
-                                         headers={"Authorization": "Bearer killed-session-1",
-                                                  "Content-Type": "application/json"})
+    body = (
+        b'{"model":"m","max_tokens":256,"stream":false,"system":"You are a coding agent.",'
+        b'"messages":[{"role":"user","content":"List the files."}]}'
+    )
+    with tito(
+        "record",
+        "--engine",
+        engine,
+        "--target",
+        TITO_DRIVER,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--out",
+        str(out),
+        ready=f"http://127.0.0.1:{port}/v1/models",
+    ) as rec:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/messages",
+            data=body,
+            method="POST",
+            headers={"Authorization": "Bearer killed-session-1", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=60) as resp:
             assert resp.status == 200
         deadline = time.monotonic() + 120  # a hang's bound: the append takes milliseconds
         while time.monotonic() < deadline and not any(
-                a.path == "/v1/messages" for log in read_cassette(out).sessions.values() for a in log.agent):
+            a.path == "/v1/messages" for log in read_cassette(out).sessions.values() for a in log.agent
+        ):
             time.sleep(0.05)
         rec.send_signal(signal.SIGKILL)
         rec.wait(timeout=60)

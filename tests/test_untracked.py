@@ -79,9 +79,16 @@ def test_prompts_from_the_encoder_are_untracked_full_and_incremental(qwen_tokeni
 
 
 def test_generations_parsed_from_the_engine_are_untracked() -> None:
-    body = {"text": "hi", "output_ids": [6023, 151645], "meta_info": {
-        "output_token_logprobs": [[-0.25, 6023, None], [None, 151645, None]], "finish_reason": {"type": "stop"},
-        "prompt_tokens": 5, "cached_tokens": 0}}
+    body = {
+        "text": "hi",
+        "output_ids": [6023, 151645],
+        "meta_info": {
+            "output_token_logprobs": [[-0.25, 6023, None], [None, 151645, None]],
+            "finish_reason": {"type": "stop"},
+            "prompt_tokens": 5,
+            "cached_tokens": 0,
+        },
+    }
     gen = parse_generation("rid-1", body)
     assert gen.output_ids == [6023, 151645] and gen.output_log_probs == [-0.25, 0.0]
     assert not gc.is_tracked(gen.output_ids) and not gc.is_tracked(gen.output_log_probs)

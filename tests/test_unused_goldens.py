@@ -33,8 +33,10 @@ def test_replaying_a_folder_fails_on_unused_goldens_until_update_goldens_removes
     before = (CASSETTE.with_suffix(".golden")).read_text()
     assert main(["replay", str(folder)]) == 1
     out = capsys.readouterr().out
-    assert f"FAIL: unused golden section {STALE} in {folder / 'drift_realign.golden'}: drift_realign.tito has no " \
-           "such session (--update-goldens removes it; --allow-unused-goldens makes this a warning)" in out
+    assert (
+        f"FAIL: unused golden section {STALE} in {folder / 'drift_realign.golden'}: drift_realign.tito has no "
+        "such session (--update-goldens removes it; --allow-unused-goldens makes this a warning)" in out
+    )
     assert f"FAIL: unused golden {folder / 'deleted.golden'}: its cassette deleted.tito is gone" in out
     assert out.splitlines()[-1] == "1 session(s): 1 ok, 0 failed; 2 unused golden(s)"
 

@@ -34,7 +34,8 @@ def template(tmp_path: Path) -> Path:
 
 
 def test_order_matching_replays_a_changed_template_and_the_golden_diff_shows_the_samples(
-        copy: Path, template: Path, capsys) -> None:
+    copy: Path, template: Path, capsys
+) -> None:
     assert main(["replay", str(copy), "--chat-template", str(template)]) == 1
     out = capsys.readouterr().out
     assert "first difference: engine request differs: input_ids at token 257" in out  # strict by default

@@ -48,8 +48,7 @@ def _wait_gone(pid: int, timeout_s: float = 120.0) -> None:
     raise AssertionError(f"process {pid} still running after {timeout_s} s")
 
 
-def test_the_writer_process_writes_the_in_process_writers_bytes(traffic: list[tuple[str, Any]],
-                                                                tmp_path: Path) -> None:
+def test_the_writer_process_writes_the_in_process_writers_bytes(traffic: list[tuple[str, Any]], tmp_path: Path) -> None:
     _record(CassetteWriter(tmp_path / "in_process.tito", header()), traffic)
     _record(WriterProcessTap(tmp_path / "child.tito", header()), traffic)
     child = (tmp_path / "child.tito").read_bytes()
@@ -106,8 +105,9 @@ def test_kill_9_of_the_proxy_loses_no_call_that_returned(tmp_path: Path) -> None
         assert record.response["output_ids"] == [i % 1000 + 10] * 400 + [151645]
 
 
-def test_the_writer_outlives_a_stop_signal_until_the_pipe_is_closed(traffic: list[tuple[str, Any]],
-                                                                    tmp_path: Path) -> None:
+def test_the_writer_outlives_a_stop_signal_until_the_pipe_is_closed(
+    traffic: list[tuple[str, Any]], tmp_path: Path
+) -> None:
     """Ctrl-C and SIGTERM go to the proxy, which closes the pipe in order; the writer must not die first."""
     tap = WriterProcessTap(tmp_path / "stopped.tito", header())
     assert os.getsid(tap.pid) != os.getsid(0)  # a terminal's Ctrl-C does not reach it
@@ -118,8 +118,9 @@ def test_the_writer_outlives_a_stop_signal_until_the_pipe_is_closed(traffic: lis
     assert len(log.agent) == 4 and len(log.samples) == 1
 
 
-def test_an_unwritable_cassette_fails_at_start_with_the_reason(tmp_path: Path,
-                                                               capfd: pytest.CaptureFixture[str]) -> None:
+def test_an_unwritable_cassette_fails_at_start_with_the_reason(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(RecorderError, match="could not start"):
         WriterProcessTap(tmp_path / "missing" / "run.tito", header())
     assert "cannot write the cassette" in capfd.readouterr().err
@@ -130,8 +131,7 @@ def test_an_unwritable_cassette_fails_at_start_with_the_reason(tmp_path: Path,
     assert existing.read_bytes() == b"someone else's"
 
 
-def test_a_dead_writer_is_an_error_on_the_next_call_not_a_hang(traffic: list[tuple[str, Any]],
-                                                                tmp_path: Path) -> None:
+def test_a_dead_writer_is_an_error_on_the_next_call_not_a_hang(traffic: list[tuple[str, Any]], tmp_path: Path) -> None:
     tap = WriterProcessTap(tmp_path / "dead.tito", header())
     os.kill(tap.pid, signal.SIGKILL)
     _wait_gone(tap.pid)

@@ -47,8 +47,9 @@ def exit_codes(exits: tuple[str, ...]) -> str:
     lines = ["exit codes:"]
     for entry in codes:
         code, _, meaning = entry.partition(": ")
-        lines += textwrap.wrap(meaning, width=78, initial_indent=f"  {code:>3}  ", subsequent_indent=" " * 7,
-                               break_on_hyphens=False)
+        lines += textwrap.wrap(
+            meaning, width=78, initial_indent=f"  {code:>3}  ", subsequent_indent=" " * 7, break_on_hyphens=False
+        )
     return "\n".join(lines)
 
 
@@ -57,8 +58,15 @@ def add_actions(parser: argparse.ArgumentParser, name: str, actions: dict[str, A
     subcommand's does; the one chosen is `args.<name>_command`."""
     sub = parser.add_subparsers(dest=f"{name}_command", required=True, metavar="ACTION")
     for action, (summary, description, exits, add_arguments) in actions.items():
-        add_arguments(sub.add_parser(action, help=summary, description=_wrapped(description),
-                                     epilog=exit_codes(exits), formatter_class=argparse.RawDescriptionHelpFormatter))
+        add_arguments(
+            sub.add_parser(
+                action,
+                help=summary,
+                description=_wrapped(description),
+                epilog=exit_codes(exits),
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+            )
+        )
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -67,8 +75,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = argv[0] if argv else None
     for name, command in SUBCOMMANDS.items():
-        sp = sub.add_parser(name, help=command.summary, description=_wrapped(command.description),
-                            epilog=epilog(command), formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp = sub.add_parser(
+            name,
+            help=command.summary,
+            description=_wrapped(command.description),
+            epilog=epilog(command),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         # Only the chosen subcommand's module is imported: its options are registered on demand.
         if name == wanted:
             module = importlib.import_module(command.module)

@@ -31,8 +31,9 @@ def build_session(manager: TrajectoryManager) -> SyntheticSession:
     h = [sys_main, task, look, tool("1 failed")]
     delegate = assistant("", ("Agent", {"task": "find"}))
     # the client echoes the previous reply without its reasoning: drift inside the last response
-    echoed = s.vocab.decode(s.template.render([sys_main, task, assistant("", ("Bash", {"command": "pytest"})),
-                                               tool("1 failed")]))
+    echoed = s.vocab.decode(
+        s.template.render([sys_main, task, assistant("", ("Bash", {"command": "pytest"})), tool("1 failed")])
+    )
     s.turn(h, delegate, prompt=echoed)
     s.turn([system("subagent"), user("find")], assistant("found it"))  # the sub-agent's own chain
     h = h + [delegate, tool("found it")]
@@ -62,8 +63,9 @@ def run(args: argparse.Namespace) -> int:
     manager = TrajectoryManager(fork_threshold_tokens=args.fork_threshold, reward_policy=args.reward_policy)
     s = build_session(manager)
     tree = manager.export_tree("demo")
-    names = {n["id"]: json.dumps(n["message"].get("content") or n["message"].get("tool_calls"))[:48]
-             for n in tree["nodes"]}
+    names = {
+        n["id"]: json.dumps(n["message"].get("content") or n["message"].get("tool_calls"))[:48] for n in tree["nodes"]
+    }
     print("== message tree")
     print_tree(tree, names)
     print("\n== decisions")

@@ -40,7 +40,7 @@ class TokenizerNames:
         name = self._cache.get(token_id)
         if name is None:
             text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-            name = self._cache[token_id] = (text.translate(VISIBLE_WS) or f"<{token_id}>")
+            name = self._cache[token_id] = text.translate(VISIBLE_WS) or f"<{token_id}>"
         return name
 
 
@@ -61,8 +61,14 @@ def _runs(sample: Sample) -> list[tuple[str, int, int]]:
     return runs
 
 
-def render_sample(sample: Sample, names: TokenNames, *, logprobs: bool = False,
-                  collapse_context: int | None = None, collapse_trained: int | None = None) -> str:
+def render_sample(
+    sample: Sample,
+    names: TokenNames,
+    *,
+    logprobs: bool = False,
+    collapse_context: int | None = None,
+    collapse_trained: int | None = None,
+) -> str:
     """One line per sample. `collapse_*` = longest run shown in full; None shows everything."""
     first = sample.prompt_length
     out: list[str] = []
@@ -71,7 +77,7 @@ def render_sample(sample: Sample, names: TokenNames, *, logprobs: bool = False,
             out.append("|")
         ids = sample.tokens[start:end]
         if kind == "trained":
-            lps = sample.rollout_log_probs[start - first:end - first]
+            lps = sample.rollout_log_probs[start - first : end - first]
             shown = [f"{names(t)}@{lp:g}" if logprobs else names(t) for t, lp in zip(ids, lps, strict=True)]
             if collapse_trained is not None and len(ids) > collapse_trained:
                 out.append(f"[{' '.join(shown[:3])} … {' '.join(shown[-3:])}]({len(ids)})")
@@ -82,7 +88,7 @@ def render_sample(sample: Sample, names: TokenNames, *, logprobs: bool = False,
             out.append(f"{names(ids[0])} «{len(ids) - 2} #{digest(ids[1:-1])}» {names(ids[-1])}")
             continue
         if kind == "context" and logprobs:
-            lps = sample.rollout_log_probs[start - first:end - first]
+            lps = sample.rollout_log_probs[start - first : end - first]
             out.extend(f"{names(t)}@{lp:g}" for t, lp in zip(ids, lps, strict=True))
         else:
             out.extend(names(t) for t in ids)
@@ -119,8 +125,15 @@ class GoldenFinish:
     tree: dict[str, Any]
 
 
-def render_session(name: str, finishes: Sequence[GoldenFinish], names: TokenNames, drops: int = 0,
-                   wire_events: Sequence[str] = (), unsampled: int = 0, exchanges: int = 0) -> str:
+def render_session(
+    name: str,
+    finishes: Sequence[GoldenFinish],
+    names: TokenNames,
+    drops: int = 0,
+    wire_events: Sequence[str] = (),
+    unsampled: int = 0,
+    exchanges: int = 0,
+) -> str:
     """A session's section: per finish its stats, tree, decisions and samples, one fact per line.
     `wire_events`: exchanges the tree can not show (failures, retries, aborts), listed only when there are any.
     `unsampled`: finishes where neither the recording nor the target had samples (a gateway without a session
@@ -129,8 +142,10 @@ def render_session(name: str, finishes: Sequence[GoldenFinish], names: TokenName
     if drops:
         lines.append(f"dropped through the session API: {drops} time(s)")
     if unsampled:
-        lines.append(f"no samples on either side at {unsampled} finish(es): {exchanges} exchange(s) verified on "
-                     "their replies and engine calls")
+        lines.append(
+            f"no samples on either side at {unsampled} finish(es): {exchanges} exchange(s) verified on "
+            "their replies and engine calls"
+        )
     if wire_events:
         lines.append("wire events:")
         lines += ["  " + event for event in wire_events]
@@ -139,8 +154,10 @@ def render_session(name: str, finishes: Sequence[GoldenFinish], names: TokenName
         lines.append(f"finish {n} of {len(finishes)}: reward {finish.reward:g}, live samples {live}")
         target = finish.tree.get("target")
         if target:  # a foreign target: its samples, and what its driver says of them; its tree is its own
-            lines.append(f"stats (target {target}): "
-                         + target_stats(finish.linearization.stats, finish.tree.get("untrained_turns")))
+            lines.append(
+                f"stats (target {target}): "
+                + target_stats(finish.linearization.stats, finish.tree.get("untrained_turns"))
+            )
         else:
             lines.append("stats: " + _stats(finish.linearization.stats))
             lines.append("tree:")
@@ -159,11 +176,13 @@ def render_session(name: str, finishes: Sequence[GoldenFinish], names: TokenName
 
 def _stats(stats: SessionStats) -> str:
     forks = ", ".join(f"{k} {v}" for k, v in stats.forks.items()) or "none"
-    return (f"turns {stats.turns}, side turns {stats.side_turns}, leaves {stats.leaves}, samples {stats.samples}, "
-            f"forks {forks}, branches {stats.branches}, merges {stats.merges}, realigns {stats.realigns} "
-            f"({stats.realigned_tokens} tokens), dedup tokens {stats.dedup_tokens}, dropped {stats.dropped_builders}, "
-            f"masked {stats.masked_tokens}, trained {stats.trained_tokens}, emitted {stats.emitted_tokens}, "
-            f"coverage {coverage_text(stats.trained_tokens, stats.emitted_tokens)}")
+    return (
+        f"turns {stats.turns}, side turns {stats.side_turns}, leaves {stats.leaves}, samples {stats.samples}, "
+        f"forks {forks}, branches {stats.branches}, merges {stats.merges}, realigns {stats.realigns} "
+        f"({stats.realigned_tokens} tokens), dedup tokens {stats.dedup_tokens}, dropped {stats.dropped_builders}, "
+        f"masked {stats.masked_tokens}, trained {stats.trained_tokens}, emitted {stats.emitted_tokens}, "
+        f"coverage {coverage_text(stats.trained_tokens, stats.emitted_tokens)}"
+    )
 
 
 TARGET_FIGURES = ("turns", "samples", "realigns", "merges", "masked", "trained", "untrained turns")
@@ -173,8 +192,10 @@ def target_stats(stats: SessionStats, untrained_turns: int | None) -> str:
     """A foreign target's figures (what its driver says); `parse_target_stats` reads them back."""
     forks = ", ".join(f"{k} {v}" for k, v in stats.forks.items()) or "none"
     untrained = "" if untrained_turns is None else f", untrained turns {untrained_turns}"
-    return (f"turns {stats.turns}, samples {stats.samples}, forks {forks}, realigns {stats.realigns}, "
-            f"merges {stats.merges}, masked {stats.masked_tokens}, trained {stats.trained_tokens}{untrained}")
+    return (
+        f"turns {stats.turns}, samples {stats.samples}, forks {forks}, realigns {stats.realigns}, "
+        f"merges {stats.merges}, masked {stats.masked_tokens}, trained {stats.trained_tokens}{untrained}"
+    )
 
 
 def parse_target_stats(text: str) -> dict[str, Any]:
@@ -189,7 +210,7 @@ def parse_target_stats(text: str) -> dict[str, Any]:
             figures[name.replace(" ", "_")] = int(value) if value.isdigit() else {}
             continue
         if item.startswith("forks "):
-            current, (reason, _, value) = "forks", item[len("forks "):].rpartition(" ")
+            current, (reason, _, value) = "forks", item[len("forks ") :].rpartition(" ")
             figures["forks"] = {} if value == "none" else {reason: int(value)}
         elif current == "forks" and value.isdigit():
             figures["forks"][name] = int(value)
@@ -236,8 +257,9 @@ def _node_line(node: dict[str, Any]) -> str:
         parts.append(text)
     calls = message.get("tool_calls") or []
     if calls:
-        parts.append("calls " + ", ".join(_snippet(f"{c.get('name')}({_compact(c.get('arguments'))})", 48)
-                                          for c in calls))
+        parts.append(
+            "calls " + ", ".join(_snippet(f"{c.get('name')}({_compact(c.get('arguments'))})", 48) for c in calls)
+        )
     elif not text and node.get("reasoning"):
         # A reply that only thinks (a client may drop it and ask again) would otherwise be a blank line.
         parts.append("thinks " + _snippet(node["reasoning"]))
@@ -273,9 +295,11 @@ def render_sample_runs(index: int, sample: Sample, spans: Sequence[Span], names:
     first = sample.prompt_length
     trained = sum(sample.loss_mask)
     turns = sample.metadata.get("turns")
-    header = (f"sample {index}: reward {sample.reward:g}, {len(sample.tokens)} tokens, "
-              f"response {sample.response_length} from token {first} "
-              f"(trained {trained}, masked {sample.response_length - trained})")
+    header = (
+        f"sample {index}: reward {sample.reward:g}, {len(sample.tokens)} tokens, "
+        f"response {sample.response_length} from token {first} "
+        f"(trained {trained}, masked {sample.response_length - trained})"
+    )
     if turns is not None:
         header += f", turns {_turns_text(turns)}"
     lines = [header]

@@ -31,7 +31,7 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     if a[:n] == b[:n]:
         return n
     lo = 0
-    while lo + _CHUNK <= n and a[lo:lo + _CHUNK] == b[lo:lo + _CHUNK]:
+    while lo + _CHUNK <= n and a[lo : lo + _CHUNK] == b[lo : lo + _CHUNK]:
         lo += _CHUNK
     while lo < n and a[lo] == b[lo]:
         lo += 1
@@ -80,8 +80,8 @@ class Builder:
         """Replace the last response span by the prompt's tokens, masked; returns trained tokens lost."""
         span = self.spans[-1]
         lost = span.length if span.trained else 0
-        del self.tokens[span.start:], self.loss[span.start:], self.logprobs[span.start:]
-        self.add_context(prompt_ids[span.start:])
+        del self.tokens[span.start :], self.loss[span.start :], self.logprobs[span.start :]
+        self.add_context(prompt_ids[span.start :])
         span.trained, span.length = False, 0  # its tokens are context now, not a response
         return lost
 
@@ -103,13 +103,23 @@ class Builder:
             return None
         if response_start == AFTER_PROMPT:
             first = self.prompt_length
-        return Sample(tokens=list(self.tokens), response_length=len(self.tokens) - first,
-                      loss_mask=self.loss[first:], rollout_log_probs=self.logprobs[first:],
-                      reward=reward, metadata=metadata)
+        return Sample(
+            tokens=list(self.tokens),
+            response_length=len(self.tokens) - first,
+            loss_mask=self.loss[first:],
+            rollout_log_probs=self.logprobs[first:],
+            reward=reward,
+            metadata=metadata,
+        )
 
 
-def linearize_chain(leaf: Node, trained_turns: set[int], fork_threshold_tokens: int,
-                    events: list[Event], prefix_cache: dict[tuple[int, int], int] | None = None) -> list[Builder]:
+def linearize_chain(
+    leaf: Node,
+    trained_turns: set[int],
+    fork_threshold_tokens: int,
+    events: list[Event],
+    prefix_cache: dict[tuple[int, int], int] | None = None,
+) -> list[Builder]:
     """Builders for one leaf's chain. `trained_turns` holds turns an earlier leaf already trains.
 
     After any turn the held tokens are exactly that turn's prompt_ids + output_ids (CLEAN, REALIGN and
@@ -156,8 +166,11 @@ def linearize_chain(leaf: Node, trained_turns: set[int], fork_threshold_tokens: 
                     builder = Builder.start(turn.prompt_ids)
         trained = index not in trained_turns
         if not trained:
-            events.append(Event("dedup", f"turn {index} is trained by an earlier leaf", index, None, leaf.id,
-                                len(turn.output_ids)))
+            events.append(
+                Event(
+                    "dedup", f"turn {index} is trained by an earlier leaf", index, None, leaf.id, len(turn.output_ids)
+                )
+            )
         builder.add_output(node, trained)
         prev = node
     if builder is not None:

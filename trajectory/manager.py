@@ -35,8 +35,13 @@ class Linearization:
 
 
 class TrajectoryManager:
-    def __init__(self, fork_threshold_tokens: int = 1024, reward_policy: str = "full",
-                 keep_reasoning_in_identity: bool = False, response_start: str = AFTER_PROMPT) -> None:
+    def __init__(
+        self,
+        fork_threshold_tokens: int = 1024,
+        reward_policy: str = "full",
+        keep_reasoning_in_identity: bool = False,
+        response_start: str = AFTER_PROMPT,
+    ) -> None:
         """`response_start`: where a sample's response region begins, right after its first prompt (slime's
         layout, the default) or at its first trained token (`"first-trained"`)."""
         if reward_policy not in REWARD_POLICIES:
@@ -54,21 +59,27 @@ class TrajectoryManager:
     def _session(self, session_id: str) -> _Session:
         session = self._sessions.get(session_id)
         if session is None:
-            tree = MessageTree(fork_threshold_tokens=self.fork_threshold_tokens,
-                               keep_reasoning=self.keep_reasoning_in_identity)
+            tree = MessageTree(
+                fork_threshold_tokens=self.fork_threshold_tokens, keep_reasoning=self.keep_reasoning_in_identity
+            )
             session = self._sessions[session_id] = _Session(tree)
         return session
 
     def settings(self) -> dict[str, Any]:
         """What shapes samples; a cassette's header keeps it so a replay builds the same manager."""
-        return {"fork_threshold_tokens": self.fork_threshold_tokens, "reward_policy": self.reward_policy,
-                "keep_reasoning_in_identity": self.keep_reasoning_in_identity, "response_start": self.response_start}
+        return {
+            "fork_threshold_tokens": self.fork_threshold_tokens,
+            "reward_policy": self.reward_policy,
+            "keep_reasoning_in_identity": self.keep_reasoning_in_identity,
+            "response_start": self.response_start,
+        }
 
     def sessions(self) -> list[str]:
         return list(self._sessions)
 
-    def record_turn(self, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any],
-                    turn: TurnRecord) -> int:
+    def record_turn(
+        self, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any], turn: TurnRecord
+    ) -> int:
         """Record one agent turn (its prompt messages and the reply sent); returns its turn index.
 
         A turn needs its prompt messages: without them the reply would hang under the root and be trained
@@ -82,8 +93,9 @@ class TrajectoryManager:
         session.tree.route(messages, reply, turn, index, session.events)
         return index
 
-    def record_side_turn(self, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any],
-                         turn: TurnRecord) -> int:
+    def record_side_turn(
+        self, session_id: str, messages: list[dict[str, Any]], reply: dict[str, Any], turn: TurnRecord
+    ) -> int:
         """Side requests (titles, probes) are answered but never enter the agent's tree."""
         _require_prompt(session_id, messages)
         session = self._session(session_id)
@@ -100,11 +112,18 @@ class TrajectoryManager:
         kept: list[tuple[int, Builder]] = []
         leaves = session.tree.leaves()
         for leaf in leaves:
-            for builder in linearize_chain(leaf, trained_turns, self.fork_threshold_tokens, events,
-                                           session.tree.prefix_cache):
+            for builder in linearize_chain(
+                leaf, trained_turns, self.fork_threshold_tokens, events, session.tree.prefix_cache
+            ):
                 if 1 not in builder.loss:
-                    events.append(Event("drop", "no trained token", builder.spans[-1].turn_index if builder.spans
-                                        else None, leaf=leaf.id))
+                    events.append(
+                        Event(
+                            "drop",
+                            "no trained token",
+                            builder.spans[-1].turn_index if builder.spans else None,
+                            leaf=leaf.id,
+                        )
+                    )
                     continue
                 trained_turns.update(s.turn_index for s in builder.spans if s.trained)
                 kept.append((leaf.id, builder))
@@ -123,9 +142,14 @@ class TrajectoryManager:
         # duplicate is one generation): trained tokens are exactly these outputs' tokens, each trained once.
         emitted = sum(len(n.turn.output_ids) for n in session.tree.nodes if n.turn is not None)
         stats = SessionStats.from_events(
-            events, turns=session.turns, side_turns=len(session.side), leaves=len(leaves),
-            samples=len(samples), trained_tokens=trained,
-            masked_tokens=sum(s.response_length for s in samples) - trained, emitted_tokens=emitted,
+            events,
+            turns=session.turns,
+            side_turns=len(session.side),
+            leaves=len(leaves),
+            samples=len(samples),
+            trained_tokens=trained,
+            masked_tokens=sum(s.response_length for s in samples) - trained,
+            emitted_tokens=emitted,
         )
         return Linearization(samples, events, leaf_samples, stats, spans)
 
@@ -173,5 +197,7 @@ class TrajectoryManager:
 
 def _require_prompt(session_id: str, messages: list[dict[str, Any]]) -> None:
     if not messages:
-        raise ValueError(f"session {session_id!r}: a turn needs its prompt messages (got none); "
-                         "its reply cannot be placed in the session's tree")
+        raise ValueError(
+            f"session {session_id!r}: a turn needs its prompt messages (got none); "
+            "its reply cannot be placed in the session's tree"
+        )

@@ -73,11 +73,19 @@ class Sample:
     def to_dict(self) -> dict[str, Any]:
         """Plain data. Token lists are copied whole (at C speed): `asdict` deep-copies them int by int, about
         2 s for one 150k-token sample."""
-        return {"tokens": untrack(list(self.tokens)), "response_length": self.response_length,
-                "loss_mask": untrack(list(self.loss_mask)), "rollout_log_probs": untrack(list(self.rollout_log_probs)),
-                "reward": self.reward, "metadata": copy.deepcopy(self.metadata)}
+        return {
+            "tokens": untrack(list(self.tokens)),
+            "response_length": self.response_length,
+            "loss_mask": untrack(list(self.loss_mask)),
+            "rollout_log_probs": untrack(list(self.rollout_log_probs)),
+            "reward": self.reward,
+            "metadata": copy.deepcopy(self.metadata),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Sample:
-        return cls(**{k: data[k] for k in ("tokens", "response_length", "loss_mask", "rollout_log_probs")},
-                   reward=data.get("reward", 0.0), metadata=dict(data.get("metadata", {})))
+        return cls(
+            **{k: data[k] for k in ("tokens", "response_length", "loss_mask", "rollout_log_probs")},
+            reward=data.get("reward", 0.0),
+            metadata=dict(data.get("metadata", {})),
+        )

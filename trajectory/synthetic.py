@@ -15,8 +15,20 @@ from tito_rl.trajectory.canonical import canonical_arguments, canonical_content
 from tito_rl.trajectory.manager import TrajectoryManager
 from tito_rl.trajectory.records import TurnRecord
 
-STRUCTURAL = ("<sys>", "</sys>", "<usr>", "</usr>", "<tool>", "</tool>", "<gen>", "</ast>", "<nl>",
-              "<think>", "</think>", "<DRIFT>")
+STRUCTURAL = (
+    "<sys>",
+    "</sys>",
+    "<usr>",
+    "</usr>",
+    "<tool>",
+    "</tool>",
+    "<gen>",
+    "</ast>",
+    "<nl>",
+    "<think>",
+    "</think>",
+    "<DRIFT>",
+)
 
 
 @dataclass
@@ -114,18 +126,29 @@ class SyntheticSession:
     def vocab(self) -> SemanticVocab:
         return self.template.vocab
 
-    def turn(self, messages: list[dict[str, Any]], reply: dict[str, Any], *, prompt: str | None = None,
-             output: str | None = None, finish_reason: str = "stop", logprobs: list[float] | None = None,
-             ill_formed: bool = False) -> TurnRecord:
+    def turn(
+        self,
+        messages: list[dict[str, Any]],
+        reply: dict[str, Any],
+        *,
+        prompt: str | None = None,
+        output: str | None = None,
+        finish_reason: str = "stop",
+        logprobs: list[float] | None = None,
+        ill_formed: bool = False,
+    ) -> TurnRecord:
         """Record one turn. `prompt`/`output` override the rendered ids (named tokens), to inject drift."""
         prompt_ids = self.vocab.encode(prompt) if prompt is not None else self.template.render(messages)
         output_ids = self.vocab.encode(output) if output is not None else self.template.reply_ids(reply)
         if finish_reason == "length" and output is None:
             output_ids = output_ids[:-1]
-        record = TurnRecord(prompt_ids=prompt_ids, output_ids=output_ids, finish_reason=finish_reason,
-                            output_log_probs=logprobs if logprobs is not None else logprobs_for(output_ids,
-                                                                                                self.turns),
-                            ill_formed=ill_formed)
+        record = TurnRecord(
+            prompt_ids=prompt_ids,
+            output_ids=output_ids,
+            finish_reason=finish_reason,
+            output_log_probs=logprobs if logprobs is not None else logprobs_for(output_ids, self.turns),
+            ill_formed=ill_formed,
+        )
         self.turns += 1
         self.manager.record_turn(self.session_id, messages, reply, record)
         return record

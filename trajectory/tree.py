@@ -50,8 +50,13 @@ class MessageTree:
         return canonical_message(message, keep_reasoning=self.keep_reasoning)
 
     def _new(self, parent: Node, message: dict[str, Any], canon: dict[str, Any] | None = None) -> Node:
-        node = Node(id=len(self.nodes), role=str(message.get("role")),
-                    canon=self._canon(message) if canon is None else canon, raw=message, parent=parent)
+        node = Node(
+            id=len(self.nodes),
+            role=str(message.get("role")),
+            canon=self._canon(message) if canon is None else canon,
+            raw=message,
+            parent=parent,
+        )
         parent.children.append(node)
         self.nodes.append(node)
         return node
@@ -70,8 +75,14 @@ class MessageTree:
                 return child
         return None
 
-    def route(self, messages: list[dict[str, Any]], reply: dict[str, Any], turn: TurnRecord,
-              turn_index: int, events: list[Event]) -> Node | None:
+    def route(
+        self,
+        messages: list[dict[str, Any]],
+        reply: dict[str, Any],
+        turn: TurnRecord,
+        turn_index: int,
+        events: list[Event],
+    ) -> Node | None:
         """Attach one turn; returns its generated node, or None when it duplicates an existing one."""
         node = self.root
         i = 0
@@ -93,22 +104,26 @@ class MessageTree:
             node = self._new(node, message)
         canon = self._canon(reply)
         for sibling in node.children:
-            if (sibling.generated and sibling.canon == canon and sibling.turn is not None
-                    and sibling.turn.output_ids == turn.output_ids and sibling.turn.prompt_ids == turn.prompt_ids):
-                events.append(Event("duplicate", f"same prompt and output as turn {sibling.turn_index}",
-                                    turn_index))
+            if (
+                sibling.generated
+                and sibling.canon == canon
+                and sibling.turn is not None
+                and sibling.turn.output_ids == turn.output_ids
+                and sibling.turn.prompt_ids == turn.prompt_ids
+            ):
+                events.append(Event("duplicate", f"same prompt and output as turn {sibling.turn_index}", turn_index))
                 return None
         gen = self._new(node, reply, canon)
         gen.generated, gen.turn, gen.turn_index = True, turn, turn_index
         return gen
 
-    def _try_merge(self, mount: Node, message: dict[str, Any], turn_index: int, position: int,
-                   events: list[Event]) -> Node | None:
+    def _try_merge(
+        self, mount: Node, message: dict[str, Any], turn_index: int, position: int, events: list[Event]
+    ) -> Node | None:
         """A short re-rendered assistant leaf replaces its original instead of leaving a dead leaf."""
         assistants = [c for c in mount.children if c.role == "assistant"]
         if len(assistants) > 1:
-            events.append(Event("ambiguous", f"message {position}: {len(assistants)} assistant siblings",
-                                turn_index))
+            events.append(Event("ambiguous", f"message {position}: {len(assistants)} assistant siblings", turn_index))
             return None
         if len(assistants) != 1 or self.fork_threshold_tokens <= 0:
             return None
@@ -118,8 +133,14 @@ class MessageTree:
         if len(old.turn.output_ids) >= self.fork_threshold_tokens:
             return None
         old.canon, old.raw, old.generated = self._canon(message), message, False
-        events.append(Event("merge", f"rewrite of turn {old.turn_index} replaces it (now routing-only)",
-                            turn_index, tokens=len(old.turn.output_ids)))
+        events.append(
+            Event(
+                "merge",
+                f"rewrite of turn {old.turn_index} replaces it (now routing-only)",
+                turn_index,
+                tokens=len(old.turn.output_ids),
+            )
+        )
         return old
 
     def leaves(self) -> list[Node]:
@@ -129,12 +150,19 @@ class MessageTree:
         leaf_samples = leaf_samples or {}
         return {
             "nodes": [
-                {"id": n.id, "parent": n.parent.id if n.parent else None, "role": n.role, "message": n.canon,
-                 "generated": n.generated, "turn": n.turn_index,
-                 "leaf": not n.children, "samples": leaf_samples.get(n.id, []),
-                 # the canonical form leaves reasoning out (harnesses disagree on echoing it): as last seen
-                 **({"reasoning": r} if isinstance(r := n.raw.get("reasoning_content"), str) and r else {}),
-                 **({"finish": n.turn.finish_reason} if n.turn and n.turn.finish_reason != "stop" else {})}
+                {
+                    "id": n.id,
+                    "parent": n.parent.id if n.parent else None,
+                    "role": n.role,
+                    "message": n.canon,
+                    "generated": n.generated,
+                    "turn": n.turn_index,
+                    "leaf": not n.children,
+                    "samples": leaf_samples.get(n.id, []),
+                    # the canonical form leaves reasoning out (harnesses disagree on echoing it): as last seen
+                    **({"reasoning": r} if isinstance(r := n.raw.get("reasoning_content"), str) and r else {}),
+                    **({"finish": n.turn.finish_reason} if n.turn and n.turn.finish_reason != "stop" else {}),
+                }
                 for n in self.nodes[1:]
             ],
         }

@@ -42,5 +42,6 @@ class DecodeBudget:
         if n > self.left():
             raise CorruptCassetteError(
                 f"corrupt cassette: {what} decodes past {DECODE_RATIO}x the {self.stored} bytes read "
-                f"({self.decoded + n} bytes; a decompression bomb?)")
+                f"({self.decoded + n} bytes; a decompression bomb?)"
+            )
         self.decoded += n

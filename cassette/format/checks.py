@@ -36,8 +36,14 @@ class TokenId(int):
 # Keys of a /generate request and response, and of a sample, that replay and inspect read: typed too.
 REQUEST_KEYS: dict[str, Any] = {"input_ids": list[TokenId], "sampling_params": dict[str, Any]}
 RESPONSE_KEYS: dict[str, Any] = {"output_ids": list[TokenId], "meta_info": dict[str, Any]}
-SAMPLE_KEYS: dict[str, Any] = {"tokens": list[TokenId], "response_length": int, "loss_mask": list[int],
-                               "rollout_log_probs": list[float], "reward": float, "metadata": dict[str, Any]}
+SAMPLE_KEYS: dict[str, Any] = {
+    "tokens": list[TokenId],
+    "response_length": int,
+    "loss_mask": list[int],
+    "rollout_log_probs": list[float],
+    "reward": float,
+    "metadata": dict[str, Any],
+}
 
 
 def check_fields(record: object, kind: str, built: Built | None = None) -> None:
@@ -48,8 +54,9 @@ def check_fields(record: object, kind: str, built: Built | None = None) -> None:
     for name, hint in _hints(type(record)).items():
         value = getattr(record, name)
         if not _fits(value, hint, 0, built):
-            raise CorruptCassetteError(f"corrupt cassette: {kind} record field {name!r}: expected {_named(hint)}, "
-                                       f"got {_shown(value)}")
+            raise CorruptCassetteError(
+                f"corrupt cassette: {kind} record field {name!r}: expected {_named(hint)}, got {_shown(value)}"
+            )
         if name in NON_NEGATIVE and value is not None and value < 0:
             raise CorruptCassetteError(f"corrupt cassette: {kind} record field {name!r} is negative ({value})")
         if name in TIMINGS and not (math.isfinite(value) and value >= 0):
@@ -61,8 +68,9 @@ def check_fields(record: object, kind: str, built: Built | None = None) -> None:
         if name in ("headers", "reply_headers"):
             _check_headers(value, f"{kind} record field {name!r}")
         if name == "method" and not _HEADER_NAME.match(value):  # replay sends it: an HTTP method is a token
-            raise CorruptCassetteError(f"corrupt cassette: {kind} record field 'method': not an HTTP method: "
-                                       f"{value!r}"[:200])
+            raise CorruptCassetteError(
+                f"corrupt cassette: {kind} record field 'method': not an HTTP method: {value!r}"[:200]
+            )
     parts = [(f"sample {i}", sample, SAMPLE_KEYS) for i, sample in enumerate(getattr(record, "samples", None) or [])]
     for name, keys in (("request", REQUEST_KEYS), ("response", RESPONSE_KEYS)):
         if isinstance(getattr(record, name, None), dict):
@@ -70,8 +78,9 @@ def check_fields(record: object, kind: str, built: Built | None = None) -> None:
     for where, part, keys in parts:
         for key, hint in keys.items():
             if key in part and not _fits(part[key], hint, 1, built):
-                raise CorruptCassetteError(f"corrupt cassette: {kind} record {where} {key!r}: expected "
-                                           f"{_named(hint)}, got {_shown(part[key])}")
+                raise CorruptCassetteError(
+                    f"corrupt cassette: {kind} record {where} {key!r}: expected {_named(hint)}, got {_shown(part[key])}"
+                )
 
 
 def _check_headers(headers: dict[str, Any], where: str) -> None:
@@ -118,19 +127,33 @@ def _checker(hint: Any) -> Check:
         return lambda v, d, b: type(v) is int and 0 <= v <= U32_MAX
     if origin is dict:
         key, item = _checker(args[0]), _checker(args[1])
-        return lambda v, d, b: type(v) is dict and d < MAX_NESTING and all(
-            key(k, d, b) and item(x, d + 1, b) for k, x in v.items())
+        return lambda v, d, b: (
+            type(v) is dict and d < MAX_NESTING and all(key(k, d, b) and item(x, d + 1, b) for k, x in v.items())
+        )
     if origin is list:
         item, number = _checker(args[0]), args[0] if args[0] in (int, float, TokenId) else None
         known = {int: (int,), TokenId: (int,), float: (int, float)}.get(args[0], ())  # built lists whose items fit
         if args[0] is TokenId:  # or a prompt left packed: the format's own uint32 array
-            return lambda v, d, b: type(v) is PackedIds or type(v) is list and d < MAX_NESTING and (
-                b.get(id(v)) in known or _numbers(v, TokenId) or all(item(x, d + 1, b) for x in v))
+            return lambda v, d, b: (
+                type(v) is PackedIds
+                or type(v) is list
+                and d < MAX_NESTING
+                and (b.get(id(v)) in known or _numbers(v, TokenId) or all(item(x, d + 1, b) for x in v))
+            )
         # or a sample's column left packed (`PackedColumn`): a mask holds only 0 and 1, float64s are floats
         column = {int: "mask", float: "f64"}.get(args[0])
-        return lambda v, d, b: (type(v) is PackedColumn and v.kind == column) or (
-            type(v) is list and d < MAX_NESTING and (b.get(id(v)) in known or (number is not None and _numbers(
-                v, number)) or all(item(x, d + 1, b) for x in v)))
+        return lambda v, d, b: (
+            (type(v) is PackedColumn and v.kind == column)
+            or (
+                type(v) is list
+                and d < MAX_NESTING
+                and (
+                    b.get(id(v)) in known
+                    or (number is not None and _numbers(v, number))
+                    or all(item(x, d + 1, b) for x in v)
+                )
+            )
+        )
     return lambda v, d, b: type(v) is hint
 
 

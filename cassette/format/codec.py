@@ -40,8 +40,9 @@ class SessionCodec:
     reordering frames, and a reader that skips a frame cannot resolve later deltas of that session.
     """
 
-    def __init__(self, budget: DecodeBudget | None = None, packed_prompts: bool = False,
-                 packed_samples: bool = False) -> None:
+    def __init__(
+        self, budget: DecodeBudget | None = None, packed_prompts: bool = False, packed_samples: bool = False
+    ) -> None:
         """`budget`: what decoding may resolve deltas to (a reader's; none for the writer's own records).
         `packed_prompts`: /generate requests' input_ids decoded as `PackedIds`, not lists (replay's reading).
         `packed_samples`: samples' token ids decoded as `PackedIds` too: each holds its whole session, and a
@@ -165,8 +166,9 @@ class SessionCodec:
         resolved = False
         if isinstance(request, dict) and isinstance(request.get("input_ids"), TokenDelta):
             state.context = self._spent(request["input_ids"].apply(state.context), "a prompt")
-            request["input_ids"] = (PackedIds(state.context) if self.packed_prompts
-                                    else self._built(unpack_u32(state.context)))
+            request["input_ids"] = (
+                PackedIds(state.context) if self.packed_prompts else self._built(unpack_u32(state.context))
+            )
             resolved = True
         # Packable exactly when the writer packed them (and extended its context with them).
         packed_out = packed_token_list(response.get("output_ids")) if isinstance(response, dict) else None
@@ -178,7 +180,6 @@ class SessionCodec:
                 triples = meta["output_token_logprobs"].apply(response["output_ids"])
                 meta["output_token_logprobs"] = self._built(triples, Any)
         return request, response
-
 
     def _decode_openai(self, state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:
         """`_encode_openai` backwards, in the same order, so each delta meets the base it was made against."""
@@ -232,8 +233,9 @@ def _encode_openai(state: _SessionState, dialect: str, request: Any, response: A
             assert packed is not None  # the key was chosen for holding a token list
             stored = {KEY_FIELD: key, IDS_FIELD: token_delta(state.context, packed)}
             state.context, prompt_set = packed, True
-        text = json.dumps({**request, key: None} if key is not None else request, ensure_ascii=False,
-                          separators=(",", ":"))
+        text = json.dumps(
+            {**request, key: None} if key is not None else request, ensure_ascii=False, separators=(",", ":")
+        )
         data = text.encode("utf-8", "surrogatepass")
         request = {JSON_FIELD: bytes_delta(state.messages, data), **stored}
         state.messages = data
@@ -290,8 +292,13 @@ def _output_ids(response: Any) -> bytes | None:
     for body in bodies:
         choices = body.get("choices") if isinstance(body, dict) else None
         first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
-        ids = None if first is None else packed_token_list(
-            first.get("token_ids") if first.get("token_ids") is not None else first.get("response_token_ids"))
+        ids = (
+            None
+            if first is None
+            else packed_token_list(
+                first.get("token_ids") if first.get("token_ids") is not None else first.get("response_token_ids")
+            )
+        )
         if ids is not None:
             out += ids
             found = True
@@ -303,7 +310,11 @@ def _is_logprob_triples(value: Any, output_ids: list[int]) -> bool:
     if not isinstance(value, list) or len(value) != len(output_ids):
         return False
     return all(
-        isinstance(t, list) and len(t) == 3 and type(t[0]) is float and t[1] == tid and type(t[1]) is int
+        isinstance(t, list)
+        and len(t) == 3
+        and type(t[0]) is float
+        and t[1] == tid
+        and type(t[1]) is int
         and t[2] is None
         for t, tid in zip(value, output_ids, strict=True)
     )

@@ -49,8 +49,9 @@ def decode_ext(code: int, data: bytes, budget: DecodeBudget | None = None, packe
     if packed_columns and code == EXT_MASK_RLE:
         return PackedColumn("mask", bytes(data), budget)
     if code in (EXT_U32, EXT_F64, EXT_MASK_RLE):
-        values = unpack_u32(data) if code == EXT_U32 else unpack_f64(data) if code == EXT_F64 else mask_unrle(
-            data, budget)
+        values = (
+            unpack_u32(data) if code == EXT_U32 else unpack_f64(data) if code == EXT_F64 else mask_unrle(data, budget)
+        )
         return values if budget is None else budget.built_here(values, float if code == EXT_F64 else int)
     if code == EXT_TOKEN_DELTA:
         if len(data) < 4:

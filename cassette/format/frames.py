@@ -50,8 +50,14 @@ def decode_frame_header(data: bytes, offset: int) -> tuple[int, int, int]:
     return length, flags, crc
 
 
-def decode_payload(payload: bytes | bytearray, flags: int, crc: int, offset: int,
-                   budget: DecodeBudget | None = None, ext_hook: Any = None) -> dict[str, Any]:
+def decode_payload(
+    payload: bytes | bytearray,
+    flags: int,
+    crc: int,
+    offset: int,
+    budget: DecodeBudget | None = None,
+    ext_hook: Any = None,
+) -> dict[str, Any]:
     """The record map of one frame. `budget` bounds what it decodes to (a reader's, over all it has read; without
     one, this frame's own): a zlib bomb fails as it passes the budget, never inflated whole. `ext_hook`: how to
     decode extension values (default: this format's, into lists and deltas)."""
@@ -101,6 +107,7 @@ def inflate(payload: bytes | bytearray, budget: DecodeBudget) -> bytes | bytearr
         budget.spend(len(piece), "a compressed record")
         if len(out) + len(piece) > MAX_FRAME_BYTES:
             raise CorruptCassetteError(
-                f"corrupt cassette: a compressed record decompresses to more than {MAX_FRAME_BYTES} bytes")
+                f"corrupt cassette: a compressed record decompresses to more than {MAX_FRAME_BYTES} bytes"
+            )
         out += piece
     return out

@@ -39,8 +39,16 @@ class SessionIndex:
 
 def encode_index(sessions: list[SessionIndex], end: int) -> bytes:
     """The `index` frame (written at byte `end`, right after the last record) and the `index_at` frame."""
-    entries = [{"session": s.session, "agent": s.agent, "engine": s.engine, "samples": s.samples,
-                "frames": pack_array(s.frames, "Q")} for s in sessions]
+    entries = [
+        {
+            "session": s.session,
+            "agent": s.agent,
+            "engine": s.engine,
+            "samples": s.samples,
+            "frames": pack_array(s.frames, "Q"),
+        }
+        for s in sessions
+    ]
     return encode_frame({"t": INDEX, "end": end, "sessions": entries}) + encode_index_at(end)
 
 
@@ -66,8 +74,12 @@ def decode_index(record: dict[str, Any], end: int) -> list[SessionIndex] | None:
         return None
     out = []
     for entry in record["sessions"]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("session"), str) \
-                or not isinstance(entry.get("frames"), bytes) or len(entry["frames"]) % _OFFSET.size:
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("session"), str)
+            or not isinstance(entry.get("frames"), bytes)
+            or len(entry["frames"]) % _OFFSET.size
+        ):
             return None
         counts = [entry.get(k) for k in ("agent", "engine", "samples")]
         agent, engine, samples = (c if isinstance(c, int) and c >= 0 else -1 for c in counts)

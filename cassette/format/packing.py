@@ -76,7 +76,7 @@ class PackedIds(Sequence[int]):
             start, stop, step = index.indices(len(self))
             if step != 1:
                 return self.tolist()[index]
-            return unpack_u32(self.packed[4 * start:4 * max(start, stop)])
+            return unpack_u32(self.packed[4 * start : 4 * max(start, stop)])
         i = index + len(self) if index < 0 else index
         if not 0 <= i < len(self):
             raise IndexError("token index out of range")

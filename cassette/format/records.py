@@ -126,7 +126,10 @@ class DropRecord:
 
 Record = SessionStart | AgentRecord | EngineRecord | SamplesRecord | DropRecord
 RECORD_TYPES: dict[str, type] = {
-    "session": SessionStart, "agent": AgentRecord, "engine": EngineRecord, "samples": SamplesRecord,
+    "session": SessionStart,
+    "agent": AgentRecord,
+    "engine": EngineRecord,
+    "samples": SamplesRecord,
     "drop": DropRecord,
 }
 TYPE_NAMES = {cls: name for name, cls in RECORD_TYPES.items()}

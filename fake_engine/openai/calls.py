@@ -27,8 +27,9 @@ GENERATE_PATH = "/inference/v1/generate"
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
-def vllm_error(status: int, message: str, err_type: str = "BadRequestError",
-               param: str | None = None) -> dict[str, Any]:
+def vllm_error(
+    status: int, message: str, err_type: str = "BadRequestError", param: str | None = None
+) -> dict[str, Any]:
     """vLLM's envelope; `param` names the field at fault (`body.<field>` for a missing one, `max_tokens`,
     `input_tokens`), as 0.32 fills it."""
     return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
@@ -40,8 +41,9 @@ def sglang_error(status: int, message: str, err_type: str = "BadRequestError") -
 
 def error_body(dialect: str, status: int, message: str) -> dict[str, Any]:
     """An HTTP error (a fault's 5xx included) in the dialect's envelope."""
-    err_type = "BadRequestError" if status < 500 else ("ServiceUnavailableError" if status == 503
-                                                       else "InternalServerError")
+    err_type = (
+        "BadRequestError" if status < 500 else ("ServiceUnavailableError" if status == 503 else "InternalServerError")
+    )
     if dialect == SGLANG_OPENAI:
         return sglang_error(status, message, err_type)
     return vllm_error(status, message, err_type)
@@ -143,16 +145,25 @@ def parse_call(path: str, body: Any, headers: Mapping[str, str], model_name: str
     else:
         prompt = _ids(body.get("prompt"))
         if prompt is None:
-            raise bad_request(dialect, "prompt: the fake engine takes a token-id prompt (a list of integers)",
-                              "body.prompt")
+            raise bad_request(
+                dialect, "prompt: the fake engine takes a token-id prompt (a list of integers)", "body.prompt"
+            )
     logprobs_value = body.get("logprobs")
     if endpoint == "completions":
         logprobs, top = logprobs_value is not None and logprobs_value is not False, int(logprobs_value or 0)
     else:
         logprobs, top = bool(logprobs_value), int(body.get("top_logprobs") or 0)
     call = OpenAICall(
-        dialect=dialect, endpoint=endpoint, body=body, prompt_ids=prompt, stream=stream, rid=rid, model=model,
-        logprobs=logprobs, top_logprobs=top, return_token_ids=_flag(body, "return_token_ids", dialect),
+        dialect=dialect,
+        endpoint=endpoint,
+        body=body,
+        prompt_ids=prompt,
+        stream=stream,
+        rid=rid,
+        model=model,
+        logprobs=logprobs,
+        top_logprobs=top,
+        return_token_ids=_flag(body, "return_token_ids", dialect),
         return_prompt_token_ids=bool(body.get("return_prompt_token_ids")),
         return_meta_info=bool(body.get("return_meta_info")),
         tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),
@@ -161,20 +172,35 @@ def parse_call(path: str, body: Any, headers: Mapping[str, str], model_name: str
         include_usage=isinstance(body.get("stream_options"), dict)
         and bool(body["stream_options"].get("include_usage")),
         continuous_usage=isinstance(body.get("stream_options"), dict)
-        and bool(body["stream_options"].get("continuous_usage_stats")))
+        and bool(body["stream_options"].get("continuous_usage_stats")),
+    )
     if dialect == SGLANG_OPENAI and stream:
         # SGLang 0.5.23 serving_chat refuses these on a stream (ValueError -> 400).
         for key in ("return_prompt_token_ids", "return_token_ids", "return_meta_info"):
             if body.get(key):
-                raise bad_request(dialect, f"{key} is not supported with streaming. "
-                                           f"Please set stream=false when using {key}=true.")
+                raise bad_request(
+                    dialect, f"{key} is not supported with streaming. Please set stream=false when using {key}=true."
+                )
     call.sampling = _sampling(body, call)
     return call
 
 
 def _sampling(body: dict[str, Any], call: OpenAICall) -> dict[str, Any]:
-    keys = ("temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "seed", "presence_penalty",
-            "frequency_penalty", "repetition_penalty", "ignore_eos", "no_stop_trim", "skip_special_tokens")
+    keys = (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "stop",
+        "stop_token_ids",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "ignore_eos",
+        "no_stop_trim",
+        "skip_special_tokens",
+    )
     out = {k: body[k] for k in keys if body.get(k) is not None}
     out["max_new_tokens"] = call.max_tokens
     return out
@@ -193,13 +219,22 @@ def _generate_call(body: dict[str, Any], rid: str, model_name: str, stream: bool
     params = params or {}
     logprobs = params.get("logprobs")
     call = OpenAICall(
-        dialect=VLLM_GENERATE, endpoint="generate", body=body, prompt_ids=prompt, stream=stream,
-        rid=str(body.get("request_id") or rid), model=str(body.get("model") or model_name),
-        logprobs=logprobs is not None, top_logprobs=int(logprobs or 0),
+        dialect=VLLM_GENERATE,
+        endpoint="generate",
+        body=body,
+        prompt_ids=prompt,
+        stream=stream,
+        rid=str(body.get("request_id") or rid),
+        model=str(body.get("model") or model_name),
+        logprobs=logprobs is not None,
+        top_logprobs=int(logprobs or 0),
         return_token_ids=_flag(body, "return_token_ids"),
-        tokens_as_ids=True, max_tokens=_int(params, "max_tokens"),  # its entries' token: `token_id:N` (to 0.31)
-        skip_special_tokens=params.get("skip_special_tokens", True) is not False)
-    call.sampling = {**{k: v for k, v in params.items() if k not in ("max_tokens", "logprobs")},
-                     "max_new_tokens": call.max_tokens}
+        tokens_as_ids=True,
+        max_tokens=_int(params, "max_tokens"),  # its entries' token: `token_id:N` (to 0.31)
+        skip_special_tokens=params.get("skip_special_tokens", True) is not False,
+    )
+    call.sampling = {
+        **{k: v for k, v in params.items() if k not in ("max_tokens", "logprobs")},
+        "max_new_tokens": call.max_tokens,
+    }
     return call
-

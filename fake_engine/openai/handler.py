@@ -58,12 +58,17 @@ class EngineCore(Protocol):
     @property
     def restarting(self) -> bool: ...
 
-    async def prepare(self, request: web.Request, greq: GenerateRequest,
-                      error_body: Callable[[int, str], Any] | None = None) -> Prepared | web.Response: ...
+    async def prepare(
+        self, request: web.Request, greq: GenerateRequest, error_body: Callable[[int, str], Any] | None = None
+    ) -> Prepared | web.Response: ...
 
-    async def tracked_run(self, request: web.Request, rid: str,
-                          run: Callable[[Tracked], Awaitable[web.StreamResponse]],
-                          queued_abort: Callable[[], web.StreamResponse]) -> web.StreamResponse: ...
+    async def tracked_run(
+        self,
+        request: web.Request,
+        rid: str,
+        run: Callable[[Tracked], Awaitable[web.StreamResponse]],
+        queued_abort: Callable[[], web.StreamResponse],
+    ) -> web.StreamResponse: ...
 
     async def produce(self, tracked: Tracked, n: int, delay_ms: float) -> int: ...
 
@@ -92,9 +97,12 @@ class OpenAIRoutes:
         try:
             return await self._handle(request)
         except EngineHTTPError as e:
-            body = e.body if isinstance(e.body, dict) and ("object" in e.body or isinstance(
-                e.body.get("error"), dict) and "code" in e.body["error"]) else error_body(
-                    dialect, e.status, _message_of(e.body))
+            body = (
+                e.body
+                if isinstance(e.body, dict)
+                and ("object" in e.body or isinstance(e.body.get("error"), dict) and "code" in e.body["error"])
+                else error_body(dialect, e.status, _message_of(e.body))
+            )
             return json_response(body, e.status)
         except Dropped:
             return web.Response(status=500)  # never reaches the client: the socket is gone
@@ -104,8 +112,12 @@ class OpenAIRoutes:
         if engine.restarting:
             drop(request)
         if self.tokenizer is None:
-            raise EngineHTTPError(500, error_body(dialect_of(request.path, None, opts.openai_dialect), 500,
-                                                  "the OpenAI routes need a tokenizer"))
+            raise EngineHTTPError(
+                500,
+                error_body(
+                    dialect_of(request.path, None, opts.openai_dialect), 500, "the OpenAI routes need a tokenizer"
+                ),
+            )
         raw = await request.read()
         try:
             body = json.loads(raw)
@@ -113,8 +125,11 @@ class OpenAIRoutes:
             raise bad_request(dialect_of(request.path, None, opts.openai_dialect), f"JSON decode error: {e}") from None
         call = parse_call(request.path, body, request.headers, opts.model_name, opts.openai_dialect)
         self._as_started(call, request.path)
-        prompt = call.prompt_ids if call.prompt_ids is not None else render_chat(
-            self.tokenizer, body, lambda m: error_body(call.dialect, 400, m))
+        prompt = (
+            call.prompt_ids
+            if call.prompt_ids is not None
+            else render_chat(self.tokenizer, body, lambda m: error_body(call.dialect, 400, m))
+        )
         try:
             check_context(len(prompt), call.max_tokens, opts.context_length)
         except EngineHTTPError as e:
@@ -123,16 +138,27 @@ class OpenAIRoutes:
             raise bad_request(call.dialect, _message_of(e.body), param) from None
         routing = request.headers.get(ROUTING_HEADER) or forwarded_bearer(request.headers)
         greq = GenerateRequest(
-            input_ids=prompt, sampling_params=call.sampling, rid=call.rid, stream=call.stream,
-            return_logprob=call.logprobs, routing_key=routing, headers=request.headers,
-            session_key=session_key(prompt, routing), turn_index=turn_index(prompt))
+            input_ids=prompt,
+            sampling_params=call.sampling,
+            rid=call.rid,
+            stream=call.stream,
+            return_logprob=call.logprobs,
+            routing_key=routing,
+            headers=request.headers,
+            session_key=session_key(prompt, routing),
+            turn_index=turn_index(prompt),
+        )
         start = time.perf_counter()
         return await engine.tracked_run(
-            request, call.rid, lambda tracked: self._run(request, call, greq, tracked, start),
-            lambda: json_response(self._body(call, greq, [], [], "abort", None, 0, start)))
+            request,
+            call.rid,
+            lambda tracked: self._run(request, call, greq, tracked, start),
+            lambda: json_response(self._body(call, greq, [], [], "abort", None, 0, start)),
+        )
 
-    async def _run(self, request: web.Request, call: OpenAICall, greq: GenerateRequest, tracked: Tracked,
-                   start: float) -> web.StreamResponse:
+    async def _run(
+        self, request: web.Request, call: OpenAICall, greq: GenerateRequest, tracked: Tracked, start: float
+    ) -> web.StreamResponse:
         prepared = await self.engine.prepare(request, greq, lambda status, m: error_body(call.dialect, status, m))
         if isinstance(prepared, web.Response):
             return prepared
@@ -142,8 +168,7 @@ class OpenAIRoutes:
         produced = await self.engine.produce(tracked, len(ids), prepared.faults.token_delay_ms)
         if produced < len(ids) or tracked.aborted.is_set():
             ids, lps, finish = ids[:produced], lps[:produced], "abort"
-        return json_response(self._body(call, greq, ids, lps, finish, prepared.matched, prepared.cached_tokens,
-                                        start))
+        return json_response(self._body(call, greq, ids, lps, finish, prepared.matched, prepared.cached_tokens, start))
 
     def _as_started(self, call: OpenAICall, path: str) -> None:
         """The vLLM release and start flags the engine imitates (`EngineOptions.vllm_*`): the routes and options a
@@ -156,8 +181,12 @@ class OpenAIRoutes:
         if path == GENERATE_PATH and not opts.vllm_scale_out:
             raise EngineHTTPError(403, vllm_error(403, SCALE_OUT_REFUSAL, "PermissionDeniedError"))
         choice = call.body.get("tool_choice")
-        if (call.dialect == VLLM_OPENAI and call.tools is not None and not opts.vllm_auto_tool_choice
-                and choice not in (None, "none")):
+        if (
+            call.dialect == VLLM_OPENAI
+            and call.tools is not None
+            and not opts.vllm_auto_tool_choice
+            and choice not in (None, "none")
+        ):
             raise bad_request(call.dialect, AUTO_TOOL_REFUSAL.format(choice if isinstance(choice, str) else "named"))
 
     # ---- non-streamed bodies -----------------------------------------------------------------------
@@ -170,8 +199,17 @@ class OpenAIRoutes:
         text: str = self.tokenizer.decode(keep, skip_special_tokens=call.skip_special_tokens)
         return text
 
-    def _body(self, call: OpenAICall, greq: GenerateRequest, ids: list[int], lps: list[float], finish: str,
-              matched: Any, cached: int, start: float) -> dict[str, Any]:
+    def _body(
+        self,
+        call: OpenAICall,
+        greq: GenerateRequest,
+        ids: list[int],
+        lps: list[float],
+        finish: str,
+        matched: Any,
+        cached: int,
+        start: float,
+    ) -> dict[str, Any]:
         tok, created, prompt = self.tokenizer, int(time.time()), greq.input_ids
         if call.dialect == VLLM_GENERATE:
             return vllm_bodies.generate_body(tok, call, ids, lps, finish, prompt, matched, created=created)
@@ -180,19 +218,40 @@ class OpenAIRoutes:
             return vllm_bodies.completion_body(tok, call, prompt, ids, lps, finish, pieces, created, matched)
         if call.dialect == SGLANG_OPENAI:
             return self._sglang_body(call, greq, ids, lps, finish, matched, cached, start, created)
-        parsed = vllm_chat(self._text(call, ids, finish), thinking=call.thinking, tool_parsing=call.tool_parsing,
-                           seed=self._seed(greq), reasoning_parser=call.reasoning_parser,
-                           starts_in_reasoning=call.vllm.starts_in_reasoning)
+        parsed = vllm_chat(
+            self._text(call, ids, finish),
+            thinking=call.thinking,
+            tool_parsing=call.tool_parsing,
+            seed=self._seed(greq),
+            reasoning_parser=call.reasoning_parser,
+            starts_in_reasoning=call.vllm.starts_in_reasoning,
+        )
         if parsed.content is None and call.body.get("tool_choice") not in (None, "auto", "none"):
             parsed.content = ""  # forced tool calls: vLLM's message content is a string
-        return vllm_bodies.chat_body(tok, call, prompt, ids, lps, finish, parsed, created, matched,
-                                     sum(self._reasoning_at(call, greq, ids, finish)))
+        return vllm_bodies.chat_body(
+            tok,
+            call,
+            prompt,
+            ids,
+            lps,
+            finish,
+            parsed,
+            created,
+            matched,
+            sum(self._reasoning_at(call, greq, ids, finish)),
+        )
 
     def _deltas(self, call: OpenAICall, greq: GenerateRequest, ids: list[int]) -> list[dict[str, Any]]:
-        return vllm_chat_deltas(self.tokenizer, ids, tool_parsing=call.tool_parsing, seed=self._seed(greq),
-                                skip_special=call.skip_special_tokens, reasoning_keys=call.vllm.reasoning_keys,
-                                reasoning_parser=call.reasoning_parser,
-                                starts_in_reasoning=call.vllm.starts_in_reasoning and call.thinking)
+        return vllm_chat_deltas(
+            self.tokenizer,
+            ids,
+            tool_parsing=call.tool_parsing,
+            seed=self._seed(greq),
+            skip_special=call.skip_special_tokens,
+            reasoning_keys=call.vllm.reasoning_keys,
+            reasoning_parser=call.reasoning_parser,
+            starts_in_reasoning=call.vllm.starts_in_reasoning and call.thinking,
+        )
 
     def _reasoning_at(self, call: OpenAICall, greq: GenerateRequest, ids: list[int], finish: str) -> list[bool]:
         """Per output token: whether it went to the reasoning (the usage's `reasoning_tokens`)."""
@@ -206,23 +265,43 @@ class OpenAIRoutes:
             return finish_stop(matched if matched is not None else (ids[-1] if ids else None))
         return finish_length(len(ids)) if finish == "length" else finish_abort()
 
-    def _sglang_body(self, call: OpenAICall, greq: GenerateRequest, ids: list[int], lps: list[float], finish: str,
-                     matched: Any, cached: int, start: float, created: int) -> dict[str, Any]:
+    def _sglang_body(
+        self,
+        call: OpenAICall,
+        greq: GenerateRequest,
+        ids: list[int],
+        lps: list[float],
+        finish: str,
+        matched: Any,
+        cached: int,
+        start: float,
+        created: int,
+    ) -> dict[str, Any]:
         opts = self.engine.options
         fin = self._sglang_finish(finish, matched, ids)
         texts = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
         entries = logprob_entries(ids, lps, texts) if call.logprobs else None
-        meta = meta_info(rid=call.rid, finish_reason=fin, prompt_tokens=len(greq.input_ids), n_output=len(ids),
-                         profile=get_profile(opts.version_profile), weight_version=opts.weight_version,
-                         logprobs=entries, cached_tokens=cached, e2e_latency=time.perf_counter() - start,
-                         sent_ts=time.time())
-        parsed, _ = sglang_chat(self._text(call, ids, finish), call.tools, tool_parsing=call.tool_parsing,
-                                seed=self._seed(greq))
+        meta = meta_info(
+            rid=call.rid,
+            finish_reason=fin,
+            prompt_tokens=len(greq.input_ids),
+            n_output=len(ids),
+            profile=get_profile(opts.version_profile),
+            weight_version=opts.weight_version,
+            logprobs=entries,
+            cached_tokens=cached,
+            e2e_latency=time.perf_counter() - start,
+            sent_ts=time.time(),
+        )
+        parsed, _ = sglang_chat(
+            self._text(call, ids, finish), call.tools, tool_parsing=call.tool_parsing, seed=self._seed(greq)
+        )
         return sglang_bodies.chat_body(self.tokenizer, call, greq.input_ids, ids, lps, fin, parsed, meta, created)
 
     # ---- streams -----------------------------------------------------------------------------------
-    async def _stream(self, request: web.Request, call: OpenAICall, greq: GenerateRequest, tracked: Tracked,
-                      prepared: Prepared) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, call: OpenAICall, greq: GenerateRequest, tracked: Tracked, prepared: Prepared
+    ) -> web.StreamResponse:
         """One chunk per token at the fault's pace; an abort ends the stream with finish_reason `abort`, a cut
         closes the socket after N data events."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -242,8 +321,10 @@ class OpenAIRoutes:
 
         for n_tokens, chunk in events:
             if n_tokens:
-                if await self.engine.produce(tracked, n_tokens, faults.token_delay_ms) < n_tokens \
-                        or tracked.aborted.is_set():
+                if (
+                    await self.engine.produce(tracked, n_tokens, faults.token_delay_ms) < n_tokens
+                    or tracked.aborted.is_set()
+                ):
                     await write(self._abort_chunk(call, created))
                     break
                 produced += n_tokens
@@ -256,16 +337,37 @@ class OpenAIRoutes:
         await resp.write_eof()
         return resp
 
-    def _chunks(self, call: OpenAICall, greq: GenerateRequest, ids: list[int], lps: list[float], finish: str,
-                matched: Any, created: int) -> list[tuple[int, dict[str, Any]]]:
+    def _chunks(
+        self,
+        call: OpenAICall,
+        greq: GenerateRequest,
+        ids: list[int],
+        lps: list[float],
+        finish: str,
+        matched: Any,
+        created: int,
+    ) -> list[tuple[int, dict[str, Any]]]:
         """(tokens it carries, chunk) for the whole answer; the sender paces and may cut it."""
         tok, prompt, n = self.tokenizer, greq.input_ids, len(ids)
         out: list[tuple[int, dict[str, Any]]] = []
         if call.dialect == VLLM_GENERATE:
             for i in range(n):
-                out.append((1, vllm_bodies.generate_body(tok, call, ids[i:i + 1], lps[i:i + 1],
-                                                         finish if i == n - 1 else None, prompt if i == 0 else None,
-                                                         matched, chunk=True, total=i + 1)))
+                out.append(
+                    (
+                        1,
+                        vllm_bodies.generate_body(
+                            tok,
+                            call,
+                            ids[i : i + 1],
+                            lps[i : i + 1],
+                            finish if i == n - 1 else None,
+                            prompt if i == 0 else None,
+                            matched,
+                            chunk=True,
+                            total=i + 1,
+                        ),
+                    )
+                )
             if not n:
                 out.append((0, vllm_bodies.generate_body(tok, call, [], [], finish, prompt, matched, chunk=True)))
             return out
@@ -273,21 +375,42 @@ class OpenAIRoutes:
             pieces = text_pieces(tok, ids, call.skip_special_tokens)
             offset = 0
             for i in range(n):
-                out.append((1, vllm_bodies.completion_chunk(tok, call, ids[i:i + 1], lps[i:i + 1], pieces[i:i + 1],
-                                                            offset, created, finish if i == n - 1 else None,
-                                                            prompt if i == 0 else None, matched)))
+                out.append(
+                    (
+                        1,
+                        vllm_bodies.completion_chunk(
+                            tok,
+                            call,
+                            ids[i : i + 1],
+                            lps[i : i + 1],
+                            pieces[i : i + 1],
+                            offset,
+                            created,
+                            finish if i == n - 1 else None,
+                            prompt if i == 0 else None,
+                            matched,
+                        ),
+                    )
+                )
                 offset += len(pieces[i])
             if not n:
-                out.append((0, vllm_bodies.completion_chunk(tok, call, [], [], [], 0, created, finish, prompt,
-                                                            matched)))
+                out.append(
+                    (0, vllm_bodies.completion_chunk(tok, call, [], [], [], 0, created, finish, prompt, matched))
+                )
             if call.dialect == SGLANG_OPENAI:
                 return out
             return vllm_bodies.with_stream_usage(call, out, len(prompt), [False] * n)
         sglang = call.dialect == SGLANG_OPENAI
         stream_ids = ids[:-1] if finish == "stop" and ids and not call.body.get("no_stop_trim") and sglang else ids
         if sglang:
-            deltas = vllm_chat_deltas(tok, stream_ids, tool_parsing=call.tool_parsing, seed=self._seed(greq),
-                                      skip_special=call.skip_special_tokens, reasoning_keys=("reasoning_content",))
+            deltas = vllm_chat_deltas(
+                tok,
+                stream_ids,
+                tool_parsing=call.tool_parsing,
+                seed=self._seed(greq),
+                skip_special=call.skip_special_tokens,
+                reasoning_keys=("reasoning_content",),
+            )
         else:
             deltas = self._deltas(call, greq, stream_ids)
             if finish == "stop" and n and not isinstance(matched, str) and len(deltas) == n:
@@ -299,13 +422,20 @@ class OpenAIRoutes:
             out.append((0, sglang_bodies.chat_chunk(tok, call, {"role": "assistant", "content": ""}, [], [], created)))
             for i in range(n):
                 if deltas[i] or call.logprobs:
-                    out.append((1, sglang_bodies.chat_chunk(tok, call, deltas[i], ids[i:i + 1], lps[i:i + 1],
-                                                            created)))
+                    out.append(
+                        (1, sglang_bodies.chat_chunk(tok, call, deltas[i], ids[i : i + 1], lps[i : i + 1], created))
+                    )
                 else:
                     out.append((1, {}))
             fin = self._sglang_finish(finish, matched, ids)
-            out.append((0, sglang_bodies.chat_chunk(tok, call, {}, [], [], created, final,
-                                                    None if called else fin.get("matched"))))
+            out.append(
+                (
+                    0,
+                    sglang_bodies.chat_chunk(
+                        tok, call, {}, [], [], created, final, None if called else fin.get("matched")
+                    ),
+                )
+            )
             return out
         out.append((0, vllm_bodies.chat_first_chunk(call, prompt, created)))
         for i in range(n):
@@ -313,8 +443,14 @@ class OpenAIRoutes:
             if not (deltas[i] or last or call.logprobs or call.return_token_ids):
                 out.append((1, {}))  # vLLM sends nothing for a token the parser holds back
                 continue
-            out.append((1, vllm_bodies.chat_chunk(tok, call, deltas[i], ids[i:i + 1], lps[i:i + 1], created,
-                                                  final if last else None, matched)))
+            out.append(
+                (
+                    1,
+                    vllm_bodies.chat_chunk(
+                        tok, call, deltas[i], ids[i : i + 1], lps[i : i + 1], created, final if last else None, matched
+                    ),
+                )
+            )
         if not n:
             out.append((0, vllm_bodies.chat_chunk(tok, call, {}, [], [], created, finish, matched)))
         return vllm_bodies.with_stream_usage(call, out, len(prompt), self._reasoning_at(call, greq, ids, finish))
@@ -329,12 +465,18 @@ class OpenAIRoutes:
             return sglang_bodies.chat_chunk(tok, call, {}, [], [], created, "abort")
         return vllm_bodies.chat_chunk(tok, call, {}, [], [], created, "abort")
 
-    def _usage_chunk(self, call: OpenAICall, prompt: int, completion: int, created: int,
-                     reasoned: int = 0) -> dict[str, Any]:
+    def _usage_chunk(
+        self, call: OpenAICall, prompt: int, completion: int, created: int, reasoned: int = 0
+    ) -> dict[str, Any]:
         if call.dialect == SGLANG_OPENAI:
-            return {"id": call.rid, "object": "chat.completion.chunk", "created": created,
-                    "model": sglang_bodies.model_of(call), "choices": [],
-                    "usage": sglang_bodies.usage(prompt, completion)}
+            return {
+                "id": call.rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": sglang_bodies.model_of(call),
+                "choices": [],
+                "usage": sglang_bodies.usage(prompt, completion),
+            }
         name = "text_completion" if call.endpoint == "completions" else "chat.completion.chunk"
         return vllm_bodies.usage_chunk(call, prompt, completion, created, name, reasoned)
 

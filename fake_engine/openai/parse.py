@@ -48,17 +48,29 @@ def _hermes(content: str | None, seed: str) -> tuple[list[dict[str, Any]], str |
     try:
         found = re.findall(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", content, flags=re.DOTALL)
         raw = [json.loads(a if a else b) for a, b in found]
-        calls = [{"id": tool_call_id(seed, i), "type": "function",
-                  "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
-                 for i, c in enumerate(raw)]
+        calls = [
+            {
+                "id": tool_call_id(seed, i),
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)},
+            }
+            for i, c in enumerate(raw)
+        ]
     except (ValueError, KeyError, TypeError):
         return [], content
     before = content[: content.find(TOOL_CALL)]
     return calls, before or None
 
 
-def vllm_chat(text: str, *, thinking: bool, tool_parsing: bool, seed: str, reasoning_parser: bool = True,
-              starts_in_reasoning: bool = False) -> ParsedChat:
+def vllm_chat(
+    text: str,
+    *,
+    thinking: bool,
+    tool_parsing: bool,
+    seed: str,
+    reasoning_parser: bool = True,
+    starts_in_reasoning: bool = False,
+) -> ParsedChat:
     """The non-streamed message vLLM's qwen3 + hermes parsers make of `text` (module docstring). Without a reasoning
     parser the text is all content. vLLM 0.32's qwen3 parser (`starts_in_reasoning`) reads everything before
     `</think>` as reasoning when thinking is on, a leading `<think>` dropped. It does so even when no `</think>`
@@ -69,7 +81,7 @@ def vllm_chat(text: str, *, thinking: bool, tool_parsing: bool, seed: str, reaso
     if not reasoning_parser:
         pass
     elif starts_in_reasoning and thinking and THINK_END in text:
-        rest = text[len(THINK):] if text.startswith(THINK) else text
+        rest = text[len(THINK) :] if text.startswith(THINK) else text
         reasoning, _, after = rest.partition(THINK_END)
         content = after or None
     elif THINK in text and THINK_END in text:
@@ -82,9 +94,17 @@ def vllm_chat(text: str, *, thinking: bool, tool_parsing: bool, seed: str, reaso
     return ParsedChat(reasoning, content, calls)
 
 
-def vllm_chat_deltas(tokenizer: Any, ids: list[int], *, tool_parsing: bool, seed: str, skip_special: bool = True,
-                     reasoning_keys: tuple[str, ...] = ("reasoning", "reasoning_content"),
-                     reasoning_parser: bool = True, starts_in_reasoning: bool = False) -> list[dict[str, Any]]:
+def vllm_chat_deltas(
+    tokenizer: Any,
+    ids: list[int],
+    *,
+    tool_parsing: bool,
+    seed: str,
+    skip_special: bool = True,
+    reasoning_keys: tuple[str, ...] = ("reasoning", "reasoning_content"),
+    reasoning_parser: bool = True,
+    starts_in_reasoning: bool = False,
+) -> list[dict[str, Any]]:
     """One delta per output token, as vLLM streams them with `return_token_ids` (module docstring; `vllm_chat`
     for the reasoning parser's two behaviours)."""
     think, think_end, tool, tool_end = tokenizer.convert_tokens_to_ids([THINK, THINK_END, TOOL_CALL, TOOL_CALL_END])
@@ -168,12 +188,12 @@ def _call_parts(text: str) -> tuple[str, str, int] | None:
         at = rest.end() if rest else -1
         return json.loads(named.group(1)), text[at:] if rest else "", at
     name_end = text.find(json.dumps(name, ensure_ascii=False), text.find('"name"')) + len(
-        json.dumps(name, ensure_ascii=False))
+        json.dumps(name, ensure_ascii=False)
+    )
     return name, arguments, text.find(arguments, name_end)
 
 
-def _tool_fragments(deltas: list[dict[str, Any]], body: list[int], pieces: list[str], index: int,
-                    call_id: str) -> None:
+def _tool_fragments(deltas: list[dict[str, Any]], body: list[int], pieces: list[str], index: int, call_id: str) -> None:
     """The fragments of one tool call over its body tokens: the name where it completes, then the arguments
     spread over the tokens that spell them."""
     text = "".join(pieces[p] for p in body)
@@ -197,8 +217,11 @@ def _tool_fragments(deltas: list[dict[str, Any]], body: list[int], pieces: list[
             fragment = {"index": index, "type": "function", "id": call_id, "function": {"name": name}}
             sent_name = True
         if sent_name:
-            upto = len(arguments) if args_at < 0 and k == len(body) - 1 else (
-                0 if args_at < 0 else max(0, min(len(arguments), end - args_at)))
+            upto = (
+                len(arguments)
+                if args_at < 0 and k == len(body) - 1
+                else (0 if args_at < 0 else max(0, min(len(arguments), end - args_at)))
+            )
             if upto > sent_args:
                 fragment.setdefault("index", index)
                 fragment.setdefault("function", {})["arguments"] = arguments[sent_args:upto]
@@ -210,8 +233,9 @@ def _tool_fragments(deltas: list[dict[str, Any]], body: list[int], pieces: list[
         last.setdefault("function", {})["arguments"] = last["function"].get("arguments", "") + arguments[sent_args:]
 
 
-def sglang_chat(text: str, tools: list[dict[str, Any]] | None, *, tool_parsing: bool,
-                seed: str) -> tuple[ParsedChat, bool]:
+def sglang_chat(
+    text: str, tools: list[dict[str, Any]] | None, *, tool_parsing: bool, seed: str
+) -> tuple[ParsedChat, bool]:
     """SGLang 0.5.23's message for `text` (its qwen3 reasoning and qwen25 tool parsers); the flag: tools called."""
     from tito_rl.trajectory.adapters.parsing.sglang_loader import parsers
 
@@ -219,13 +243,28 @@ def sglang_chat(text: str, tools: list[dict[str, Any]] | None, *, tool_parsing: 
     reasoning, normal = sglang.ReasoningParser("qwen3", stream_reasoning=False).parse_non_stream(text)
     if not (tool_parsing and tools):
         return ParsedChat(reasoning or None, normal or ""), False
-    models = [sglang.Tool(type="function", function=sglang.Function(
-        name=t["function"]["name"], description=t["function"].get("description"),
-        parameters=t["function"].get("parameters") or {"type": "object", "properties": {}})) for t in tools]
+    models = [
+        sglang.Tool(
+            type="function",
+            function=sglang.Function(
+                name=t["function"]["name"],
+                description=t["function"].get("description"),
+                parameters=t["function"].get("parameters") or {"type": "object", "properties": {}},
+            ),
+        )
+        for t in tools
+    ]
     parser = sglang.FunctionCallParser(models, "qwen25")
     if not parser.has_tool_call(normal or ""):
         return ParsedChat(reasoning or None, normal or ""), False
     content, items = parser.parse_non_stream(normal or "")
-    calls = [{"id": tool_call_id(seed, i, "call_"), "index": i, "type": "function",
-              "function": {"name": item.name, "arguments": item.parameters}} for i, item in enumerate(items)]
+    calls = [
+        {
+            "id": tool_call_id(seed, i, "call_"),
+            "index": i,
+            "type": "function",
+            "function": {"name": item.name, "arguments": item.parameters},
+        }
+        for i, item in enumerate(items)
+    ]
     return ParsedChat(reasoning or None, content or "", calls), bool(calls)

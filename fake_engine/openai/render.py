@@ -50,8 +50,11 @@ def _tool(tool: Any) -> dict[str, Any]:
     if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict):
         raise ValueError("each tool must be {type: function, function: {...}}")
     function = tool["function"]
-    dumped = {"name": function.get("name"), "description": function.get("description"),
-              "parameters": function.get("parameters")}
+    dumped = {
+        "name": function.get("name"),
+        "description": function.get("description"),
+        "parameters": function.get("parameters"),
+    }
     dumped.update({k: v for k, v in function.items() if k not in dumped})
     out = {"type": tool.get("type", "function"), "function": dumped}
     out.update({k: v for k, v in tool.items() if k not in out})
@@ -68,8 +71,12 @@ def render_chat(tokenizer: Any, body: dict[str, Any], error: Any) -> list[int]:
         messages = [_message(m) for m in body["messages"]]
         tools = [_tool(t) for t in body["tools"]] if isinstance(body.get("tools"), list) and body["tools"] else None
         text = tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=body.get("add_generation_prompt", True) is not False,
-            tokenize=False, **kwargs)
+            messages,
+            tools=tools,
+            add_generation_prompt=body.get("add_generation_prompt", True) is not False,
+            tokenize=False,
+            **kwargs,
+        )
     except (ValueError, TypeError, TemplateError) as exc:
         raise EngineHTTPError(400, error(f"chat template: {exc}")) from None
     ids = list(tokenizer.encode(text, add_special_tokens=bool(body.get("add_special_tokens", False))))

@@ -19,8 +19,14 @@ DEFAULT_MODEL = "default"  # SGLang's ChatCompletionRequest.model default
 
 
 def usage(prompt: int, completion: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": None, "reasoning_tokens": 0, "completion_tokens_details": None}
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
+    }
 
 
 def model_of(call: OpenAICall) -> str:
@@ -28,22 +34,47 @@ def model_of(call: OpenAICall) -> str:
 
 
 def chat_logprobs(tokenizer: Any, ids: list[int], lps: list[float]) -> dict[str, Any]:
-    return {"content": [{"token": token_text(tokenizer, tid), "bytes": token_bytes(tokenizer, tid), "logprob": lp,
-                         "top_logprobs": []} for tid, lp in zip(ids, lps, strict=True)]}
+    return {
+        "content": [
+            {
+                "token": token_text(tokenizer, tid),
+                "bytes": token_bytes(tokenizer, tid),
+                "logprob": lp,
+                "top_logprobs": [],
+            }
+            for tid, lp in zip(ids, lps, strict=True)
+        ]
+    }
 
 
-def chat_body(tokenizer: Any, call: OpenAICall, prompt: list[int], ids: list[int], lps: list[float],
-              finish: dict[str, Any], parsed: ParsedChat, meta: dict[str, Any], created: int) -> dict[str, Any]:
+def chat_body(
+    tokenizer: Any,
+    call: OpenAICall,
+    prompt: list[int],
+    ids: list[int],
+    lps: list[float],
+    finish: dict[str, Any],
+    parsed: ParsedChat,
+    meta: dict[str, Any],
+    created: int,
+) -> dict[str, Any]:
     """`finish` is /generate's finish_reason dict (mutated for tool calls, as SGLang does); `meta` its meta_info."""
     if parsed.tool_calls and finish.get("type") == "stop":
         finish["type"], finish["matched"] = "tool_calls", None
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content or "",
-                               "reasoning_content": parsed.reasoning}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": parsed.content or "",
+        "reasoning_content": parsed.reasoning,
+    }
     if parsed.tool_calls:
         message["tool_calls"] = parsed.tool_calls
-    choice: dict[str, Any] = {"index": 0, "message": message,
-                              "logprobs": chat_logprobs(tokenizer, ids, lps) if call.logprobs else None,
-                              "finish_reason": finish.get("type"), "matched_stop": finish.get("matched")}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "logprobs": chat_logprobs(tokenizer, ids, lps) if call.logprobs else None,
+        "finish_reason": finish.get("type"),
+        "matched_stop": finish.get("matched"),
+    }
     if call.return_prompt_token_ids or call.return_token_ids:
         choice["prompt_token_ids"] = prompt
     if call.return_token_ids:
@@ -53,22 +84,58 @@ def chat_body(tokenizer: Any, call: OpenAICall, prompt: list[int], ids: list[int
     metadata = {"weight_version": meta.get("weight_version")}
     if "weight_versions" in meta:
         metadata["weight_versions"] = meta["weight_versions"]
-    return {"id": meta.get("id"), "object": "chat.completion", "created": created, "model": model_of(call),
-            "choices": [choice], "usage": usage(len(prompt), len(ids)), "metadata": metadata}
+    return {
+        "id": meta.get("id"),
+        "object": "chat.completion",
+        "created": created,
+        "model": model_of(call),
+        "choices": [choice],
+        "usage": usage(len(prompt), len(ids)),
+        "metadata": metadata,
+    }
 
 
-def chat_chunk(tokenizer: Any, call: OpenAICall, delta: dict[str, Any], ids: list[int], lps: list[float],
-               created: int, finish: str | None = None, matched: Any = None) -> dict[str, Any]:
+def chat_chunk(
+    tokenizer: Any,
+    call: OpenAICall,
+    delta: dict[str, Any],
+    ids: list[int],
+    lps: list[float],
+    created: int,
+    finish: str | None = None,
+    matched: Any = None,
+) -> dict[str, Any]:
     """One streamed chunk; `delta` in SGLang's DeltaMessage keys (role, content, reasoning_content, tool_calls)."""
-    full = {"role": delta.get("role"), "content": delta.get("content"),
-            "reasoning_content": delta.get("reasoning_content")}
+    full = {
+        "role": delta.get("role"),
+        "content": delta.get("content"),
+        "reasoning_content": delta.get("reasoning_content"),
+    }
     if delta.get("tool_calls"):
-        full["tool_calls"] = [{"id": c.get("id"), "index": c.get("index"), "type": "function",
-                               "function": {"name": c.get("function", {}).get("name"),
-                                            "arguments": c.get("function", {}).get("arguments")}}
-                              for c in delta["tool_calls"]]
-    choice = {"index": 0, "delta": full,
-              "logprobs": chat_logprobs(tokenizer, ids, lps) if call.logprobs and ids else None,
-              "finish_reason": finish, "matched_stop": matched}
-    return {"id": call.rid, "object": "chat.completion.chunk", "created": created, "model": model_of(call),
-            "choices": [choice], "usage": None}
+        full["tool_calls"] = [
+            {
+                "id": c.get("id"),
+                "index": c.get("index"),
+                "type": "function",
+                "function": {
+                    "name": c.get("function", {}).get("name"),
+                    "arguments": c.get("function", {}).get("arguments"),
+                },
+            }
+            for c in delta["tool_calls"]
+        ]
+    choice = {
+        "index": 0,
+        "delta": full,
+        "logprobs": chat_logprobs(tokenizer, ids, lps) if call.logprobs and ids else None,
+        "finish_reason": finish,
+        "matched_stop": matched,
+    }
+    return {
+        "id": call.rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model_of(call),
+        "choices": [choice],
+        "usage": None,
+    }

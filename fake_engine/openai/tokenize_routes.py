@@ -47,8 +47,9 @@ class TokenizeRoutes:
         except EngineHTTPError as e:
             return json_response(e.body, e.status)
         strs = [self.tokenizer.convert_ids_to_tokens(i) for i in ids] if body.get("return_token_strs") else None
-        return json_response({"count": len(ids), "max_model_len": self.context_length, "tokens": ids,
-                              "token_strs": strs})
+        return json_response(
+            {"count": len(ids), "max_model_len": self.context_length, "tokens": ids, "token_strs": strs}
+        )
 
     async def detokenize(self, request: web.Request) -> web.Response:
         try:

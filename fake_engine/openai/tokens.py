@@ -49,6 +49,6 @@ def text_pieces(tokenizer: Any, ids: list[int], skip_special_tokens: bool = True
         if text.endswith(REPLACEMENT) and i + 1 < len(ids):
             pieces.append("")
             continue
-        pieces.append(text[len(emitted):] if text.startswith(emitted) else text)
+        pieces.append(text[len(emitted) :] if text.startswith(emitted) else text)
         emitted = text
     return pieces

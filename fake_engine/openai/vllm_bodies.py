@@ -46,8 +46,11 @@ def finish_reason(finish: str, called: bool) -> str:
 def usage(prompt: int, completion: int, reasoning: int | None = None, streamed: bool = False) -> dict[str, Any]:
     """`usage`: a body's has `prompt_tokens_details` (null) and `completion_tokens_details`, a stream's only the
     latter where it is set; `reasoning` is the count under a reasoning parser (vLLM 0.32's chat), else none."""
-    out: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-                           "completion_tokens": completion}
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+    }
     if not streamed:
         out["prompt_tokens_details"] = None
     if reasoning is not None:
@@ -57,8 +60,9 @@ def usage(prompt: int, completion: int, reasoning: int | None = None, streamed: 
     return out
 
 
-def chat_usage(call: OpenAICall, prompt: int, completion: int, reasoning: int,
-               streamed: bool = False) -> dict[str, Any]:
+def chat_usage(
+    call: OpenAICall, prompt: int, completion: int, reasoning: int, streamed: bool = False
+) -> dict[str, Any]:
     counted = call.vllm.usage_details and call.reasoning_parser
     return usage(prompt, completion, reasoning if counted else None, streamed)
 
@@ -67,8 +71,9 @@ def _token(tokenizer: Any, tid: int, as_ids: bool) -> str:
     return f"token_id:{tid}" if as_ids else token_text(tokenizer, tid)
 
 
-def chat_logprobs(tokenizer: Any, call: OpenAICall, ids: list[int], lps: list[float],
-                  sampled_in_top: bool = False) -> dict[str, Any] | None:
+def chat_logprobs(
+    tokenizer: Any, call: OpenAICall, ids: list[int], lps: list[float], sampled_in_top: bool = False
+) -> dict[str, Any] | None:
     """`choices[0].logprobs`: one entry per output token; `top_logprobs` holds the sampled token only (the fake
     engine samples no alternatives) when more than 0 are asked, or always (`sampled_in_top`: vLLM's
     SamplingParams.logprobs counts alternatives beside the sampled token, /inference/v1/generate)."""
@@ -95,56 +100,119 @@ def token_id_logprobs(call: OpenAICall, ids: list[int], lps: list[float]) -> dic
     return {"content": content}
 
 
-def chat_body(tokenizer: Any, call: OpenAICall, prompt: list[int], ids: list[int], lps: list[float],
-              finish: str, parsed: ParsedChat, created: int, matched: Any = None,
-              reasoning_tokens: int = 0) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "refusal": None, "annotations": None,
-                               "audio": None, "function_call": None}
+def chat_body(
+    tokenizer: Any,
+    call: OpenAICall,
+    prompt: list[int],
+    ids: list[int],
+    lps: list[float],
+    finish: str,
+    parsed: ParsedChat,
+    created: int,
+    matched: Any = None,
+    reasoning_tokens: int = 0,
+) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": parsed.content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
     if parsed.tool_calls:  # the key is absent when there are none
         message["tool_calls"] = parsed.tool_calls
     for key in call.vllm.reasoning_keys:
         message[key] = parsed.reasoning
-    choice = {"index": 0, "message": message, "logprobs": chat_logprobs(tokenizer, call, ids, lps),
-              "finish_reason": finish_reason(finish, bool(parsed.tool_calls)),
-              "stop_reason": stop_reason(call, finish, matched), "token_ids": ids if call.return_token_ids else None}
-    return {"id": f"chatcmpl-{call.rid}", "object": "chat.completion", "created": created, "model": call.model,
-            "choices": [choice], "service_tier": None, "system_fingerprint": fingerprint(call),
-            "usage": chat_usage(call, len(prompt), len(ids), reasoning_tokens), "prompt_logprobs": None,
-            "prompt_token_ids": prompt if call.return_token_ids else None, "kv_transfer_params": None}
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": chat_logprobs(tokenizer, call, ids, lps),
+        "finish_reason": finish_reason(finish, bool(parsed.tool_calls)),
+        "stop_reason": stop_reason(call, finish, matched),
+        "token_ids": ids if call.return_token_ids else None,
+    }
+    return {
+        "id": f"chatcmpl-{call.rid}",
+        "object": "chat.completion",
+        "created": created,
+        "model": call.model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": fingerprint(call),
+        "usage": chat_usage(call, len(prompt), len(ids), reasoning_tokens),
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt if call.return_token_ids else None,
+        "kv_transfer_params": None,
+    }
 
 
 def chat_first_chunk(call: OpenAICall, prompt: list[int], created: int) -> dict[str, Any]:
-    return {"id": f"chatcmpl-{call.rid}", "object": "chat.completion.chunk", "created": created, "model": call.model,
-            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                         "finish_reason": None}],
-            "prompt_token_ids": prompt if call.return_token_ids else None}
+    return {
+        "id": f"chatcmpl-{call.rid}",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": call.model,
+        "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        ],
+        "prompt_token_ids": prompt if call.return_token_ids else None,
+    }
 
 
-def chat_chunk(tokenizer: Any, call: OpenAICall, delta: dict[str, Any], ids: list[int], lps: list[float],
-               created: int, finish: str | None = None, matched: Any = None) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": chat_logprobs(tokenizer, call, ids, lps),
-                              "finish_reason": finish}
+def chat_chunk(
+    tokenizer: Any,
+    call: OpenAICall,
+    delta: dict[str, Any],
+    ids: list[int],
+    lps: list[float],
+    created: int,
+    finish: str | None = None,
+    matched: Any = None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "delta": delta,
+        "logprobs": chat_logprobs(tokenizer, call, ids, lps),
+        "finish_reason": finish,
+    }
     if finish is not None:
         choice["stop_reason"] = stop_reason(call, "stop" if finish == "tool_calls" else finish, matched)
     choice["token_ids"] = ids if call.return_token_ids else None
-    return {"id": f"chatcmpl-{call.rid}", "object": "chat.completion.chunk", "created": created, "model": call.model,
-            "choices": [choice]}
+    return {
+        "id": f"chatcmpl-{call.rid}",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": call.model,
+        "choices": [choice],
+    }
 
 
-def usage_chunk(call: OpenAICall, prompt: int, completion: int, created: int, object_name: str,
-                reasoning_tokens: int = 0) -> dict[str, Any]:
+def usage_chunk(
+    call: OpenAICall, prompt: int, completion: int, created: int, object_name: str, reasoning_tokens: int = 0
+) -> dict[str, Any]:
     prefix = "chatcmpl" if object_name.startswith("chat") else "cmpl"
-    counts = chat_usage(call, prompt, completion, reasoning_tokens, streamed=True) if prefix == "chatcmpl" \
+    counts = (
+        chat_usage(call, prompt, completion, reasoning_tokens, streamed=True)
+        if prefix == "chatcmpl"
         else usage(prompt, completion, streamed=True)
-    chunk = {"id": f"{prefix}-{call.rid}", "object": object_name, "created": created, "model": call.model,
-             "choices": [], "usage": counts}
+    )
+    chunk = {
+        "id": f"{prefix}-{call.rid}",
+        "object": object_name,
+        "created": created,
+        "model": call.model,
+        "choices": [],
+        "usage": counts,
+    }
     if call.vllm.usage_details:
         chunk["system_fingerprint"] = fingerprint(call)
     return chunk
 
 
-def with_stream_usage(call: OpenAICall, chunks: list[tuple[int, dict[str, Any]]], prompt: int,
-                      reasoning_at: list[bool]) -> list[tuple[int, dict[str, Any]]]:
+def with_stream_usage(
+    call: OpenAICall, chunks: list[tuple[int, dict[str, Any]]], prompt: int, reasoning_at: list[bool]
+) -> list[tuple[int, dict[str, Any]]]:
     """A chat or completions stream as the release sends it: `usage` so far on every chunk under
     `continuous_usage_stats` (with `include_usage`), and `system_fingerprint` on the last chunk when no usage chunk
     follows. `reasoning_at[i]`: output token i went to the reasoning (counted in the usage's details)."""
@@ -154,11 +222,12 @@ def with_stream_usage(call: OpenAICall, chunks: list[tuple[int, dict[str, Any]]]
     done = reasoned = 0
     out: list[tuple[int, dict[str, Any]]] = []
     for n, chunk in chunks:
-        reasoned += sum(reasoning_at[done:done + n])
+        reasoned += sum(reasoning_at[done : done + n])
         done += n
         if chunk and call.continuous_usage and call.include_usage:
-            counts = chat_usage(call, prompt, done, reasoned, streamed=True) if chat else usage(prompt, done,
-                                                                                                  streamed=True)
+            counts = (
+                chat_usage(call, prompt, done, reasoned, streamed=True) if chat else usage(prompt, done, streamed=True)
+            )
             chunk = {**chunk, "usage": counts}
         out.append((n, chunk))
     if not call.include_usage:
@@ -168,8 +237,9 @@ def with_stream_usage(call: OpenAICall, chunks: list[tuple[int, dict[str, Any]]]
     return out
 
 
-def completion_logprobs(tokenizer: Any, call: OpenAICall, ids: list[int], lps: list[float],
-                        pieces: list[str], offset: int = 0) -> dict[str, Any] | None:
+def completion_logprobs(
+    tokenizer: Any, call: OpenAICall, ids: list[int], lps: list[float], pieces: list[str], offset: int = 0
+) -> dict[str, Any] | None:
     """`choices[0].logprobs` of `/v1/completions`: OpenAI's legacy columns; `top_logprobs` per position holds the
     sampled token (the `logprobs: N` alternatives are not sampled)."""
     if not call.logprobs:
@@ -179,8 +249,12 @@ def completion_logprobs(tokenizer: Any, call: OpenAICall, ids: list[int], lps: l
     for piece in pieces:
         offsets.append(offset)
         offset += len(piece)
-    return {"text_offset": offsets, "token_logprobs": [max(lp, -9999.0) for lp in lps], "tokens": tokens,
-            "top_logprobs": [{t: max(lp, -9999.0)} for t, lp in zip(tokens, lps, strict=True)]}
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [max(lp, -9999.0) for lp in lps],
+        "tokens": tokens,
+        "top_logprobs": [{t: max(lp, -9999.0)} for t, lp in zip(tokens, lps, strict=True)],
+    }
 
 
 def _stop_key(call: OpenAICall) -> str:
@@ -188,40 +262,94 @@ def _stop_key(call: OpenAICall) -> str:
     return "matched_stop" if call.dialect == SGLANG_OPENAI else "stop_reason"
 
 
-def completion_body(tokenizer: Any, call: OpenAICall, prompt: list[int], ids: list[int], lps: list[float],
-                    finish: str, pieces: list[str], created: int, matched: Any = None) -> dict[str, Any]:
-    choice = {"index": 0, "text": "".join(pieces),
-              "logprobs": completion_logprobs(tokenizer, call, ids, lps, pieces), "finish_reason": finish,
-              _stop_key(call): stop_reason(call, finish, matched), "token_ids": ids if call.return_token_ids else None,
-              "prompt_logprobs": None,
-              "prompt_token_ids": prompt if call.return_token_ids else None}
-    return {"id": f"cmpl-{call.rid}", "object": "text_completion", "created": created, "model": call.model,
-            "choices": [choice], "service_tier": None, "system_fingerprint": fingerprint(call),
-            "usage": usage(len(prompt), len(ids)), "kv_transfer_params": None}
+def completion_body(
+    tokenizer: Any,
+    call: OpenAICall,
+    prompt: list[int],
+    ids: list[int],
+    lps: list[float],
+    finish: str,
+    pieces: list[str],
+    created: int,
+    matched: Any = None,
+) -> dict[str, Any]:
+    choice = {
+        "index": 0,
+        "text": "".join(pieces),
+        "logprobs": completion_logprobs(tokenizer, call, ids, lps, pieces),
+        "finish_reason": finish,
+        _stop_key(call): stop_reason(call, finish, matched),
+        "token_ids": ids if call.return_token_ids else None,
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt if call.return_token_ids else None,
+    }
+    return {
+        "id": f"cmpl-{call.rid}",
+        "object": "text_completion",
+        "created": created,
+        "model": call.model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": fingerprint(call),
+        "usage": usage(len(prompt), len(ids)),
+        "kv_transfer_params": None,
+    }
 
 
-def completion_chunk(tokenizer: Any, call: OpenAICall, ids: list[int], lps: list[float], pieces: list[str],
-                     offset: int, created: int, finish: str | None, prompt: list[int] | None,
-                     matched: Any = None) -> dict[str, Any]:
-    choice = {"index": 0, "text": "".join(pieces),
-              "logprobs": completion_logprobs(tokenizer, call, ids, lps, pieces, offset), "finish_reason": finish,
-              _stop_key(call): stop_reason(call, finish, matched),
-              "prompt_token_ids": prompt if call.return_token_ids else None,
-              "token_ids": ids if call.return_token_ids else None}
-    return {"id": f"cmpl-{call.rid}", "object": "text_completion", "created": created, "model": call.model,
-            "choices": [choice]}
+def completion_chunk(
+    tokenizer: Any,
+    call: OpenAICall,
+    ids: list[int],
+    lps: list[float],
+    pieces: list[str],
+    offset: int,
+    created: int,
+    finish: str | None,
+    prompt: list[int] | None,
+    matched: Any = None,
+) -> dict[str, Any]:
+    choice = {
+        "index": 0,
+        "text": "".join(pieces),
+        "logprobs": completion_logprobs(tokenizer, call, ids, lps, pieces, offset),
+        "finish_reason": finish,
+        _stop_key(call): stop_reason(call, finish, matched),
+        "prompt_token_ids": prompt if call.return_token_ids else None,
+        "token_ids": ids if call.return_token_ids else None,
+    }
+    return {
+        "id": f"cmpl-{call.rid}",
+        "object": "text_completion",
+        "created": created,
+        "model": call.model,
+        "choices": [choice],
+    }
 
 
-def generate_body(tokenizer: Any, call: OpenAICall, ids: list[int], lps: list[float], finish: str | None,
-                  prompt: list[int] | None = None, matched: Any = None, *, chunk: bool = False,
-                  created: int = 0, total: int | None = None) -> dict[str, Any]:
+def generate_body(
+    tokenizer: Any,
+    call: OpenAICall,
+    ids: list[int],
+    lps: list[float],
+    finish: str | None,
+    prompt: list[int] | None = None,
+    matched: Any = None,
+    *,
+    chunk: bool = False,
+    created: int = 0,
+    total: int | None = None,
+) -> dict[str, Any]:
     """`/inference/v1/generate`'s GenerateResponse: a body, or (`chunk`) one stream event with this step's ids;
     root `prompt_token_ids` with `return_token_ids` (vLLM 0.30; a stream's first chunk only). `total`: the output
     so far (a stream's weight-version span). Before 0.32: `{request_id, choices}` with chat-style entries."""
     text_mode = call.body.get("output_mode") == "text"
     if not call.vllm.generate_usage:
-        old_choice = {"index": 0, "logprobs": chat_logprobs(tokenizer, call, ids, lps), "finish_reason": finish,
-                      "token_ids": ids}
+        old_choice = {
+            "index": 0,
+            "logprobs": chat_logprobs(tokenizer, call, ids, lps),
+            "finish_reason": finish,
+            "token_ids": ids,
+        }
         old: dict[str, Any] = {"request_id": call.rid, "choices": [old_choice]}
         if call.return_token_ids and prompt is not None:
             old["prompt_token_ids"] = prompt
@@ -229,12 +357,20 @@ def generate_body(tokenizer: Any, call: OpenAICall, ids: list[int], lps: list[fl
         return old
     n = len(ids) if total is None else total
     versions = [{"version": WEIGHT_VERSION, "start": 0, "end": n}] if finish is not None else None
-    choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "stop_reason": stop_reason(call, finish, matched),
-                              "token_ids": ids, "routed_experts": None, "sampling_mask": None,
-                              "weight_versions": versions}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "finish_reason": finish,
+        "stop_reason": stop_reason(call, finish, matched),
+        "token_ids": ids,
+        "routed_experts": None,
+        "sampling_mask": None,
+        "weight_versions": versions,
+    }
     if text_mode:
-        choice["text"] = tokenizer.decode(ids[:-1] if finish == "stop" and matched is not None
-                                          and not isinstance(matched, str) else ids, skip_special_tokens=True)
+        choice["text"] = tokenizer.decode(
+            ids[:-1] if finish == "stop" and matched is not None and not isinstance(matched, str) else ids,
+            skip_special_tokens=True,
+        )
         choice["logprobs"] = chat_logprobs(tokenizer, call, ids, lps, sampled_in_top=True)
     else:
         choice["logprobs"] = token_id_logprobs(call, ids, lps)
@@ -245,18 +381,48 @@ def generate_body(tokenizer: Any, call: OpenAICall, ids: list[int], lps: list[fl
             event["prompt_token_ids"] = prompt
         return {**event, "output_mode": mode, "choices": [choice]}
     prompt_n = len(prompt or [])
-    return {"request_id": call.rid, "model": call.model, "created": created, "usage": usage(prompt_n, len(ids)),
-            "prompt_logprobs": None, "prompt_token_id_logprobs": None,
-            "prompt_token_ids": prompt if call.return_token_ids else None, "mm_placeholders": None, "metrics": None,
-            "kv_transfer_params": None, "ec_transfer_params": None, "output_mode": mode, "choices": [choice]}
+    return {
+        "request_id": call.rid,
+        "model": call.model,
+        "created": created,
+        "usage": usage(prompt_n, len(ids)),
+        "prompt_logprobs": None,
+        "prompt_token_id_logprobs": None,
+        "prompt_token_ids": prompt if call.return_token_ids else None,
+        "mm_placeholders": None,
+        "metrics": None,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "output_mode": mode,
+        "choices": [choice],
+    }
 
 
 def models_list(model: str, context_length: int, created: int) -> dict[str, Any]:
     """`GET /v1/models` as vLLM answers it."""
-    card = {"id": model, "object": "model", "created": created, "owned_by": "vllm", "root": model, "parent": None,
-            "max_model_len": context_length,
-            "permission": [{"id": "modelperm-tito", "object": "model_permission", "created": created,
-                            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-                            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-                            "organization": "*", "group": None, "is_blocking": False}]}
+    card = {
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": model,
+        "parent": None,
+        "max_model_len": context_length,
+        "permission": [
+            {
+                "id": "modelperm-tito",
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }
     return {"object": "list", "data": [card]}

@@ -28,12 +28,30 @@ class VllmProfile:
 
 
 VLLM_PROFILES = {
-    "0.32.0": VllmProfile("0.32.0", generate_token_ids_in_logprobs=True, generate_usage=True,
-                          reasoning_content_alias=False, starts_in_reasoning=True, usage_details=True),
-    "0.31.0": VllmProfile("0.31.0", generate_token_ids_in_logprobs=False, generate_usage=False,
-                          reasoning_content_alias=False, starts_in_reasoning=False, usage_details=False),
-    "0.15.1": VllmProfile("0.15.1", generate_token_ids_in_logprobs=False, generate_usage=False,
-                          reasoning_content_alias=True, starts_in_reasoning=False, usage_details=False),
+    "0.32.0": VllmProfile(
+        "0.32.0",
+        generate_token_ids_in_logprobs=True,
+        generate_usage=True,
+        reasoning_content_alias=False,
+        starts_in_reasoning=True,
+        usage_details=True,
+    ),
+    "0.31.0": VllmProfile(
+        "0.31.0",
+        generate_token_ids_in_logprobs=False,
+        generate_usage=False,
+        reasoning_content_alias=False,
+        starts_in_reasoning=False,
+        usage_details=False,
+    ),
+    "0.15.1": VllmProfile(
+        "0.15.1",
+        generate_token_ids_in_logprobs=False,
+        generate_usage=False,
+        reasoning_content_alias=True,
+        starts_in_reasoning=False,
+        usage_details=False,
+    ),
 }
 
 

@@ -22,8 +22,12 @@ class CassettePolicy:
         self.truncated = truncated
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], tokenizer_path: str | os.PathLike[str] | None = None,
-             check_tokenizer: bool = True) -> CassettePolicy:
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        tokenizer_path: str | os.PathLike[str] | None = None,
+        check_tokenizer: bool = True,
+    ) -> CassettePolicy:
         """Read the engine leg; refuses a cassette recorded with another tokenizer than `tokenizer_path`'s."""
         from tito_rl.trajectory.tokens.tokenizer import fingerprint, load_tokenizer
 
@@ -53,5 +57,10 @@ def generation_from_response(call: RecordedCall) -> Generation:
     finish = meta.get("finish_reason") or {}
     kind = finish_kind(finish.get("type", "stop") if isinstance(finish, dict) else "stop")
     matched = finish.get("matched") if isinstance(finish, dict) and kind == "stop" else None
-    return Generation(output_ids=output_ids, logprobs=logprobs, finish=kind, matched=matched,
-                      cached_tokens=int(meta.get("cached_tokens") or 0))
+    return Generation(
+        output_ids=output_ids,
+        logprobs=logprobs,
+        finish=kind,
+        matched=matched,
+        cached_tokens=int(meta.get("cached_tokens") or 0),
+    )

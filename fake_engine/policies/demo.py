@@ -8,10 +8,12 @@ from tito_rl.fake_engine.policies.scripted import Scenario, ScriptedPolicy, pars
 
 DEMO_SCENARIO: dict[str, Any] = {
     "name": "demo",
-    "turns": [{
-        "reasoning": "The user sent a message. A short, friendly answer is enough.",
-        "text": "Hello from the tito fake engine: this reply was scripted, not sampled.",
-    }],
+    "turns": [
+        {
+            "reasoning": "The user sent a message. A short, friendly answer is enough.",
+            "text": "Hello from the tito fake engine: this reply was scripted, not sampled.",
+        }
+    ],
 }
 
 

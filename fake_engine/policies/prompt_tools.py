@@ -49,13 +49,16 @@ ARGUMENT_SYNONYMS: dict[str, tuple[str, ...]] = {
 
 
 # How each pinned CLI states its working directory in the prompt (system prompt or first user message).
-WORKDIR_PATTERNS: tuple[re.Pattern[str], ...] = tuple(re.compile(p) for p in (
-    r"Primary working directory: (/[^\s<>\"]*)",      # Claude Code
-    r"<cwd>(/[^<]+)</cwd>",                          # Codex
-    r"I'm currently working in the directory: (/[^\s<>\"]*)",  # Qwen Code
-    r"\bWorking directory: (/[^\s<>\"]*)",           # opencode
-    r"Workspace Directories:\*\*\n\s*- (/[^\s<>\"]*)",  # Gemini CLI
-))
+WORKDIR_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p)
+    for p in (
+        r"Primary working directory: (/[^\s<>\"]*)",  # Claude Code
+        r"<cwd>(/[^<]+)</cwd>",  # Codex
+        r"I'm currently working in the directory: (/[^\s<>\"]*)",  # Qwen Code
+        r"\bWorking directory: (/[^\s<>\"]*)",  # opencode
+        r"Workspace Directories:\*\*\n\s*- (/[^\s<>\"]*)",  # Gemini CLI
+    )
+)
 WORKDIR = "{workdir}"
 
 
@@ -71,7 +74,7 @@ def offered_tools(prompt_text: str) -> list[OfferedTool]:
     if start < 0 or end < 0:
         return []
     tools = []
-    for line in prompt_text[start + len("<tools>\n"):end].splitlines():
+    for line in prompt_text[start + len("<tools>\n") : end].splitlines():
         try:
             spec = json.loads(line)
         except json.JSONDecodeError:

@@ -31,7 +31,8 @@ def render_text(reasoning: str | None, text: str, tool_calls: list[ToolCall]) ->
     return out
 
 
-def render_ids(tokenizer: Any, reasoning: str | None, text: str, tool_calls: list[ToolCall],
-               stop: bool = True) -> list[int]:
+def render_ids(
+    tokenizer: Any, reasoning: str | None, text: str, tool_calls: list[ToolCall], stop: bool = True
+) -> list[int]:
     ids = list(tokenizer.encode(render_text(reasoning, text, tool_calls), add_special_tokens=False))
     return ids + [EOS_ID] if stop else ids

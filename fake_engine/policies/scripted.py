@@ -195,11 +195,15 @@ class ScriptedPolicy:
         if turn.ids is not None:
             return list(turn.ids)
         offered = offered_tools(opening) if turn.tool_calls else []
-        workdir = workdir_of(opening) if turn.tool_calls and WORKDIR in json.dumps(
-            [c.arguments for c in turn.tool_calls]) else None
+        workdir = (
+            workdir_of(opening)
+            if turn.tool_calls and WORKDIR in json.dumps([c.arguments for c in turn.tool_calls])
+            else None
+        )
         try:
-            calls = [ToolCall(*resolve_call(c.name, with_workdir(c.arguments, workdir), offered))
-                     for c in turn.tool_calls]
+            calls = [
+                ToolCall(*resolve_call(c.name, with_workdir(c.arguments, workdir), offered)) for c in turn.tool_calls
+            ]
         except ValueError as exc:
             raise PolicyError(f"scenario {self.scenario.name!r}: {exc}", status=400) from None
         key = (*index, tuple((c.name, json.dumps(c.arguments, sort_keys=True)) for c in calls))
@@ -216,8 +220,11 @@ class ScriptedPolicy:
         s_index, session, t_index = self._session(req, opening)
         if t_index >= len(session.turns):
             if self.scenario.after_last == "error":
-                raise PolicyError(f"scenario {self.scenario.name!r}: session {s_index} has no turn {t_index} "
-                                  f"(it scripts {len(session.turns)})", status=400)
+                raise PolicyError(
+                    f"scenario {self.scenario.name!r}: session {s_index} has no turn {t_index} "
+                    f"(it scripts {len(session.turns)})",
+                    status=400,
+                )
             t_index = len(session.turns) - 1
         turn = session.turns[t_index]
         assert isinstance(turn, ScriptedTurn)  # ScriptedSession.__post_init__ made every text one
@@ -231,8 +238,7 @@ class ScriptedPolicy:
         if finish != "stop":
             if ids and ids[-1] == EOS_ID:
                 ids = ids[:-1]
-            keep = turn.length if turn.length is not None else (len(ids) if finish == "length"
-                                                                 else len(ids) // 2)
+            keep = turn.length if turn.length is not None else (len(ids) if finish == "length" else len(ids) // 2)
             ids = ids[:keep]
         lps_key = (req.session_key, req.turn_index, tuple(ids))
         lps = self._logprobs.get(lps_key)
@@ -242,5 +248,4 @@ class ScriptedPolicy:
             if len(self._logprobs) > 4096:
                 self._logprobs.popitem(last=False)
         lps = list(lps)
-        return Generation(output_ids=ids, logprobs=lps, finish=finish,
-                          faults=faults)
+        return Generation(output_ids=ids, logprobs=lps, finish=finish, faults=faults)

@@ -11,11 +11,34 @@ from collections.abc import Callable
 from typing import Any
 
 SAMPLING_FIELDS = (
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width",
-    "watermark", "choice",
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
 )
 
 
@@ -53,6 +76,7 @@ def _int(expected: str = "i64") -> Callable[[Any], None]:
     def check(v: Any) -> None:
         if not _is_int(v):
             raise _invalid(v, expected)
+
     return check
 
 
@@ -62,6 +86,7 @@ def _uint(expected: str) -> Callable[[Any], None]:
             raise _invalid(v, expected)
         if v < 0:
             raise ContractError(f"invalid value: integer `{v}`, expected {expected}")
+
     return check
 
 
@@ -74,6 +99,7 @@ def _bool(expected: str = "a boolean") -> Callable[[Any], None]:
     def check(v: Any) -> None:
         if not isinstance(v, bool):
             raise _invalid(v, expected)
+
     return check
 
 
@@ -98,6 +124,7 @@ def _or_list(scalar: Callable[[Any], None], alias: str, element: Callable[[Any],
                 scalar(v)
             except ContractError:
                 raise _invalid(v, f"a value or an array of values for {alias}") from None
+
     return check
 
 
@@ -131,14 +158,34 @@ def _choice(v: Any) -> None:
 
 
 _SAMPLING_CHECKS: dict[str, Callable[[Any], None] | None] = {
-    "max_new_tokens": _int(), "stop": _or_list(_str, "StringOrList", _str), "stop_token_ids": _int_list,
-    "stop_regex": _or_list(_str, "StringOrList", _str), "temperature": _float, "top_p": _float,
-    "top_k": _int(), "min_p": _float, "frequency_penalty": _float, "presence_penalty": _float,
-    "repetition_penalty": _float, "min_new_tokens": _int(), "n": _int(), "json_schema": _str, "regex": _str,
-    "ebnf": _str, "structural_tag": _str, "ignore_eos": _bool(), "skip_special_tokens": _bool(),
-    "spaces_between_special_tokens": _bool(), "no_stop_trim": _bool(), "stream_interval": _int(),
-    "logit_bias": _logit_bias, "sampling_seed": _int(), "custom_params": None, "beam_width": _int(),
-    "watermark": None, "choice": _choice,
+    "max_new_tokens": _int(),
+    "stop": _or_list(_str, "StringOrList", _str),
+    "stop_token_ids": _int_list,
+    "stop_regex": _or_list(_str, "StringOrList", _str),
+    "temperature": _float,
+    "top_p": _float,
+    "top_k": _int(),
+    "min_p": _float,
+    "frequency_penalty": _float,
+    "presence_penalty": _float,
+    "repetition_penalty": _float,
+    "min_new_tokens": _int(),
+    "n": _int(),
+    "json_schema": _str,
+    "regex": _str,
+    "ebnf": _str,
+    "structural_tag": _str,
+    "ignore_eos": _bool(),
+    "skip_special_tokens": _bool(),
+    "spaces_between_special_tokens": _bool(),
+    "no_stop_trim": _bool(),
+    "stream_interval": _int(),
+    "logit_bias": _logit_bias,
+    "sampling_seed": _int(),
+    "custom_params": None,
+    "beam_width": _int(),
+    "watermark": None,
+    "choice": _choice,
 }
 
 

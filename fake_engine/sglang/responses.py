@@ -59,12 +59,26 @@ def logprob_entries(ids: list[int], logprobs: list[float], texts: list[str] | No
     return [[lp, tid, t] for lp, tid, t in zip(logprobs, ids, texts, strict=True)]
 
 
-def meta_info(*, rid: str, finish_reason: dict[str, Any] | None, prompt_tokens: int, n_output: int,
-              profile: VersionProfile, weight_version: str, logprobs: list[list[Any]] | None,
-              cached_tokens: int, e2e_latency: float | None = None,
-              sent_ts: float | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"id": rid, "finish_reason": finish_reason, "prompt_tokens": prompt_tokens,
-                            "weight_version": weight_version, "num_retractions": 0}
+def meta_info(
+    *,
+    rid: str,
+    finish_reason: dict[str, Any] | None,
+    prompt_tokens: int,
+    n_output: int,
+    profile: VersionProfile,
+    weight_version: str,
+    logprobs: list[list[Any]] | None,
+    cached_tokens: int,
+    e2e_latency: float | None = None,
+    sent_ts: float | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish_reason,
+        "prompt_tokens": prompt_tokens,
+        "weight_version": weight_version,
+        "num_retractions": 0,
+    }
     if logprobs is not None:
         meta["input_token_logprobs"] = []
         meta["output_token_logprobs"] = logprobs
@@ -88,11 +102,16 @@ def generate_body(text: str | None, output_ids: list[int], meta: dict[str, Any])
     return body
 
 
-def queued_abort_body(*, rid: str, weight_version: str, with_logprobs: bool, e2e_latency: float,
-                      sent_ts: float, has_text: bool = True) -> dict[str, Any]:
+def queued_abort_body(
+    *, rid: str, weight_version: str, with_logprobs: bool, e2e_latency: float, sent_ts: float, has_text: bool = True
+) -> dict[str, Any]:
     """A request aborted before it ran: no prompt_tokens/cached_tokens, empty output."""
-    meta: dict[str, Any] = {"id": rid, "finish_reason": {"type": "abort", "message": QUEUED_ABORT_MESSAGE},
-                            "weight_version": weight_version, "e2e_latency": e2e_latency}
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": {"type": "abort", "message": QUEUED_ABORT_MESSAGE},
+        "weight_version": weight_version,
+        "e2e_latency": e2e_latency,
+    }
     if with_logprobs:
         meta["input_token_logprobs"] = []
         meta["output_token_logprobs"] = []
@@ -108,29 +127,67 @@ def stream_error(message: str, code: int = 400) -> dict[str, Any]:
 
 def model_info(*, model_path: str, served_model_name: str, weight_version: str) -> dict[str, Any]:
     return {
-        "model_path": model_path, "served_model_name": served_model_name, "tokenizer_path": model_path,
-        "is_generation": True, "preferred_sampling_params": None, "weight_version": weight_version,
-        "load_format": "auto", "reasoning_parser": "qwen3", "tool_call_parser": "qwen25",
-        "disaggregation_mode": "null", "has_image_understanding": False, "has_audio_understanding": False,
-        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+        "model_path": model_path,
+        "served_model_name": served_model_name,
+        "tokenizer_path": model_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": weight_version,
+        "load_format": "auto",
+        "reasoning_parser": "qwen3",
+        "tool_call_parser": "qwen25",
+        "disaggregation_mode": "null",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
     }
 
 
-def server_info(*, model_path: str, served_model_name: str, host: str, port: int, context_length: int,
-                incremental: bool, profile: VersionProfile, startup_time: float) -> dict[str, Any]:
+def server_info(
+    *,
+    model_path: str,
+    served_model_name: str,
+    host: str,
+    port: int,
+    context_length: int,
+    incremental: bool,
+    profile: VersionProfile,
+    startup_time: float,
+) -> dict[str, Any]:
     return {
-        "model_path": model_path, "tokenizer_path": model_path, "served_model_name": served_model_name,
-        "host": host, "port": port, "context_length": context_length, "skip_tokenizer_init": False,
-        profile.incremental_flag: incremental, "reasoning_parser": "qwen3", "tool_call_parser": "qwen25",
-        "disaggregation_mode": "null", "dp_size": 1, "tp_size": 1, "launch_command": "tito fake-engine",
-        "max_total_num_tokens": context_length * 8, "max_req_input_len": context_length - 1,
-        "kv_events": None, "startup_time": startup_time,
+        "model_path": model_path,
+        "tokenizer_path": model_path,
+        "served_model_name": served_model_name,
+        "host": host,
+        "port": port,
+        "context_length": context_length,
+        "skip_tokenizer_init": False,
+        profile.incremental_flag: incremental,
+        "reasoning_parser": "qwen3",
+        "tool_call_parser": "qwen25",
+        "disaggregation_mode": "null",
+        "dp_size": 1,
+        "tp_size": 1,
+        "launch_command": "tito fake-engine",
+        "max_total_num_tokens": context_length * 8,
+        "max_req_input_len": context_length - 1,
+        "kv_events": None,
+        "startup_time": startup_time,
         "internal_states": [{"last_gen_throughput": 0.0, "memory_usage": {}}],
-        "version": profile.name, "frontend": "python",
+        "version": profile.name,
+        "frontend": "python",
     }
 
 
 def models_list(served_model_name: str, context_length: int, created: int) -> dict[str, Any]:
-    card = {"id": served_model_name, "object": "model", "created": created, "owned_by": "sglang",
-            "root": served_model_name, "parent": None, "max_model_len": context_length}
+    card = {
+        "id": served_model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "sglang",
+        "root": served_model_name,
+        "parent": None,
+        "max_model_len": context_length,
+    }
     return {"object": "list", "data": [card]}

@@ -36,8 +36,9 @@ def value_error(message: str, status: int = 400) -> EngineHTTPError:
 
 def parse_failure(message: str) -> EngineHTTPError:
     # FastAPI RequestValidationError -> sglang's ErrorResponse (message text approximates pydantic's).
-    return EngineHTTPError(400, {"object": "error", "message": message, "type": "Bad Request",
-                                 "param": None, "code": 400})
+    return EngineHTTPError(
+        400, {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400}
+    )
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,10 @@ def _check_parse(body: Any) -> None:
                 continue
             for i, v in enumerate(row):
                 if not _pydantic_int(v):
-                    raise parse_failure(f"body.input_ids.{i}: Input should be a valid integer, "
-                                        f"got a number with a fractional part (input: {v!r})")
+                    raise parse_failure(
+                        f"body.input_ids.{i}: Input should be a valid integer, "
+                        f"got a number with a fractional part (input: {v!r})"
+                    )
     sp = body.get("sampling_params")
     if sp is not None and not isinstance(sp, (dict, list)):
         raise parse_failure(f"body.sampling_params: Input should be a valid dictionary (input: {sp!r})")
@@ -93,6 +96,7 @@ def _check_parse(body: Any) -> None:
 
 def verify_sampling(sp: dict[str, Any], vocab_size: int) -> None:
     """SamplingParams.__post_init__ + verify() of 0.5.23: same order, same texts."""
+
     def get(key: str, default: Any) -> Any:
         v = sp.get(key)
         return default if v is None else v
@@ -140,15 +144,17 @@ def verify_sampling(sp: dict[str, Any], vocab_size: int) -> None:
 
 def check_context(n_input: int, max_new_tokens: int | None, context_length: int) -> None:
     if n_input >= context_length:
-        raise value_error(f"The input ({n_input} tokens) is longer than the model's context length "
-                          f"({context_length} tokens).")
+        raise value_error(
+            f"The input ({n_input} tokens) is longer than the model's context length ({context_length} tokens)."
+        )
     if max_new_tokens is not None and max_new_tokens + n_input > context_length:
         total = max_new_tokens + n_input
         raise value_error(
             f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
             f"You requested a total of {total} tokens: {n_input} tokens from the input messages and "
             f"{max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input "
-            f"messages or the completion to fit within the limit.")
+            f"messages or the completion to fit within the limit."
+        )
 
 
 def parse_generate(body: Any, profile: VersionProfile, header_routing_key: str | None) -> ParsedGenerate:
@@ -167,17 +173,22 @@ def parse_generate(body: Any, profile: VersionProfile, header_routing_key: str |
     ids, text = body.get("input_ids"), body.get("text")
     if ids is None and text is None:
         raise value_error("Either text, input_ids or input_embeds should be provided.")
-    batch = (isinstance(ids, list) and ids and isinstance(ids[0], list)) or isinstance(text, list) \
+    batch = (
+        (isinstance(ids, list) and ids and isinstance(ids[0], list))
+        or isinstance(text, list)
         or isinstance(body.get("sampling_params"), list)
+    )
     if batch:
         raise value_error("batch /generate requests are not supported by the tito fake engine")
     if ids is not None and len(ids) == 0:
         raise value_error("input_ids cannot be empty.")
     rid = body.get("rid")
     return ParsedGenerate(
-        input_ids=ids if ids is not None else None, text=text,
-        sampling_params=dict(body.get("sampling_params") or {}), rid=rid,
-        stream=bool(body.get("stream") or False), return_logprob=bool(body.get("return_logprob") or False),
+        input_ids=ids if ids is not None else None,
+        text=text,
+        sampling_params=dict(body.get("sampling_params") or {}),
+        rid=rid,
+        stream=bool(body.get("stream") or False),
+        return_logprob=bool(body.get("return_logprob") or False),
         routing_key=header_routing_key or body.get("routing_key"),
     )
-

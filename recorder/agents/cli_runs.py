@@ -34,7 +34,8 @@ class SessionOutcome:
     @property
     def ok(self) -> bool:
         return len(self.runs) == len(self.session.runs) and all(
-            run_ok(spec, run) for spec, run in zip(self.session.runs, self.runs, strict=True))
+            run_ok(spec, run) for spec, run in zip(self.session.runs, self.runs, strict=True)
+        )
 
 
 def run_ok(spec: CliRun, run: AgentRun) -> bool:
@@ -42,8 +43,16 @@ def run_ok(spec: CliRun, run: AgentRun) -> bool:
     return run.timed_out if spec.kill_after_s is not None else run.ok
 
 
-def plan_run(session: CliSession, run: CliRun, base_url: str, model: str, sandbox: Sandbox, binary: str,
-             timeout_s: float, session_path: str | None = None) -> tuple[LaunchPlan, float]:
+def plan_run(
+    session: CliSession,
+    run: CliRun,
+    base_url: str,
+    model: str,
+    sandbox: Sandbox,
+    binary: str,
+    timeout_s: float,
+    session_path: str | None = None,
+) -> tuple[LaunchPlan, float]:
     """The launcher's plan with the run's flags appended and the session's environment added; `session_path`:
     the target's (`TargetInfo.session_path`), where it takes the session from the URL."""
     launcher = launcher_for(session.agent)
@@ -53,8 +62,9 @@ def plan_run(session: CliSession, run: CliRun, base_url: str, model: str, sandbo
     return plan, run.kill_after_s if run.kill_after_s is not None else timeout_s
 
 
-def run_session(session: CliSession, base_url: str, model: str, sandbox: Sandbox, timeout_s: float,
-                session_path: str | None = None) -> SessionOutcome:
+def run_session(
+    session: CliSession, base_url: str, model: str, sandbox: Sandbox, timeout_s: float, session_path: str | None = None
+) -> SessionOutcome:
     launcher = launcher_for(session.agent)
     binary = sandbox.install_agent(launcher.pin)
     done: list[AgentRun] = []
@@ -64,8 +74,16 @@ def run_session(session: CliSession, base_url: str, model: str, sandbox: Sandbox
             sandbox.write_file(path, content)
         log.info("run %d of %s: %r", len(done), session.id, plan)
         result = sandbox.run(plan.argv, plan.env, timeout_s=limit)
-        run = AgentRun(session.id, launcher.pin.name, launcher.pin.version, result.exit_code, result.timed_out,
-                       result.stdout[-TAIL_CHARS:], result.stderr[-TAIL_CHARS:], result.duration_s)
+        run = AgentRun(
+            session.id,
+            launcher.pin.name,
+            launcher.pin.version,
+            result.exit_code,
+            result.timed_out,
+            result.stdout[-TAIL_CHARS:],
+            result.stderr[-TAIL_CHARS:],
+            result.duration_s,
+        )
         done.append(run)
         if spec.kill_after_s is not None:
             time.sleep(SETTLE_AFTER_KILL_S)
@@ -74,15 +92,22 @@ def run_session(session: CliSession, base_url: str, model: str, sandbox: Sandbox
     return SessionOutcome(session, tuple(done))
 
 
-def run_script(script: CliScript, base_url: str, model: str, make_sandbox: SandboxFactory,
-               base_urls: Mapping[str, str] | None = None, session_path: str | None = None) -> list[SessionOutcome]:
+def run_script(
+    script: CliScript,
+    base_url: str,
+    model: str,
+    make_sandbox: SandboxFactory,
+    base_urls: Mapping[str, str] | None = None,
+    session_path: str | None = None,
+) -> list[SessionOutcome]:
     """Every session at once; outcomes in script order. `base_urls`: a session's own URL (its stream-cutting
     relay) in place of `base_url`; `session_path`: the target's, added to each CLI's base URL."""
 
     def one(session: CliSession) -> SessionOutcome:
         with make_sandbox(session.id) as sandbox:
-            return run_session(session, (base_urls or {}).get(session.id, base_url), model, sandbox, script.timeout_s,
-                               session_path)
+            return run_session(
+                session, (base_urls or {}).get(session.id, base_url), model, sandbox, script.timeout_s, session_path
+            )
 
     with ThreadPoolExecutor(max_workers=len(script.sessions)) as pool:
         return list(pool.map(one, script.sessions))

@@ -18,9 +18,7 @@ from pathlib import Path
 from tito_rl.recorder.agents.pins import AgentPin
 
 # The checkout's .tools/npm; TITO_NPM_PREFIX moves it (e.g. for a non-editable install or a shared cache).
-DEFAULT_PREFIX = Path(
-    os.environ.get("TITO_NPM_PREFIX") or Path(__file__).resolve().parents[2] / ".tools" / "npm"
-)
+DEFAULT_PREFIX = Path(os.environ.get("TITO_NPM_PREFIX") or Path(__file__).resolve().parents[2] / ".tools" / "npm")
 INSTALL_TIMEOUT_S = 900.0
 
 

@@ -261,8 +261,7 @@ def _toml_str(value: str) -> str:
 
 LAUNCHERS: dict[str, AgentLauncher] = {
     launcher.pin.name: launcher
-    for launcher in (ClaudeCodeLauncher(), CodexLauncher(), QwenCodeLauncher(), OpencodeLauncher(),
-                     GeminiCliLauncher())
+    for launcher in (ClaudeCodeLauncher(), CodexLauncher(), QwenCodeLauncher(), OpencodeLauncher(), GeminiCliLauncher())
 }
 
 

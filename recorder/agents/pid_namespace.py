@@ -34,16 +34,20 @@ def pid_namespace_prefix() -> tuple[str, ...]:
     else:
         prefix = (unshare, *UNSHARE[1:])
         try:
-            probe = subprocess.run([*prefix, "true"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                   timeout=30)
+            probe = subprocess.run(
+                [*prefix, "true"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             reason = str(exc)
         else:
             if probe.returncode == 0:
                 return prefix
             reason = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
-    log.warning("no PID namespace for sandboxed commands (%s): tool results that show process ids "
-                "(Gemini CLI's PGID) will differ between recordings", reason)
+    log.warning(
+        "no PID namespace for sandboxed commands (%s): tool results that show process ids "
+        "(Gemini CLI's PGID) will differ between recordings",
+        reason,
+    )
     return ()
 
 

@@ -31,8 +31,10 @@ def agent_header(name: str, script: CliScript | None = None) -> dict[str, Any]:
 
 
 async def finish_session(base_url: str, session_id: str, reward: float) -> int:
-    async with aiohttp.ClientSession() as http, \
-            http.post(f"{base_url}/tito/sessions/{session_id}/finish", json={"reward": reward}) as resp:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{base_url}/tito/sessions/{session_id}/finish", json={"reward": reward}) as resp,
+    ):
         data = await resp.json()
         return len(data.get("samples", [])) if isinstance(data, dict) else 0
 
@@ -59,12 +61,20 @@ async def run_agent_sessions(args: argparse.Namespace, base_url: str, stop: asyn
     script = getattr(args, "cli_script", None)
     if script is not None:
         return await run_script_sessions(args, script, base_url, stop)
-    plan = SessionPlan(agent=args.agent, base_url=base_url, task=args.task, model=args.agent_model,
-                       sessions=args.sessions, timeout_s=args.agent_timeout, parallel=args.concurrency,
-                       session_path=getattr(args, "session_path", None))
+    plan = SessionPlan(
+        agent=args.agent,
+        base_url=base_url,
+        task=args.task,
+        model=args.agent_model,
+        sessions=args.sessions,
+        timeout_s=args.agent_timeout,
+        parallel=args.concurrency,
+        session_path=getattr(args, "session_path", None),
+    )
     loop = asyncio.get_running_loop()
-    runs = await result_or_exit_code(loop.run_in_executor(None, run_sessions, plan, sandbox_factory(args.sandbox)),
-                                     stop)
+    runs = await result_or_exit_code(
+        loop.run_in_executor(None, run_sessions, plan, sandbox_factory(args.sandbox)), stop
+    )
     if isinstance(runs, int):
         return runs
     failed = 0
@@ -72,8 +82,12 @@ async def run_agent_sessions(args: argparse.Namespace, base_url: str, stop: asyn
         samples = await finish_session(base_url, run.session_id, args.reward)
         status = "ok" if run.ok else ("timed out" if run.timed_out else f"exit {run.exit_code}")
         failed += not run.ok
-        print(f"tito record: {run.agent} {run.version} session {run.session_id}: {status} in "
-              f"{run.duration_s:.1f}s, {samples} sample(s)", file=sys.stderr, flush=True)
+        print(
+            f"tito record: {run.agent} {run.version} session {run.session_id}: {status} in "
+            f"{run.duration_s:.1f}s, {samples} sample(s)",
+            file=sys.stderr,
+            flush=True,
+        )
         if not run.ok:
             print(f"  stderr: {run.stderr_tail[-800:]}", file=sys.stderr)
     return 1 if failed else 0
@@ -87,8 +101,16 @@ async def run_script_sessions(args: argparse.Namespace, script: CliScript, base_
     relays = {s.id: CuttingRelay(base_url, s.cut_streams) for s in script.sessions if s.cut_streams}
     urls = {sid: await relay.start() for sid, relay in relays.items()}
     loop = asyncio.get_running_loop()
-    work = loop.run_in_executor(None, run_script, script, base_url, args.agent_model, sandbox_factory(args.sandbox),
-                                urls, getattr(args, "session_path", None))
+    work = loop.run_in_executor(
+        None,
+        run_script,
+        script,
+        base_url,
+        args.agent_model,
+        sandbox_factory(args.sandbox),
+        urls,
+        getattr(args, "session_path", None),
+    )
     try:
         outcomes = await result_or_exit_code(work, stop)
     finally:
@@ -101,10 +123,21 @@ async def run_script_sessions(args: argparse.Namespace, script: CliScript, base_
         samples = await finish_session(base_url, outcome.session.id, args.reward)
         failed += not outcome.ok
         for n, (spec, run) in enumerate(zip(outcome.session.runs, outcome.runs, strict=False)):
-            status = ("killed as scripted" if spec.kill_after_s is not None and run.timed_out else
-                      "ok" if run.ok else "timed out" if run.timed_out else f"exit {run.exit_code}")
-            print(f"tito record: {run.agent} {run.version} session {run.session_id} run {n}: {status} in "
-                  f"{run.duration_s:.1f}s", file=sys.stderr, flush=True)
+            status = (
+                "killed as scripted"
+                if spec.kill_after_s is not None and run.timed_out
+                else "ok"
+                if run.ok
+                else "timed out"
+                if run.timed_out
+                else f"exit {run.exit_code}"
+            )
+            print(
+                f"tito record: {run.agent} {run.version} session {run.session_id} run {n}: {status} in "
+                f"{run.duration_s:.1f}s",
+                file=sys.stderr,
+                flush=True,
+            )
             if not run_ok(spec, run):
                 print(f"  stderr: {run.stderr_tail[-800:]}\n  stdout: {run.stdout_tail[-800:]}", file=sys.stderr)
         cutter = relays.get(outcome.session.id)

@@ -118,8 +118,10 @@ class LocalSandbox(Sandbox):
             try:
                 self.root.mkdir(parents=True, exist_ok=False)
             except FileExistsError:
-                raise SandboxError(f"sandbox {self.root} exists: a recording of the same session is running, or "
-                                   "one was killed before it cleaned up (then remove the folder)") from None
+                raise SandboxError(
+                    f"sandbox {self.root} exists: a recording of the same session is running, or "
+                    "one was killed before it cleaned up (then remove the folder)"
+                ) from None
         self.home = str(self.root / "home")
         self.workdir = str(self.root / "work")
         self._logs = self.root / "logs"
@@ -279,8 +281,7 @@ class E2BSandbox(Sandbox):
         done = self.run(install_command(pin, target), env, 900, cwd=self.USER_HOME)
         if done.exit_code != 0:
             raise SandboxError(
-                f"npm install {pin.spec} in the E2B sandbox failed "
-                f"(exit {done.exit_code}): {done.stderr[-2000:]}"
+                f"npm install {pin.spec} in the E2B sandbox failed (exit {done.exit_code}): {done.stderr[-2000:]}"
             )
         return binary
 

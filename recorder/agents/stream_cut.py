@@ -18,8 +18,19 @@ from aiohttp import web
 from tito_rl.fake_engine.scenario_model import FrozenStrict
 
 # Per connection, or set by aiohttp itself from the bytes it sends: never copied across the relay.
-HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
-                         "proxy-connection", "host", "content-length"})
+HOP_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-connection",
+        "host",
+        "content-length",
+    }
+)
 
 
 class StreamCut(FrozenStrict, frozen=True):
@@ -77,9 +88,13 @@ class CuttingRelay:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         assert self._http is not None
-        async with self._http.request(request.method, self.upstream + request.path_qs, data=body or None,
-                                      headers=headers, skip_auto_headers=("Accept-Encoding", "User-Agent",
-                                                                          "Content-Type")) as up:
+        async with self._http.request(
+            request.method,
+            self.upstream + request.path_qs,
+            data=body or None,
+            headers=headers,
+            skip_auto_headers=("Accept-Encoding", "User-Agent", "Content-Type"),
+        ) as up:
             payload = await up.read()
             reply_headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS}
             status = up.status

@@ -27,14 +27,28 @@ class Exchange:
 
     def to_json(self) -> dict[str, Any]:
         r = self.request
-        return {"name": r.name, "mode": r.mode, "dialect": r.dialect, "method": r.method, "path": r.path,
-                "body": r.body, "why": r.why, "answer": self.answer.to_json()}
+        return {
+            "name": r.name,
+            "mode": r.mode,
+            "dialect": r.dialect,
+            "method": r.method,
+            "path": r.path,
+            "body": r.body,
+            "why": r.why,
+            "answer": self.answer.to_json(),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Exchange:
-        request = ContractRequest(name=data["name"], mode=data["mode"], method=data["method"], path=data["path"],
-                                  body=data.get("body"), why=data.get("why", ""),
-                                  dialect=data.get("dialect", "vllm-openai"))
+        request = ContractRequest(
+            name=data["name"],
+            mode=data["mode"],
+            method=data["method"],
+            path=data["path"],
+            body=data.get("body"),
+            why=data.get("why", ""),
+            dialect=data.get("dialect", "vllm-openai"),
+        )
         return cls(request, Answer.from_json(data["answer"]))
 
 
@@ -52,15 +66,25 @@ class Recording:
         return resolve(exchange.request.body, self.values)
 
     def to_json(self) -> str:
-        data = {"engine": self.engine, "version": self.version, "start_flags": self.start_flags,
-                "values": self.values, "exchanges": [e.to_json() for e in self.exchanges]}
+        data = {
+            "engine": self.engine,
+            "version": self.version,
+            "start_flags": self.start_flags,
+            "values": self.values,
+            "exchanges": [e.to_json() for e in self.exchanges],
+        }
         return json.dumps(data, indent=1, ensure_ascii=False) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> Recording:
         data = json.loads(text)
-        return cls(engine=data["engine"], version=data["version"], start_flags=data["start_flags"],
-                   values=data["values"], exchanges=[Exchange.from_json(e) for e in data["exchanges"]])
+        return cls(
+            engine=data["engine"],
+            version=data["version"],
+            start_flags=data["start_flags"],
+            values=data["values"],
+            exchanges=[Exchange.from_json(e) for e in data["exchanges"]],
+        )
 
 
 def answers_path(engine: str, version: str) -> Path:

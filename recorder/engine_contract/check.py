@@ -22,8 +22,14 @@ from tito_rl.recorder.engine_contract.exchange import Answer, Unreachable, send
 PROMPT_IDS = [9707, 11, 1879, 0, 5692, 374]  # "Hello, world! Today is" in Qwen3's vocabulary; < 32000 for others
 PROBE_TOKENS = 4
 MESSAGES = [{"role": "user", "content": "Say hello."}]
-TOOL = {"type": "function", "function": {"name": "get_time", "description": "The time now.",
-                                         "parameters": {"type": "object", "properties": {}}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time now.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
 
 
 @dataclass
@@ -65,8 +71,15 @@ def _logprob_count(choice: dict[str, Any]) -> int:
     return 0
 
 
-def _judge(check: DialectCheck, answer: Answer, prompt_known: bool, output_ids: Any, logprobs: int,
-           finish: Any, missing_ids: str) -> None:
+def _judge(
+    check: DialectCheck,
+    answer: Answer,
+    prompt_known: bool,
+    output_ids: Any,
+    logprobs: int,
+    finish: Any,
+    missing_ids: str,
+) -> None:
     check.status = answer.status
     if answer.status != 200:
         return
@@ -85,60 +98,135 @@ def _judge(check: DialectCheck, answer: Answer, prompt_known: bool, output_ids: 
 
 def check_sglang(url: str) -> DialectCheck:
     check = DialectCheck("sglang", "POST /generate")
-    answer = send(url, "POST", "/generate", {"input_ids": PROMPT_IDS, "return_logprob": True,
-                                              "sampling_params": {"max_new_tokens": PROBE_TOKENS, "temperature": 0}})
+    answer = send(
+        url,
+        "POST",
+        "/generate",
+        {
+            "input_ids": PROMPT_IDS,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": PROBE_TOKENS, "temperature": 0},
+        },
+    )
     body = answer.body if isinstance(answer.body, dict) else {}
     meta = body.get("meta_info") or {}
     triples = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
-    count = sum(1 for t in triples if isinstance(t, list) and t and isinstance(t[0], float)) \
-        if isinstance(triples, list) else 0
-    _judge(check, answer, True, body.get("output_ids"), count, meta.get("finish_reason") if isinstance(
-        meta, dict) else None, "output_ids (an SGLang /generate answer)")
+    count = (
+        sum(1 for t in triples if isinstance(t, list) and t and isinstance(t[0], float))
+        if isinstance(triples, list)
+        else 0
+    )
+    _judge(
+        check,
+        answer,
+        True,
+        body.get("output_ids"),
+        count,
+        meta.get("finish_reason") if isinstance(meta, dict) else None,
+        "output_ids (an SGLang /generate answer)",
+    )
     return check
 
 
 def check_vllm_chat(url: str, model: str) -> DialectCheck:
     check = DialectCheck("vllm-openai", "POST /v1/chat/completions")
-    answer = send(url, "POST", "/v1/chat/completions", {
-        "model": model, "messages": MESSAGES, "max_tokens": PROBE_TOKENS, "temperature": 0, "logprobs": True,
-        "top_logprobs": 0, "return_token_ids": True})
+    answer = send(
+        url,
+        "POST",
+        "/v1/chat/completions",
+        {
+            "model": model,
+            "messages": MESSAGES,
+            "max_tokens": PROBE_TOKENS,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 0,
+            "return_token_ids": True,
+        },
+    )
     choice = _choice0(answer)
     body = answer.body if isinstance(answer.body, dict) else {}
     if answer.status == 200 and ("matched_stop" in choice or "meta_info" in choice):
         check.dialect = "sglang-openai"  # SGLang's OpenAI server: its own fields carry the ids
         ids = choice.get("token_ids") or choice.get("response_token_ids")
         prompt = choice.get("prompt_token_ids") or body.get("prompt_token_ids")
-        _judge(check, answer, isinstance(prompt, list), ids, _logprob_count(choice), choice.get("finish_reason"),
-               "return_token_ids (SGLang >= 0.5.17), or input_ids in the request")
+        _judge(
+            check,
+            answer,
+            isinstance(prompt, list),
+            ids,
+            _logprob_count(choice),
+            choice.get("finish_reason"),
+            "return_token_ids (SGLang >= 0.5.17), or input_ids in the request",
+        )
         return check
-    _judge(check, answer, isinstance(body.get("prompt_token_ids"), list), choice.get("token_ids"),
-           _logprob_count(choice), choice.get("finish_reason"), "return_token_ids support (vLLM >= 0.10.2)")
+    _judge(
+        check,
+        answer,
+        isinstance(body.get("prompt_token_ids"), list),
+        choice.get("token_ids"),
+        _logprob_count(choice),
+        choice.get("finish_reason"),
+        "return_token_ids support (vLLM >= 0.10.2)",
+    )
     return check
 
 
 def check_vllm_completions(url: str, model: str) -> DialectCheck:
     check = DialectCheck("vllm-openai", "POST /v1/completions (ids)")
-    answer = send(url, "POST", "/v1/completions", {
-        "model": model, "prompt": PROMPT_IDS, "max_tokens": PROBE_TOKENS, "temperature": 0, "logprobs": 0,
-        "return_token_ids": True})
+    answer = send(
+        url,
+        "POST",
+        "/v1/completions",
+        {
+            "model": model,
+            "prompt": PROMPT_IDS,
+            "max_tokens": PROBE_TOKENS,
+            "temperature": 0,
+            "logprobs": 0,
+            "return_token_ids": True,
+        },
+    )
     choice = _choice0(answer)
-    _judge(check, answer, True, choice.get("token_ids"), _logprob_count(choice), choice.get("finish_reason"),
-           "return_token_ids support (vLLM >= 0.10.2)")
+    _judge(
+        check,
+        answer,
+        True,
+        choice.get("token_ids"),
+        _logprob_count(choice),
+        choice.get("finish_reason"),
+        "return_token_ids support (vLLM >= 0.10.2)",
+    )
     return check
 
 
 def check_vllm_generate(url: str, model: str) -> DialectCheck:
     check = DialectCheck("vllm-generate", "POST /inference/v1/generate")
-    answer = send(url, "POST", "/inference/v1/generate", {
-        "model": model, "token_ids": PROMPT_IDS, "return_token_ids": True,
-        "sampling_params": {"max_tokens": PROBE_TOKENS, "temperature": 0, "logprobs": 0}})
+    answer = send(
+        url,
+        "POST",
+        "/inference/v1/generate",
+        {
+            "model": model,
+            "token_ids": PROMPT_IDS,
+            "return_token_ids": True,
+            "sampling_params": {"max_tokens": PROBE_TOKENS, "temperature": 0, "logprobs": 0},
+        },
+    )
     if answer.status == 403:
         check.status = 403
         check.missing.append("--enable-scale-out (vLLM serves /inference/v1/generate only with it)")
         return check
     choice = _choice0(answer)
-    _judge(check, answer, True, choice.get("token_ids"), _logprob_count(choice), choice.get("finish_reason"),
-           "token_ids in the answer")
+    _judge(
+        check,
+        answer,
+        True,
+        choice.get("token_ids"),
+        _logprob_count(choice),
+        choice.get("finish_reason"),
+        "token_ids in the answer",
+    )
     return check
 
 
@@ -146,11 +234,17 @@ def check_tool_choice(url: str, model: str, chat: DialectCheck) -> None:
     """A note on the chat dialect: agents that call tools need `tool_choice` served (a start flag on vLLM)."""
     if not chat.served:
         return
-    answer = send(url, "POST", "/v1/chat/completions", {
-        "model": model, "messages": MESSAGES, "max_tokens": 1, "tools": [TOOL], "tool_choice": "auto"})
+    answer = send(
+        url,
+        "POST",
+        "/v1/chat/completions",
+        {"model": model, "messages": MESSAGES, "max_tokens": 1, "tools": [TOOL], "tool_choice": "auto"},
+    )
     if answer.status == 400 and "tool" in json.dumps(answer.body).lower():
-        chat.notes.append("tool_choice refused: start with --enable-auto-tool-choice --tool-call-parser "
-                          "(hermes for Qwen3) for agents that call tools")
+        chat.notes.append(
+            "tool_choice refused: start with --enable-auto-tool-choice --tool-call-parser "
+            "(hermes for Qwen3) for agents that call tools"
+        )
 
 
 def served_model(url: str) -> str | None:
@@ -198,12 +292,20 @@ def run(args: argparse.Namespace, say: Callable[[str], None] = print) -> int:
         say(f"tito check-engine: {url} cannot be reached ({error})")
         return 2
     if args.json:
-        say(json.dumps({"url": report.url, "model": report.model, "token_faithful": report.faithful,
-                        "dialects": [asdict(c) for c in report.checks]}, indent=2))
+        say(
+            json.dumps(
+                {
+                    "url": report.url,
+                    "model": report.model,
+                    "token_faithful": report.faithful,
+                    "dialects": [asdict(c) for c in report.checks],
+                },
+                indent=2,
+            )
+        )
     else:
         say(f"engine {url} (model {report.model})")
         for check in report.checks:
             say(f"  {check.line()}")
         say("token-faithful: " + (", ".join(report.faithful) if report.faithful else "none"))
     return 0 if report.faithful else 1
-

@@ -25,9 +25,11 @@ from tito_rl.recorder.engine_contract.runner import Verdict, base_values, check_
 from tito_rl.recorder.real_engine.paths import VLLM_VERSION
 from tito_rl.recorder.real_engine.server import RealEngineError, RealVllmServer, StartFlags
 
-MODE_FLAGS = {FULL: StartFlags(scale_out=True, tools=True, reasoning=True),
-              TOOLS: StartFlags(scale_out=True, tools=True, reasoning=False),
-              BARE: StartFlags(scale_out=False, tools=False, reasoning=False)}
+MODE_FLAGS = {
+    FULL: StartFlags(scale_out=True, tools=True, reasoning=True),
+    TOOLS: StartFlags(scale_out=True, tools=True, reasoning=False),
+    BARE: StartFlags(scale_out=False, tools=False, reasoning=False),
+}
 
 
 def say(line: str) -> None:
@@ -41,13 +43,14 @@ def report(verdict: Verdict, against: str) -> int:
     for key, lines in verdict.left_out.items():
         say(f"  left out on purpose ({key}, docs/engine-dialects.md): {len(lines)} difference(s)")
     bad = len(verdict.differences)
-    say(f"engine contract: {verdict.checked - bad} of {verdict.checked} requests answered by the fake engine "
-        f"with {against}'s structure")
+    say(
+        f"engine contract: {verdict.checked - bad} of {verdict.checked} requests answered by the fake engine "
+        f"with {against}'s structure"
+    )
     return 0 if verdict.ok else 1
 
 
-def record_recording(url: str | None, modes: list[str], engine: str = "vllm", version: str = VLLM_VERSION
-                     ) -> Recording:
+def record_recording(url: str | None, modes: list[str], engine: str = "vllm", version: str = VLLM_VERSION) -> Recording:
     """The contract's answers from the engine at `url` (one start mode), or from the real vLLM started per mode."""
     from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
@@ -56,9 +59,12 @@ def record_recording(url: str | None, modes: list[str], engine: str = "vllm", ve
     # The engine tap's dialect (as `--engine-dialect`): the engine's OpenAI one, for the paths that do not say theirs
     # (a model list, a completion with prompt ids, which SGLang and vLLM both serve).
     dialect = "sglang-openai" if engine == SGLANG else "vllm-openai"
-    recording = Recording(engine=engine, version=version,
-                          start_flags={m: MODE_FLAGS[m].arguments() if m in MODE_FLAGS else [] for m in modes},
-                          values={})
+    recording = Recording(
+        engine=engine,
+        version=version,
+        start_flags={m: MODE_FLAGS[m].arguments() if m in MODE_FLAGS else [] for m in modes},
+        values={},
+    )
     for mode in modes:
         chosen = [r for r in requests if r.mode == mode]
         if url is not None:
@@ -74,22 +80,31 @@ def record_recording(url: str | None, modes: list[str], engine: str = "vllm", ve
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tito_rl.recorder.engine_contract.cli",
-                                     description="Hold the fake engine to a real engine's answers.")
+    parser = argparse.ArgumentParser(
+        prog="python -m tito_rl.recorder.engine_contract.cli",
+        description="Hold the fake engine to a real engine's answers.",
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     fake = sub.add_parser("check-fake", help="the fake engine against the committed real answers (no vLLM)")
     fake.add_argument("--vllm-version", default=VLLM_VERSION, help="the recorded version to hold it to")
     rec = sub.add_parser("record", help="record the real vLLM's answers (starts it, once per start mode)")
     rec.add_argument("--url", default=None, help="an engine already running (one mode; default: start the real one)")
     rec.add_argument("--mode", choices=(FULL, TOOLS, BARE), action="append", help="start modes (default: all)")
-    rec.add_argument("--check-drift", action="store_true",
-                     help="compare with the committed answers and fail on any structural difference; write nothing")
+    rec.add_argument(
+        "--check-drift",
+        action="store_true",
+        help="compare with the committed answers and fail on any structural difference; write nothing",
+    )
     live = sub.add_parser("live", help="the fake engine against an engine running at URL")
     live.add_argument("--url", required=True)
     live.add_argument("--engine", choices=("vllm", SGLANG), default="vllm", help="what runs at URL (default vllm)")
-    live.add_argument("--mode", choices=(FULL, TOOLS, BARE), default=FULL,
-                      help="vLLM's start flags (full: scale-out, auto tool choice, qwen3 reasoning; tools: the same "
-                           "without reasoning; bare: none)")
+    live.add_argument(
+        "--mode",
+        choices=(FULL, TOOLS, BARE),
+        default=FULL,
+        help="vLLM's start flags (full: scale-out, auto tool choice, qwen3 reasoning; tools: the same "
+        "without reasoning; bare: none)",
+    )
     live.add_argument("--save", default=None, metavar="FILE", help="also write that engine's answers to FILE")
     args = parser.parse_args(argv)
     try:
@@ -108,8 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             found = drift(load_recording("vllm", VLLM_VERSION), recording)
             for line in found:
                 say(f"  {line}")
-            say(f"engine contract: {'drift: ' + str(len(found)) + ' difference(s)' if found else 'no drift'} "
-                f"from {answers_path('vllm', VLLM_VERSION)}")
+            say(
+                f"engine contract: {'drift: ' + str(len(found)) + ' difference(s)' if found else 'no drift'} "
+                f"from {answers_path('vllm', VLLM_VERSION)}"
+            )
             return 1 if found else 0
         path = answers_path("vllm", VLLM_VERSION)
         path.parent.mkdir(parents=True, exist_ok=True)

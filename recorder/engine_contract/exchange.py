@@ -45,16 +45,21 @@ class Answer:
         dialect = data.get("dialect")
         if "chunks" in data:
             return cls(status=int(data["status"]), chunks=list(data["chunks"]), streamed=True, dialect=dialect)
-        return cls(status=int(data["status"]), body=data.get("body"), text=str(data.get("text", "")),
-                   dialect=dialect)
+        return cls(status=int(data["status"]), body=data.get("body"), text=str(data.get("text", "")), dialect=dialect)
 
 
 class Unreachable(Exception):
     """The engine did not answer at all (refused, reset, timed out)."""
 
 
-def send(base_url: str, method: str, path: str, body: Any = None, timeout_s: float = 120.0,
-         headers: dict[str, str] | None = None) -> Answer:
+def send(
+    base_url: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    timeout_s: float = 120.0,
+    headers: dict[str, str] | None = None,
+) -> Answer:
     url = base_url.rstrip("/") + path
     try:
         reply = requests.request(method, url, json=body, stream=True, timeout=timeout_s, headers=headers)

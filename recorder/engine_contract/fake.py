@@ -42,8 +42,11 @@ def output_of(answer: Answer, tokenizer: Any) -> tuple[list[int], str, Any]:
     finish, matched = "length", None
     for choice in choices:
         meta = choice.get("meta_info") if isinstance(choice.get("meta_info"), dict) else {}
-        own = choice.get("token_ids") or choice.get("response_token_ids") or (
-            [t[1] for t in meta.get("output_token_logprobs") or []] if meta else None)
+        own = (
+            choice.get("token_ids")
+            or choice.get("response_token_ids")
+            or ([t[1] for t in meta.get("output_token_logprobs") or []] if meta else None)
+        )
         if isinstance(own, list):
             had_ids = True
             ids += own
@@ -96,23 +99,38 @@ class RealTokensPolicy:
         return self.next
 
 
-def fake_options(mode: str, tokenizer: Any, vllm_version: str = VLLM_VERSION,
-                 context_length: int = MAX_MODEL_LEN) -> EngineOptions:
+def fake_options(
+    mode: str, tokenizer: Any, vllm_version: str = VLLM_VERSION, context_length: int = MAX_MODEL_LEN
+) -> EngineOptions:
     if mode == SGLANG:  # SGLang's own profile (0.5.23)
-        return EngineOptions(model_name=SERVED_MODEL_NAME, model_path=SERVED_MODEL_NAME,
-                             context_length=context_length, tokenizer=tokenizer,
-                             vocab_size=max(len(tokenizer), 151936), openai_dialect="sglang-openai")
+        return EngineOptions(
+            model_name=SERVED_MODEL_NAME,
+            model_path=SERVED_MODEL_NAME,
+            context_length=context_length,
+            tokenizer=tokenizer,
+            vocab_size=max(len(tokenizer), 151936),
+            openai_dialect="sglang-openai",
+        )
     full = mode != BARE
     reasoning = mode == FULL
     return EngineOptions(
-        model_name=SERVED_MODEL_NAME, model_path=SERVED_MODEL_NAME, context_length=context_length,
-        tokenizer=tokenizer, vocab_size=len(tokenizer), openai_dialect="vllm-openai", vllm_version=vllm_version,
-        vllm_scale_out=full, vllm_auto_tool_choice=full, vllm_reasoning_parser=reasoning)
+        model_name=SERVED_MODEL_NAME,
+        model_path=SERVED_MODEL_NAME,
+        context_length=context_length,
+        tokenizer=tokenizer,
+        vocab_size=len(tokenizer),
+        openai_dialect="vllm-openai",
+        vllm_version=vllm_version,
+        vllm_scale_out=full,
+        vllm_auto_tool_choice=full,
+        vllm_reasoning_parser=reasoning,
+    )
 
 
 @contextmanager
-def running_fake(mode: str, policy: RealTokensPolicy, vllm_version: str = VLLM_VERSION,
-                 context_length: int = MAX_MODEL_LEN) -> Iterator[str]:
+def running_fake(
+    mode: str, policy: RealTokensPolicy, vllm_version: str = VLLM_VERSION, context_length: int = MAX_MODEL_LEN
+) -> Iterator[str]:
     """The fake engine in `mode`'s start flags on a free loopback port in a thread; yields its base URL."""
     tokenizer = load_tokenizer()
     with running_app(create_app(policy, fake_options(mode, tokenizer, vllm_version, context_length))) as url:

@@ -39,22 +39,30 @@ def _unclosed_thinking(exchange: Exchange, line: str) -> bool:
     body = exchange.request.body or {}
     kwargs = body.get("chat_template_kwargs") or {}
     thinking = not (isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False)
-    return (exchange.request.mode == FULL and exchange.request.path == "/v1/chat/completions" and thinking
-            and THINK_END_ID not in _output_ids(exchange)
-            and any(part in line for part in (".reasoning:", ".content:", "reasoning_tokens")))
+    return (
+        exchange.request.mode == FULL
+        and exchange.request.path == "/v1/chat/completions"
+        and thinking
+        and THINK_END_ID not in _output_ids(exchange)
+        and any(part in line for part in (".reasoning:", ".content:", "reasoning_tokens"))
+    )
 
 
 LEFT_OUT = (
-    LeftOut("unclosed-thinking",
-            "vLLM 0.32's qwen3 reasoning parser reads a thinking-mode answer with no `</think>` as all reasoning "
-            "(content null). The fake engine reads it as content: a scripted turn without reasoning has no think "
-            "block at all, where a real Qwen3 always opens one; emulating it would turn every such scripted reply "
-            "into reasoning. With `</think>` in the answer, both split it alike.",
-            _unclosed_thinking),
-    LeftOut("one-port-every-dialect",
-            "SGLang's `/generate` answers on the fake engine however it is started (vLLM answers 404): one fake "
-            "engine serves the targets of every dialect, and `tito check-engine` reports each dialect it finds.",
-            lambda exchange, line: exchange.request.path == "/generate"),
+    LeftOut(
+        "unclosed-thinking",
+        "vLLM 0.32's qwen3 reasoning parser reads a thinking-mode answer with no `</think>` as all reasoning "
+        "(content null). The fake engine reads it as content: a scripted turn without reasoning has no think "
+        "block at all, where a real Qwen3 always opens one; emulating it would turn every such scripted reply "
+        "into reasoning. With `</think>` in the answer, both split it alike.",
+        _unclosed_thinking,
+    ),
+    LeftOut(
+        "one-port-every-dialect",
+        "SGLang's `/generate` answers on the fake engine however it is started (vLLM answers 404): one fake "
+        "engine serves the targets of every dialect, and `tito check-engine` reports each dialect it finds.",
+        lambda exchange, line: exchange.request.path == "/generate",
+    ),
 )
 
 

@@ -41,7 +41,7 @@ def base_values(tokenizer: Any, model: str, context_length: int = MAX_MODEL_LEN)
     """The placeholders' values known before the first answer; the over-long prompt is 16 tokens past the
     engine's context length."""
     prompt = list(tokenizer.encode(PROMPT_TEXT, add_special_tokens=False))
-    long_prompt = (prompt * ((context_length + 16) // len(prompt) + 1))[:context_length + 16]
+    long_prompt = (prompt * ((context_length + 16) // len(prompt) + 1))[: context_length + 16]
     return {MODEL: model, CONTEXT: context_length, "$prompt_ids": prompt, "$long_prompt_ids": long_prompt}
 
 
@@ -67,8 +67,13 @@ def stop_values(answer: Answer, tokenizer: Any) -> dict[str, Any]:
     return {STOP_ID: ids[2], STOP_TEXT: tokenizer.decode([ids[text_at]]).strip() or tokenizer.decode([ids[2]])}
 
 
-def record_live(base_url: str, requests: Iterable[ContractRequest], values: dict[str, Any],
-                progress: Callable[[str], None] = lambda line: None, dialect: str = VLLM_OPENAI) -> list[Exchange]:
+def record_live(
+    base_url: str,
+    requests: Iterable[ContractRequest],
+    values: dict[str, Any],
+    progress: Callable[[str], None] = lambda line: None,
+    dialect: str = VLLM_OPENAI,
+) -> list[Exchange]:
     """Send each request in order through tito's engine tap in front of the engine at `base_url` (`dialect`: the
     engine's, for the paths that do not say theirs), and keep what the tap recorded; `values` gains the stop id
     and string."""
@@ -76,8 +81,9 @@ def record_live(base_url: str, requests: Iterable[ContractRequest], values: dict
     out: list[Exchange] = []
     with tapped_engine(base_url, dialect) as engine:
         for request in requests:
-            answer = engine.send(f"{request.mode} {request.name}", request.method, request.path,
-                                 resolve(request.body, values))
+            answer = engine.send(
+                f"{request.mode} {request.name}", request.method, request.path, resolve(request.body, values)
+            )
             progress(f"{request.mode:4} {request.name}: {answer.status} ({answer.dialect})")
             if request.name in SEEDED and answer.status == 200 and STOP_ID not in values:
                 values.update(stop_values(answer, tokenizer))
@@ -98,8 +104,9 @@ class Verdict:
         return not self.differences
 
 
-def check_fake(recording: Recording, vllm_version: str | None = None,
-               only: Callable[[Exchange], bool] = lambda exchange: True) -> Verdict:
+def check_fake(
+    recording: Recording, vllm_version: str | None = None, only: Callable[[Exchange], bool] = lambda exchange: True
+) -> Verdict:
     """Send every recorded request to the fake engine (in its recorded start mode) and compare the answers."""
     tokenizer = load_tokenizer()
     policy = RealTokensPolicy(tokenizer)

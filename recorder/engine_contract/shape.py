@@ -123,7 +123,7 @@ def stream_parts(chunks: list[Any]) -> dict[str, list[Any]]:
     if finish_at is None:
         middle, finish, tail = events[1:], [], []
     else:
-        middle, finish, tail = events[1:finish_at], events[finish_at:finish_at + 1], events[finish_at + 1:]
+        middle, finish, tail = events[1:finish_at], events[finish_at : finish_at + 1], events[finish_at + 1 :]
         if finish_at == 0:
             head = []
     return {"first chunk": head, "token chunks": middle, "finish chunk": finish, "after the finish": tail}
@@ -141,12 +141,16 @@ def compare_answers(real: Answer, fake: Answer, name: str) -> list[str]:
     if real.status != fake.status:
         return [f"{name}: status: real {real.status}, fake {fake.status}"]
     if real.streamed != fake.streamed:
-        return [f"{name}: the real engine {'streams' if real.streamed else 'answers with one body'}, "
-                f"the fake one {'streams' if fake.streamed else 'answers with one body'}"]
+        return [
+            f"{name}: the real engine {'streams' if real.streamed else 'answers with one body'}, "
+            f"the fake one {'streams' if fake.streamed else 'answers with one body'}"
+        ]
     if not real.streamed:
         if (real.body is None) != (fake.body is None):
-            return [f"{name}: body: real {'JSON' if real.body is not None else 'not JSON'}, "
-                    f"fake {'JSON' if fake.body is not None else 'not JSON'}"]
+            return [
+                f"{name}: body: real {'JSON' if real.body is not None else 'not JSON'}, "
+                f"fake {'JSON' if fake.body is not None else 'not JSON'}"
+            ]
         if real.body is None:
             return []
         return compare_shapes(flatten(real.body), flatten(fake.body), name)
@@ -159,8 +163,10 @@ def compare_answers(real: Answer, fake: Answer, name: str) -> list[str]:
             continue
         found += compare_shapes(merged(real_events), merged(fake_events), f"{name}: {part}")
     if (DONE in real.chunks) != (DONE in fake.chunks):
-        found.append(f"{name}: [DONE]: real {'sends' if DONE in real.chunks else 'omits'} it, fake "
-                     f"{'sends' if DONE in fake.chunks else 'omits'} it")
+        found.append(
+            f"{name}: [DONE]: real {'sends' if DONE in real.chunks else 'omits'} it, fake "
+            f"{'sends' if DONE in fake.chunks else 'omits'} it"
+        )
     if not found and len(real.chunks) != len(fake.chunks) and _carries_ids(real.chunks):
         found.append(f"{name}: stream length: real {len(real.chunks)} events, fake {len(fake.chunks)}")
     return found

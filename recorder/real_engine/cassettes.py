@@ -53,9 +53,25 @@ LIVE_CASSETTES = (
 def record(cassette: LiveCassette, engine_url: str, out: Path, timeout_s: float = 900.0) -> None:
     """One recording into `out` (which must not exist), as a user runs it; `RealEngineError` when it fails."""
     record_args = check_scenario(cassette.scenario_path).record_args
-    command = [sys.executable, "-m", "tito_rl", "record", "--engine", engine_url,
-               "--listen", f"127.0.0.1:{free_port()}", "--out", str(out), "--agent", "scripted",
-               "--scenario", str(cassette.scenario_path), "--quiet", *record_args, *cassette.args]
+    command = [
+        sys.executable,
+        "-m",
+        "tito_rl",
+        "record",
+        "--engine",
+        engine_url,
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--out",
+        str(out),
+        "--agent",
+        "scripted",
+        "--scenario",
+        str(cassette.scenario_path),
+        "--quiet",
+        *record_args,
+        *cassette.args,
+    ]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     if run.returncode != 0:
         lines = [line for line in run.stderr.splitlines() if line.strip()]
@@ -79,10 +95,13 @@ def record_all(chosen: list[LiveCassette], folder: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tito_rl.recorder.real_engine.cassettes",
-                                     description="Re-record cassettes/real_vllm/ live against the real vLLM.")
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"which ({', '.join(c.name for c in LIVE_CASSETTES)}; default: all)")
+    parser = argparse.ArgumentParser(
+        prog="python -m tito_rl.recorder.real_engine.cassettes",
+        description="Re-record cassettes/real_vllm/ live against the real vLLM.",
+    )
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"which ({', '.join(c.name for c in LIVE_CASSETTES)}; default: all)"
+    )
     parser.add_argument("--out", type=Path, default=REAL_VLLM_CASSETTES, help="folder (default %(default)s)")
     args = parser.parse_args(argv)
     known = {c.name: c for c in LIVE_CASSETTES}

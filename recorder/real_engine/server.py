@@ -61,8 +61,11 @@ class StartFlags:
         return flags
 
     def label(self) -> str:
-        names = [name for name, on in (("scale-out", self.scale_out), ("tools", self.tools),
-                                       ("reasoning", self.reasoning)) if on]
+        names = [
+            name
+            for name, on in (("scale-out", self.scale_out), ("tools", self.tools), ("reasoning", self.reasoning))
+            if on
+        ]
         return "+".join(names) or "bare"
 
 
@@ -75,17 +78,39 @@ def free_port() -> int:
 def server_command(ready: ReadyEngine, port: int, flags: StartFlags = StartFlags()) -> list[str]:
     """The argv that serves the tiny model on 127.0.0.1:`port` (`vllm serve` needs the `vllm` distribution)."""
     return [
-        ready.python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", ready.model, "--served-model-name", SERVED_MODEL_NAME,
-        "--host", "127.0.0.1", "--port", str(port), *BASE_FLAGS, *flags.arguments(),
+        ready.python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        ready.model,
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *BASE_FLAGS,
+        *flags.arguments(),
     ]
 
 
 def shell_start_command(python: str, model: str, port: int = 8000, flags: StartFlags = StartFlags()) -> str:
     """The same start as one shell line with its environment (READY's `start_command`)."""
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-            "--served-model-name", SERVED_MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
-            *BASE_FLAGS, *flags.arguments()]
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *BASE_FLAGS,
+        *flags.arguments(),
+    ]
     env = " ".join(f"{key}={value}" for key, value in sorted(SERVER_ENV.items()))
     return f"env {env} {shlex.join(argv)}"
 
@@ -101,8 +126,13 @@ def require_ready(home: Path | None = None) -> ReadyEngine:
 class RealVllmServer:
     """One running real vLLM: `with RealVllmServer(StartFlags(...)) as server: server.url`."""
 
-    def __init__(self, flags: StartFlags = StartFlags(), port: int | None = None, home: Path | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        flags: StartFlags = StartFlags(),
+        port: int | None = None,
+        home: Path | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
         self.flags = flags
         self.home = home or real_vllm_home()
         self.ready = require_ready(self.home)
@@ -120,8 +150,12 @@ class RealVllmServer:
         env = {**os.environ, **SERVER_ENV, **self.ready.env}
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                server_command(self.ready, self.port, self.flags), env=env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                server_command(self.ready, self.port, self.flags),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         try:
             self.wait_healthy()
@@ -135,13 +169,16 @@ class RealVllmServer:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RealEngineError(f"the real vLLM exited with {self.process.returncode} while starting: "
-                                      f"{self.last_log_line()} (log: {self.log_path})")
+                raise RealEngineError(
+                    f"the real vLLM exited with {self.process.returncode} while starting: "
+                    f"{self.last_log_line()} (log: {self.log_path})"
+                )
             if health_ok(self.url):
                 return
             time.sleep(1.0)
-        raise RealEngineError(f"the real vLLM did not answer /health within {self.start_timeout_s:.0f} s "
-                              f"(log: {self.log_path})")
+        raise RealEngineError(
+            f"the real vLLM did not answer /health within {self.start_timeout_s:.0f} s (log: {self.log_path})"
+        )
 
     def last_log_line(self) -> str:
         try:
@@ -165,8 +202,9 @@ class RealVllmServer:
     def __enter__(self) -> RealVllmServer:
         return self.start()
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self.stop()
 
 

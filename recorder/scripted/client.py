@@ -36,14 +36,85 @@ from tito_rl.recorder.scripted.wires import WIRE_CODECS, AssistantReply, ToolCal
 
 # Words of generated tool output (`{lines: N}` results): code-ish, so a line costs about as many tokens as a
 # line of real output.
-OUTPUT_WORDS = ("def", "return", "self", "value", "request", "context", "handler", "module", "config", "path",
-                "error", "result", "items", "index", "parse", "build", "cache", "token", "session", "state",
-                "import", "class", "async", "await", "None", "True", "False", "list", "dict", "str", "int",
-                "update", "check", "write", "read", "open", "close", "data", "name", "key", "=", "(", ")", ":",
-                "[", "]", "{", "}", ",", ".", "+", "-", "#", "0", "1", "2", "16", "42", "256", "src/", "tests/",
-                "_test", ".py", "assert", "raise", "yield", "lambda", "for", "in", "if", "else", "while", "with")
-COMPACTION_PREFIX = ("This session is being continued from a previous conversation that ran out of context. "
-                     "The conversation is summarized below:\n")
+OUTPUT_WORDS = (
+    "def",
+    "return",
+    "self",
+    "value",
+    "request",
+    "context",
+    "handler",
+    "module",
+    "config",
+    "path",
+    "error",
+    "result",
+    "items",
+    "index",
+    "parse",
+    "build",
+    "cache",
+    "token",
+    "session",
+    "state",
+    "import",
+    "class",
+    "async",
+    "await",
+    "None",
+    "True",
+    "False",
+    "list",
+    "dict",
+    "str",
+    "int",
+    "update",
+    "check",
+    "write",
+    "read",
+    "open",
+    "close",
+    "data",
+    "name",
+    "key",
+    "=",
+    "(",
+    ")",
+    ":",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    ".",
+    "+",
+    "-",
+    "#",
+    "0",
+    "1",
+    "2",
+    "16",
+    "42",
+    "256",
+    "src/",
+    "tests/",
+    "_test",
+    ".py",
+    "assert",
+    "raise",
+    "yield",
+    "lambda",
+    "for",
+    "in",
+    "if",
+    "else",
+    "while",
+    "with",
+)
+COMPACTION_PREFIX = (
+    "This session is being continued from a previous conversation that ran out of context. "
+    "The conversation is summarized below:\n"
+)
 USER_AGENT = "tito-scripted-client/1"
 
 
@@ -69,12 +140,21 @@ class SessionResult:
         return self.error is None
 
     def line(self) -> str:
-        end = (f"{self.samples} sample(s)" if self.samples is not None else "dropped" if self.dropped
-               else "finished, the target offers no samples" if self.finished_without_samples else "left open")
+        end = (
+            f"{self.samples} sample(s)"
+            if self.samples is not None
+            else "dropped"
+            if self.dropped
+            else "finished, the target offers no samples"
+            if self.finished_without_samples
+            else "left open"
+        )
         what = ", ".join(f"{n} {k}" for k, n in sorted(self.finishes.items()))
         status = "ok" if self.ok else f"FAILED: {self.error}"
-        return (f"session {self.session_id}: {status}; {self.requests} request(s) ({what}), "
-                f"{self.retries} retried, {self.disconnects} disconnected; {end}")
+        return (
+            f"session {self.session_id}: {status}; {self.requests} request(s) ({what}), "
+            f"{self.retries} retried, {self.disconnects} disconnected; {end}"
+        )
 
 
 @dataclass
@@ -101,9 +181,13 @@ class SessionRunner:
         self.session = session
         self.wire: Wire = WIRE_CODECS[session.wire]
         self.result = SessionResult(session.id)
-        self.headers = {"Authorization": f"Bearer {session.api_key or session.id}",
-                        "Content-Type": "application/json", "Accept": self.wire.accept, "User-Agent": USER_AGENT,
-                        **session.extra_headers}
+        self.headers = {
+            "Authorization": f"Bearer {session.api_key or session.id}",
+            "Content-Type": "application/json",
+            "Accept": self.wire.accept,
+            "User-Agent": USER_AGENT,
+            **session.extra_headers,
+        }
         if session.wire == "anthropic":
             self.headers.update({"anthropic-version": "2023-06-01", "X-Stainless-Retry-Count": "0"})
         self.disconnects: dict[int, Disconnect] = {d.request: d for d in session.disconnects}
@@ -126,8 +210,9 @@ class SessionRunner:
             summary = await self.prompt(conv, step.text, 1)
             conv.history = [self.wire.user(COMPACTION_PREFIX + summary)]
         elif step.kind == "finish":
-            async with self.http.post(f"{self.base_url}/tito/sessions/{self.session.id}/finish",
-                                      json={"reward": step.reward}) as resp:
+            async with self.http.post(
+                f"{self.base_url}/tito/sessions/{self.session.id}/finish", json={"reward": step.reward}
+            ) as resp:
                 data = await resp.json(content_type=None)
                 if resp.status == 404 and no_samples(data):  # a gateway without a session API: finished, no
                     self.result.finished_without_samples = True  # samples (its replies and calls are recorded)
@@ -170,8 +255,14 @@ class SessionRunner:
 
     async def model_turn(self, conv: Conversation) -> AssistantReply:
         s = self.session
-        body = _compact({**self.wire.body(s.model, conv.agent.system, conv.agent.specs, conv.history, s.max_tokens,
-                                          s.stream, s.id), **s.extra_body})
+        body = _compact(
+            {
+                **self.wire.body(
+                    s.model, conv.agent.system, conv.agent.specs, conv.history, s.max_tokens, s.stream, s.id
+                ),
+                **s.extra_body,
+            }
+        )
         index = self.result.requests
         self.result.requests += 1
         if index in self.disconnects:
@@ -202,14 +293,18 @@ class SessionRunner:
         url = self.base_url + self.session.prefix + self.wire.path
         async with aiohttp.ClientSession(connector=connector) as own:
             try:
-                async with asyncio.timeout(plan.after_ms / 1000), \
-                        own.post(url, data=body, headers=self.headers) as resp:
+                async with (
+                    asyncio.timeout(plan.after_ms / 1000),
+                    own.post(url, data=body, headers=self.headers) as resp,
+                ):
                     await resp.read()
             except TimeoutError:
                 self.result.disconnects += 1
             else:
-                raise ScriptError(f"request {plan.request} was answered ({resp.status}) before the scripted "
-                                  f"disconnect at {plan.after_ms} ms: slow the engine (token_delay_ms)")
+                raise ScriptError(
+                    f"request {plan.request} was answered ({resp.status}) before the scripted "
+                    f"disconnect at {plan.after_ms} ms: slow the engine (token_delay_ms)"
+                )
         await asyncio.sleep(plan.resend_after_ms / 1000)
 
 

@@ -42,8 +42,11 @@ async def run_scripted_sessions(args: argparse.Namespace, base_url: str, stop: a
     script = load_client_script(args.scenario)
     missing = unapplied_record_args(args, script.record_args)
     if missing:
-        print(f"tito record: warning: {args.scenario} is recorded with client.record_args {list(script.record_args)}, "
-              f"but this run differs in {', '.join(missing)}", file=sys.stderr)
+        print(
+            f"tito record: warning: {args.scenario} is recorded with client.record_args {list(script.record_args)}, "
+            f"but this run differs in {', '.join(missing)}",
+            file=sys.stderr,
+        )
     work = asyncio.ensure_future(run_script(script, base_url, timeout_s=args.agent_timeout))
     stopper = asyncio.ensure_future(stop.wait())
     done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)

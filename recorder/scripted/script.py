@@ -73,22 +73,41 @@ class ToolSpec(FrozenStrict, frozen=True):
 
 def _tool(name: str, about: str, **props: str) -> ToolSpec:
     properties = {k: {"type": "string", "description": v} for k, v in props.items()}
-    return ToolSpec(name=name, description=about,
-                    parameters={"type": "object", "properties": properties, "required": [next(iter(props))]})
+    return ToolSpec(
+        name=name,
+        description=about,
+        parameters={"type": "object", "properties": properties, "required": [next(iter(props))]},
+    )
 
 
 # What each CLI calls its tools (the fake engine maps a scenario's `shell` onto whichever is offered).
-TOOL_CATALOG: dict[str, ToolSpec] = {t.name: t for t in (
-    _tool("Bash", "Executes a bash command and returns its output.", command="The command to run",
-          description="What the command does, in a few words"),
-    _tool("Read", "Reads a file from the local filesystem.", file_path="Absolute path of the file"),
-    _tool("Agent", "Launch a new agent to handle a multi-step task on its own.", prompt="The task for the agent",
-          description="A short description of the task", subagent_type="The kind of agent to use"),
-    _tool("run_shell_command", "Runs a shell command.", command="The command to run",
-          description="What the command does"),
-    _tool("read_file", "Reads a file.", absolute_path="Absolute path of the file"),
-    _tool("exec_command", "Runs a command in a PTY, returning its output.", cmd="Shell command to execute"),
-)}
+TOOL_CATALOG: dict[str, ToolSpec] = {
+    t.name: t
+    for t in (
+        _tool(
+            "Bash",
+            "Executes a bash command and returns its output.",
+            command="The command to run",
+            description="What the command does, in a few words",
+        ),
+        _tool("Read", "Reads a file from the local filesystem.", file_path="Absolute path of the file"),
+        _tool(
+            "Agent",
+            "Launch a new agent to handle a multi-step task on its own.",
+            prompt="The task for the agent",
+            description="A short description of the task",
+            subagent_type="The kind of agent to use",
+        ),
+        _tool(
+            "run_shell_command",
+            "Runs a shell command.",
+            command="The command to run",
+            description="What the command does",
+        ),
+        _tool("read_file", "Reads a file.", absolute_path="Absolute path of the file"),
+        _tool("exec_command", "Runs a command in a PTY, returning its output.", cmd="Shell command to execute"),
+    )
+}
 
 
 class CannedResult(FrozenStrict, frozen=True):

@@ -40,8 +40,16 @@ class Wire(Protocol):
     path: str
     accept: str
 
-    def body(self, model: str, system: str, tools: tuple[ToolSpec, ...], history: list[dict[str, Any]],
-             max_tokens: int, stream: bool, session_id: str) -> dict[str, Any]: ...
+    def body(
+        self,
+        model: str,
+        system: str,
+        tools: tuple[ToolSpec, ...],
+        history: list[dict[str, Any]],
+        max_tokens: int,
+        stream: bool,
+        session_id: str,
+    ) -> dict[str, Any]: ...
 
     def user(self, text: str) -> dict[str, Any]: ...
 
@@ -84,8 +92,16 @@ class AnthropicWire:
     path = "/v1/messages?beta=true"
     accept = "application/json"
 
-    def body(self, model: str, system: str, tools: tuple[ToolSpec, ...], history: list[dict[str, Any]],
-             max_tokens: int, stream: bool, session_id: str) -> dict[str, Any]:
+    def body(
+        self,
+        model: str,
+        system: str,
+        tools: tuple[ToolSpec, ...],
+        history: list[dict[str, Any]],
+        max_tokens: int,
+        stream: bool,
+        session_id: str,
+    ) -> dict[str, Any]:
         messages = list(history)
         if messages:
             last = copy.deepcopy(messages[-1])
@@ -94,18 +110,30 @@ class AnthropicWire:
             last["content"][-1]["cache_control"] = EPHEMERAL
             messages[-1] = last
         user_id = json.dumps({"session_id": conversation_uuid(session_id)}, separators=(",", ":"))
-        return {"model": model, "messages": messages,
-                "system": [{"type": "text", "text": system, "cache_control": EPHEMERAL}],
-                "tools": [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools],
-                "metadata": {"user_id": user_id},
-                "max_tokens": max_tokens, "thinking": {"type": "adaptive"}, "stream": stream}
+        return {
+            "model": model,
+            "messages": messages,
+            "system": [{"type": "text", "text": system, "cache_control": EPHEMERAL}],
+            "tools": [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools],
+            "metadata": {"user_id": user_id},
+            "max_tokens": max_tokens,
+            "thinking": {"type": "adaptive"},
+            "stream": stream,
+        }
 
     def user(self, text: str) -> dict[str, Any]:
         return {"role": "user", "content": text}
 
     def tool_results(self, calls: list[ToolCallOut], outputs: list[str]) -> list[dict[str, Any]]:
-        return [{"role": "user", "content": [{"tool_use_id": c.id, "type": "tool_result", "content": out,
-                                              "is_error": False} for c, out in zip(calls, outputs, strict=True)]}]
+        return [
+            {
+                "role": "user",
+                "content": [
+                    {"tool_use_id": c.id, "type": "tool_result", "content": out, "is_error": False}
+                    for c, out in zip(calls, outputs, strict=True)
+                ],
+            }
+        ]
 
     def parse(self, raw: bytes, stream: bool) -> AssistantReply:
         if stream:
@@ -159,14 +187,28 @@ class ChatWire:
     path = "/v1/chat/completions"
     accept = "application/json"
 
-    def body(self, model: str, system: str, tools: tuple[ToolSpec, ...], history: list[dict[str, Any]],
-             max_tokens: int, stream: bool, session_id: str) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": model, "messages": [{"role": "system", "content": system}, *history],
-                                "max_tokens": max_tokens, "stream": stream}
+    def body(
+        self,
+        model: str,
+        system: str,
+        tools: tuple[ToolSpec, ...],
+        history: list[dict[str, Any]],
+        max_tokens: int,
+        stream: bool,
+        session_id: str,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [{"role": "system", "content": system}, *history],
+            "max_tokens": max_tokens,
+            "stream": stream,
+        }
         if stream:
             body["stream_options"] = {"include_usage": True}
-        body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                            "parameters": t.parameters}} for t in tools]
+        body["tools"] = [
+            {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+            for t in tools
+        ]
         return body
 
     def user(self, text: str) -> dict[str, Any]:
@@ -195,15 +237,26 @@ class ChatWire:
             choice = json.loads(raw)["choices"][0]
             message, finish = choice["message"], choice.get("finish_reason")
             text = message.get("content") or ""
-            calls = [ToolCallOut(c["id"], c["function"]["name"], _arguments(c["function"]["arguments"]))
-                     for c in message.get("tool_calls") or []]
+            calls = [
+                ToolCallOut(c["id"], c["function"]["name"], _arguments(c["function"]["arguments"]))
+                for c in message.get("tool_calls") or []
+            ]
         echo: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
         if calls:
-            echo["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.name, "arguments": json.dumps(c.arguments, separators=(",", ":"), ensure_ascii=False)}}
-                for c in calls]
-        return AssistantReply([echo], text, calls, "tool_calls" if calls else ("length" if finish == "length"
-                                                                              else "stop"))
+            echo["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {
+                        "name": c.name,
+                        "arguments": json.dumps(c.arguments, separators=(",", ":"), ensure_ascii=False),
+                    },
+                }
+                for c in calls
+            ]
+        return AssistantReply(
+            [echo], text, calls, "tool_calls" if calls else ("length" if finish == "length" else "stop")
+        )
 
 
 class ResponsesWire:
@@ -213,29 +266,60 @@ class ResponsesWire:
     path = "/v1/responses"
     accept = "text/event-stream"
 
-    def body(self, model: str, system: str, tools: tuple[ToolSpec, ...], history: list[dict[str, Any]],
-             max_tokens: int, stream: bool, session_id: str) -> dict[str, Any]:
+    def body(
+        self,
+        model: str,
+        system: str,
+        tools: tuple[ToolSpec, ...],
+        history: list[dict[str, Any]],
+        max_tokens: int,
+        stream: bool,
+        session_id: str,
+    ) -> dict[str, Any]:
         developer = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": system}]}
-        return {"model": model, "stream": stream, "input": [developer, *history],
-                "tools": [{"type": "function", "name": t.name, "description": t.description, "strict": False,
-                           "parameters": t.parameters} for t in tools],
-                "tool_choice": "auto", "parallel_tool_calls": True, "reasoning": {"effort": "medium"},
-                "store": False, "include": ["reasoning.encrypted_content"],
-                "prompt_cache_key": conversation_uuid(session_id)}
+        return {
+            "model": model,
+            "stream": stream,
+            "input": [developer, *history],
+            "tools": [
+                {
+                    "type": "function",
+                    "name": t.name,
+                    "description": t.description,
+                    "strict": False,
+                    "parameters": t.parameters,
+                }
+                for t in tools
+            ],
+            "tool_choice": "auto",
+            "parallel_tool_calls": True,
+            "reasoning": {"effort": "medium"},
+            "store": False,
+            "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": conversation_uuid(session_id),
+        }
 
     def user(self, text: str) -> dict[str, Any]:
         return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
 
     def tool_results(self, calls: list[ToolCallOut], outputs: list[str]) -> list[dict[str, Any]]:
-        return [{"type": "function_call_output", "call_id": c.id, "output": out}
-                for c, out in zip(calls, outputs, strict=True)]
+        return [
+            {"type": "function_call_output", "call_id": c.id, "output": out}
+            for c, out in zip(calls, outputs, strict=True)
+        ]
 
     def parse(self, raw: bytes, stream: bool) -> AssistantReply:
         if stream:
             events = sse_data(raw)
             items = [e["item"] for e in events if e.get("type") == "response.output_item.done"]
-            final: dict[str, Any] = next((e["response"] for e in reversed(events) if e.get("type") in (
-                "response.completed", "response.incomplete")), {})
+            final: dict[str, Any] = next(
+                (
+                    e["response"]
+                    for e in reversed(events)
+                    if e.get("type") in ("response.completed", "response.incomplete")
+                ),
+                {},
+            )
         else:
             final = json.loads(raw)
             items = final.get("output") or []
@@ -247,13 +331,31 @@ class ResponsesWire:
                     item["encrypted_content"] = it["encrypted_content"]
                 echo.append(item)
             elif it["type"] == "message":
-                echo.append({"type": "message", "status": it.get("status", "completed"), "id": it["id"],
-                             "role": "assistant", "content": it["content"]})
+                echo.append(
+                    {
+                        "type": "message",
+                        "status": it.get("status", "completed"),
+                        "id": it["id"],
+                        "role": "assistant",
+                        "content": it["content"],
+                    }
+                )
             elif it["type"] == "function_call":
-                echo.append({"type": "function_call", "status": it.get("status", "completed"), "id": it["id"],
-                             "name": it["name"], "arguments": it["arguments"], "call_id": it["call_id"]})
-        calls = [ToolCallOut(i["call_id"], i["name"], _arguments(i["arguments"]))
-                 for i in echo if i["type"] == "function_call"]
+                echo.append(
+                    {
+                        "type": "function_call",
+                        "status": it.get("status", "completed"),
+                        "id": it["id"],
+                        "name": it["name"],
+                        "arguments": it["arguments"],
+                        "call_id": it["call_id"],
+                    }
+                )
+        calls = [
+            ToolCallOut(i["call_id"], i["name"], _arguments(i["arguments"]))
+            for i in echo
+            if i["type"] == "function_call"
+        ]
         text = "".join(p.get("text", "") for i in echo if i["type"] == "message" for p in i["content"])
         finish = "tool_calls" if calls else ("length" if final.get("status") == "incomplete" else "stop")
         return AssistantReply(echo, text, calls, finish)

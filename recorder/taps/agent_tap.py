@@ -27,8 +27,22 @@ from tito_rl.trajectory.adapters.session_from import GATEWAY_SESSIONS, SessionFr
 from tito_rl.trajectory.adapters.tap import AgentExchange
 
 # Not forwarded: they describe one hop's connection, or would let the target compress what is recorded.
-HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
-                         "trailer", "upgrade", "proxy-connection", "proxy-authenticate", "accept-encoding", "expect"})
+HOP_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-connection",
+        "proxy-authenticate",
+        "accept-encoding",
+        "expect",
+    }
+)
 REPLY_DROPPED = HOP_HEADERS | {"content-encoding", "date", "server"}
 SSE = "text/event-stream"
 Finish = Callable[[str, float], Awaitable[list[dict[str, Any]] | None]]
@@ -44,7 +58,7 @@ def split_events(text: str) -> list[str]:
     text = text.replace("\r\n", "\n")
     events, start = [], 0
     while (end := text.find("\n\n", start)) != -1:
-        events.append(text[start:end + 2])
+        events.append(text[start : end + 2])
         start = end + 2
     if start < len(text):
         events.append(text[start:])
@@ -66,8 +80,9 @@ class AgentTap:
     `TargetFailure` when the target failed; `drop(sid)` says whether the target knew the session (None: a target
     that cannot tell). `session_from`: where requests carry their session (default: the credentials, `bearer`)."""
 
-    def __init__(self, recording: Recording, target_url: str, finish: Finish, drop: Drop,
-                 session_from: SessionFrom | None = None) -> None:
+    def __init__(
+        self, recording: Recording, target_url: str, finish: Finish, drop: Drop, session_from: SessionFrom | None = None
+    ) -> None:
         self.recording = recording
         self.target_url = target_url.rstrip("/")
         self.finish_session, self.drop_session = finish, drop
@@ -84,8 +99,9 @@ class AgentTap:
         return app
 
     async def _open(self, app: web.Application) -> None:
-        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                          timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+        self.http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False
+        )
 
     async def _close(self, app: web.Application) -> None:
         if self.http is not None:
@@ -99,8 +115,9 @@ class AgentTap:
         headers = dict(request.headers)
         flight = self.recording.agent_arrived(ref.sid, ref.source, headers, body)
         started = self.recording.elapsed(ref.sid)
-        exchange = AgentExchange(request.method, request.path, request.query_string, headers, body, 0, {},
-                                 started_s=started)
+        exchange = AgentExchange(
+            request.method, request.path, request.query_string, headers, body, 0, {}, started_s=started
+        )
         digest = body_digest(request.method, request.path, request.query_string, body) if body else None
         try:
             return await self._relay(request, body, exchange)
@@ -117,8 +134,9 @@ class AgentTap:
         calls it causes are forwarded and not recorded either (`Recording.sessionless_arrived`)."""
         flight = self.recording.sessionless_arrived(request.method, request.path, body)
         try:
-            return await self._relay(request, body, AgentExchange(request.method, request.path,
-                                                                  request.query_string, {}, b"", 0, {}))
+            return await self._relay(
+                request, body, AgentExchange(request.method, request.path, request.query_string, {}, b"", 0, {})
+            )
         finally:
             self.recording.sessionless_answered(flight)
 
@@ -126,8 +144,9 @@ class AgentTap:
         assert self.http is not None
         url = self.target_url + request.path_qs
         try:
-            async with self.http.request(request.method, url, data=body or None,
-                                         headers=forwarded(request.headers)) as upstream:
+            async with self.http.request(
+                request.method, url, data=body or None, headers=forwarded(request.headers)
+            ) as upstream:
                 exchange.status = upstream.status
                 exchange.reply_headers = forwarded(upstream.headers, REPLY_DROPPED)
                 if upstream.content_type == SSE:
@@ -139,15 +158,21 @@ class AgentTap:
                 await response.write_eof()
                 return response
         except aiohttp.ClientError as exc:
-            payload = json.dumps({"error": {"type": "target_unreachable",
-                                            "message": f"tito: the target at {self.target_url} did not answer: "
-                                                       f"{type(exc).__name__}: {exc}"}}).encode()
+            payload = json.dumps(
+                {
+                    "error": {
+                        "type": "target_unreachable",
+                        "message": f"tito: the target at {self.target_url} did not answer: {type(exc).__name__}: {exc}",
+                    }
+                }
+            ).encode()
             exchange.status, exchange.reply_body = 502, payload
             exchange.reply_headers = {"Content-Type": "application/json"}
             return web.Response(status=502, body=payload, content_type="application/json")
 
-    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
-                      exchange: AgentExchange) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, exchange: AgentExchange
+    ) -> web.StreamResponse:
         response = web.StreamResponse(status=upstream.status, headers=exchange.reply_headers)
         await response.prepare(request)
         received = bytearray()
@@ -174,8 +199,9 @@ class AgentTap:
         except TargetFailure as exc:  # the gateway failed: not the same as a gateway that has no samples
             return web.json_response({"error": {"type": "target_failed", "message": str(exc)}}, status=502)
         if samples is None:
-            return web.json_response({"error": {"type": "no_samples", "message": "the target offers no samples"}},
-                                     status=404)
+            return web.json_response(
+                {"error": {"type": "no_samples", "message": "the target offers no samples"}}, status=404
+            )
         self.recording.finished(sid, reward, samples)
         return web.json_response({"samples": samples})
 

@@ -58,8 +58,12 @@ class TapsAround:
         self._runners: list[web.AppRunner] = []
         self._started = False
 
-    async def start(self, listen: tuple[str, int], engine_listen: tuple[str, int],
-                    prepare: Callable[[web.Application], Any] | None = None) -> Endpoints:
+    async def start(
+        self,
+        listen: tuple[str, int],
+        engine_listen: tuple[str, int],
+        prepare: Callable[[web.Application], Any] | None = None,
+    ) -> Endpoints:
         """`prepare(app)`: called on the agent tap's app before it serves, once the target has loaded (a server
         process freezes its start-up objects there and collects garbage from the loop: `server_process`)."""
         engine_tap = EngineTap(self.recording, self.engine_url, self.dialect)

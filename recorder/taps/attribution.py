@@ -91,8 +91,9 @@ class Attribution:
     # the agent tap's side
 
     def begin(self, session: str, source: str, authorization: str | None = None, body: bytes = b"") -> InFlight:
-        flight = InFlight(next(self._numbers), session, source, time.monotonic(), authorization=authorization,
-                          body=body)
+        flight = InFlight(
+            next(self._numbers), session, source, time.monotonic(), authorization=authorization, body=body
+        )
         self.flights.setdefault(session, []).append(flight)
         self.sources.setdefault(session, source)
         return flight

@@ -69,8 +69,9 @@ class EngineTap:
         return app
 
     async def _open(self, app: web.Application) -> None:
-        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                          timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+        self.http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False
+        )
 
     async def _close(self, app: web.Application) -> None:
         if self.http is not None:
@@ -88,9 +89,15 @@ class EngineTap:
         call = asyncio.get_running_loop().create_future()
         self.recording.engine_started(owner, data, call)
         started = self.recording.elapsed(owner.session)
-        exchange = EngineExchange(request.method, request.path, data if isinstance(data, dict) else None, 0,
-                                  headers=forwarded(request.headers, CLIENT_HEADERS), started_s=started,
-                                  dialect=detect_dialect(request.path, data, hint=self.dialect))
+        exchange = EngineExchange(
+            request.method,
+            request.path,
+            data if isinstance(data, dict) else None,
+            0,
+            headers=forwarded(request.headers, CLIENT_HEADERS),
+            started_s=started,
+            dialect=detect_dialect(request.path, data, hint=self.dialect),
+        )
         try:
             return await self._relay(request, body, exchange)
         except asyncio.CancelledError:
@@ -109,8 +116,9 @@ class EngineTap:
     async def _relay(self, request: web.Request, body: bytes, exchange: EngineExchange | None) -> web.StreamResponse:
         assert self.http is not None
         try:
-            async with self.http.request(request.method, self.engine_url + request.path_qs, data=body or None,
-                                         headers=forwarded(request.headers)) as upstream:
+            async with self.http.request(
+                request.method, self.engine_url + request.path_qs, data=body or None, headers=forwarded(request.headers)
+            ) as upstream:
                 headers = forwarded(upstream.headers, REPLY_DROPPED)
                 if upstream.content_type == SSE:
                     response = web.StreamResponse(status=upstream.status, headers=headers)

@@ -32,8 +32,10 @@ class Counts:
 
     def line(self) -> str:
         apart = f" | {self.sessionless} without a session" if self.sessionless else ""
-        return (f"sessions {len(self.sessions)} (finished {self.finished}) | turns {self.turns} (+{self.side} side)"
-                f" | tokens {self.prompt_tokens} in, {self.output_tokens} out | errors {self.errors}{apart}")
+        return (
+            f"sessions {len(self.sessions)} (finished {self.finished}) | turns {self.turns} (+{self.side} side)"
+            f" | tokens {self.prompt_tokens} in, {self.output_tokens} out | errors {self.errors}{apart}"
+        )
 
 
 TERMINAL_INTERVAL_S = 0.5
@@ -41,13 +43,19 @@ LOG_INTERVAL_S = 10.0
 
 
 class ProgressTap:
-    def __init__(self, inner: TrafficTap, stream: TextIO | None = None, interval_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        inner: TrafficTap,
+        stream: TextIO | None = None,
+        interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.inner = inner
         self.stream = stream if stream is not None else sys.stderr
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.interval_s = interval_s if interval_s is not None else (
-            TERMINAL_INTERVAL_S if self._tty else LOG_INTERVAL_S)
+        self.interval_s = (
+            interval_s if interval_s is not None else (TERMINAL_INTERVAL_S if self._tty else LOG_INTERVAL_S)
+        )
         self.clock = clock
         self.counts = Counts()
         self._last: float | None = None

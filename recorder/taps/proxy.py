@@ -52,8 +52,13 @@ def adapter_settings_dict(settings: AdapterSettings) -> dict[str, Any]:
     return plain
 
 
-def build_header(settings: AdapterSettings, engine: dict[str, Any] | None, agent: dict[str, Any] | None = None,
-                 created: str | None = None, manager: Any = None) -> Header:
+def build_header(
+    settings: AdapterSettings,
+    engine: dict[str, Any] | None,
+    agent: dict[str, Any] | None = None,
+    created: str | None = None,
+    manager: Any = None,
+) -> Header:
     """`manager`: the TrajectoryManager the proxy feeds (its settings go in `adapter.manager`); None: defaults."""
     if manager is None:
         from tito_rl.trajectory.manager import TrajectoryManager
@@ -71,14 +76,19 @@ def build_header(settings: AdapterSettings, engine: dict[str, Any] | None, agent
     return header
 
 
-def open_tap(out: Path, header: Header, layout: Layout,
-             on_event: Callable[[dict[str, Any]], None] | None = None) -> WriterProcessTap:
+def open_tap(
+    out: Path, header: Header, layout: Layout, on_event: Callable[[dict[str, Any]], None] | None = None
+) -> WriterProcessTap:
     """The recording proxy's tap: a writer process, so recording is off the event loop (`writer_process`)."""
     return WriterProcessTap(out, header, layout=layout, on_event=on_event)
 
 
-def recorded_tap(tap: TrafficTap, progress: TextIO | None = None, sample_rate: float = 1.0,
-                 wrap: Callable[[TrafficTap], TrafficTap] | None = None) -> TrafficTap:
+def recorded_tap(
+    tap: TrafficTap,
+    progress: TextIO | None = None,
+    sample_rate: float = 1.0,
+    wrap: Callable[[TrafficTap], TrafficTap] | None = None,
+) -> TrafficTap:
     """What the proxy's traffic goes through: `wrap` (the metrics), the progress line (every session), then the
     sampling (`--sample-rate`), then the writer."""
     sampled: TrafficTap = SamplingTap(tap, sample_rate) if sample_rate < 1.0 else tap
@@ -86,9 +96,14 @@ def recorded_tap(tap: TrafficTap, progress: TextIO | None = None, sample_rate: f
     return wrap(counted) if wrap is not None else counted
 
 
-def create_recording_app(settings: AdapterSettings, tap: CassetteWriter | PerSessionTap | WriterProcessTap,
-                         progress: TextIO | None = None, manager: Any = None, sample_rate: float = 1.0,
-                         wrap: Callable[[TrafficTap], TrafficTap] | None = None) -> web.Application:
+def create_recording_app(
+    settings: AdapterSettings,
+    tap: CassetteWriter | PerSessionTap | WriterProcessTap,
+    progress: TextIO | None = None,
+    manager: Any = None,
+    sample_rate: float = 1.0,
+    wrap: Callable[[TrafficTap], TrafficTap] | None = None,
+) -> web.Application:
     """The adapter app with `tap` on both legs; closing the app finalizes open sessions and the cassette."""
     counted = recorded_tap(tap, progress, sample_rate, wrap)
     app = create_app(settings, manager=manager, tap=counted)
@@ -98,8 +113,9 @@ def create_recording_app(settings: AdapterSettings, tap: CassetteWriter | PerSes
         # Traffic that is not recorded is worse than none: agents and /health get the reason instead.
         failure = getattr(tap, "failure", None)
         if failure:
-            return web.json_response({"type": "error", "error": {"type": "recording_failed", "message": failure}},
-                                     status=503)
+            return web.json_response(
+                {"type": "error", "error": {"type": "recording_failed", "message": failure}}, status=503
+            )
         return await handler(request)
 
     app.middlewares.append(refuse_once_recording_failed)

@@ -98,8 +98,11 @@ class Recording:
         counted = sorted(self.sessionless.items(), key=lambda item: (-item[1], item[0]))
         top = ", ".join(f"{what} ({n})" for what, n in counted[:4])
         more = f", {len(self.sessionless) - 4} more" if len(self.sessionless) > 4 else ""
-        hint = ("; a POST may be a turn: say where the gateway keeps its sessions with --session-from"
-                if any(w.startswith("POST ") for w in self.sessionless) else "")
+        hint = (
+            "; a POST may be a turn: say where the gateway keeps its sessions with --session-from"
+            if any(w.startswith("POST ") for w in self.sessionless)
+            else ""
+        )
         return f"{total} request(s) named no session: passed through, not recorded: {top}{more}{hint}"
 
     # engine leg
@@ -114,8 +117,9 @@ class Recording:
         if flight is not None:
             flight.running.discard(call)
         if isinstance(exchange.request, dict) and exchange.status == 200:
-            self.attribution.generate_answered(owner, exchange.path, exchange.request, exchange.response,
-                                               exchange.dialect)
+            self.attribution.generate_answered(
+                owner, exchange.path, exchange.request, exchange.response, exchange.dialect
+            )
         if flight is not None and flight in self.attribution.flights.get(flight.session, []):
             flight.engine.append(exchange)
         else:  # no request of the session in flight (or it was already written): goes before the next one

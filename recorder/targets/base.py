@@ -56,8 +56,13 @@ class TargetInfo:
     session_from: str = "bearer"
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"name": self.name, "version": self.version, "volatile": list(self.volatile),
-               "routing_header": self.routing_header, "settings": self.settings}
+        out = {
+            "name": self.name,
+            "version": self.version,
+            "volatile": list(self.volatile),
+            "routing_header": self.routing_header,
+            "settings": self.settings,
+        }
         out |= {"session_path": self.session_path} if self.session_path is not None else {}
         return out | ({"session_from": self.session_from} if self.session_from != "bearer" else {})
 

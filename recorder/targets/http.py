@@ -25,11 +25,19 @@ class HttpTarget:
     """`session_from`: where the gateway keeps its sessions on the agent leg (`--session-from`, recorded in the
     header; `trajectory.adapters.session_from`)."""
 
-    def __init__(self, url: str, volatile: tuple[str, ...] = (), routing_header: str | None = ROUTING_HEADER,
-                 name: str = "http", version: str | None = None, session_from: str = "bearer") -> None:
+    def __init__(
+        self,
+        url: str,
+        volatile: tuple[str, ...] = (),
+        routing_header: str | None = ROUTING_HEADER,
+        name: str = "http",
+        version: str | None = None,
+        session_from: str = "bearer",
+    ) -> None:
         self.url = url.rstrip("/")
-        self.info = TargetInfo(name, version, tuple(volatile), routing_header, {"url": self.url},
-                               session_from=session_from)
+        self.info = TargetInfo(
+            name, version, tuple(volatile), routing_header, {"url": self.url}, session_from=session_from
+        )
         self._http: aiohttp.ClientSession | None = None
 
     async def start(self, engine_url: str) -> str:
@@ -37,8 +45,9 @@ class HttpTarget:
         return self.url
 
     async def finish(self, session: str, reward: float) -> TargetFinish | None:
-        status, data = await self._call("POST", f"/tito/sessions/{quote(session, safe='')}/finish",
-                                        {"reward": reward}, "finish")
+        status, data = await self._call(
+            "POST", f"/tito/sessions/{quote(session, safe='')}/finish", {"reward": reward}, "finish"
+        )
         if status in NO_SESSION_API or not isinstance(data, dict) or not isinstance(data.get("samples"), list):
             return None  # the gateway offers no samples: replies and engine calls are still recorded
         samples, stats = data["samples"], data.get("stats")
@@ -57,12 +66,14 @@ class HttpTarget:
             async with self._http.request(method, self.url + path, json=payload) as resp:
                 status, raw = resp.status, await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise TargetFailure(f"the gateway at {self.url} did not answer the {what} ({method} {path}): "
-                                f"{type(exc).__name__}: {exc}") from None
+            raise TargetFailure(
+                f"the gateway at {self.url} did not answer the {what} ({method} {path}): {type(exc).__name__}: {exc}"
+            ) from None
         if status != 200 and status not in NO_SESSION_API:
             text = raw.decode("utf-8", errors="replace").strip().replace("\n", " ")
-            raise TargetFailure(f"the gateway's {what} ({method} {path}) answered {status}"
-                                + (f": {text[:200]}" if text else ""))
+            raise TargetFailure(
+                f"the gateway's {what} ({method} {path}) answered {status}" + (f": {text[:200]}" if text else "")
+            )
         try:
             return status, json.loads(raw) if raw else None
         except ValueError:

@@ -43,8 +43,10 @@ from tito_rl.trajectory.tokens.tokenizer import fingerprint, resolve_dir
 PATH_ENV = "TITO_MILES_PATH"
 PYTHON_ENV = "TITO_MILES_PYTHON"
 SERVER_FILE = Path("miles") / "rollout" / "session" / "server.py"
-HOW = (f"set {PATH_ENV} to a miles checkout (git clone https://github.com/radixark/miles) and {PYTHON_ENV} to a "
-       "Python with miles' requirements (torch, ray, setproctitle, pybase64, sglang 0.5.16 or miles' sglang-miles)")
+HOW = (
+    f"set {PATH_ENV} to a miles checkout (git clone https://github.com/radixark/miles) and {PYTHON_ENV} to a "
+    "Python with miles' requirements (torch, ray, setproctitle, pybase64, sglang 0.5.16 or miles' sglang-miles)"
+)
 # miles passes the engine's reply through (re-serialised; a streamed one as a single chunk): SGLang's random ids
 # and wall clock.
 VOLATILE = ("id", "created", "choices[*].message.tool_calls[*].id", "choices[*].delta.tool_calls[*].id")
@@ -159,13 +161,19 @@ def miles_args(options: TargetOptions) -> dict[str, Any]:
     for tito's embedded Qwen3 tokenizer) is resolved in the server process, as miles' argument check does."""
     extra = options.extra
     tito_model = str(extra.get("tito_model", "qwen3" if options.tokenizer_dir is None else "default"))
-    return {"hf_checkpoint": str(resolve_dir(options.tokenizer_dir).resolve()), "tito_model": tito_model,
-            "chat_template_path": extra.get("chat_template_path"),
-            "apply_chat_template_kwargs": dict(extra.get("apply_chat_template_kwargs") or {}),
-            "session_message_matcher": str(extra.get("session_message_matcher", "strict")),
-            "max_seq_len": extra.get("max_seq_len"), "miles_router_timeout": float(extra.get("timeout_s", 600.0)),
-            "sglang_speculative_algorithm": None, "save_debug_trajectory_data": None,
-            "session_server_instance_id": None, "use_session_server": True}
+    return {
+        "hf_checkpoint": str(resolve_dir(options.tokenizer_dir).resolve()),
+        "tito_model": tito_model,
+        "chat_template_path": extra.get("chat_template_path"),
+        "apply_chat_template_kwargs": dict(extra.get("apply_chat_template_kwargs") or {}),
+        "session_message_matcher": str(extra.get("session_message_matcher", "strict")),
+        "max_seq_len": extra.get("max_seq_len"),
+        "miles_router_timeout": float(extra.get("timeout_s", 600.0)),
+        "sglang_speculative_algorithm": None,
+        "save_debug_trajectory_data": None,
+        "session_server_instance_id": None,
+        "use_session_server": True,
+    }
 
 
 class MilesTarget:
@@ -183,21 +191,36 @@ class MilesTarget:
         self.http: aiohttp.ClientSession | None = None
         self.url = ""
         settings = {k: self.args[k] for k in ("tito_model", "session_message_matcher", "max_seq_len")}
-        self.info = TargetInfo(name="miles", version=git_commit(self.root), volatile=VOLATILE, routing_header=None,
-                               settings={**settings, "server": "v1 (linear)",
-                                         "tokenizer_fingerprint": fingerprint(options.tokenizer_dir)},
-                               session_path=SESSION_PREFIX)
+        self.info = TargetInfo(
+            name="miles",
+            version=git_commit(self.root),
+            volatile=VOLATILE,
+            routing_header=None,
+            settings={**settings, "server": "v1 (linear)", "tokenizer_fingerprint": fingerprint(options.tokenizer_dir)},
+            session_path=SESSION_PREFIX,
+        )
 
     async def start(self, engine_url: str) -> str:
         if self.proc is not None:
             raise RuntimeError("the miles target is already started")
         config = {"args": self.args, "backend_url": engine_url.rstrip("/"), "host": self.host}
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(self.root),
-                                                                         os.environ.get("PYTHONPATH")])),
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(self.root), os.environ.get("PYTHONPATH")])),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - kept open for the server's life, closed by stop
-        self.proc = await asyncio.create_subprocess_exec(self.python, "-c", SERVE, json.dumps(config), cwd=self.root,
-                                                         env=env, stdout=asyncio.subprocess.PIPE, stderr=self.log)
+        self.proc = await asyncio.create_subprocess_exec(
+            self.python,
+            "-c",
+            SERVE,
+            json.dumps(config),
+            cwd=self.root,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=self.log,
+        )
         self.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.args["miles_router_timeout"]))
         try:
             assert self.proc.stdout is not None
@@ -222,11 +245,19 @@ class MilesTarget:
         covered = sum(turns_in(s) for s in got["samples"])
         trained = sum(sum(s["loss_mask"]) for s in samples)
         turns = got["calls"]
-        stats = {"turns": turns, "samples": len(samples), "forks": {}, "realigns": 0,
-                 "merges": max(0, covered - len(samples)), "untrained_turns": max(0, turns - covered),
-                 "discarded_turns": max(0, turns - got["records"]),  # rolled back: the echo differed (strict)
-                 "trained_tokens": trained, "masked_tokens": sum(s["response_length"] for s in samples) - trained,
-                 "empty_reason": got["empty_reason"], "template_mismatches": len(got.get("mismatch") or [])}
+        stats = {
+            "turns": turns,
+            "samples": len(samples),
+            "forks": {},
+            "realigns": 0,
+            "merges": max(0, covered - len(samples)),
+            "untrained_turns": max(0, turns - covered),
+            "discarded_turns": max(0, turns - got["records"]),  # rolled back: the echo differed (strict)
+            "trained_tokens": trained,
+            "masked_tokens": sum(s["response_length"] for s in samples) - trained,
+            "empty_reason": got["empty_reason"],
+            "template_mismatches": len(got.get("mismatch") or []),
+        }
         return TargetFinish(samples, stats)
 
     async def drop(self, session: str) -> None:
@@ -288,10 +319,14 @@ def tito_sample(sample: dict[str, Any], reward: float) -> dict[str, Any]:
     """A decoded miles `Sample` in tito's layout, its invariants checked; its status kept, its wall-clock
     lifecycle segments (`miles/utils/lifecycle.py`) left out, as no replay can reproduce them."""
     metadata = {k: v for k, v in sample["metadata"].items() if k != "lifecycle"} | {"status": sample["status"]}
-    return Sample(tokens=[int(t) for t in sample["tokens"]], response_length=int(sample["response_length"]),
-                  loss_mask=[int(m) for m in sample["loss_mask"]],
-                  rollout_log_probs=[float(x) for x in sample["rollout_log_probs"]], reward=float(reward),
-                  metadata=metadata).to_dict()
+    return Sample(
+        tokens=[int(t) for t in sample["tokens"]],
+        response_length=int(sample["response_length"]),
+        loss_mask=[int(m) for m in sample["loss_mask"]],
+        rollout_log_probs=[float(x) for x in sample["rollout_log_probs"]],
+        reward=float(reward),
+        metadata=metadata,
+    ).to_dict()
 
 
 def create(options: TargetOptions) -> MilesTarget:

@@ -1,4 +1,5 @@
-"""Finding a target by what the user typed: `tito`, `http://HOST:PORT`, a driver's name, or `module:attribute`."""
+"""Finding a target by what the user typed: `tito`, `http://HOST:PORT`, a driver's name, `module:attribute`, or a
+gateway profile file (`FILE.yaml`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,14 @@ from tito_rl.recorder.targets.base import ENTRY_POINT_GROUP, TargetDriver, Targe
 
 TITO = "tito"
 # Built in, and also registered under the entry-point group by tito's own pyproject.toml.
-BUILTIN = {"tito": "tito_rl.recorder.targets.tito:create", "slime": "tito_rl.recorder.targets.slime:create",
-           "rllm": "tito_rl.recorder.targets.rllm:create", "miles": "tito_rl.recorder.targets.miles:create"}
+BUILTIN = {
+    "tito": "tito_rl.recorder.targets.tito:create",
+    "slime": "tito_rl.recorder.targets.slime:create",
+    "rllm": "tito_rl.recorder.targets.rllm:create",
+    "miles": "tito_rl.recorder.targets.miles:create",
+    "verifiers": "tito_rl.recorder.targets.own_python.verifiers:create",
+    "agentlightning": "tito_rl.recorder.targets.profiles.driver:agentlightning",
+}
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,12 @@ def available() -> list[str]:
 
 def load_factory(name: str) -> Any:
     """The factory a driver name or `module:attribute` stands for; `TargetError` (one line) otherwise."""
+    from tito_rl.recorder.targets.profiles.format import is_profile_path
+
+    if is_profile_path(name):  # a gateway profile file (recorder/targets/profiles/format.py)
+        from tito_rl.recorder.targets.profiles.driver import from_file
+
+        return lambda options: from_file(name, options)
     reference = name
     if ":" not in name:
         found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
@@ -65,8 +78,10 @@ def load_factory(name: str) -> Any:
         elif name in BUILTIN:
             reference = BUILTIN[name]
         else:
-            raise TargetError(f"unknown target {name!r}: give tito, http://HOST:PORT, module:attribute, or one of "
-                              f"{', '.join(available())} (entry-point group {ENTRY_POINT_GROUP})")
+            raise TargetError(
+                f"unknown target {name!r}: give tito, http://HOST:PORT, module:attribute, or one of "
+                f"{', '.join(available())} (entry-point group {ENTRY_POINT_GROUP})"
+            )
     module_name, _, attribute = reference.partition(":")
     if os.getcwd() not in sys.path:  # `module:attribute` of the user's own folder, as uvicorn and gunicorn take it
         sys.path.append(os.getcwd())

@@ -149,8 +149,10 @@ def config_file(path: str | None) -> dict[str, Any]:
         raise TargetError(f"{where}: {', '.join(owned)} set by tito's driver (listener, worker, store), not the file")
     unknown = sorted(k for k in data if k not in (*FLAGS, "health_check_interval"))
     if unknown:
-        raise TargetError(f"{where}: unknown or unsupported field(s) {', '.join(unknown)}; supported: "
-                          f"{', '.join((*FLAGS, 'health_check_interval'))}")
+        raise TargetError(
+            f"{where}: unknown or unsupported field(s) {', '.join(unknown)}; supported: "
+            f"{', '.join((*FLAGS, 'health_check_interval'))}"
+        )
     wrong = sorted(k for k in FLAGS if k in data and not isinstance(data[k], bool))
     if wrong:
         raise TargetError(f"{where}: {', '.join(wrong)} must be true or false")
@@ -174,27 +176,39 @@ class RllmTarget:
         self.server: Any = None
         self.thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.info = TargetInfo(name="rllm", version=self.gateway.version, volatile=VOLATILE, routing_header=None,
-                               settings={"store": "memory", "health_check_interval": self.health_check_interval,
-                                         **self.flags}, session_path=SESSION_PREFIX)
+        self.info = TargetInfo(
+            name="rllm",
+            version=self.gateway.version,
+            volatile=VOLATILE,
+            routing_header=None,
+            settings={"store": "memory", "health_check_interval": self.health_check_interval, **self.flags},
+            session_path=SESSION_PREFIX,
+        )
 
     async def start(self, engine_url: str) -> str:
         if self.server is not None:
             raise RuntimeError("the rllm target is already started")
         g = self.gateway
         worker = worker_url(engine_url)
-        config = g.GatewayConfig(host=self.host, port=0, store_worker="memory",
-                                 workers=[g.WorkerConfig(url=worker, worker_id="0")],
-                                 health_check_interval=self.health_check_interval, **self.flags)
+        config = g.GatewayConfig(
+            host=self.host,
+            port=0,
+            store_worker="memory",
+            workers=[g.WorkerConfig(url=worker, worker_id="0")],
+            health_check_interval=self.health_check_interval,
+            **self.flags,
+        )
         self.app = g.create_app(config)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))  # bound here, so the port is ours before uvicorn starts (no free-port race)
         port = sock.getsockname()[1]
         # log_config None: uvicorn leaves tito's logging alone; no access log (every agent call would be a line)
-        server = self.server = g.uvicorn.Server(g.uvicorn.Config(self.calls.wrap(self.app), log_config=None,
-                                                                 access_log=False, lifespan="on",
-                                                                 timeout_graceful_shutdown=5))
+        server = self.server = g.uvicorn.Server(
+            g.uvicorn.Config(
+                self.calls.wrap(self.app), log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+            )
+        )
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -281,7 +295,7 @@ async def _settled(store: Any, session: str, calls: int, deadline: float) -> Non
         await asyncio.sleep(POLL_S)
     counts: list[int] = []
     while loop.time() < deadline:
-        counts = [*counts[-(STABLE_READS - 1):], len(await store.get_session_traces(session))]
+        counts = [*counts[-(STABLE_READS - 1) :], len(await store.get_session_traces(session))]
         if len(counts) == STABLE_READS and len(set(counts)) == 1:
             return
         await asyncio.sleep(POLL_S)

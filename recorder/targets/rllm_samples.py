@@ -92,18 +92,35 @@ def build_samples(traces: list[dict[str, Any]], reward: float) -> Built:
         row = rows[-1] if rows else None
         full = row.full if row is not None else []
         if row is not None and len(prompt) >= len(full) and prompt[: len(full)] == full:
-            row.act(turn, prompt[len(full):], action, logprobs)
+            row.act(turn, prompt[len(full) :], action, logprobs)
             continue
         if row is not None:  # rllm opens a new row; say where the prompt left the running sequence
             forks[_fork_reason(row, prompt)] += 1
         rows.append(Row(prompt=prompt))
         rows[-1].act(turn, [], action, logprobs)
-    samples = [Sample(tokens=r.full, response_length=len(r.response), loss_mask=r.mask, rollout_log_probs=r.logprobs,
-                      reward=float(reward), metadata={"turns": r.turns}).to_dict() for r in rows]
+    samples = [
+        Sample(
+            tokens=r.full,
+            response_length=len(r.response),
+            loss_mask=r.mask,
+            rollout_log_probs=r.logprobs,
+            reward=float(reward),
+            metadata={"turns": r.turns},
+        ).to_dict()
+        for r in rows
+    ]
     # turns: traces that generated tokens; untrained_turns: those of them no sample trains (no prompt ids)
-    stats = {"turns": generated, "traces": len(traces), "samples": len(samples),
-             "forks": {k: v for k, v in forks.items() if v}, "merges": 0, "realigns": 0,
-             "untrained_turns": untrained, "malformed_traces": malformed, "padded_logprobs": padded,
-             "trained_tokens": sum(sum(r.mask) for r in rows),
-             "masked_tokens": sum(len(r.mask) - sum(r.mask) for r in rows)}
+    stats = {
+        "turns": generated,
+        "traces": len(traces),
+        "samples": len(samples),
+        "forks": {k: v for k, v in forks.items() if v},
+        "merges": 0,
+        "realigns": 0,
+        "untrained_turns": untrained,
+        "malformed_traces": malformed,
+        "padded_logprobs": padded,
+        "trained_tokens": sum(sum(r.mask) for r in rows),
+        "masked_tokens": sum(len(r.mask) - sum(r.mask) for r in rows),
+    }
     return Built(samples, stats)

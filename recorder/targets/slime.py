@@ -41,8 +41,13 @@ VOLATILE = (
 )
 MAX_BODY = 64 * 1024 * 1024  # slime's adapters' client_max_size
 THREAD_NAME = "tito-slime-gateway"
-SLIME_LOGGERS = ("slime.agent.adapters.anthropic", "slime.agent.adapters.openai", "slime.agent.adapters.common",
-                 "slime.agent.parsing", "slime.agent.trajectory")
+SLIME_LOGGERS = (
+    "slime.agent.adapters.anthropic",
+    "slime.agent.adapters.openai",
+    "slime.agent.adapters.common",
+    "slime.agent.parsing",
+    "slime.agent.trajectory",
+)
 
 
 class OneLine(logging.Filter):
@@ -82,18 +87,29 @@ class SlimeTarget:
         if fork_threshold is None:  # slime's TrajectoryManager default, as built
             fork_threshold = getattr(self.slime.trajectory.TrajectoryManager(), "_fork_threshold", None)
         self.info = TargetInfo(
-            name="slime", version=self.slime.commit, volatile=VOLATILE, routing_header=ROUTING_HEADER,
-            settings={"reasoning_parser": options.reasoning_parser, "tool_parser": options.tool_parser,
-                      "fork_threshold_tokens": fork_threshold,
-                      "tokenizer_fingerprint": fingerprint(options.tokenizer_dir),
-                      "sample_stand_in": self.slime.sample_stand_in})
+            name="slime",
+            version=self.slime.commit,
+            volatile=VOLATILE,
+            routing_header=ROUTING_HEADER,
+            settings={
+                "reasoning_parser": options.reasoning_parser,
+                "tool_parser": options.tool_parser,
+                "fork_threshold_tokens": fork_threshold,
+                "tokenizer_fingerprint": fingerprint(options.tokenizer_dir),
+                "sample_stand_in": self.slime.sample_stand_in,
+            },
+        )
 
     async def start(self, engine_url: str) -> str:
         if self.handle is not None:
             raise RuntimeError("the slime target is already started")
-        kwargs = {"tokenizer": self.tokenizer, "sglang_url": engine_url, "tool_parser": self.options.tool_parser,
-                  "reasoning_parser": self.options.reasoning_parser,
-                  "fork_threshold_tokens": self.options.fork_threshold}
+        kwargs = {
+            "tokenizer": self.tokenizer,
+            "sglang_url": engine_url,
+            "tool_parser": self.options.tool_parser,
+            "reasoning_parser": self.options.reasoning_parser,
+            "fork_threshold_tokens": self.options.fork_threshold,
+        }
         self.adapters = [self.slime.AnthropicAdapter(**kwargs), self.slime.OpenAIAdapter(**kwargs)]
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_get("/healthz", self.slime.health)
@@ -103,8 +119,9 @@ class SlimeTarget:
         # As slime's own launcher runs it (examples/coding_agent_rl/generate.py): a client's disconnect cancels the
         # handler, which is what makes slime abort the engine request.
         runner = {"access_log": None, "handler_cancellation": True}
-        self.handle = await asyncio.to_thread(self.slime.run_app_in_thread, app, host=self.host, port=0,
-                                              thread_name=THREAD_NAME, runner_kwargs=runner)
+        self.handle = await asyncio.to_thread(
+            self.slime.run_app_in_thread, app, host=self.host, port=0, thread_name=THREAD_NAME, runner_kwargs=runner
+        )
         return f"http://{self.host}:{self.handle.port}"
 
     async def finish(self, session: str, reward: float) -> TargetFinish:
@@ -141,8 +158,9 @@ class SlimeTarget:
             for adapter in holders:
                 finished = await adapter.finish_session(session, base_sample=self.slime.Sample(), reward=reward)
                 samples += [tito_sample(s) for s in finished]
-        stats = log.stats(turns, samples, leaves, merges) if self.observed else {"turns": turns,
-                                                                                   "samples": len(samples)}
+        stats = (
+            log.stats(turns, samples, leaves, merges) if self.observed else {"turns": turns, "samples": len(samples)}
+        )
         return TargetFinish(samples, stats)
 
     async def _drop(self, session: str) -> None:
@@ -153,10 +171,14 @@ class SlimeTarget:
 def tito_sample(sample: Any) -> dict[str, Any]:
     """A slime `Sample` in tito's layout (`tito_rl.trajectory.records.Sample.to_dict()`), its invariants checked."""
     reward = sample.reward if isinstance(sample.reward, int | float) else 0.0
-    return Sample(tokens=[int(t) for t in sample.tokens], response_length=int(sample.response_length),
-                  loss_mask=[int(m) for m in sample.loss_mask or []],
-                  rollout_log_probs=[float(x) for x in sample.rollout_log_probs or []], reward=float(reward),
-                  metadata=dict(sample.metadata or {})).to_dict()
+    return Sample(
+        tokens=[int(t) for t in sample.tokens],
+        response_length=int(sample.response_length),
+        loss_mask=[int(m) for m in sample.loss_mask or []],
+        rollout_log_probs=[float(x) for x in sample.rollout_log_probs or []],
+        reward=float(reward),
+        metadata=dict(sample.metadata or {}),
+    ).to_dict()
 
 
 def _stop(handle: Any) -> None:

@@ -26,8 +26,10 @@ from tito_rl.recorder.targets.base import TargetError, TargetUnavailable
 PATH_ENV = "TITO_SLIME_PATH"
 MINIMUM_COMMIT = "624b824a"  # slime main with slime/agent/adapters (Anthropic and OpenAI) and aiohttp_threaded
 TYPES_MODULE = "slime.utils.types"
-HOW = (f"set {PATH_ENV} to a slime checkout (git clone https://github.com/THUDM/slime, main at {MINIMUM_COMMIT} "
-       "or later) or put one on PYTHONPATH")
+HOW = (
+    f"set {PATH_ENV} to a slime checkout (git clone https://github.com/THUDM/slime, main at {MINIMUM_COMMIT} "
+    "or later) or put one on PYTHONPATH"
+)
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,10 @@ def locate() -> Path:
         root = Path(next(iter(spec.submodule_search_locations))).resolve().parent
         where = f"slime on the path ({root})"
     if not (root / "slime" / "agent" / "adapters" / "anthropic.py").is_file():
-        raise TargetError(f"{where} is not a slime checkout with slime/agent/adapters (slime main at "
-                          f"{MINIMUM_COMMIT} or later): {HOW}")
+        raise TargetError(
+            f"{where} is not a slime checkout with slime/agent/adapters (slime main at "
+            f"{MINIMUM_COMMIT} or later): {HOW}"
+        )
     return root
 
 
@@ -115,8 +119,11 @@ def _stand_in_sample() -> None:
     module.Sample = slime_sample.Sample  # type: ignore[attr-defined]  # a module made here, its one name set
     sys.modules[TYPES_MODULE] = module
     utils.types = module  # type: ignore[attr-defined]
-    print("tito: torch is not installed, so the slime target stands in slime.utils.types.Sample with a "
-          "field-for-field copy (recorder/targets/slime_sample.py)", file=sys.stderr)
+    print(
+        "tito: torch is not installed, so the slime target stands in slime.utils.types.Sample with a "
+        "field-for-field copy (recorder/targets/slime_sample.py)",
+        file=sys.stderr,
+    )
 
 
 @cache
@@ -150,6 +157,14 @@ def import_slime() -> Slime:
         sample = importlib.import_module(TYPES_MODULE).Sample
     except Exception as exc:  # noqa: BLE001 - any import failure in the user's slime is one line
         raise TargetError(f"cannot import slime's adapters from {root}: {type(exc).__name__}: {exc}") from None
-    return Slime(root=root, commit=_version(root), AnthropicAdapter=adapters.AnthropicAdapter,
-                 OpenAIAdapter=adapters.OpenAIAdapter, Sample=sample, sample_stand_in=stand_in,
-                 run_app_in_thread=threaded.run_app_in_thread, health=common._health, trajectory=trajectory)
+    return Slime(
+        root=root,
+        commit=_version(root),
+        AnthropicAdapter=adapters.AnthropicAdapter,
+        OpenAIAdapter=adapters.OpenAIAdapter,
+        Sample=sample,
+        sample_stand_in=stand_in,
+        run_app_in_thread=threaded.run_app_in_thread,
+        health=common._health,
+        trajectory=trajectory,
+    )

@@ -48,16 +48,22 @@ class DriftLog:
     def entries(self, builder: Any) -> list[_Entry]:
         return self.builders.setdefault(id(builder), (builder, []))[1]
 
-    def stats(self, turns: int, samples: list[dict[str, Any]], leaves: int | None, merges: int | None
-              ) -> dict[str, Any]:
+    def stats(
+        self, turns: int, samples: list[dict[str, Any]], leaves: int | None, merges: int | None
+    ) -> dict[str, Any]:
         trained = sum(sum(s["loss_mask"]) for s in samples)
         kept = [entries for builder, entries in self.builders.values() if builder.has_trained_response()]
         trained_turns = sum(1 for entries in kept for e in entries if e.trained and e.output_tokens)
         stats: dict[str, Any] = {
-            "turns": turns, "samples": len(samples), "forks": dict(sorted(self.fork_reasons.items())),
-            "realigns": self.kinds["realign"], "realigned_tokens": self.realigned_tokens,
-            "dedup_tokens": self.dedup_tokens, "dropped_builders": len(self.builders) - len(kept),
-            "trained_tokens": trained, "masked_tokens": sum(s["response_length"] for s in samples) - trained,
+            "turns": turns,
+            "samples": len(samples),
+            "forks": dict(sorted(self.fork_reasons.items())),
+            "realigns": self.kinds["realign"],
+            "realigned_tokens": self.realigned_tokens,
+            "dedup_tokens": self.dedup_tokens,
+            "dropped_builders": len(self.builders) - len(kept),
+            "trained_tokens": trained,
+            "masked_tokens": sum(s["response_length"] for s in samples) - trained,
             "untrained_turns": max(0, turns - trained_turns),
         }
         if leaves is not None:
@@ -88,8 +94,11 @@ def _fork_reason(builder: Any, turn: Any) -> str:
 def observe(trajectory: Any) -> bool:
     """Wrap slime's `_SampleBuilder` methods (once); False where this slime has no such internals."""
     builder_class = getattr(trajectory, "_SampleBuilder", None)
-    if builder_class is None or not hasattr(builder_class, "classify_token_drift") or \
-            not hasattr(builder_class, "append_turn"):
+    if (
+        builder_class is None
+        or not hasattr(builder_class, "classify_token_drift")
+        or not hasattr(builder_class, "append_turn")
+    ):
         return False
     if getattr(builder_class, "_tito_observed", False):
         return True

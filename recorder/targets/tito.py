@@ -23,9 +23,17 @@ class TitoDriver:
         self.options = options
         # `created` fields carry the engine's answer time: tito's own replay serves it from the recording, a
         # replay through the generic taps cannot.
-        self.info = TargetInfo("tito", tito_version(), VOLATILE, "X-SMG-Routing-Key",
-                               {"reasoning_parser": options.reasoning_parser, "tool_parser": options.tool_parser,
-                                "fork_threshold": options.fork_threshold})
+        self.info = TargetInfo(
+            "tito",
+            tito_version(),
+            VOLATILE,
+            "X-SMG-Routing-Key",
+            {
+                "reasoning_parser": options.reasoning_parser,
+                "tool_parser": options.tool_parser,
+                "fork_threshold": options.fork_threshold,
+            },
+        )
         self._runner: web.AppRunner | None = None
         self._adapter: Any = None
 
@@ -33,9 +41,12 @@ class TitoDriver:
         from tito_rl.trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
         from tito_rl.trajectory.manager import TrajectoryManager
 
-        settings = AdapterSettings(engine_url=engine_url, tokenizer_dir=self.options.tokenizer_dir,
-                                   reasoning_parser=self.options.reasoning_parser,
-                                   tool_parser=self.options.tool_parser)
+        settings = AdapterSettings(
+            engine_url=engine_url,
+            tokenizer_dir=self.options.tokenizer_dir,
+            reasoning_parser=self.options.reasoning_parser,
+            tool_parser=self.options.tool_parser,
+        )
         threshold = self.options.fork_threshold
         manager = TrajectoryManager() if threshold is None else TrajectoryManager(fork_threshold_tokens=threshold)
         app = create_app(settings, manager)
@@ -54,9 +65,15 @@ class TitoDriver:
         adapter.sessions.pop(session, None)
         stats = result.stats
         trained = {s.turn_index for spans in result.spans for s in spans if s.trained}
-        return TargetFinish([s.to_dict() for s in result.samples],
-                            {"turns": stats.turns, "forks": dict(stats.forks), "realigns": stats.realigns,
-                             "untrained_turns": max(0, stats.turns - len(trained))})
+        return TargetFinish(
+            [s.to_dict() for s in result.samples],
+            {
+                "turns": stats.turns,
+                "forks": dict(stats.forks),
+                "realigns": stats.realigns,
+                "untrained_turns": max(0, stats.turns - len(trained)),
+            },
+        )
 
     async def drop(self, session: str) -> bool:
         adapter = self._adapter

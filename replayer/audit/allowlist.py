@@ -39,8 +39,7 @@ def read_allowlist(cassette: str | Path) -> dict[str, str]:
     allow = data.get("allow", {})
     unknown_keys = sorted(set(data) - {"allow"})
     if unknown_keys or not isinstance(allow, dict):
-        raise AllowlistError(f"{path}: expected one [allow] table of rule = \"reason\", "
-                             f"found {unknown_keys or 'allow'}")
+        raise AllowlistError(f'{path}: expected one [allow] table of rule = "reason", found {unknown_keys or "allow"}')
     out = {}
     for rule, reason in allow.items():
         if rule not in RULES:

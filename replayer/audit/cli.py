@@ -19,16 +19,30 @@ EXIT_OK, EXIT_FIRED, EXIT_UNUSABLE = 0, 1, 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="CASSETTE|FOLDER",
-                        help="cassettes, or folders standing for the *.tito files in them")
+    parser.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="CASSETTE|FOLDER",
+        help="cassettes, or folders standing for the *.tito files in them",
+    )
     parser.add_argument("--json", action="store_true", help="print the audit as JSON (docs/audit.md, its schema)")
     parser.add_argument("--html", metavar="FILE", help="write the audit as one self-contained HTML page")
-    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                        help="worker processes auditing cassettes in parallel, one cassette each at a time (default "
-                             "1: this process); a run's folder of rotated cassettes spreads over them")
-    parser.add_argument("--fail-on", default=",".join(DEFAULT_FAIL_ON), metavar="RULES",
-                        help=f"comma-separated rule ids that exit 1 when they fire (default: "
-                             f"{','.join(DEFAULT_FAIL_ON)}; empty: never); rules: {', '.join(RULES)}")
+    parser.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes auditing cassettes in parallel, one cassette each at a time (default "
+        "1: this process); a run's folder of rotated cassettes spreads over them",
+    )
+    parser.add_argument(
+        "--fail-on",
+        default=",".join(DEFAULT_FAIL_ON),
+        metavar="RULES",
+        help=f"comma-separated rule ids that exit 1 when they fire (default: "
+        f"{','.join(DEFAULT_FAIL_ON)}; empty: never); rules: {', '.join(RULES)}",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

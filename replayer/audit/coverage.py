@@ -33,8 +33,14 @@ LOGPROB_TOLERANCE = 1e-6  # a sample stores the engine's float as it came: any r
 
 
 class Coverage(RuleFamily):
-    rules = ("coverage", "trained-twice", "never-trained", "trained-not-emitted", "logprob-mismatch",
-             "missing-logprobs")
+    rules = (
+        "coverage",
+        "trained-twice",
+        "never-trained",
+        "trained-not-emitted",
+        "logprob-mismatch",
+        "missing-logprobs",
+    )
 
     def __init__(self, findings: Findings) -> None:
         self.findings = findings
@@ -46,9 +52,14 @@ class Coverage(RuleFamily):
         if missing:
             example = None
             if self.findings.wants_example("missing-logprobs"):
-                example = Example(state.name, None, call.seq, None,
-                                  f"engine call seq {call.seq} returned {len(call.output)} tokens, {missing} without "
-                                  "a logprob", [Side("engine output", clip(decode(call.output[:32])))])
+                example = Example(
+                    state.name,
+                    None,
+                    call.seq,
+                    None,
+                    f"engine call seq {call.seq} returned {len(call.output)} tokens, {missing} without a logprob",
+                    [Side("engine output", clip(decode(call.output[:32])))],
+                )
                 call.examples.append(example)
             self.findings.add("missing-logprobs", state.name, missing, "engine", example)
 
@@ -68,8 +79,17 @@ class Coverage(RuleFamily):
             self._sample(state, finish, number, sample, calls, trained, bad_logprob, as_context)
         self._account(state, finish, calls, trained, bad_logprob, as_context)
 
-    def _sample(self, state: SessionState, finish: Finish, number: int, sample: dict[str, Any], calls: list[Call],
-                trained: list[np.ndarray], bad_logprob: list[np.ndarray], as_context: list[bool]) -> None:
+    def _sample(
+        self,
+        state: SessionState,
+        finish: Finish,
+        number: int,
+        sample: dict[str, Any],
+        calls: list[Call],
+        trained: list[np.ndarray],
+        bad_logprob: list[np.ndarray],
+        as_context: list[bool],
+    ) -> None:
         tokens = as_ids(sample.get("tokens"))
         length = int(sample.get("response_length") or 0)
         start = len(tokens) - length
@@ -84,7 +104,7 @@ class Coverage(RuleFamily):
             p = call.prompt_len
             if p is None or p >= len(tokens):
                 continue
-            n = common_prefix(call.output, tokens[p:p + len(call.output)])
+            n = common_prefix(call.output, tokens[p : p + len(call.output)])
             if n:
                 candidates.append((p, i, n))
         found: list[tuple[int, int, int, int]] = []
@@ -98,8 +118,8 @@ class Coverage(RuleFamily):
         # of its own, as distinct outputs would be, not one generation to both and the other to none
         matches = [(n, -int(trained[i].sum()), -i, i, p) for n, _, i, p in found]
         for n, _, _, i, p in sorted(matches, reverse=True):
-            free = owner[p:p + n] == -1
-            owner[p:p + n][free] = i
+            free = owner[p : p + n] == -1
+            owner[p : p + n][free] = i
         trained_at = np.zeros(len(tokens), dtype=bool)
         trained_at[start:] = mask == 1
         for _, _, _, i, p in matches:
@@ -122,20 +142,45 @@ class Coverage(RuleFamily):
             example = None
             if self.findings.wants_example("trained-not-emitted"):
                 at = int(unowned[0])
-                example = Example(state.name, _exchange_before(calls, owner, at), finish.record.seq if finish.record
-                                  else None, at, f"sample {number}: {len(unowned)} trained token(s) no engine call "
-                                  "emitted, first at sample token " + str(at),
-                                  [Side("sample (trained)", clip(decode(tokens[at:at + 24]))),
-                                   Side("sample before it", clip(decode(tokens[max(0, at - 24):at]), tail=True))])
+                example = Example(
+                    state.name,
+                    _exchange_before(calls, owner, at),
+                    finish.record.seq if finish.record else None,
+                    at,
+                    f"sample {number}: {len(unowned)} trained token(s) no engine call "
+                    "emitted, first at sample token " + str(at),
+                    [
+                        Side("sample (trained)", clip(decode(tokens[at : at + 24]))),
+                        Side("sample before it", clip(decode(tokens[max(0, at - 24) : at]), tail=True)),
+                    ],
+                )
             self.findings.add("trained-not-emitted", state.name, len(unowned), None, example)
         if logprobs is None and (mask == 1).any():
-            self.findings.add("missing-logprobs", state.name, int((mask == 1).sum()), "sample",
-                              Example(state.name, None, finish.record.seq if finish.record else None, None,
-                                      f"sample {number} has no rollout_log_probs for its response")
-                              if self.findings.wants_example("missing-logprobs") else None)
+            self.findings.add(
+                "missing-logprobs",
+                state.name,
+                int((mask == 1).sum()),
+                "sample",
+                Example(
+                    state.name,
+                    None,
+                    finish.record.seq if finish.record else None,
+                    None,
+                    f"sample {number} has no rollout_log_probs for its response",
+                )
+                if self.findings.wants_example("missing-logprobs")
+                else None,
+            )
 
-    def _account(self, state: SessionState, finish: Finish, calls: list[Call], trained: list[np.ndarray],
-                 bad_logprob: list[np.ndarray], as_context: list[bool]) -> None:
+    def _account(
+        self,
+        state: SessionState,
+        finish: Finish,
+        calls: list[Call],
+        trained: list[np.ndarray],
+        bad_logprob: list[np.ndarray],
+        as_context: list[bool],
+    ) -> None:
         figure = self.findings.figure(state.name)
         emitted = covered = 0
         for i, call in enumerate(calls):
@@ -153,31 +198,76 @@ class Coverage(RuleFamily):
             twice = int((counts >= 2).sum())
             if twice:
                 at = int(np.flatnonzero(counts >= 2)[0])
-                self.findings.add("trained-twice", state.name, twice, "token", self._example(
-                    "trained-twice", state, call, at, f"{twice} token(s) of engine call seq {call.seq} trained "
-                    f"{int(counts.max())} times"))
+                self.findings.add(
+                    "trained-twice",
+                    state.name,
+                    twice,
+                    "token",
+                    self._example(
+                        "trained-twice",
+                        state,
+                        call,
+                        at,
+                        f"{twice} token(s) of engine call seq {call.seq} trained {int(counts.max())} times",
+                    ),
+                )
             wrong = int((bad_logprob[i] & (counts >= 1)).sum())
             if wrong:
                 at = int(np.flatnonzero(bad_logprob[i])[0])
-                self.findings.add("logprob-mismatch", state.name, wrong, None, self._example(
-                    "logprob-mismatch", state, call, at, f"{wrong} trained token(s) of engine call seq {call.seq} "
-                    f"carry another logprob than the engine's (first: {call.logprobs[at]:.6g} from the engine)"
-                    if call.logprobs is not None else ""))
+                self.findings.add(
+                    "logprob-mismatch",
+                    state.name,
+                    wrong,
+                    None,
+                    self._example(
+                        "logprob-mismatch",
+                        state,
+                        call,
+                        at,
+                        f"{wrong} trained token(s) of engine call seq {call.seq} "
+                        f"carry another logprob than the engine's (first: {call.logprobs[at]:.6g} from the engine)"
+                        if call.logprobs is not None
+                        else "",
+                    ),
+                )
             never = int((counts == 0).sum())
             if never:
                 reason = self._reason(state, finish, call, as_context[i])
                 at = int(np.flatnonzero(counts == 0)[0])
-                self.findings.add("never-trained", state.name, never, reason, self._example(
-                    "never-trained", state, call, at, f"{never} of {n} token(s) of engine call seq {call.seq} in no "
-                    f"sample's trained tokens ({reason})"))
+                self.findings.add(
+                    "never-trained",
+                    state.name,
+                    never,
+                    reason,
+                    self._example(
+                        "never-trained",
+                        state,
+                        call,
+                        at,
+                        f"{never} of {n} token(s) of engine call seq {call.seq} in no "
+                        f"sample's trained tokens ({reason})",
+                    ),
+                )
         self._retries_trained(state, finish, calls, trained)
         figure.emitted += emitted
         figure.covered += covered
         if covered < emitted:
-            self.findings.add("coverage", state.name, emitted - covered, None, Example(
-                state.name, None, finish.record.seq if finish.record else None, None,
-                f"coverage {covered}/{emitted} = {covered / emitted:.3f}: {emitted - covered} emitted token(s) not "
-                "trained exactly once with the engine's logprob") if self.findings.wants_example("coverage") else None)
+            self.findings.add(
+                "coverage",
+                state.name,
+                emitted - covered,
+                None,
+                Example(
+                    state.name,
+                    None,
+                    finish.record.seq if finish.record else None,
+                    None,
+                    f"coverage {covered}/{emitted} = {covered / emitted:.3f}: {emitted - covered} emitted token(s) not "
+                    "trained exactly once with the engine's logprob",
+                )
+                if self.findings.wants_example("coverage")
+                else None,
+            )
 
     def _reason(self, state: SessionState, finish: Finish, call: Call, context: bool) -> str:
         """Why a turn's tokens are in no sample's trained tokens, as far as the traffic shows it."""
@@ -187,12 +277,14 @@ class Coverage(RuleFamily):
         if exchange is not None and exchange.answer is not call:
             return "superseded"  # the exchange generated again after it (an engine-side retry)
         if (exchange is not None and exchange.regenerated) or any(
-                e.regenerated and e.retry_of == call.exchange for e in finish.exchanges.values()):
+            e.regenerated and e.retry_of == call.exchange for e in finish.exchanges.values()
+        ):
             return "retried"
         return "masked" if context else "dropped turn"
 
-    def _retries_trained(self, state: SessionState, finish: Finish, calls: list[Call],
-                         trained: list[np.ndarray]) -> None:
+    def _retries_trained(
+        self, state: SessionState, finish: Finish, calls: list[Call], trained: list[np.ndarray]
+    ) -> None:
         """A re-sent turn generated again and trained from both generations: the turn trained twice."""
         by_exchange = {c.exchange: i for i, c in enumerate(calls) if c.exchange is not None and not c.side}
         for exchange in finish.exchanges.values():
@@ -204,18 +296,33 @@ class Coverage(RuleFamily):
             count = int((trained[again] > 0).sum())
             example = None
             if self.findings.wants_example("trained-twice"):
-                example = Example(state.name, exchange.index, calls[again].seq, 0,
-                                  f"exchange {exchange.index} re-sends exchange {exchange.retry_of}; both generations "
-                                  "are trained", [Side("first generation", clip(decode(calls[first].output[:24]))),
-                                                  Side("second generation", clip(decode(calls[again].output[:24])))])
+                example = Example(
+                    state.name,
+                    exchange.index,
+                    calls[again].seq,
+                    0,
+                    f"exchange {exchange.index} re-sends exchange {exchange.retry_of}; both generations are trained",
+                    [
+                        Side("first generation", clip(decode(calls[first].output[:24]))),
+                        Side("second generation", clip(decode(calls[again].output[:24]))),
+                    ],
+                )
             self.findings.add("trained-twice", state.name, count, "retry", example)
 
     def _example(self, rule: str, state: SessionState, call: Call, at: int, detail: str) -> Example | None:
         if not self.findings.wants_example(rule):
             return None
-        return Example(state.name, call.exchange, call.seq, at, detail,
-                       [Side("engine output", clip(decode(call.output[at:at + 24]))),
-                        Side("before it", clip(decode(call.output[max(0, at - 24):at]), tail=True))])
+        return Example(
+            state.name,
+            call.exchange,
+            call.seq,
+            at,
+            detail,
+            [
+                Side("engine output", clip(decode(call.output[at : at + 24]))),
+                Side("before it", clip(decode(call.output[max(0, at - 24) : at]), tail=True)),
+            ],
+        )
 
 
 def _exchange_before(calls: list[Call], owner: np.ndarray, at: int) -> int | None:

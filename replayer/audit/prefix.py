@@ -46,7 +46,7 @@ def classify(held: np.ndarray, prompt: np.ndarray, at: int) -> str:
     """The kind of a break at token `at` (module docstring): what the whole rest of the held ids says first, and
     where several changes mix (reasoning dropped and a stop token echoed), what the first differing token is."""
     old = decode(held[at:])
-    new = decode(prompt[at:at + len(held) - at + 64])
+    new = decode(prompt[at : at + len(held) - at + 64])
     if new.startswith(old):
         return "retokenized"
     if STOPS.sub("", new).startswith(STOPS.sub("", old)):
@@ -54,21 +54,21 @@ def classify(held: np.ndarray, prompt: np.ndarray, at: int) -> str:
     if SPACE.sub("", new).startswith(SPACE.sub("", old)):
         return "separator"
     # from the start of the think block the break lies in, so the whole block is seen on the held side
-    opened = np.flatnonzero(held[:at + 1] == THINK)
-    in_think = bool(len(opened)) and not (held[opened[-1]:at] == END_THINK).any()
+    opened = np.flatnonzero(held[: at + 1] == THINK)
+    in_think = bool(len(opened)) and not (held[opened[-1] : at] == END_THINK).any()
     start = int(opened[-1]) if in_think else at
     old = _bare(THINK_BLOCK.sub("", decode(held[start:])))
-    if in_think and _bare(THINK_BLOCK.sub("", decode(prompt[start:start + len(held) - start + 64]))).startswith(old):
+    if in_think and _bare(THINK_BLOCK.sub("", decode(prompt[start : start + len(held) - start + 64]))).startswith(old):
         return "reasoning-dropped"
     if in_think:  # more changed after the dropped reasoning: the first difference still is the reasoning's
         closed = np.flatnonzero(held[start:] == END_THINK)
-        after = _bare(decode(held[start + int(closed[0]) + 1:start + int(closed[0]) + 17])) if len(closed) else ""
-        if after and _bare(decode(prompt[start:start + 24])).startswith(after[:12]):
+        after = _bare(decode(held[start + int(closed[0]) + 1 : start + int(closed[0]) + 17])) if len(closed) else ""
+        if after and _bare(decode(prompt[start : start + 24])).startswith(after[:12]):
             return "reasoning-dropped"
     if int(held[at]) in STOP_IDS or int(prompt[at]) in STOP_IDS:
         return "stop-token"
-    a, b = decode(held[at:at + 16]), decode(prompt[at:at + 16])
-    blank = not decode(held[at:at + 1]).strip() or not decode(prompt[at:at + 1]).strip()
+    a, b = decode(held[at : at + 16]), decode(prompt[at : at + 16])
+    blank = not decode(held[at : at + 1]).strip() or not decode(prompt[at : at + 1]).strip()
     if blank and a.strip()[:8] == b.strip()[:8]:
         return "separator"
     same = min(len(a), len(b)) - 4
@@ -128,12 +128,21 @@ class PrefixBreak(RuleFamily):
                 state.breaks[index] = kind
         example = None
         if self.findings.wants_example("prefix-break"):
-            inside = next((f"output token {at - s} of engine call {i}" for i, s, e in head.outputs if s <= at < e),
-                          f"prompt token {at} of the held ids")
-            example = Example(state.name, call.exchange, call.seq, at, f"{kind}: engine prompt diverges at token "
-                              f"{at} from the prompt and output it follows ({inside})",
-                              [Side("held", clip(decode(head.ids[at:at + WINDOW]))),
-                               Side("engine prompt", clip(decode(prompt[at:at + WINDOW])))])
+            inside = next(
+                (f"output token {at - s} of engine call {i}" for i, s, e in head.outputs if s <= at < e),
+                f"prompt token {at} of the held ids",
+            )
+            example = Example(
+                state.name,
+                call.exchange,
+                call.seq,
+                at,
+                f"{kind}: engine prompt diverges at token {at} from the prompt and output it follows ({inside})",
+                [
+                    Side("held", clip(decode(head.ids[at : at + WINDOW]))),
+                    Side("engine prompt", clip(decode(prompt[at : at + WINDOW]))),
+                ],
+            )
         self.findings.add("prefix-break", state.name, 1, kind, example)
 
 

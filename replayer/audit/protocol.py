@@ -29,10 +29,18 @@ RULES: dict[str, str] = {
 }
 # What a rule's count counts (`RuleResult.total`, and the summary's figures).
 UNITS: dict[str, str] = {
-    "coverage": "token(s)", "trained-twice": "token(s)", "never-trained": "token(s)",
-    "trained-not-emitted": "token(s)", "logprob-mismatch": "token(s)", "missing-logprobs": "token(s)",
-    "prefix-break": "engine prompt(s)", "stop-token-leak": "reply(ies)", "tool-call-lost": "tool call(s)",
-    "text-dropped": "reply(ies)", "sampling-override": "override(s)", "status-changed": "reply(ies)",
+    "coverage": "token(s)",
+    "trained-twice": "token(s)",
+    "never-trained": "token(s)",
+    "trained-not-emitted": "token(s)",
+    "logprob-mismatch": "token(s)",
+    "missing-logprobs": "token(s)",
+    "prefix-break": "engine prompt(s)",
+    "stop-token-leak": "reply(ies)",
+    "tool-call-lost": "tool call(s)",
+    "text-dropped": "reply(ies)",
+    "sampling-override": "override(s)",
+    "status-changed": "reply(ies)",
     "regenerated-retry": "re-send(s)",
 }
 DEFAULT_FAIL_ON = ("trained-twice", "trained-not-emitted", "logprob-mismatch")
@@ -63,8 +71,14 @@ class Example:
     sides: list[Side] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"session": self.session, "exchange": self.exchange, "seq": self.seq, "token": self.token,
-                "detail": self.detail, "sides": [s.to_dict() for s in self.sides]}
+        return {
+            "session": self.session,
+            "exchange": self.exchange,
+            "seq": self.seq,
+            "token": self.token,
+            "detail": self.detail,
+            "sides": [s.to_dict() for s in self.sides],
+        }
 
 
 @dataclass
@@ -84,9 +98,14 @@ class RuleResult:
         return self.total > 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "total": self.total, "sessions": dict(self.sessions),
-                "kinds": dict(sorted(self.kinds.items())), "allowed": self.allowed,
-                "examples": [e.to_dict() for e in self.examples]}
+        return {
+            "rule": self.rule,
+            "total": self.total,
+            "sessions": dict(self.sessions),
+            "kinds": dict(sorted(self.kinds.items())),
+            "allowed": self.allowed,
+            "examples": [e.to_dict() for e in self.examples],
+        }
 
 
 @dataclass
@@ -109,10 +128,18 @@ class SessionFigures:
         return self.covered / self.emitted if self.finished and self.emitted else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"session": self.session, "exchanges": self.exchanges, "engine_calls": self.engine_calls,
-                "finished": self.finished, "emitted": self.emitted, "covered": self.covered,
-                "coverage": self.coverage, "side_tokens": self.side_tokens,
-                "aborted_tokens": self.aborted_tokens, "dropped_tokens": self.dropped_tokens}
+        return {
+            "session": self.session,
+            "exchanges": self.exchanges,
+            "engine_calls": self.engine_calls,
+            "finished": self.finished,
+            "emitted": self.emitted,
+            "covered": self.covered,
+            "coverage": self.coverage,
+            "side_tokens": self.side_tokens,
+            "aborted_tokens": self.aborted_tokens,
+            "dropped_tokens": self.dropped_tokens,
+        }
 
 
 class Findings:
@@ -132,8 +159,7 @@ class Findings:
         """Whether an example of `rule` would be kept: decoding text costs, so a rule asks before it decodes."""
         return len(self.rules[rule].examples) < EXAMPLES
 
-    def add(self, rule: str, session: str, count: int, kind: str | None = None,
-            example: Example | None = None) -> None:
+    def add(self, rule: str, session: str, count: int, kind: str | None = None, example: Example | None = None) -> None:
         result = self.rules[rule]
         if count <= 0:
             return

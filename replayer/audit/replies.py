@@ -35,14 +35,16 @@ class Parsed:
 def parse_output(call: Call, specials: tuple[str, ...]) -> Parsed:
     view = call.view
     if view.messages_in and (view.tool_calls is not None or view.text is not None):
-        calls = [(str((c.get("function") or c).get("name")), (c.get("function") or c).get("arguments"))
-                 for c in view.tool_calls or []]
+        calls = [
+            (str((c.get("function") or c).get("name")), (c.get("function") or c).get("arguments"))
+            for c in view.tool_calls or []
+        ]
         return Parsed(_plain(view.text or "", specials), calls)
     text = view.text if view.text is not None else decode(call.output)
     if "</think>" in text:
         text = THINK.sub("", text, count=1)
     elif "<think>" in text:  # cut inside its reasoning (a `length` stop): all reasoning, no content
-        text = text[:text.index("<think>")]
+        text = text[: text.index("<think>")]
     calls = []
     for body in TOOL_CALL.findall(text):
         try:
@@ -115,13 +117,37 @@ class Replies(RuleFamily):
         parsed = parse_output(answer, self.specials)
         lost = len(parsed.tool_calls) - len(read.tool_calls)
         if lost > 0:
-            self.findings.add("tool-call-lost", state.name, lost, None, self._example(
-                "tool-call-lost", state, exchange, answer, f"the engine output holds {len(parsed.tool_calls)} tool "
-                f"call(s), the reply {len(read.tool_calls)}", _calls(parsed.tool_calls), _calls(read.tool_calls)))
+            self.findings.add(
+                "tool-call-lost",
+                state.name,
+                lost,
+                None,
+                self._example(
+                    "tool-call-lost",
+                    state,
+                    exchange,
+                    answer,
+                    f"the engine output holds {len(parsed.tool_calls)} tool call(s), the reply {len(read.tool_calls)}",
+                    _calls(parsed.tool_calls),
+                    _calls(read.tool_calls),
+                ),
+            )
         if parsed.text and SPACE.sub(" ", parsed.text) not in SPACE.sub(" ", _plain(read.text, self.specials)):
-            self.findings.add("text-dropped", state.name, 1, None, self._example(
-                "text-dropped", state, exchange, answer, "the engine output's text is not in the reply",
-                clip(parsed.text), clip(read.text)))
+            self.findings.add(
+                "text-dropped",
+                state.name,
+                1,
+                None,
+                self._example(
+                    "text-dropped",
+                    state,
+                    exchange,
+                    answer,
+                    "the engine output's text is not in the reply",
+                    clip(parsed.text),
+                    clip(read.text),
+                ),
+            )
 
     def _leak(self, state: SessionState, exchange: Exchange, read: Meaning) -> None:
         shown = [read.text, read.reasoning, *(json.dumps(a, ensure_ascii=False) for _, a in read.tool_calls)]
@@ -137,12 +163,19 @@ class Replies(RuleFamily):
             if answer is not None:
                 hits = np.flatnonzero(np.isin(answer.output, np.array(SPECIAL_IDS, dtype=answer.output.dtype)))
                 index = int(hits[0]) if len(hits) else None
-                engine = clip(decode(answer.output[max(0, (index or 0) - 16):(index or 0) + 1]), tail=True)
-            example = Example(state.name, exchange.index, exchange.seq, index,
-                              f"the reply shows {', '.join(found)}" + (f" (engine output token {index})"
-                                                                      if index is not None else ""),
-                              [Side("engine output", engine),
-                               Side("reply text", clip(text[max(0, at - 60):at + len(found[0])], tail=True))])
+                engine = clip(decode(answer.output[max(0, (index or 0) - 16) : (index or 0) + 1]), tail=True)
+            example = Example(
+                state.name,
+                exchange.index,
+                exchange.seq,
+                index,
+                f"the reply shows {', '.join(found)}"
+                + (f" (engine output token {index})" if index is not None else ""),
+                [
+                    Side("engine output", engine),
+                    Side("reply text", clip(text[max(0, at - 60) : at + len(found[0])], tail=True)),
+                ],
+            )
         self.findings.add("stop-token-leak", state.name, 1, found[0], example)
 
     def _status(self, state: SessionState, exchange: Exchange) -> None:
@@ -156,21 +189,36 @@ class Replies(RuleFamily):
         example = None
         if self.findings.wants_example("status-changed"):
             body = (exchange.record.reply_body or b"")[:80].decode("utf-8", "replace")
-            example = Example(state.name, exchange.index, exchange.seq, None,
-                              f"engine {engine.status} ({status_class(engine.status)}) reaches the agent as {agent} "
-                              f"({status_class(agent)})",
-                              [Side("engine", f"{engine.status} {clip(engine.error or '')}".strip()),
-                               Side("agent", f"{agent} {clip(body)}".strip())])
+            example = Example(
+                state.name,
+                exchange.index,
+                exchange.seq,
+                None,
+                f"engine {engine.status} ({status_class(engine.status)}) reaches the agent as {agent} "
+                f"({status_class(agent)})",
+                [
+                    Side("engine", f"{engine.status} {clip(engine.error or '')}".strip()),
+                    Side("agent", f"{agent} {clip(body)}".strip()),
+                ],
+            )
         self.findings.add("status-changed", state.name, 1, f"{engine.status} → {agent}", example)
 
-    def _example(self, rule: str, state: SessionState, exchange: Exchange, answer: Call, detail: str,
-                 engine: str, reply: str) -> Example | None:
+    def _example(
+        self, rule: str, state: SessionState, exchange: Exchange, answer: Call, detail: str, engine: str, reply: str
+    ) -> Example | None:
         if not self.findings.wants_example(rule):
             return None
-        return Example(state.name, exchange.index, exchange.seq, None, detail,
-                       [Side(f"engine output (seq {answer.seq})", engine), Side("reply", reply)])
+        return Example(
+            state.name,
+            exchange.index,
+            exchange.seq,
+            None,
+            detail,
+            [Side(f"engine output (seq {answer.seq})", engine), Side("reply", reply)],
+        )
 
 
 def _calls(calls: list[tuple[str, Any]]) -> str:
-    return "[" + ", ".join(f"{n}({clip(json.dumps(a, ensure_ascii=False, sort_keys=True), 50)})"
-                           for n, a in calls) + "]"
+    return (
+        "[" + ", ".join(f"{n}({clip(json.dumps(a, ensure_ascii=False, sort_keys=True), 50)})" for n, a in calls) + "]"
+    )

@@ -25,11 +25,18 @@ SESSION_LINES = 20  # sessions a cassette's text lists (those with findings firs
 
 def to_json(report: AuditReport) -> dict[str, Any]:
     return {
-        "schema": "tito-audit", "version": SCHEMA_VERSION, "fail_on": list(report.fail_on), "failed": report.failed,
-        "rules": {rule: {"description": text,
-                         "total": sum(c.findings.rules[rule].total for c in report.cassettes),
-                         "cassettes": sum(1 for c in report.cassettes if c.findings.rules[rule].fired)}
-                  for rule, text in RULES.items()},
+        "schema": "tito-audit",
+        "version": SCHEMA_VERSION,
+        "fail_on": list(report.fail_on),
+        "failed": report.failed,
+        "rules": {
+            rule: {
+                "description": text,
+                "total": sum(c.findings.rules[rule].total for c in report.cassettes),
+                "cassettes": sum(1 for c in report.cassettes if c.findings.rules[rule].fired),
+            }
+            for rule, text in RULES.items()
+        },
         "cassettes": [_cassette_json(c, report.fail_on) for c in report.cassettes],
     }
 
@@ -37,14 +44,23 @@ def to_json(report: AuditReport) -> dict[str, Any]:
 def _cassette_json(audit: CassetteAudit, fail_on: tuple[str, ...]) -> dict[str, Any]:
     figures = []
     for figure in audit.findings.figures.values():
-        counts = {r: res.sessions[figure.session] for r, res in audit.findings.rules.items()
-                  if figure.session in res.sessions}
+        counts = {
+            r: res.sessions[figure.session] for r, res in audit.findings.rules.items() if figure.session in res.sessions
+        }
         figures.append({**figure.to_dict(), "rules": counts})
-    return {"path": audit.path, "target": audit.target, "sessions": audit.sessions, "truncated": audit.truncated,
-            "emitted": audit.emitted, "covered": audit.covered, "coverage": audit.coverage,
-            "failing": audit.failing(fail_on), "allowed": dict(audit.allowed),
-            "rules": {rule: _rule_json(result) for rule, result in audit.findings.rules.items()},
-            "session_figures": figures}
+    return {
+        "path": audit.path,
+        "target": audit.target,
+        "sessions": audit.sessions,
+        "truncated": audit.truncated,
+        "emitted": audit.emitted,
+        "covered": audit.covered,
+        "coverage": audit.coverage,
+        "failing": audit.failing(fail_on),
+        "allowed": dict(audit.allowed),
+        "rules": {rule: _rule_json(result) for rule, result in audit.findings.rules.items()},
+        "session_figures": figures,
+    }
 
 
 def _rule_json(result: RuleResult) -> dict[str, Any]:
@@ -68,11 +84,14 @@ def render_text(report: AuditReport) -> str:
     failing = sorted({r for c in report.cassettes for r in c.failing(report.fail_on)}, key=list(RULES).index)
     sessions = sum(c.sessions for c in report.cassettes)
     fired = [_fired_text(report, r) for r in RULES if any(c.findings.rules[r].fired for c in report.cassettes)]
-    lines.append(f"audited {len(report.cassettes)} cassette(s), {sessions} session(s); rules fired:"
-                 + ("" if fired else " none"))
+    lines.append(
+        f"audited {len(report.cassettes)} cassette(s), {sessions} session(s); rules fired:" + ("" if fired else " none")
+    )
     lines += [f"  {text}" for text in fired]
-    lines.append(f"fail on {', '.join(report.fail_on) or 'nothing'}: "
-                 + (f"{', '.join(failing)} fired (exit 1)" if failing else "none fired (exit 0)"))
+    lines.append(
+        f"fail on {', '.join(report.fail_on) or 'nothing'}: "
+        + (f"{', '.join(failing)} fired (exit 1)" if failing else "none fired (exit 0)")
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -87,14 +106,22 @@ def _fired_text(report: AuditReport, rule: str) -> str:
 
 def _cassette_text(audit: CassetteAudit, fail_on: tuple[str, ...]) -> list[str]:
     findings = audit.findings
-    set_aside = {k: sum(getattr(f, k) for f in findings.figures.values())
-                 for k in ("side_tokens", "aborted_tokens", "dropped_tokens")}
-    lines = [f"{audit.path} (target {audit.target}, {audit.sessions} session(s)"
-             + (", truncated" if audit.truncated else "") + ")",
-             f"  coverage {coverage_text(audit.covered, audit.emitted)}: {audit.covered} of {audit.emitted} emitted "
-             "token(s) trained exactly once with the engine's logprob"
-             + (" (set aside: " + ", ".join(f"{v} {k.split('_')[0]}" for k, v in set_aside.items() if v) + ")"
-                if any(set_aside.values()) else "")]
+    set_aside = {
+        k: sum(getattr(f, k) for f in findings.figures.values())
+        for k in ("side_tokens", "aborted_tokens", "dropped_tokens")
+    }
+    lines = [
+        f"{audit.path} (target {audit.target}, {audit.sessions} session(s)"
+        + (", truncated" if audit.truncated else "")
+        + ")",
+        f"  coverage {coverage_text(audit.covered, audit.emitted)}: {audit.covered} of {audit.emitted} emitted "
+        "token(s) trained exactly once with the engine's logprob"
+        + (
+            " (set aside: " + ", ".join(f"{v} {k.split('_')[0]}" for k, v in set_aside.items() if v) + ")"
+            if any(set_aside.values())
+            else ""
+        ),
+    ]
     quiet = []
     for rule, result in findings.rules.items():
         if not result.fired:
@@ -106,9 +133,11 @@ def _cassette_text(audit: CassetteAudit, fail_on: tuple[str, ...]) -> list[str]:
         if result.allowed:
             lines.append(f"    allowed: {result.allowed}")
         for example in result.examples:
-            where = [f"exchange {example.exchange}" if example.exchange is not None else None,
-                     f"seq {example.seq}" if example.seq is not None else None,
-                     f"token {example.token}" if example.token is not None else None]
+            where = [
+                f"exchange {example.exchange}" if example.exchange is not None else None,
+                f"seq {example.seq}" if example.seq is not None else None,
+                f"token {example.token}" if example.token is not None else None,
+            ]
             lines.append(f"    {example.session} {', '.join(w for w in where if w)}: {example.detail}")
             width = max((len(s.label) for s in example.sides), default=0)
             lines += [f"      {s.label + ':':<{width + 1}} {s.text!r}" for s in example.sides]
@@ -121,16 +150,24 @@ def _cassette_text(audit: CassetteAudit, fail_on: tuple[str, ...]) -> list[str]:
 def _sessions_text(audit: CassetteAudit) -> list[str]:
     rows = []
     for figure in audit.findings.figures.values():
-        fired = [(r, res.sessions[figure.session]) for r, res in audit.findings.rules.items()
-                 if figure.session in res.sessions]
+        fired = [
+            (r, res.sessions[figure.session])
+            for r, res in audit.findings.rules.items()
+            if figure.session in res.sessions
+        ]
         rows.append((not fired, figure, fired))
     rows.sort(key=lambda row: row[0])  # sessions with findings first, each group in cassette order
     lines = ["  sessions: exchanges, engine calls, coverage (covered/emitted), rules fired"]
     for _, figure, fired in rows[:SESSION_LINES]:
-        lines.append(f"    {figure.session}: {figure.exchanges}, {figure.engine_calls}, "
-                     + (f"{coverage_text(figure.covered, figure.emitted)} ({figure.covered}/{figure.emitted})"
-                        if figure.finished else "no finish recorded")
-                     + (", " + ", ".join(f"{r} {n}" for r, n in fired) if fired else ""))
+        lines.append(
+            f"    {figure.session}: {figure.exchanges}, {figure.engine_calls}, "
+            + (
+                f"{coverage_text(figure.covered, figure.emitted)} ({figure.covered}/{figure.emitted})"
+                if figure.finished
+                else "no finish recorded"
+            )
+            + (", " + ", ".join(f"{r} {n}" for r, n in fired) if fired else "")
+        )
     if len(rows) > SESSION_LINES:
         lines.append(f"    … {len(rows) - SESSION_LINES} more session(s) (--json lists every one)")
     return lines

@@ -24,12 +24,23 @@ def client_sampling(path: str, body: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "/v1beta/models/" in path:
         config = body.get("generationConfig") or {}
-        names = {"maxOutputTokens": "max_tokens", "temperature": "temperature", "topP": "top_p",
-                 "stopSequences": "stop"}
+        names = {
+            "maxOutputTokens": "max_tokens",
+            "temperature": "temperature",
+            "topP": "top_p",
+            "stopSequences": "stop",
+        }
         source = config if isinstance(config, dict) else {}
     else:
-        names = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "max_output_tokens": "max_tokens",
-                 "temperature": "temperature", "top_p": "top_p", "stop": "stop", "stop_sequences": "stop"}
+        names = {
+            "max_tokens": "max_tokens",
+            "max_completion_tokens": "max_tokens",
+            "max_output_tokens": "max_tokens",
+            "temperature": "temperature",
+            "top_p": "top_p",
+            "stop": "stop",
+            "stop_sequences": "stop",
+        }
         source = body
     for key, name in names.items():
         value = source.get(key)
@@ -51,8 +62,7 @@ def context_length(header: Header) -> int | None:
     return None
 
 
-def overrides(client: dict[str, Any], engine: dict[str, Any], prompt_len: int | None,
-              context: int | None) -> list[str]:
+def overrides(client: dict[str, Any], engine: dict[str, Any], prompt_len: int | None, context: int | None) -> list[str]:
     """`name client → engine` for each setting the client set that reached the engine changed."""
     found = []
     for name in COMPARED:
@@ -94,11 +104,18 @@ class Requests(RuleFamily):
                 first_seq, first = state.answered[exchange.retry_of]  # type: ignore[index]
                 answer = exchange.answer
                 assert answer is not None
-                example = Example(state.name, exchange.index, record.seq, None,
-                                  f"exchange {exchange.index} re-sends exchange {exchange.retry_of}'s body, answered "
-                                  f"by engine call seq {first_seq}, and the engine generated again (seq {answer.seq})",
-                                  [Side("first generation", clip(decode(first[:24]))),
-                                   Side("generated again", clip(decode(answer.output[:24])))])
+                example = Example(
+                    state.name,
+                    exchange.index,
+                    record.seq,
+                    None,
+                    f"exchange {exchange.index} re-sends exchange {exchange.retry_of}'s body, answered "
+                    f"by engine call seq {first_seq}, and the engine generated again (seq {answer.seq})",
+                    [
+                        Side("first generation", clip(decode(first[:24]))),
+                        Side("generated again", clip(decode(answer.output[:24]))),
+                    ],
+                )
             self.findings.add("regenerated-retry", state.name, 1, None, example)
         generating = [c for c in exchange.calls if c.generates]
         if not generating:
@@ -115,7 +132,12 @@ class Requests(RuleFamily):
                 kind = change.split(" ", 1)[0]
                 example = None
                 if self.findings.wants_example("sampling-override"):
-                    example = Example(state.name, exchange.index, call.seq, None, change,
-                                      [Side("client", change.split(" → ")[0]),
-                                       Side("engine", f"{kind} {change.split(' → ', 1)[1]}")])
+                    example = Example(
+                        state.name,
+                        exchange.index,
+                        call.seq,
+                        None,
+                        change,
+                        [Side("client", change.split(" → ")[0]), Side("engine", f"{kind} {change.split(' → ', 1)[1]}")],
+                    )
                 self.findings.add("sampling-override", state.name, 1, kind, example)

@@ -48,8 +48,9 @@ class CassetteAudit:
     def coverage(self) -> float | None:
         return self.covered / self.emitted if self.emitted else None
 
-    def problems(self, rules: tuple[str, ...], min_coverage: float | None = None,
-                 session: str | None = None) -> list[str]:
+    def problems(
+        self, rules: tuple[str, ...], min_coverage: float | None = None, session: str | None = None
+    ) -> list[str]:
         """What breaks a team's pinned expectations (`parse_expectations`), one line each: a rule of `rules` that
         fired (in `session`, when given) and is not allowed beside the cassette, and a coverage below
         `min_coverage`. Empty: the recording meets them."""
@@ -62,8 +63,7 @@ class CassetteAudit:
                 out.append(f"{rule}: {count}" + (f" (first: {first.session}, {first.detail})" if first else ""))
         if min_coverage is not None:
             figure = self.findings.figures.get(session) if session is not None else None
-            covered, emitted = ((figure.covered, figure.emitted) if figure is not None
-                                else (self.covered, self.emitted))
+            covered, emitted = (figure.covered, figure.emitted) if figure is not None else (self.covered, self.emitted)
             if emitted and covered / emitted < min_coverage and "coverage" not in self.allowed:
                 out.append(f"coverage {covered}/{emitted} = {covered / emitted:.3f}, below {min_coverage}")
         return out
@@ -148,8 +148,12 @@ def parse_expectations(text: str) -> tuple[tuple[str, ...], float | None]:
     return parse_rules(",".join(rules)), least
 
 
-def audit(inputs: list[str], fail_on: tuple[str, ...] = DEFAULT_FAIL_ON,
-          progress: Callable[[int], None] | None = None, jobs: int = 1) -> AuditReport:
+def audit(
+    inputs: list[str],
+    fail_on: tuple[str, ...] = DEFAULT_FAIL_ON,
+    progress: Callable[[int], None] | None = None,
+    jobs: int = 1,
+) -> AuditReport:
     """Every cassette of `inputs`, in order; `progress(n)` hears n more bytes read (a bar over their sizes).
     `jobs` > 1: the cassettes are audited in that many worker processes, a cassette each at a time (a run's
     folder of rotated cassettes, `tito record --rotate-sessions`); the report is the one `jobs=1` makes."""

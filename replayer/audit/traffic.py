@@ -209,9 +209,18 @@ def _call(record: EngineRecord, index: int) -> tuple[Call, np.ndarray | None]:
     if view.logprobs is not None:
         logprobs = np.array(view.logprobs, dtype=np.float64)  # a None (no logprob) becomes NaN
     view.logprobs = None
-    call = Call(record.seq, index, record.path, record.status, record.error, view,
-                None if prompt is None else len(prompt), None if prompt is None else digest(prompt),
-                output, logprobs)
+    call = Call(
+        record.seq,
+        index,
+        record.path,
+        record.status,
+        record.error,
+        view,
+        None if prompt is None else len(prompt),
+        None if prompt is None else digest(prompt),
+        output,
+        logprobs,
+    )
     return call, prompt
 
 
@@ -254,8 +263,9 @@ class Feed:
                 call.examples = []
             exchange.retry_of = record.retry_of
             answer = exchange.answer
-            exchange.regenerated = (exchange.retry_of is not None and answer is not None
-                                    and exchange.retry_of in state.answered)
+            exchange.regenerated = (
+                exchange.retry_of is not None and answer is not None and exchange.retry_of in state.answered
+            )
             if answer is not None and exchange.index not in state.answered:
                 state.answered[exchange.index] = (answer.seq, answer.output[:48].copy())
             for family in families:
@@ -264,8 +274,9 @@ class Feed:
             state.finish_exchanges[exchange.index] = exchange
         elif isinstance(record, SamplesRecord | DropRecord):
             state = self.state_of(record.session)
-            finish = Finish(record if isinstance(record, SamplesRecord) else None, state.since_finish,
-                            state.finish_exchanges)
+            finish = Finish(
+                record if isinstance(record, SamplesRecord) else None, state.since_finish, state.finish_exchanges
+            )
             for family in families:
                 family.finish(state, finish)
             # a finished session's chains and calls are let go: memory follows the sessions live at once
@@ -281,8 +292,9 @@ class Feed:
                 family.end(state)
 
 
-def stream(path: str | Path, families: list[RuleFamily], findings: Findings,
-           progress: Callable[[int], None] | None = None) -> StreamResult:
+def stream(
+    path: str | Path, families: list[RuleFamily], findings: Findings, progress: Callable[[int], None] | None = None
+) -> StreamResult:
     """Read `path` once, feeding each record to every rule family (module docstring). `progress(bytes_read)` hears
     how far the pass has got at each session's end."""
     with CassetteReader(path) as reader:

@@ -49,8 +49,9 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _cut_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="cassette file")
-    parser.add_argument("--session", action="append", required=True, metavar="NAME",
-                        help="a session to keep (repeatable)")
+    parser.add_argument(
+        "--session", action="append", required=True, metavar="NAME", help="a session to keep (repeatable)"
+    )
     parser.add_argument("--out", required=True, metavar="FILE", help="the new cassette (never overwritten)")
 
 
@@ -68,27 +69,42 @@ ACTIONS = {
         "was cut short (a killed recording). A folder (a run recorded with --rotate-sessions) is read as one "
         "recording: the first cassette's header, then every session with the cassette holding it. --json prints "
         "the same for machines.",
-        ("0: printed", UNUSABLE), _info_arguments),
+        ("0: printed", UNUSABLE),
+        _info_arguments,
+    ),
     "export": (
         "print the records as JSON (token ids resolved, bodies parsed)",
         "Prints a cassette's header and records as one JSON document, every delta resolved to its token ids and "
         "every request and reply body parsed (a jq-friendly view); --session keeps some sessions, --out writes a "
         "new file instead of printing.",
-        ("0: exported", "2: the input cannot be used (no such file, not a cassette, corrupt, unknown session), "
-                        "or --out exists"), _export_arguments),
+        (
+            "0: exported",
+            "2: the input cannot be used (no such file, not a cassette, corrupt, unknown session), or --out exists",
+        ),
+        _export_arguments,
+    ),
     "cut": (
         "write some sessions into a cassette of their own",
         "Writes the named sessions, with the cassette's header, into a new cassette (a bug report's one session, "
         "say). Never overwrites --out, and writes nowhere else.",
-        ("0: written", "2: the input cannot be used (no such file, not a cassette, corrupt, unknown session), "
-                       "or --out exists"), _cut_arguments),
+        (
+            "0: written",
+            "2: the input cannot be used (no such file, not a cassette, corrupt, unknown session), or --out exists",
+        ),
+        _cut_arguments,
+    ),
     "merge": (
         "join cassettes recorded with the same tokenizer and settings",
         "Joins several recordings into a new cassette, their sessions in the order given; they must share the "
         "tokenizer and the settings replay depends on, and no session name. Never overwrites --out, and writes "
         "nowhere else.",
-        ("0: written", "2: an input cannot be used (no such file, not a cassette, corrupt), they differ in "
-                       "tokenizer or settings or share a session, or --out exists"), _merge_arguments),
+        (
+            "0: written",
+            "2: an input cannot be used (no such file, not a cassette, corrupt), they differ in "
+            "tokenizer or settings or share a session, or --out exists",
+        ),
+        _merge_arguments,
+    ),
 }
 
 
@@ -130,7 +146,11 @@ def format_text(summary: CassetteSummary) -> str:
 
 def run(args: argparse.Namespace) -> int:
     actions: dict[str, Callable[[argparse.Namespace], int]] = {
-        "info": run_info, "export": run_export, "cut": run_cut, "merge": run_merge}
+        "info": run_info,
+        "export": run_export,
+        "cut": run_cut,
+        "merge": run_merge,
+    }
     try:
         return actions[args.cassette_command](args)
     except (CassetteToolError, CassetteError, OSError) as exc:
@@ -155,17 +175,27 @@ def _folder_info(folder: Path, as_json: bool) -> int:
         return _unusable("info", f"{folder}: no cassettes (*{CASSETTE_SUFFIX}) in this folder")
     summaries = [(p, summarize(p, verify=False)) for p in paths]
     if as_json:
-        print(json.dumps({"path": str(folder), "cassettes": [{"path": p.name, **s.to_dict()} for p, s in summaries],
-                          "sessions": sum(len(s.sessions) for _, s in summaries),
-                          "truncated": [p.name for p, s in summaries if s.truncated]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "path": str(folder),
+                    "cassettes": [{"path": p.name, **s.to_dict()} for p, s in summaries],
+                    "sessions": sum(len(s.sessions) for _, s in summaries),
+                    "truncated": [p.name for p, s in summaries if s.truncated],
+                },
+                indent=2,
+            )
+        )
         return EXIT_OK
     first = format_text(summaries[0][1]).split("\n\n", 1)[0]  # the header lines
     rows = [(s.session, p.name, s) for p, summary in summaries for s in summary.sessions]
     width = max([len("session")] + [len(name) for name, _, _ in rows])
     part = max(len(p.name) for p in paths)
     lines = [first, "", f"{'session':<{width}}  {'cassette':<{part}}  agent  engine  samples"]
-    lines += [f"{name:<{width}}  {where:<{part}}  {s.agent_exchanges:>5}  {s.engine_exchanges:>6}  {s.samples:>7}"
-              for name, where, s in rows]
+    lines += [
+        f"{name:<{width}}  {where:<{part}}  {s.agent_exchanges:>5}  {s.engine_exchanges:>6}  {s.samples:>7}"
+        for name, where, s in rows
+    ]
     cut = [p.name for p, s in summaries if s.truncated]
     lines.append(f"{len(rows)} session(s) in {len(paths)} cassette(s)")
     lines.append(f"truncated: {', '.join(cut)} (the last record is incomplete)" if cut else "truncated: no")

@@ -30,9 +30,15 @@ from tito_rl.cassette.writer import CassetteWriter
 # context length and default max tokens in the sampling params, the model name in replies, the parsers, the
 # manager's settings), so it must agree; a key not listed here is compared too, so a setting added later is
 # never merged silently.
-MERGE_IGNORED_ADAPTER_KEYS = frozenset({
-    "engine_url", "engine_timeout_s", "abort_grace_s", "disconnect_poll_s", "tokenizer_dir",
-})
+MERGE_IGNORED_ADAPTER_KEYS = frozenset(
+    {
+        "engine_url",
+        "engine_timeout_s",
+        "abort_grace_s",
+        "disconnect_poll_s",
+        "tokenizer_dir",
+    }
+)
 _MISSING = object()
 _SHOWN_CHARS = 60
 
@@ -82,11 +88,17 @@ def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
     for path, summary in summaries:
         for s in summary.sessions:
             if s.session in owners:
-                raise CassetteToolError(f"session {s.session!r} is in both {owners[s.session]} and {path}; "
-                                        "session names must be unique in a cassette")
+                raise CassetteToolError(
+                    f"session {s.session!r} is in both {owners[s.session]} and {path}; "
+                    "session names must be unique in a cassette"
+                )
             owners[s.session] = path
-    header = Header(**{**first.header.to_dict(),
-                       "extra": {**first.header.extra, "merged_from": [source_note(p, s) for p, s in summaries]}})
+    header = Header(
+        **{
+            **first.header.to_dict(),
+            "extra": {**first.header.extra, "merged_from": [source_note(p, s) for p, s in summaries]},
+        }
+    )
     with new_cassette(out, header) as writer:
         for path, _ in summaries:
             with CassetteReader(path) as reader:
@@ -129,15 +141,22 @@ def settings_difference(first: Header, other: Header, first_name: str, other_nam
         return None
     key = differing[0]
     more = f" (and {len(differing) - 1} more setting(s))" if len(differing) > 1 else ""
-    return (f"{key} is {_show(b.get(key, _MISSING))} in {other_name} but {_show(a.get(key, _MISSING))} in "
-            f"{first_name}{more}")
+    return (
+        f"{key} is {_show(b.get(key, _MISSING))} in {other_name} but {_show(a.get(key, _MISSING))} in "
+        f"{first_name}{more}"
+    )
 
 
 def source_note(path: str | os.PathLike[str], summary: CassetteSummary) -> dict[str, Any]:
     """What `extra.merged_from` says of one input: where it came from, when and by what it was recorded."""
     header = summary.header
-    note: dict[str, Any] = {"path": str(path), "created": header.created, "tito_version": header.tito_version,
-                            "agent": header.agent, "sessions": [s.session for s in summary.sessions]}
+    note: dict[str, Any] = {
+        "path": str(path),
+        "created": header.created,
+        "tito_version": header.tito_version,
+        "agent": header.agent,
+        "sessions": [s.session for s in summary.sessions],
+    }
     if summary.truncated:
         note["truncated"] = True
     if "merged_from" in header.extra:
@@ -158,13 +177,17 @@ def read_summary(path: str | os.PathLike[str]) -> CassetteSummary:
 def require_sessions(path: str | os.PathLike[str], available: Sequence[str], names: Sequence[str]) -> None:
     unknown = [n for n in dict.fromkeys(names) if n not in available]
     if unknown:
-        raise CassetteToolError(f"{path}: no session {', '.join(map(repr, unknown))}; it has "
-                                f"{', '.join(available) or 'none'}")
+        raise CassetteToolError(
+            f"{path}: no session {', '.join(map(repr, unknown))}; it has {', '.join(available) or 'none'}"
+        )
 
 
 def truncation_warnings(inputs: Sequence[tuple[str | os.PathLike[str], CassetteSummary]]) -> list[str]:
-    return [f"{path} ends in a cut record (the recorder stopped mid-write); copied up to its last complete record"
-            for path, summary in inputs if summary.truncated]
+    return [
+        f"{path} ends in a cut record (the recorder stopped mid-write); copied up to its last complete record"
+        for path, summary in inputs
+        if summary.truncated
+    ]
 
 
 @contextlib.contextmanager

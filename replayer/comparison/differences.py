@@ -70,13 +70,14 @@ def _packed(ids: Sequence[int]) -> bytes:
 LABELS = ("recorded", "replayed")
 
 
-def token_context(recorded: Sequence[int], replayed: Sequence[int], index: int, decode: Decode,
-                  labels: tuple[str, str] = LABELS) -> list[str]:
+def token_context(
+    recorded: Sequence[int], replayed: Sequence[int], index: int, decode: Decode, labels: tuple[str, str] = LABELS
+) -> list[str]:
     """Decoded text around `index` on both sides: `...before | after`."""
     start = max(0, index - CONTEXT_TOKENS)
     lines = []
     for label, ids in zip(labels, (recorded, replayed), strict=True):
-        before, after = list(ids[start:index]), list(ids[index:index + CONTEXT_TOKENS])
+        before, after = list(ids[start:index]), list(ids[index : index + CONTEXT_TOKENS])
         after_text = repr(decode(after)) if after else "<end>"
         lines.append(f"{label}: …{decode(before)!r} | {after_text}  (ids from {index}: {after[:6]})")
     return lines
@@ -95,7 +96,7 @@ def message_at(ids: Sequence[int], index: int, decode: Decode, message_start: in
         return "before the first message (template preamble)"
     begin = starts[-1]
     end = next((i for i in range(begin + 1, len(ids)) if ids[i] == message_start), len(ids))
-    text = decode(list(ids[begin + 1:min(end, begin + 1 + 48)]))
+    text = decode(list(ids[begin + 1 : min(end, begin + 1 + 48)]))
     role, _, body = text.partition("\n")
     return f"rendered message {len(starts) - 1} ({role.strip() or '?'}): {short(body)}"
 
@@ -123,8 +124,11 @@ def json_difference(recorded: Any, replayed: Any, path: str = "") -> tuple[str, 
                 return found
         if len(recorded) != len(replayed):
             i = min(len(recorded), len(replayed))
-            return (f"{path}[{i}]", _shown(recorded[i] if i < len(recorded) else _MISSING),
-                    _shown(replayed[i] if i < len(replayed) else _MISSING))
+            return (
+                f"{path}[{i}]",
+                _shown(recorded[i] if i < len(recorded) else _MISSING),
+                _shown(replayed[i] if i < len(replayed) else _MISSING),
+            )
         return None
     return None if recorded == replayed else (path or "(root)", recorded, replayed)
 
@@ -168,15 +172,22 @@ def sse_payload(event: str) -> tuple[str | None, Any]:
     return name, parse_json("\n".join(data))
 
 
-def reply_difference(recorded_body: bytes | None, recorded_events: list[str] | None, replayed_body: bytes | None,
-                     replayed_events: list[str] | None, volatile: Sequence[str] = ()) -> list[str] | None:
+def reply_difference(
+    recorded_body: bytes | None,
+    recorded_events: list[str] | None,
+    replayed_body: bytes | None,
+    replayed_events: list[str] | None,
+    volatile: Sequence[str] = (),
+) -> list[str] | None:
     """Detail lines for the first difference between two replies (JSON body or SSE events); None if equal.
     `volatile`: fields compared only for being there (`volatile`); the rest as parsed JSON."""
     if recorded_events is not None or replayed_events is not None:
         a, b = recorded_events or [], replayed_events or []
         if recorded_events is None or replayed_events is None:
-            return [f"recorded {'SSE events' if recorded_events is not None else 'a JSON body'}, replayed "
-                    f"{'SSE events' if replayed_events is not None else 'a JSON body'}"]
+            return [
+                f"recorded {'SSE events' if recorded_events is not None else 'a JSON body'}, replayed "
+                f"{'SSE events' if replayed_events is not None else 'a JSON body'}"
+            ]
         for i, (ea, eb) in enumerate(zip(a, b, strict=False)):
             if ea == eb:
                 continue
@@ -228,9 +239,13 @@ def _json_lines(label: str, found: tuple[str, Any, Any]) -> list[str]:
 SAMPLE_FIELDS = ("tokens", "response_length", "loss_mask", "rollout_log_probs", "reward", "metadata")
 
 
-def samples_difference(recorded: list[dict[str, Any]], replayed: list[dict[str, Any]], decode: Decode,
-                       turn_of: Callable[[int, int], int | None] | None = None, labels: tuple[str, str] = LABELS
-                       ) -> tuple[str, list[str], int | None] | None:
+def samples_difference(
+    recorded: list[dict[str, Any]],
+    replayed: list[dict[str, Any]],
+    decode: Decode,
+    turn_of: Callable[[int, int], int | None] | None = None,
+    labels: tuple[str, str] = LABELS,
+) -> tuple[str, list[str], int | None] | None:
     """(summary, detail, turn) for the first field that differs, sample by sample; None when all are equal.
 
     `turn_of(sample, token index)` names the turn whose response holds a token of a replayed sample.
@@ -251,7 +266,10 @@ def samples_difference(recorded: list[dict[str, Any]], replayed: list[dict[str, 
                 if name == "tokens":
                     lines += token_context(va, vb, index, decode, labels)
                 else:
-                    lines += [f"{label_a}: {short(va[index:index + 8])}", f"{label_b}: {short(vb[index:index + 8])}"]
+                    lines += [
+                        f"{label_a}: {short(va[index : index + 8])}",
+                        f"{label_b}: {short(vb[index : index + 8])}",
+                    ]
                 return f"sample {i}: {name} differ", lines, turn
             if name == "metadata" and isinstance(va, dict) and isinstance(vb, dict):
                 found = json_difference(va, vb)
@@ -259,19 +277,24 @@ def samples_difference(recorded: list[dict[str, Any]], replayed: list[dict[str, 
                     return f"sample {i}: metadata differ", _json_lines("metadata", found), None
             return f"sample {i}: {name} differ", [f"{label_a}: {short(va)}", f"{label_b}: {short(vb)}"], None
     if len(recorded) != len(replayed):
-        return (f"{label_a}: {len(recorded)} sample(s), {label_b}: {len(replayed)}",
-                [f"first {len(min(recorded, replayed, key=len))} sample(s) are equal"], None)
+        return (
+            f"{label_a}: {len(recorded)} sample(s), {label_b}: {len(replayed)}",
+            [f"first {len(min(recorded, replayed, key=len))} sample(s) are equal"],
+            None,
+        )
     return None
 
 
 def turn_locator(spans: Sequence[Sequence[Any]]) -> Callable[[int, int], int | None]:
     """`turn_of(sample, token)` over per-sample spans (`Linearization.spans`): the turn whose output holds it."""
+
     def turn_of(sample: int, token: int) -> int | None:
         for span in spans[sample] if sample < len(spans) else []:
             if span.start <= token < span.start + span.length:
                 turn: int | None = span.turn_index
                 return turn
         return None
+
     return turn_of
 
 

@@ -14,9 +14,19 @@ from typing import Any
 from tito_rl.replayer.comparison.differences import parse_json, sse_payload
 
 STOPS: dict[Any, str] = {
-         "end_turn": "stop", "stop": "stop", "stop_sequence": "stop", "STOP": "stop", "completed": "stop",
-         "tool_use": "tool_calls", "tool_calls": "tool_calls", "function_call": "tool_calls",
-         "max_tokens": "length", "length": "length", "MAX_TOKENS": "length", "incomplete": "length"}
+    "end_turn": "stop",
+    "stop": "stop",
+    "stop_sequence": "stop",
+    "STOP": "stop",
+    "completed": "stop",
+    "tool_use": "tool_calls",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "max_tokens": "length",
+    "length": "length",
+    "MAX_TOKENS": "length",
+    "incomplete": "length",
+}
 
 
 @dataclass
@@ -52,7 +62,7 @@ def _pair(a: str, b: str, limit: int = 60) -> str:
     start = max(0, same - limit // 3) if max(len(a), len(b)) > limit else 0
 
     def cut(text: str) -> str:
-        piece = text[start:start + limit]
+        piece = text[start : start + limit]
         return ("…" if start else "") + piece + ("…" if start + limit < len(text) else "")
 
     return f"{cut(a)!r} vs {cut(b)!r}"
@@ -125,8 +135,9 @@ def _anthropic(found: Meaning, payloads: list[dict[str, Any]]) -> None:
             found.stop = STOPS.get(reason, reason)
     found.text, found.reasoning = "".join(texts), "".join(thoughts)
     # a stream's input arrives as partial JSON after an empty `input` in the block's start
-    found.tool_calls = [(n, _args(partial) if partial else _args(start)) for _, (n, start, partial) in
-                        sorted(calls.items())]
+    found.tool_calls = [
+        (n, _args(partial) if partial else _args(start)) for _, (n, start, partial) in sorted(calls.items())
+    ]
 
 
 def _chat(found: Meaning, payloads: list[dict[str, Any]]) -> None:
@@ -158,8 +169,14 @@ def _chat(found: Meaning, payloads: list[dict[str, Any]]) -> None:
 
 
 def _responses(found: Meaning, payloads: list[dict[str, Any]]) -> None:
-    final = next((p.get("response") for p in reversed(payloads)
-                  if p.get("type") in ("response.completed", "response.incomplete")), None)
+    final = next(
+        (
+            p.get("response")
+            for p in reversed(payloads)
+            if p.get("type") in ("response.completed", "response.incomplete")
+        ),
+        None,
+    )
     response = final if isinstance(final, dict) else next((p for p in payloads if p.get("object") == "response"), {})
     texts, thoughts, calls = [], [], []
     for item in response.get("output") or []:

@@ -53,5 +53,5 @@ def _mask(value: Any, steps: tuple[str | int | None, ...]) -> Any:
         if step is None:
             return [_mask(v, rest) for v in value]
         if 0 <= step < len(value):
-            return [*value[:step], _mask(value[step], rest), *value[step + 1:]]
+            return [*value[:step], _mask(value[step], rest), *value[step + 1 :]]
     return value

@@ -43,7 +43,7 @@ def use_color(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
 
 def render(diff: list[str], style: DiffStyle) -> list[str]:
     """A unified diff (`files.unified_diff`), cut unless `style.full`, with within-line marks."""
-    lines, cut = (diff, 0) if style.full or len(diff) <= style.limit else (diff[:style.limit], len(diff) - style.limit)
+    lines, cut = (diff, 0) if style.full or len(diff) <= style.limit else (diff[: style.limit], len(diff) - style.limit)
     out = _colored(lines) if style.color else _marked(lines)
     if cut:
         out.append(f"… {cut} more diff line(s) cut; {style.more}")

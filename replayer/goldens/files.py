@@ -42,16 +42,21 @@ def update_command(cassette: str | os.PathLike[str]) -> str:
 
 def preamble(cassette: str | os.PathLike[str]) -> str:
     name = Path(cassette).name
-    return (f"# tito golden for {name}: how each session replays (stats, tree, decisions, samples).\n"
-            f"# Trained tokens are [bracketed]; long runs show their ends, a count and a digest.\n"
-            f"# Regenerate after an intended change: {update_command(name)}\n")
+    return (
+        f"# tito golden for {name}: how each session replays (stats, tree, decisions, samples).\n"
+        f"# Trained tokens are [bracketed]; long runs show their ends, a count and a digest.\n"
+        f"# Regenerate after an intended change: {update_command(name)}\n"
+    )
 
 
 def section(result: SessionResult, names: TokenNames) -> str:
-    finishes = [GoldenFinish(f.reward, None if f.live is None else len(f.live), f.linearization, f.tree)
-                for f in result.finishes]
-    return render_session(result.session, finishes, names, result.drops, result.wire_events,
-                          result.unsampled_finishes, result.exchanges)
+    finishes = [
+        GoldenFinish(f.reward, None if f.live is None else len(f.live), f.linearization, f.tree)
+        for f in result.finishes
+    ]
+    return render_session(
+        result.session, finishes, names, result.drops, result.wire_events, result.unsampled_finishes, result.exchanges
+    )
 
 
 def parse(text: str) -> tuple[str, dict[str, str]]:
@@ -69,12 +74,13 @@ def parse(text: str) -> tuple[str, dict[str, str]]:
             head.append(line)
         else:
             current.append(line)
-    return "".join(head)[:-1] if not sections else "".join(head), \
-        {k: "".join(v).rstrip("\n") + "\n" for k, v in sections.items()}
+    return "".join(head)[:-1] if not sections else "".join(head), {
+        k: "".join(v).rstrip("\n") + "\n" for k, v in sections.items()
+    }
 
 
 def _section_name(header: str) -> str:
-    return header[len(SECTION):].strip().removesuffix("==").strip()
+    return header[len(SECTION) :].strip().removesuffix("==").strip()
 
 
 class StoredSections(Mapping[str, str]):
@@ -115,8 +121,11 @@ def compose(cassette: str | os.PathLike[str], sections: dict[str, str], order: S
 
 def unified_diff(old: str, new: str, label: str) -> list[str]:
     """The whole diff; `tito_rl.replayer.goldens.diff_view` marks, colours and cuts it for display."""
-    return list(difflib.unified_diff(old.splitlines(), new.splitlines(), f"{label} (golden)", f"{label} (replay)",
-                                     lineterm="", n=2))
+    return list(
+        difflib.unified_diff(
+            old.splitlines(), new.splitlines(), f"{label} (golden)", f"{label} (replay)", lineterm="", n=2
+        )
+    )
 
 
 @contextlib.contextmanager

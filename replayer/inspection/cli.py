@@ -18,8 +18,9 @@ EXIT_OK, EXIT_UNUSABLE = 0, 2
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cassette", metavar="CASSETTE", help="a cassette file, or a folder of them (a recorded run)")
-    parser.add_argument("--session", action="append", default=[], metavar="NAME",
-                        help="inspect only this session (repeatable)")
+    parser.add_argument(
+        "--session", action="append", default=[], metavar="NAME", help="inspect only this session (repeatable)"
+    )
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML page instead of printing")
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the recording's)")
 

@@ -62,8 +62,9 @@ def pairing(a: list[str], b: list[str], pairs: dict[str, str]) -> list[tuple[str
     return out + [(None, name) for name in b if name not in matched]
 
 
-def compare(a: CassetteResult, b: CassetteResult, decode: Any, pairs: dict[str, str] | None = None
-            ) -> list[SessionDiff]:
+def compare(
+    a: CassetteResult, b: CassetteResult, decode: Any, pairs: dict[str, str] | None = None
+) -> list[SessionDiff]:
     """Per session pair (`pairing`), in A's order then B's extras."""
     left = {s.session: s for s in a.sessions}
     right = {s.session: s for s in b.sessions}
@@ -89,8 +90,10 @@ def render(diffs: list[SessionDiff], label_a: str, label_b: str) -> list[str]:
         forks_a = ",".join(f"{k}:{v}" for k, v in fa.items()) or "none"
         forks_b = ",".join(f"{k}:{v}" for k, v in fb.items()) or "none"
         verdict = "same" if not d.differs else "differs"
-        lines.append(f"{d.session}  samples {na} -> {nb}  forks {forks_a} -> {forks_b}  trained {ta} -> {tb}  "
-                     f"coverage {ca} -> {cb}  {verdict}")
+        lines.append(
+            f"{d.session}  samples {na} -> {nb}  forks {forks_a} -> {forks_b}  trained {ta} -> {tb}  "
+            f"coverage {ca} -> {cb}  {verdict}"
+        )
         if d.divergence is not None:
             summary, detail, turn = d.divergence
             lines.append(f"    first divergence: {summary}" + (f" (turn {turn})" if turn is not None else ""))
@@ -104,9 +107,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", metavar="A", help="a cassette")
     parser.add_argument("b", metavar="B", nargs="?", help="another cassette; without it, A under the what-if options")
     parser.add_argument("--session", action="append", default=None, metavar="NAME", help="compare only this session")
-    parser.add_argument("--pair", action="append", default=[], metavar="A_SESSION=B_SESSION",
-                        help="compare A's session with B's of another name (repeatable; two cassettes of one "
-                             "session each are paired without it)")
+    parser.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="A_SESSION=B_SESSION",
+        help="compare A's session with B's of another name (repeatable; two cassettes of one "
+        "session each are paired without it)",
+    )
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the recordings')")
     whatif.register(parser.add_argument, engine_match=False)  # both sides are served in recorded order
 
@@ -140,8 +148,11 @@ def run(args: argparse.Namespace) -> int:
     wanted_b = args.session and args.session + list(pairs.values())
     try:
         a = run_sync(replay_cassette_async(args.a, wanted_a, baseline, missing_ok=args.b is not None))
-        b = run_sync(replay_cassette_async(args.b or args.a, wanted_b, baseline if args.b else candidate,
-                                           missing_ok=args.b is not None))
+        b = run_sync(
+            replay_cassette_async(
+                args.b or args.a, wanted_b, baseline if args.b else candidate, missing_ok=args.b is not None
+            )
+        )
     except ReplayInputError as exc:
         return _unusable(str(exc))
     for side, result, names in (("A", a, list(pairs)), ("B", b, list(pairs.values()))):

@@ -87,8 +87,10 @@ class SessionView:
         if self.skipped:
             notes.append(f"not replayed: {self.skipped}")
         if self.differences:
-            notes.append(f"replay differs from the recording: {len(self.differences)} difference(s), first: "
-                         f"{self.differences[0]} (`tito replay` reports them)")
+            notes.append(
+                f"replay differs from the recording: {len(self.differences)} difference(s), first: "
+                f"{self.differences[0]} (`tito replay` reports them)"
+            )
         if self.drops:
             notes.append(f"dropped through the session API: {self.drops} time(s)")
         if not self.finishes and not self.skipped:
@@ -109,8 +111,9 @@ class Inspection:
     names: TokenNames
 
 
-def inspect_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | None = None,
-                     tokenizer: str | None = None) -> Inspection:
+def inspect_cassette(
+    path: str | os.PathLike[str], sessions: Iterable[str] | None = None, tokenizer: str | None = None
+) -> Inspection:
     """Replay (not strict: differences are noted, the linearizations kept) and gather the views' facts.
     Raises `ReplayInputError` for unusable input, as `tito replay` does."""
     from tito_rl.replayer.replay.cassette_replay import replay_loaded, run_sync
@@ -127,8 +130,9 @@ def inspect_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | Non
     return inspection_of(cassette, result, folder, rows)
 
 
-def inspect_folder(folder: str | os.PathLike[str], sessions: Iterable[str] | None = None,
-                   tokenizer: str | None = None) -> Inspection:
+def inspect_folder(
+    folder: str | os.PathLike[str], sessions: Iterable[str] | None = None, tokenizer: str | None = None
+) -> Inspection:
     """A run's folder of cassettes (`tito record --rotate-sessions`) as one inspection: each cassette holding a
     session asked for (every one without `sessions`), in name order, under the first one's header."""
     from tito_rl.cassette.reader import open_cassette
@@ -151,8 +155,9 @@ def inspect_folder(folder: str | os.PathLike[str], sessions: Iterable[str] | Non
     if missing:
         raise ReplayInputError(f"{folder}: no session {', '.join(map(repr, missing))} in its cassettes")
     first = parts[0]
-    return Inspection(str(folder), first.header, any(p.truncated for p in parts),
-                      [v for p in parts for v in p.sessions], first.names)
+    return Inspection(
+        str(folder), first.header, any(p.truncated for p in parts), [v for p in parts for v in p.sessions], first.names
+    )
 
 
 PlanRows = tuple[list["ExchangeRow"], int]  # a session's exchange rows and its unanswered engine calls
@@ -162,8 +167,9 @@ def plan_rows(plan: SessionPlan) -> PlanRows:
     return [exchange_row(e) for e in plan.exchanges], plan.unanswered_engine_calls
 
 
-def inspection_of(cassette: Cassette, result: CassetteResult, folder: str | None,
-                  rows: dict[str, PlanRows] | None = None) -> Inspection:
+def inspection_of(
+    cassette: Cassette, result: CassetteResult, folder: str | None, rows: dict[str, PlanRows] | None = None
+) -> Inspection:
     """The views' facts from a replay already made (not strict) of `cassette`; `rows`: the sessions' rows
     already taken from their plans (the others are read again)."""
     from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
@@ -171,11 +177,20 @@ def inspection_of(cassette: Cassette, result: CassetteResult, folder: str | None
     views = []
     for session in result.sessions:
         exchanges, unanswered = (rows or {}).get(session.session) or plan_rows(
-            plan_session(cassette.sessions[session.session]))
+            plan_session(cassette.sessions[session.session])
+        )
         found = session.differences + session.accepted
-        views.append(SessionView(
-            session.session, exchanges, session.finishes, session.drops, session.skipped,
-            [f"{d.summary}" + (f" ({d.where()})" if d.where() else "") for d in found], unanswered))
+        views.append(
+            SessionView(
+                session.session,
+                exchanges,
+                session.finishes,
+                session.drops,
+                session.skipped,
+                [f"{d.summary}" + (f" ({d.where()})" if d.where() else "") for d in found],
+                unanswered,
+            )
+        )
     return Inspection(result.path, cassette.header, cassette.truncated, views, TokenizerNames(load_tokenizer(folder)))
 
 
@@ -183,9 +198,19 @@ def exchange_row(exchange: PlannedExchange) -> ExchangeRow:
     record = exchange.record
     calls = exchange.engine
     generates = [c for c in calls if is_generation(c.path)]
-    row = ExchangeRow(exchange.index, record.turn_index, record.status, record.side, record.retry_of,
-                      record.started_s, record.duration_s, sum(c.duration_s for c in calls) if calls else None,
-                      None, None, None)
+    row = ExchangeRow(
+        exchange.index,
+        record.turn_index,
+        record.status,
+        record.side,
+        record.retry_of,
+        record.started_s,
+        record.duration_s,
+        sum(c.duration_s for c in calls) if calls else None,
+        None,
+        None,
+        None,
+    )
     if generates:
         _read_generate(row, generates[-1])
     if record.method != "POST":
@@ -217,8 +242,13 @@ def _read_generate(row: ExchangeRow, call: EngineRecord) -> None:
         view = record_view(call)
         usage = object_at(response, "usage")
         prompt_tokens = prompt_tokens if type(prompt_tokens) is int else usage.get("prompt_tokens")
-        row.prompt_tokens = (len(view.prompt_ids) if view.prompt_ids is not None
-                             else prompt_tokens if type(prompt_tokens) is int else None)
+        row.prompt_tokens = (
+            len(view.prompt_ids)
+            if view.prompt_ids is not None
+            else prompt_tokens
+            if type(prompt_tokens) is int
+            else None
+        )
     if call.status != 200:
         row.finish = f"engine {call.status}"
         return
@@ -229,14 +259,16 @@ def _read_generate(row: ExchangeRow, call: EngineRecord) -> None:
 
 # --- decisions on tokens -----------------------------------------------------------------------------------
 
+
 def place_events(lin: Linearization) -> list[Placement]:
     """Each decision at the first sample (of its leaf, when it names one) that holds its turn: at its token
     index when tokens decided (the incoming prompt's first divergent token, which that sample holds at the
     same index), else where the turn's output starts. Decisions with no turn (side turns) touch no tokens."""
     placements = []
     for i, event in enumerate(lin.events):
-        candidates: Iterable[int] = (lin.leaf_samples.get(event.leaf, []) if event.leaf is not None
-                                     else range(len(lin.samples)))
+        candidates: Iterable[int] = (
+            lin.leaf_samples.get(event.leaf, []) if event.leaf is not None else range(len(lin.samples))
+        )
         sample = token = None
         if event.turn is not None:
             for s in candidates:
@@ -256,8 +288,10 @@ def _spans(lin: Linearization, index: int) -> list[Span]:
 
 # --- token runs --------------------------------------------------------------------------------------------
 
-def token_runs(sample: Sample, spans: Sequence[Span], outputs: dict[int, ExchangeRow],
-               breaks: Iterable[int] = ()) -> list[TokenRun]:
+
+def token_runs(
+    sample: Sample, spans: Sequence[Span], outputs: dict[int, ExchangeRow], breaks: Iterable[int] = ()
+) -> list[TokenRun]:
     """The golden's runs (prompt, context, masked, trained), each context run labelled with the turn whose
     prompt brought it, realigned replies shown as masked, and runs split at `breaks` (decision markers)."""
     ordered = sorted((s for s in spans if s.length), key=lambda s: s.start)
@@ -276,9 +310,17 @@ def token_runs(sample: Sample, spans: Sequence[Span], outputs: dict[int, Exchang
             if r_start > at:
                 runs.append(_context(kind, at, r_start, ordered, first_turn))
             by = _next_turn(ordered, r_start)
-            runs.append(TokenRun("masked", max(r_start, at), min(r_end, end), r_turn,
-                                 f"turn {r_turn} reply, realigned"
-                                 + (f" (re-tokenised in turn {by}'s prompt)" if by is not None else ""), True))
+            runs.append(
+                TokenRun(
+                    "masked",
+                    max(r_start, at),
+                    min(r_end, end),
+                    r_turn,
+                    f"turn {r_turn} reply, realigned"
+                    + (f" (re-tokenised in turn {by}'s prompt)" if by is not None else ""),
+                    True,
+                )
+            )
             at = min(r_end, end)
         if at < end:
             runs.append(_context(kind, at, end, ordered, first_turn))
@@ -295,8 +337,9 @@ def _next_turn(ordered: list[Span], index: int) -> int | None:
     return next((s.turn_index for s in ordered if s.start > index), None)
 
 
-def _realigned(sample: Sample, spans: Sequence[Span], ordered: list[Span],
-               outputs: dict[int, ExchangeRow]) -> list[tuple[int, int, int]]:
+def _realigned(
+    sample: Sample, spans: Sequence[Span], ordered: list[Span], outputs: dict[int, ExchangeRow]
+) -> list[tuple[int, int, int]]:
     """(start, end, turn) of each reply a realign re-tokenised: a span emptied by the realign (its turn did
     generate tokens), up to the reply's closing stop token (for a reply that ended at `stop`), else as many
     tokens as the engine generated; never past the next output."""
@@ -341,13 +384,18 @@ def sample_line(index: int, sample: Sample, spans: Sequence[Span]) -> str:
     trained = sum(sample.loss_mask)
     turns = sorted({s.turn_index for s in spans})
     leaf = sample.metadata.get("leaf")
-    return (f"sample {index}: {len(sample.tokens)} tokens, prompt {sample.prompt_length}, trained {trained}, "
-            f"masked {sample.response_length - trained}, turns {','.join(map(str, turns)) or '-'}"
-            + (f", leaf n{leaf}" if leaf is not None else ""))
+    return (
+        f"sample {index}: {len(sample.tokens)} tokens, prompt {sample.prompt_length}, trained {trained}, "
+        f"masked {sample.response_length - trained}, turns {','.join(map(str, turns)) or '-'}"
+        + (f", leaf n{leaf}" if leaf is not None else "")
+    )
 
 
 def header_facts(header: Header) -> list[tuple[str, Any]]:
     agent = header.agent or {}
-    return [("created", header.created), ("tito version", header.tito_version),
-            ("tokenizer", header.tokenizer_fingerprint),
-            ("agent", " ".join(str(v) for v in (agent.get("client"), agent.get("version")) if v) or "-")]
+    return [
+        ("created", header.created),
+        ("tito version", header.tito_version),
+        ("tokenizer", header.tokenizer_fingerprint),
+        ("agent", " ".join(str(v) for v in (agent.get("client"), agent.get("version")) if v) or "-"),
+    ]

@@ -101,31 +101,34 @@ document.addEventListener('mouseover',e=>{
 
 def render_html(inspection: Inspection) -> str:
     out: list[str] = [
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
         f"<title>tito inspect: {_e(inspection.path)}</title><style>{CSS}</style></head><body>",
-        f"<h1>tito inspect</h1><div class=\"mono\">{_e(inspection.path)}</div><dl class=\"facts\">",
+        f'<h1>tito inspect</h1><div class="mono">{_e(inspection.path)}</div><dl class="facts">',
     ]
     for key, value in header_facts(inspection.header):
         out.append(f"<dt>{_e(key)}</dt><dd>{_e(str(value))}</dd>")
     out.append("</dl>")
     if inspection.truncated:
-        out.append("<p class=\"note\">The cassette ends in a cut record (the recorder stopped mid-write).</p>")
-    out.append("<div class=\"legend\"><ul>")
+        out.append('<p class="note">The cassette ends in a cut record (the recorder stopped mid-write).</p>')
+    out.append('<div class="legend"><ul>')
     for kind in KINDS:
-        out.append(f"<li><span class=\"tok {kind}\">{kind}</span>{_e(KIND_HELP[kind])}</li>")
-    out.append("<li><a class=\"mark\">decision</a>before the token it landed on</li></ul></div>")
-    out.append("<nav>sessions: " + ", ".join(f"<a href=\"#s{i}\">{_e(s.name)}</a>"
-                                            for i, s in enumerate(inspection.sessions)) + "</nav>")
+        out.append(f'<li><span class="tok {kind}">{kind}</span>{_e(KIND_HELP[kind])}</li>')
+    out.append('<li><a class="mark">decision</a>before the token it landed on</li></ul></div>')
+    out.append(
+        "<nav>sessions: "
+        + ", ".join(f'<a href="#s{i}">{_e(s.name)}</a>' for i, s in enumerate(inspection.sessions))
+        + "</nav>"
+    )
     for i, session in enumerate(inspection.sessions):
         _session(out, f"s{i}", session, inspection.names)
-    out.append(f"<div id=\"tip\" hidden></div><script>{JS}</script></body></html>\n")
+    out.append(f'<div id="tip" hidden></div><script>{JS}</script></body></html>\n')
     return "".join(out)
 
 
 def _session(out: list[str], sid: str, session: SessionView, names: TokenNames) -> None:
-    out.append(f"<section class=\"session\" id=\"{sid}\"><h2>session {_e(session.name)}</h2>")
+    out.append(f'<section class="session" id="{sid}"><h2>session {_e(session.name)}</h2>')
     out.append(_exchanges(session.exchanges))
-    out += [f"<p class=\"note\">{_e(n)}</p>" for n in session.notes()]
+    out += [f'<p class="note">{_e(n)}</p>' for n in session.notes()]
     outputs = session.outputs()
     for n, finish in enumerate(session.finishes, 1):
         _finish(out, f"{sid}f{n}", n, len(session.finishes), finish, outputs, names)
@@ -141,27 +144,40 @@ def _exchanges(rows: list[ExchangeRow]) -> str:
         cells = [r.index, r.turn, r.status, r.prompt_tokens, r.output_tokens]
         tds = "".join(f"<td>{'-' if c is None else c}</td>" for c in cells)
         engine = "-" if r.engine_s is None else f"{r.engine_s:.3f}"
-        tds += (f"<td class=l>{_e(r.finish or '-')}</td><td>{r.started_s:.3f}</td><td>{r.duration_s:.3f}</td>"
-                f"<td>{engine}</td><td class=l>{_e(', '.join(r.notes))}</td>")
+        tds += (
+            f"<td class=l>{_e(r.finish or '-')}</td><td>{r.started_s:.3f}</td><td>{r.duration_s:.3f}</td>"
+            f"<td>{engine}</td><td class=l>{_e(', '.join(r.notes))}</td>"
+        )
         body.append(f"<tr>{tds}</tr>")
-    return (f"<table class=\"exchanges\"><thead><tr>{head}<th class=l>notes</th></tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table>")
+    return (
+        f'<table class="exchanges"><thead><tr>{head}<th class=l>notes</th></tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
 
 
-def _finish(out: list[str], fid: str, n: int, total: int, finish: FinishResult,
-            outputs: dict[int, ExchangeRow], names: TokenNames) -> None:
+def _finish(
+    out: list[str],
+    fid: str,
+    n: int,
+    total: int,
+    finish: FinishResult,
+    outputs: dict[int, ExchangeRow],
+    names: TokenNames,
+) -> None:
     lin = finish.linearization
     placements = place_events(lin)
-    out.append(f"<div class=\"finish\" id=\"{fid}\"><h3>finish {n} of {total}: {_e(describe_finish(finish))}</h3>")
-    out.append(f"<p class=\"stats\">{_e(stats_line(lin.stats))}</p><div class=\"cols\">")
-    out.append(f"<div><h4>tree</h4><div class=\"tree\">{_tree(fid, finish, placements)}</div></div>")
+    out.append(f'<div class="finish" id="{fid}"><h3>finish {n} of {total}: {_e(describe_finish(finish))}</h3>')
+    out.append(f'<p class="stats">{_e(stats_line(lin.stats))}</p><div class="cols">')
+    out.append(f'<div><h4>tree</h4><div class="tree">{_tree(fid, finish, placements)}</div></div>')
     out.append(f"<div><h4>decisions</h4>{_decisions(fid, lin.events, placements)}</div></div>")
     for k, sample in enumerate(lin.samples):
         spans = lin.spans[k] if k < len(lin.spans) else []
         here = [p for p in placements if p.sample == k]
         runs = token_runs(sample, spans, outputs, (p.token for p in here if p.token is not None))
-        out.append(f"<div class=\"sample\" id=\"{fid}x{k}\"><h4>{_e(sample_line(k, sample, spans))}</h4>"
-                   "<div class=\"row\"><div class=\"strip\">")
+        out.append(
+            f'<div class="sample" id="{fid}x{k}"><h4>{_e(sample_line(k, sample, spans))}</h4>'
+            '<div class="row"><div class="strip">'
+        )
         _strip(out, fid, k, sample, runs, here, lin.events, names)
         out.append("</div>")
         out.append(_aside(fid, here, lin.events))
@@ -183,12 +199,17 @@ def _tree(fid: str, finish: FinishResult, placements: Sequence[Placement]) -> st
         prefix, label, node_id = match.group(1), match.group(2), int(match.group(3))
         node = nodes.get(node_id, {})
         classes = "node" + (" gen" if node.get("generated") else "") + (" leaf" if node.get("leaf") else "")
-        links = "".join(f"<a href=\"#{fid}x{k}\">sample {k}</a>" for k in node.get("samples") or [])
+        links = "".join(f'<a href="#{fid}x{k}">sample {k}</a>' for k in node.get("samples") or [])
         if node.get("generated") and node.get("turn") is not None:
-            links += "".join(f"<a class=\"mark\" href=\"#{fid}d{p.event}\">{_e(events[p.event].kind)}</a>"
-                             for p in placements if events[p.event].turn == node["turn"])
-        lines.append(f"<div class=\"{classes}\" id=\"{fid}n{node_id}\" data-node=\"{node_id}\">"
-                     f"<span class=\"branch\">{_e(prefix)}</span><span class=\"label\">{_e(label)}</span>{links}</div>")
+            links += "".join(
+                f'<a class="mark" href="#{fid}d{p.event}">{_e(events[p.event].kind)}</a>'
+                for p in placements
+                if events[p.event].turn == node["turn"]
+            )
+        lines.append(
+            f'<div class="{classes}" id="{fid}n{node_id}" data-node="{node_id}">'
+            f'<span class="branch">{_e(prefix)}</span><span class="label">{_e(label)}</span>{links}</div>'
+        )
     return "".join(lines) or "(empty)"
 
 
@@ -201,42 +222,55 @@ def _decisions(fid: str, events: Sequence[Event], placements: Sequence[Placement
         if p.sample is None:
             where = "touches no sample's tokens"
         elif p.token is None:
-            where = f"<a href=\"#{fid}x{p.sample}\">sample {p.sample}</a>"
+            where = f'<a href="#{fid}x{p.sample}">sample {p.sample}</a>'
         else:
-            where = f"<a href=\"#{fid}m{p.event}\">sample {p.sample}, token {p.token}</a>"
-        items.append(f"<li id=\"{fid}d{p.event}\" data-kind=\"{_e(event.kind)}\"><code>{_e(event.describe())}</code>"
-                     f" → {where}</li>")
-    return f"<ol class=\"decisions\">{''.join(items)}</ol>"
+            where = f'<a href="#{fid}m{p.event}">sample {p.sample}, token {p.token}</a>'
+        items.append(
+            f'<li id="{fid}d{p.event}" data-kind="{_e(event.kind)}"><code>{_e(event.describe())}</code> → {where}</li>'
+        )
+    return f'<ol class="decisions">{"".join(items)}</ol>'
 
 
 def _aside(fid: str, here: Sequence[Placement], events: Sequence[Event]) -> str:
     if not here:
-        return "<aside class=\"touch empty\">no decisions on this sample</aside>"
+        return '<aside class="touch empty">no decisions on this sample</aside>'
     items = []
     for p in here:
         target = f"#{fid}m{p.event}" if p.token is not None else f"#{fid}d{p.event}"
         at = f" at token {p.token}" if p.token is not None else ""
-        items.append(f"<li><a href=\"{target}\">{_e(events[p.event].describe())}</a>{at}</li>")
-    return f"<aside class=\"touch\"><h4>decisions here</h4><ul>{''.join(items)}</ul></aside>"
+        items.append(f'<li><a href="{target}">{_e(events[p.event].describe())}</a>{at}</li>')
+    return f'<aside class="touch"><h4>decisions here</h4><ul>{"".join(items)}</ul></aside>'
 
 
-def _strip(out: list[str], fid: str, k: int, sample: Sample, runs: Sequence[TokenRun],
-           here: Sequence[Placement], events: Sequence[Event], names: TokenNames) -> None:
+def _strip(
+    out: list[str],
+    fid: str,
+    k: int,
+    sample: Sample,
+    runs: Sequence[TokenRun],
+    here: Sequence[Placement],
+    events: Sequence[Event],
+    names: TokenNames,
+) -> None:
     marks: dict[int, list[int]] = {}
     for p in here:
         if p.token is not None:
             marks.setdefault(p.token, []).append(p.event)
     for run in runs:
         for e in marks.get(run.start, []):
-            out.append(f"<a class=\"mark\" id=\"{fid}m{e}\" href=\"#{fid}d{e}\" data-token=\"{run.start}\" "
-                       f"title=\"{_e(events[e].describe())}\">{_e(events[e].kind)}</a>")
+            out.append(
+                f'<a class="mark" id="{fid}m{e}" href="#{fid}d{e}" data-token="{run.start}" '
+                f'title="{_e(events[e].describe())}">{_e(events[e].kind)}</a>'
+            )
         length = run.end - run.start
         if run.kind in ("prompt", "context") and length > FOLD_RUN:
             _tokens(out, k, sample, run, run.start, run.start + FOLD_ENDS, names)
-            middle = sample.tokens[run.start + FOLD_ENDS:run.end - FOLD_ENDS]
+            middle = sample.tokens[run.start + FOLD_ENDS : run.end - FOLD_ENDS]
             text = "".join(names(t) for t in middle).replace("↵", "↵\n")
-            out.append(f"<details class=\"fold\"><summary>… {len(middle)} tokens of {_e(run.label)}</summary>"
-                       f"<span class=\"foldtext\">{_e(text)}</span></details>")
+            out.append(
+                f'<details class="fold"><summary>… {len(middle)} tokens of {_e(run.label)}</summary>'
+                f'<span class="foldtext">{_e(text)}</span></details>'
+            )
             _tokens(out, k, sample, run, run.end - FOLD_ENDS, run.end, names)
         else:
             _tokens(out, k, sample, run, run.start, run.end, names)
@@ -250,7 +284,7 @@ def _tokens(out: list[str], k: int, sample: Sample, run: TokenRun, start: int, e
         lp = logprob_at(sample, i)
         logprob = "none (prompt)" if lp is None else f"{lp:.6g}"
         tip = f"{name}\nid {token} · logprob {logprob}\n{run.kind}: {run.label}\ntoken {i} of sample {k}"
-        out.append(f"<span class=\"{classes}\" data-i=\"{i}\" title=\"{_e(tip)}\">{_e(name)}</span>")
+        out.append(f'<span class="{classes}" data-i="{i}" title="{_e(tip)}">{_e(name)}</span>')
         if "↵" in name:
             out.append("<br>")
 

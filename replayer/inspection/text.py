@@ -57,8 +57,9 @@ def session_lines(session: SessionView, names: TokenNames) -> list[str]:
         if not lin.events:
             lines.append("    none")
         lines.append("  samples:")
-        lines += [f"    {sample_line(i, s, lin.spans[i] if i < len(lin.spans) else [])}"
-                  for i, s in enumerate(lin.samples)] or ["    none"]
+        lines += [
+            f"    {sample_line(i, s, lin.spans[i] if i < len(lin.spans) else [])}" for i, s in enumerate(lin.samples)
+        ] or ["    none"]
     return lines
 
 
@@ -67,14 +68,30 @@ def exchange_table(rows: list[ExchangeRow]) -> list[str]:
         return []
     table = [list(COLUMNS) + ["notes"]]
     for r in rows:
-        table.append([str(r.index), _opt(r.turn), str(r.status), _opt(r.prompt_tokens), _opt(r.output_tokens),
-                      r.finish or "-", f"{r.started_s:.3f}", f"{r.duration_s:.3f}",
-                      "-" if r.engine_s is None else f"{r.engine_s:.3f}", ", ".join(r.notes)])
+        table.append(
+            [
+                str(r.index),
+                _opt(r.turn),
+                str(r.status),
+                _opt(r.prompt_tokens),
+                _opt(r.output_tokens),
+                r.finish or "-",
+                f"{r.started_s:.3f}",
+                f"{r.duration_s:.3f}",
+                "-" if r.engine_s is None else f"{r.engine_s:.3f}",
+                ", ".join(r.notes),
+            ]
+        )
     widths = [max(len(row[c]) for row in table) for c in range(len(COLUMNS))]
     left = {"finish"}
-    return ["  ".join(cell.ljust(w) if name in left else cell.rjust(w)
-                      for cell, w, name in zip(row, widths, COLUMNS, strict=False))
-            .rstrip() + ("  " + row[-1] if row[-1] else "") for row in table]
+    return [
+        "  ".join(
+            cell.ljust(w) if name in left else cell.rjust(w)
+            for cell, w, name in zip(row, widths, COLUMNS, strict=False)
+        ).rstrip()
+        + ("  " + row[-1] if row[-1] else "")
+        for row in table
+    ]
 
 
 def stats_line(stats: SessionStats) -> str:

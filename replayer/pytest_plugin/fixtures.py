@@ -98,9 +98,12 @@ class AdapterHandle:
         """Finish a session through the session API; its samples, as the API returns them."""
         import urllib.request
 
-        request = urllib.request.Request(f"{self.url}/tito/sessions/{session}/finish", method="POST",
-                                         data=json.dumps({"reward": reward}).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{self.url}/tito/sessions/{session}/finish",
+            method="POST",
+            data=json.dumps({"reward": reward}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=60) as resp:
             samples: list[dict[str, Any]] = json.loads(resp.read())["samples"]
         return samples
@@ -114,8 +117,14 @@ def start_adapter(engine_url: str, manager: Any = None, tap: Any = None, **setti
     return AdapterHandle(server.start(), server)
 
 
-def replay(path: str | Path, sessions: list[str] | None = None, *, goldens: bool = True,
-           update_goldens: bool = False, **options: Any) -> Any:
+def replay(
+    path: str | Path,
+    sessions: list[str] | None = None,
+    *,
+    goldens: bool = True,
+    update_goldens: bool = False,
+    **options: Any,
+) -> Any:
     """Replay a cassette (and check its golden): a `CassetteResult`, per session `.ok`, `.differences`,
     `.finishes`. `options` are `ReplayOptions` fields. Safe to call from inside a running event loop."""
     from tito_rl.replayer.goldens import files as golden_files
@@ -129,8 +138,9 @@ def replay(path: str | Path, sessions: list[str] | None = None, *, goldens: bool
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # asyncio.run needs a thread without a loop
         result = pool.submit(replay_cassette, path, sessions, opts).result()
     if goldens and result.sessions and result.goldens_apply:
-        golden_files.check(result, result.all_sessions, TokenizerNames(load_tokenizer(result.tokenizer_dir)),
-                           update=update_goldens)
+        golden_files.check(
+            result, result.all_sessions, TokenizerNames(load_tokenizer(result.tokenizer_dir)), update=update_goldens
+        )
     return result
 
 
@@ -144,6 +154,7 @@ def audit(path: str | Path, expect: str = "", session: str | None = None) -> Any
     if expect:
         rules, least = parse_expectations(expect)
         problems = result.problems(rules, least, session)
-        assert not problems, f"tito audit of {path}" + (f" session {session}" if session else "") + ": " + \
-            "; ".join(problems)
+        assert not problems, (
+            f"tito audit of {path}" + (f" session {session}" if session else "") + ": " + "; ".join(problems)
+        )
     return result

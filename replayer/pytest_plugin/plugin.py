@@ -219,9 +219,17 @@ class SessionItem(TitoItem):
         target = option("target") or None
         engine_listen = option("engine_listen") or None
         try:
-            result = run_sync(replay_loaded(cassette, str(self.path), tokenizer, [self.session_name],
-                                            ReplayOptions(strict=strict, adapter=adapter, manager=manager,
-                                                          target=target, engine_listen=engine_listen)))
+            result = run_sync(
+                replay_loaded(
+                    cassette,
+                    str(self.path),
+                    tokenizer,
+                    [self.session_name],
+                    ReplayOptions(
+                        strict=strict, adapter=adapter, manager=manager, target=target, engine_listen=engine_listen
+                    ),
+                )
+            )
         except TargetUnavailableError as exc:  # e.g. a cassette recorded around slime, where slime is not
             pytest.skip(f"tito: {exc}")
         except ReplayInputError as exc:
@@ -236,8 +244,9 @@ class SessionItem(TitoItem):
             verbosity = self.config.get_verbosity()
             full = verbosity >= 2
             plain, colored = (DiffStyle(color=c, full=full, more="-vv shows it whole") for c in (False, True))
-            raise ReplayFailure(session_report(result, session, verbosity, plain),
-                                session_report(result, session, verbosity, colored))
+            raise ReplayFailure(
+                session_report(result, session, verbosity, plain), session_report(result, session, verbosity, colored)
+            )
         if option("audit"):
             self._audit(option("audit"))
 
@@ -251,8 +260,9 @@ class SessionItem(TitoItem):
         except AuditInputError as exc:
             raise ReplayFailure(f"tito audit: {exc}") from None
         if problems:
-            raise ReplayFailure(f"tito audit: {_shown(self.config, self.path)} session {self.session_name}: "
-                                + "; ".join(problems))
+            raise ReplayFailure(
+                f"tito audit: {_shown(self.config, self.path)} session {self.session_name}: " + "; ".join(problems)
+            )
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         # Not a suffix of the node id: `pytest -v` then prints the id itself, which runs this item when pasted

@@ -20,19 +20,47 @@ PREFIX = "tito-"
 RECORD_MODES = ("none", "once", "new_episodes", "all", "rewrite")  # pytest-recording's, rewrite included
 
 SETTINGS: tuple[Option, ...] = (
-    Option("cassette_dir", "cassettes collected as tests, one item per session (default cassettes)",
-           metavar="DIR", default="cassettes"),
-    Option("record_mode", "the tito_vcr fixture's vcrpy record mode (default none: replay only; pytest-recording's "
-           "--record-mode when given)", choices=RECORD_MODES, default="none"),
-    Option("allow_unused_goldens", "an unused golden (no cassette, or a section for a session the cassette no "
-           "longer has) is a warning, not a failure", switch=True, default=False),
-    Option("target", "replay through this target: tito, a driver's name, module:attribute or http://HOST:PORT "
-           "(default: each cassette's own; goldens are checked only through it)", metavar="TARGET", default=""),
-    Option("engine_listen", "HOST:PORT where replay serves a foreign target's engine leg (an http:// gateway's "
-           "engine URL)", metavar="HOST:PORT", default=""),
-    Option("audit", "also audit each session's recording (tito audit) and fail it when one of these rules fired "
-           "for it and is not allowed beside its cassette: comma-separated rule ids and coverage>=X (e.g. "
-           "\"coverage>=1.0, trained-twice\"; default: no audit)", metavar="RULES", default=""),
+    Option(
+        "cassette_dir",
+        "cassettes collected as tests, one item per session (default cassettes)",
+        metavar="DIR",
+        default="cassettes",
+    ),
+    Option(
+        "record_mode",
+        "the tito_vcr fixture's vcrpy record mode (default none: replay only; pytest-recording's "
+        "--record-mode when given)",
+        choices=RECORD_MODES,
+        default="none",
+    ),
+    Option(
+        "allow_unused_goldens",
+        "an unused golden (no cassette, or a section for a session the cassette no "
+        "longer has) is a warning, not a failure",
+        switch=True,
+        default=False,
+    ),
+    Option(
+        "target",
+        "replay through this target: tito, a driver's name, module:attribute or http://HOST:PORT "
+        "(default: each cassette's own; goldens are checked only through it)",
+        metavar="TARGET",
+        default="",
+    ),
+    Option(
+        "engine_listen",
+        "HOST:PORT where replay serves a foreign target's engine leg (an http:// gateway's engine URL)",
+        metavar="HOST:PORT",
+        default="",
+    ),
+    Option(
+        "audit",
+        "also audit each session's recording (tito audit) and fail it when one of these rules fired "
+        "for it and is not allowed beside its cassette: comma-separated rule ids and coverage>=X (e.g. "
+        '"coverage>=1.0, trained-twice"; default: no audit)',
+        metavar="RULES",
+        default="",
+    ),
     *whatif.options(),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
@@ -50,9 +78,13 @@ def ini_key(name: str) -> str:
 
 def register(parser: pytest.Parser) -> None:
     group = parser.getgroup("tito", "tito cassettes and goldens")
-    group.addoption("--update-goldens", action="store_true", default=False,
-                    help="write golden files from the replay instead of failing on a difference; delete unused "
-                         "goldens and sections")
+    group.addoption(
+        "--update-goldens",
+        action="store_true",
+        default=False,
+        help="write golden files from the replay instead of failing on a difference; delete unused "
+        "goldens and sections",
+    )
     for setting in SETTINGS:  # default None: "not given", so tito_config and the ini file can answer
         dataclasses.replace(setting, default=None).add(group.addoption, PREFIX, dest(setting.name))
         parser.addini(ini_key(setting.name), f"{setting.help} (as {setting.flag(PREFIX)})", default="")

@@ -46,8 +46,12 @@ class TitoSerializer:
     `new_episodes` mode keeps its creation time and fingerprint.
     """
 
-    def __init__(self, header: Header | None = None, redactor_factory: type[Redactor] = Redactor,
-                 tokenizer_fingerprint: str | None = None) -> None:
+    def __init__(
+        self,
+        header: Header | None = None,
+        redactor_factory: type[Redactor] = Redactor,
+        tokenizer_fingerprint: str | None = None,
+    ) -> None:
         self.header = header
         self.redactor_factory = redactor_factory
         self.tokenizer_fingerprint = tokenizer_fingerprint
@@ -135,13 +139,20 @@ def input_ids_matcher_for(tokenizer_dir: str | None = None) -> Callable[[Any, An
             if recorded != request:
                 index = token_divergence(recorded, request)
                 raise AssertionError(_token_mismatch(recorded, request, index or 0, tokenizer_dir))
-            rec_params, req_params = normalize_sampling(b.get("sampling_params")), normalize_sampling(
-                a.get("sampling_params"))
+            rec_params, req_params = (
+                normalize_sampling(b.get("sampling_params")),
+                normalize_sampling(a.get("sampling_params")),
+            )
             if rec_params != req_params:
                 keys = sorted(set(rec_params) | set(req_params))
-                raise AssertionError("sampling params differ: " + "; ".join(
-                    f"{k}: recorded {rec_params.get(k)!r}, request {req_params.get(k)!r}"
-                    for k in keys if rec_params.get(k) != req_params.get(k)))
+                raise AssertionError(
+                    "sampling params differ: "
+                    + "; ".join(
+                        f"{k}: recorded {rec_params.get(k)!r}, request {req_params.get(k)!r}"
+                        for k in keys
+                        if rec_params.get(k) != req_params.get(k)
+                    )
+                )
             return
         path = urlsplit(getattr(r2, "uri", "") or "").path or "/"
         rec_ids = view_of(None, path, b, None).prompt_ids if isinstance(b, dict) else None
@@ -161,8 +172,10 @@ def _token_mismatch(recorded: list[int], request: list[int], index: int, tokeniz
 
         tokenizer = load_tokenizer(tokenizer_dir)
     except Exception as exc:  # ids alone still say where: a tokenizer problem must not hide the mismatch
-        return f"{head}; ids from {index}: recorded {recorded[index:index + 6]}, request {request[index:index + 6]} " \
-               f"(no tokenizer to decode them: {exc})"
+        return (
+            f"{head}; ids from {index}: recorded {recorded[index : index + 6]}, request {request[index : index + 6]} "
+            f"(no tokenizer to decode them: {exc})"
+        )
 
     def decode(ids: list[int]) -> str:
         text: str = tokenizer.decode(ids, skip_special_tokens=False)
@@ -178,8 +191,10 @@ def _plain_match(a: Any, b: Any, r1: Any, r2: Any) -> None:
     """Any other JSON request (an OpenAI-style engine call with messages in) as a JSON value, its random per-call
     ids aside: gateways re-serialise, so bytes are never compared; a mismatch names the first differing path."""
     if isinstance(a, dict) and isinstance(b, dict):
-        found = json_difference({k: v for k, v in b.items() if k not in VOLATILE_KEYS},
-                                {k: v for k, v in a.items() if k not in VOLATILE_KEYS})
+        found = json_difference(
+            {k: v for k, v in b.items() if k not in VOLATILE_KEYS},
+            {k: v for k, v in a.items() if k not in VOLATILE_KEYS},
+        )
         if found is not None:
             where, was, now = found
             raise AssertionError(f"JSON bodies differ at {where}: recorded {short(was)}, request {short(now)}")
@@ -192,8 +207,15 @@ input_ids_matcher = input_ids_matcher_for()
 VOLATILE_KEYS = frozenset({"rid", "request_id"})
 
 
-def configure_vcr(my_vcr: Any = None, *, record_mode: str = "once", header: Header | None = None,
-                  tokenizer_fingerprint: str | None = None, tokenizer_dir: str | None = None, **kwargs: Any) -> Any:
+def configure_vcr(
+    my_vcr: Any = None,
+    *,
+    record_mode: str = "once",
+    header: Header | None = None,
+    tokenizer_fingerprint: str | None = None,
+    tokenizer_dir: str | None = None,
+    **kwargs: Any,
+) -> Any:
     """A `vcr.VCR` that stores tito cassettes; extra kwargs go to `vcr.VCR`. `tokenizer_dir` decodes the
     tokens a mismatch names (default: the embedded Qwen3 tokenizer)."""
     import vcr
@@ -265,14 +287,23 @@ def _engine_record(request: dict[str, Any], response: dict[str, Any]) -> EngineR
     status = response.get("status") or {}
     url = request.get("uri", "")
     return EngineRecord(
-        session=DEFAULT_SESSION, seq=0, method=request.get("method", "POST"), path=urlsplit(url).path or "/",
+        session=DEFAULT_SESSION,
+        seq=0,
+        method=request.get("method", "POST"),
+        path=urlsplit(url).path or "/",
         dialect=detect_dialect(urlsplit(url).path or "/", request_json, response_value),
-        request=request_json if isinstance(request_json, dict) else None, status=int(status.get("code", 0)),
-        response=response_value, headers=headers,
-        extra={"uri": url, "reason": status.get("message", ""),
-               "response_headers": response.get("headers", {}), "request_kind": request_kind,
-               "response_kind": response_kind,
-               **({} if isinstance(request_json, dict) else {"request_body": request_json})},
+        request=request_json if isinstance(request_json, dict) else None,
+        status=int(status.get("code", 0)),
+        response=response_value,
+        headers=headers,
+        extra={
+            "uri": url,
+            "reason": status.get("message", ""),
+            "response_headers": response.get("headers", {}),
+            "request_kind": request_kind,
+            "response_kind": response_kind,
+            **({} if isinstance(request_json, dict) else {"request_body": request_json}),
+        },
     )
 
 
@@ -295,12 +326,14 @@ def _interaction(record: EngineRecord) -> dict[str, Any]:
         body["string"] = _restore(response_kind, record.response)
     return {
         "request": {
-            "method": record.method, "uri": extra.get("uri") or f"http://engine{record.path}",
+            "method": record.method,
+            "uri": extra.get("uri") or f"http://engine{record.path}",
             "body": _restore(request_kind, request_value),
             "headers": {k: [v] for k, v in record.headers.items()},
         },
         "response": {
             "status": {"code": record.status, "message": extra.get("reason", "")},
-            "headers": extra.get("response_headers", {}), "body": body,
+            "headers": extra.get("response_headers", {}),
+            "body": body,
         },
     }

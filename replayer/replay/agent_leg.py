@@ -67,8 +67,18 @@ def request_target(record: AgentRecord, source: str = "", name: str = "") -> str
         query = urlencode([(k, name if k == "key" and REDACTED in v else v) for k, v in pairs])
     redacted_sid = f"{GATEWAY_SESSIONS}{REDACTED}/"
     if source == "path" and path.startswith(redacted_sid):
-        path = f"{GATEWAY_SESSIONS}{quote(name, safe='')}/{path[len(redacted_sid):]}"
+        path = f"{GATEWAY_SESSIONS}{quote(name, safe='')}/{path[len(redacted_sid) :]}"
     return path + (f"?{query}" if query else "")
+
+
+def adapter_target(target: str, source: str, name: str) -> str:
+    """A request to a gateway's own session URL (`path:` sources: Agent Lightning's `/proxy/rollout/{sid}/.../v1/...`)
+    as tito's adapter serves it, under `/sessions/<name>/` (the URL's session before any credential): a recording
+    made around such a gateway replays through tito's adapter with its sessions intact."""
+    at = target.find("/v1")
+    if not source.startswith("path:") or at <= 0:
+        return target
+    return f"{GATEWAY_SESSIONS}{quote(name, safe='')}{target[at:]}"
 
 
 def exchange_of(headers: dict[str, str]) -> tuple[str, int] | None:
@@ -81,8 +91,9 @@ def exchange_of(headers: dict[str, str]) -> tuple[str, int] | None:
 
 
 @web.middleware
-async def exchange_context(request: web.Request,
-                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def exchange_context(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """Marks the handler's context with the exchange it serves; the tasks it starts inherit it."""
     token = CURRENT_EXCHANGE.set(exchange_of(dict(request.headers)))
     try:

@@ -90,8 +90,9 @@ def parse_shard(value: str) -> tuple[int, int]:
     return int(index), int(total)
 
 
-def plan_work(cassettes: list[str], sessions: list[str] | None, options: ReplayOptions,
-              shard: tuple[int, int] | None = None) -> list[CassetteWork]:
+def plan_work(
+    cassettes: list[str], sessions: list[str] | None, options: ReplayOptions, shard: tuple[int, int] | None = None
+) -> list[CassetteWork]:
     """Every cassette read (each frame checked) and its tokenizer checked, before anything is replayed;
     `ReplayInputError` for the first that cannot be. Starts a run: nothing read by an earlier one is reused."""
     _CASSETTES.clear()
@@ -102,9 +103,17 @@ def plan_work(cassettes: list[str], sessions: list[str] | None, options: ReplayO
         names = select_sessions(cassette, path, sessions, missing_ok=len(cassettes) > 1)
         if shard is not None:
             names = [n for n in names if shard_of(path, n, shard[1]) == shard[0] - 1]
-        works.append(CassetteWork(path, tokenizer, names, list(cassette.sessions), cassette.truncated,
-                                  replay_target(cassette.header, options.target, path).text,
-                                  recorded_target(cassette.header)))
+        works.append(
+            CassetteWork(
+                path,
+                tokenizer,
+                names,
+                list(cassette.sessions),
+                cassette.truncated,
+                replay_target(cassette.header, options.target, path).text,
+                recorded_target(cassette.header),
+            )
+        )
     return works
 
 
@@ -112,11 +121,11 @@ def total_exchanges(works: list[CassetteWork]) -> int:
     return sum(exchange_count(_cassette(w.path, w.tokenizer)[0], n) for w in works for n in w.sessions)
 
 
-def replay_all(works: list[CassetteWork], job: Job, processes: int,
-               emit: Callable[[SessionOutcome], None]) -> None:
+def replay_all(works: list[CassetteWork], job: Job, processes: int, emit: Callable[[SessionOutcome], None]) -> None:
     """Every session replayed and handed to `emit` in order; `processes` > 1: by that many forked workers."""
     sessions = sum(len(w.sessions) for w in works)
     if processes <= 1 or sessions <= 1:
+
         async def every_cassette() -> None:
             for work in works:
                 if work.sessions:
@@ -125,7 +134,7 @@ def replay_all(works: list[CassetteWork], job: Job, processes: int,
         run_sync(every_cassette())
         return
     size = max(1, min(CHUNK_MAX, math.ceil(sessions / (processes * 4))))
-    chunks = [(w, w.sessions[i:i + size]) for w in works for i in range(0, len(w.sessions), size)]
+    chunks = [(w, w.sessions[i : i + size]) for w in works for i in range(0, len(w.sessions), size)]
     preload(works)
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     worker_job = replace(job, options=replace(job.options, on_total=None, on_exchange=None))
@@ -199,8 +208,16 @@ def outcome_of(result: SessionResult, book: GoldenBook | None, names: Any, job: 
     samples = [s for f in result.finishes for s in f.samples]
     details = session_details(result, job.verbosity, job.style) if job.style is not None else session_details(result)
     return SessionOutcome(
-        result.cassette, result.session, result.line(), details, result.ok, result.skipped,
-        result.exchanges, section if job.update_goldens else None,
+        result.cassette,
+        result.session,
+        result.line(),
+        details,
+        result.ok,
+        result.skipped,
+        result.exchanges,
+        section if job.update_goldens else None,
         [exports.sample_line(result.session, i, s) for i, s in enumerate(samples)] if job.export_replayed else [],
         [exports.sample_line(result.session, i, s) for i, s in enumerate(result.live_samples)]
-        if job.export_live else [])
+        if job.export_live
+        else [],
+    )

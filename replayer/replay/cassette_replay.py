@@ -37,28 +37,45 @@ from tito_rl.trajectory.adapters.parsing import parser_process
 T = TypeVar("T")
 
 
-async def replay_cassette_async(path: str | os.PathLike[str], sessions: Iterable[str] | None = None,
-                                options: ReplayOptions | None = None, missing_ok: bool = False) -> CassetteResult:
+async def replay_cassette_async(
+    path: str | os.PathLike[str],
+    sessions: Iterable[str] | None = None,
+    options: ReplayOptions | None = None,
+    missing_ok: bool = False,
+) -> CassetteResult:
     options = options or ReplayOptions()
     cassette, tokenizer = load_cassette(path, options.tokenizer)
     return await replay_loaded(cassette, str(path), tokenizer, sessions, options, missing_ok)
 
 
-async def replay_loaded(cassette: Cassette, path: str, tokenizer: str | None, sessions: Iterable[str] | None,
-                        options: ReplayOptions, missing_ok: bool = False) -> CassetteResult:
+async def replay_loaded(
+    cassette: Cassette,
+    path: str,
+    tokenizer: str | None,
+    sessions: Iterable[str] | None,
+    options: ReplayOptions,
+    missing_ok: bool = False,
+) -> CassetteResult:
     """Replay a cassette already read by `load_cassette` (which checked its tokenizer)."""
     names = select_sessions(cassette, path, sessions, missing_ok)
     if parser_process.active() is not None:  # a short run keeps parsing through the helper
         parser_process.settle(sum(exchange_count(cassette, n) for n in names))
     spec = replay_target(cassette.header, options.target, path)
-    done = CassetteResult(path, cassette.header, [], cassette.truncated, all_sessions=list(cassette.sessions),
-                          tokenizer_dir=tokenizer, target=spec.text, recorded_target=recorded_target(cassette.header))
+    done = CassetteResult(
+        path,
+        cassette.header,
+        [],
+        cassette.truncated,
+        all_sessions=list(cassette.sessions),
+        tokenizer_dir=tokenizer,
+        target=spec.text,
+        recorded_target=recorded_target(cassette.header),
+    )
     done.sessions = [result async for result in replay_each(cassette, path, tokenizer, names, options, spec)]
     return done
 
 
-def harness_for(cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions,
-                spec: TargetSpec) -> Any:
+def harness_for(cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions, spec: TargetSpec) -> Any:
     """What replays the cassette's sessions: tito's own adapter in-process, or the harness around a foreign
     target (`target_harness`). An async context manager with `replay_session(plan)` and `forget(name)` (drop
     what it kept of a session once its result is taken)."""
@@ -68,8 +85,10 @@ def harness_for(cassette: Cassette, path: str, tokenizer: str | None, options: R
     from tito_rl.trajectory.adapters.serve import parse_listen
 
     if spec.kind == "http" and not options.engine_listen:
-        raise ReplayInputError(f"{path}: replaying through {spec.text} needs --engine-listen HOST:PORT, the engine "
-                               "URL that gateway was started with (replay serves the engine leg there)")
+        raise ReplayInputError(
+            f"{path}: replaying through {spec.text} needs --engine-listen HOST:PORT, the engine "
+            "URL that gateway was started with (replay serves the engine leg there)"
+        )
     listen = parse_listen(options.engine_listen) if options.engine_listen else None
     return _GuardedTarget(TargetHarness(cassette, path, tokenizer, options, spec, listen))
 
@@ -94,8 +113,14 @@ class _GuardedTarget:
         await self.harness.__aexit__(*exc)
 
 
-async def replay_each(cassette: Cassette, path: str, tokenizer: str | None, names: list[str],
-                      options: ReplayOptions, spec: TargetSpec | None = None) -> AsyncIterator[SessionResult]:
+async def replay_each(
+    cassette: Cassette,
+    path: str,
+    tokenizer: str | None,
+    names: list[str],
+    options: ReplayOptions,
+    spec: TargetSpec | None = None,
+) -> AsyncIterator[SessionResult]:
     """The named sessions replayed, `options.jobs` at once, each yielded in the order named as soon as it and
     those before it are done. A session's records are read from the file when its replay starts and forgotten
     once it is yielded: memory holds the sessions in flight, however many the cassette has."""
@@ -130,8 +155,9 @@ async def replay_each(cassette: Cassette, path: str, tokenizer: str | None, name
             await asyncio.gather(*running, return_exceptions=True)
 
 
-def replay_cassette(path: str | os.PathLike[str], sessions: Iterable[str] | None = None,
-                    options: ReplayOptions | None = None) -> CassetteResult:
+def replay_cassette(
+    path: str | os.PathLike[str], sessions: Iterable[str] | None = None, options: ReplayOptions | None = None
+) -> CassetteResult:
     """Replay and verify; sessions in cassette order (or as named). Raises `ReplayInputError`."""
     return run_sync(replay_cassette_async(path, sessions, options))
 

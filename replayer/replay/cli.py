@@ -30,35 +30,57 @@ EXIT_OK, EXIT_DIFFERENCE, EXIT_UNUSABLE = 0, 1, 2
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cassettes", nargs="+", metavar="CASSETTE", help="cassette files, or folders of them")
-    parser.add_argument("--session", action="append", default=[], metavar="NAME",
-                        help="replay only this session (repeatable)")
-    parser.add_argument("--update-goldens", action="store_true",
-                        help="write the goldens from this replay, delete unused ones; differences from the "
-                             "recording are noted, not failed")
-    parser.add_argument("--allow-unused-goldens", action="store_true",
-                        help="a golden whose cassette is gone, or a section for a session no longer there, is a "
-                             "warning, not a failure")
+    parser.add_argument(
+        "--session", action="append", default=[], metavar="NAME", help="replay only this session (repeatable)"
+    )
+    parser.add_argument(
+        "--update-goldens",
+        action="store_true",
+        help="write the goldens from this replay, delete unused ones; differences from the "
+        "recording are noted, not failed",
+    )
+    parser.add_argument(
+        "--allow-unused-goldens",
+        action="store_true",
+        help="a golden whose cassette is gone, or a section for a session no longer there, is a warning, not a failure",
+    )
     parser.add_argument("--full-diff", action="store_true", help="golden diffs whole, not cut at 80 lines")
     loud = parser.add_mutually_exclusive_group()
     loud.add_argument("-q", "--quiet", action="store_true", help="failing sessions and the summary only")
     loud.add_argument("-v", "--verbose", action="store_true", help="every difference, each with its detail")
     parser.add_argument("--export-samples", metavar="FILE", help="write the replay's samples as JSON Lines")
-    parser.add_argument("--export-live-samples", metavar="FILE",
-                        help="write the samples the live run stored, in the same shape")
-    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
-                        help="worker processes replaying sessions in parallel (default 1: this process)")
-    parser.add_argument("--shard", metavar="I/N",
-                        help="replay only the sessions of shard I of N (1 <= I <= N): a stable split by cassette "
-                             "file name and session name, for a CI matrix")
+    parser.add_argument(
+        "--export-live-samples", metavar="FILE", help="write the samples the live run stored, in the same shape"
+    )
+    parser.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes replaying sessions in parallel (default 1: this process)",
+    )
+    parser.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="replay only the sessions of shard I of N (1 <= I <= N): a stable split by cassette "
+        "file name and session name, for a CI matrix",
+    )
     parser.add_argument("--junit-xml", metavar="FILE", help="also write a JUnit XML report, a test case per session")
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the recording's)")
-    parser.add_argument("--target", metavar="TARGET",
-                        help="replay through tito (tito's adapter app), a driver (slime, an entry point of "
-                             "tito.targets, module:attribute) or a running gateway http://HOST:PORT; default: the "
-                             "target the cassette was recorded around. Goldens are checked only through that one")
-    parser.add_argument("--engine-listen", metavar="HOST:PORT",
-                        help="where replay serves the engine leg for a foreign target (an http:// gateway must have "
-                             "been started with it as its engine URL; a driver's gateway gets a free port)")
+    parser.add_argument(
+        "--target",
+        metavar="TARGET",
+        help="replay through tito (tito's adapter app), a driver (slime, an entry point of "
+        "tito.targets, module:attribute) or a running gateway http://HOST:PORT; default: the "
+        "target the cassette was recorded around. Goldens are checked only through that one",
+    )
+    parser.add_argument(
+        "--engine-listen",
+        metavar="HOST:PORT",
+        help="where replay serves the engine leg for a foreign target (an http:// gateway must have "
+        "been started with it as its engine URL; a driver's gateway gets a free port)",
+    )
     whatif.register(parser.add_argument)
 
 
@@ -98,8 +120,14 @@ def _replay(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _unusable(str(exc))
     strict = not (args.update_goldens or whatif.engine_match_order(lambda name: getattr(args, name)))
-    options = ReplayOptions(strict=strict, tokenizer=args.tokenizer, adapter=adapter, manager=manager,
-                            target=args.target, engine_listen=args.engine_listen)
+    options = ReplayOptions(
+        strict=strict,
+        tokenizer=args.tokenizer,
+        adapter=adapter,
+        manager=manager,
+        target=args.target,
+        engine_listen=args.engine_listen,
+    )
     try:
         works = batch.plan_work(cassettes, args.session or None, options, shard)
     except ReplayInputError as exc:
@@ -115,8 +143,9 @@ def _replay(args: argparse.Namespace) -> int:
     gc.enable()
     verbosity = -1 if args.quiet else 1 if args.verbose else 0
     style = DiffStyle(color=use_color(sys.stdout), full=args.full_diff)
-    job = batch.Job(options, args.update_goldens, bool(args.export_samples), bool(args.export_live_samples),
-                         verbosity, style)
+    job = batch.Job(
+        options, args.update_goldens, bool(args.export_samples), bool(args.export_live_samples), verbosity, style
+    )
     # A running gateway's engine leg is one port: one process serves it.
     processes = 1 if any(w.target.startswith(("http://", "https://")) for w in works) else args.jobs
     folders = [Path(p) for p in args.cassettes if Path(p).is_dir()]
@@ -124,6 +153,7 @@ def _replay(args: argparse.Namespace) -> int:
     report = Report(works, args, verbosity)
     progress = Progress()
     progress.add_total(batch.total_exchanges(works) if progress.bar is not None else 0)
+
     def done(outcome: batch.SessionOutcome) -> None:
         progress.step(outcome.exchanges)
         report.add(outcome)
@@ -139,8 +169,10 @@ def _replay(args: argparse.Namespace) -> int:
     beside = [Path(c).parent for c in cassettes if Path(c).parent not in folders]  # not this run's to judge
     for golden in orphans(beside) if verbosity >= 0 else []:
         print(f"note: {golden} has no cassette beside it ({golden.with_suffix(CASSETTE_SUFFIX).name} is gone)")
-    print(f"{report.total} session(s): {report.total - report.failed} ok, {report.failed} failed"
-          + (f"; {failed_unused} unused golden(s)" if failed_unused else ""))
+    print(
+        f"{report.total} session(s): {report.total - report.failed} ok, {report.failed} failed"
+        + (f"; {failed_unused} unused golden(s)" if failed_unused else "")
+    )
     if args.junit_xml:
         from tito_rl.replayer.reporting.junit import write_junit
 
@@ -153,8 +185,13 @@ def unused_goldens(works: list[Any], folders: list[Path]) -> list[Unused]:
     and goldens in the folders named whose cassette is gone."""
     from tito_rl.replayer.goldens.files import GoldenBook
 
-    found = [Unused(book.path, name) for w in works if w.sessions and w.goldens_apply
-             for book in [GoldenBook(w.path)] for name in book.unused(w.all_sessions)]
+    found = [
+        Unused(book.path, name)
+        for w in works
+        if w.sessions and w.goldens_apply
+        for book in [GoldenBook(w.path)]
+        for name in book.unused(w.all_sessions)
+    ]
     return found + [Unused(g) for g in orphans(folders)]
 
 
@@ -180,8 +217,9 @@ class Report:
 
         self.works = {w.path: w for w in works}
         self.left = {w.path: len(w.sessions) for w in works}
-        self.books = {w.path: GoldenBook(w.path, update=True) for w in works
-                      if w.goldens_apply} if args.update_goldens else {}
+        self.books = (
+            {w.path: GoldenBook(w.path, update=True) for w in works if w.goldens_apply} if args.update_goldens else {}
+        )
         self.verbosity = verbosity
         self.headed: set[str] = set()
         self.total = self.failed = 0
@@ -195,9 +233,15 @@ class Report:
         if self.verbosity >= 0 or not outcome.ok:
             if work.path not in self.headed:  # the cassette's path before its first session shown
                 self.headed.add(work.path)
-                print(work.path + ("" if work.goldens_apply else
-                                   f"  (recorded around {work.recorded_target}, replayed through {work.target}: "
-                                   "compared with the recording, goldens not checked)"))
+                print(
+                    work.path
+                    + (
+                        ""
+                        if work.goldens_apply
+                        else f"  (recorded around {work.recorded_target}, replayed through {work.target}: "
+                        "compared with the recording, goldens not checked)"
+                    )
+                )
             print("  " + outcome.line)
             for line in outcome.details:
                 print("    " + line)
@@ -219,8 +263,9 @@ class Report:
         if work.path in self.books:
             self.books[work.path].write(work.all_sessions)
         if work.truncated and self.verbosity >= 0:
-            print("  note: the cassette ends in a cut record (the recorder stopped mid-write); all before it "
-                  "was replayed")
+            print(
+                "  note: the cassette ends in a cut record (the recorder stopped mid-write); all before it was replayed"
+            )
 
     def close(self) -> None:
         for out in (self.replayed, self.live):

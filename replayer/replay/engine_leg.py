@@ -43,7 +43,8 @@ VOLATILE_REQUEST_KEYS = frozenset({"rid", "request_id"})
 
 # (session name, exchange index) of the request whose handler is running; set by the replay's middleware.
 CURRENT_EXCHANGE: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
-    "tito_replay_exchange", default=None)
+    "tito_replay_exchange", default=None
+)
 STOPPED = "replay of this session stopped at an earlier difference"
 
 
@@ -86,8 +87,14 @@ class CassetteTransport:
     """`EngineTransport` for a replay. `report(session, difference)` hears of every difference found;
     `strict=False` serves each exchange's recorded answers even when the request changed."""
 
-    def __init__(self, base_url: str, decode: Decode, message_start: int | None,
-                 report: Callable[[str, Difference], None], strict: bool = True) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        decode: Decode,
+        message_start: int | None,
+        report: Callable[[str, Difference], None],
+        strict: bool = True,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.decode = decode
         self.message_start = message_start
@@ -102,14 +109,13 @@ class CassetteTransport:
     async def close(self) -> None:
         pass
 
-    async def send(self, method: str, url: str, body: dict[str, Any] | None,
-                   headers: dict[str, str]) -> EngineAnswer:
+    async def send(self, method: str, url: str, body: dict[str, Any] | None, headers: dict[str, str]) -> EngineAnswer:
         key = CURRENT_EXCHANGE.get()
         leg = self.legs.get(key) if key is not None else None
         if key is None or leg is None:
             raise EngineUnreachable("replay: an engine call outside any replayed agent exchange")
         session = key[0]
-        path = url[len(self.base_url):] if url.startswith(self.base_url) else url
+        path = url[len(self.base_url) :] if url.startswith(self.base_url) else url
         record = leg.take(method, path)
         translated = record is None and endpoint_of(path) == "generate" and detect_dialect(path, body) == SGLANG
         if translated:
@@ -117,14 +123,24 @@ class CassetteTransport:
         recorded = record_view(record) if translated and record is not None else None
         if record is None:
             exchange = leg.planned
-            self.report(session, Difference(
-                "engine-calls", f"the adapter called {method} {path}, which the recording has no (further) call "
-                f"of for this exchange", exchange.index, exchange.turn,
-                [f"recorded calls: {', '.join(f'{r.method} {r.path}' for r in exchange.engine) or 'none'}"]))
+            self.report(
+                session,
+                Difference(
+                    "engine-calls",
+                    f"the adapter called {method} {path}, which the recording has no (further) call "
+                    f"of for this exchange",
+                    exchange.index,
+                    exchange.turn,
+                    [f"recorded calls: {', '.join(f'{r.method} {r.path}' for r in exchange.engine) or 'none'}"],
+                ),
+            )
             raise EngineUnreachable(f"replay: no recorded {method} {path} for this exchange")
         if is_generation(path):
-            difference = (self.check_translated(leg.planned, record, recorded, body) if recorded is not None
-                          else self.check_call(leg.planned, record, body))
+            difference = (
+                self.check_translated(leg.planned, record, recorded, body)
+                if recorded is not None
+                else self.check_call(leg.planned, record, body)
+            )
             if difference is not None:
                 self.report(session, difference)
                 if self.strict:
@@ -142,8 +158,9 @@ class CassetteTransport:
             return EngineAnswer(200, generate_answer(recorded, body, self.decode))
         return EngineAnswer(record.status, record.response)
 
-    def check_translated(self, exchange: PlannedExchange, record: EngineRecord, recorded: EngineView,
-                         body: dict[str, Any] | None) -> Difference | None:
+    def check_translated(
+        self, exchange: PlannedExchange, record: EngineRecord, recorded: EngineView, body: dict[str, Any] | None
+    ) -> Difference | None:
         """A /generate served from a generation recorded in another dialect: the prompts compare as ids where
         the recording knows them (a messages-in call whose engine returned its prompt ids does); the sampling
         params are named differently across dialects and are left to `tito audit`."""
@@ -151,14 +168,20 @@ class CassetteTransport:
             return None
         rec_ids, rep_ids = recorded.prompt_ids, (body or {}).get("input_ids")
         if recorded.output_ids is None:
-            return Difference("engine-calls", f"the recorded {recorded.dialect} call ({record.method} {record.path}) "
-                              "has no output ids to answer a /generate with", exchange.index, exchange.turn)
+            return Difference(
+                "engine-calls",
+                f"the recorded {recorded.dialect} call ({record.method} {record.path}) "
+                "has no output ids to answer a /generate with",
+                exchange.index,
+                exchange.turn,
+            )
         if rec_ids is None or not isinstance(rep_ids, list | PackedIds):
             return None
         return self.prompt_difference(exchange, rec_ids, rep_ids, "input_ids", f" as {recorded.dialect}")
 
-    def prompt_difference(self, exchange: PlannedExchange, rec_ids: Any, rep_ids: Any, name: str,
-                          recorded_as: str = "") -> Difference | None:
+    def prompt_difference(
+        self, exchange: PlannedExchange, rec_ids: Any, rep_ids: Any, name: str, recorded_as: str = ""
+    ) -> Difference | None:
         """The first token where two prompts part, decoded on both sides, with the rendered message it is in."""
         index = token_divergence(rec_ids, rep_ids)
         if index is None:
@@ -167,12 +190,18 @@ class CassetteTransport:
         where = message_at(rep_ids, index, self.decode, self.message_start)
         if where:
             detail.append(f"in {where}")
-        return Difference("engine-request", f"engine request differs: {name} at token {index} (recorded "
-                          f"{len(rec_ids)} tokens{recorded_as}, replayed {len(rep_ids)})", exchange.index,
-                          exchange.turn, detail)
+        return Difference(
+            "engine-request",
+            f"engine request differs: {name} at token {index} (recorded "
+            f"{len(rec_ids)} tokens{recorded_as}, replayed {len(rep_ids)})",
+            exchange.index,
+            exchange.turn,
+            detail,
+        )
 
-    def check_call(self, exchange: PlannedExchange, record: EngineRecord,
-                   body: dict[str, Any] | None) -> Difference | None:
+    def check_call(
+        self, exchange: PlannedExchange, record: EngineRecord, body: dict[str, Any] | None
+    ) -> Difference | None:
         """A generation against its recorded twin. `/generate`: input_ids, then the sampling params that change
         results. Any other dialect: the prompt ids where both requests carry them (first differing token), then
         the rest of the request as a JSON value (first differing path; gateways re-serialise, so bytes are never
@@ -189,31 +218,41 @@ class CassetteTransport:
             if difference is not None:
                 return difference
             skip |= {k for k in ("input_ids", "token_ids", "prompt", "tokens") if k in recorded or k in replayed}
-        found = json_difference({k: v for k, v in recorded.items() if k not in skip},
-                                {k: v for k, v in replayed.items() if k not in skip})
+        found = json_difference(
+            {k: v for k, v in recorded.items() if k not in skip}, {k: v for k, v in replayed.items() if k not in skip}
+        )
         if found is None:
             return None
         where, was, now = found
-        return Difference("engine-request", f"engine request differs at {where or '$'}: recorded {short(was)}, "
-                          f"replayed {short(now)}", exchange.index, exchange.turn,
-                          [f"{record.method} {record.path} ({dialect})"])
+        return Difference(
+            "engine-request",
+            f"engine request differs at {where or '$'}: recorded {short(was)}, replayed {short(now)}",
+            exchange.index,
+            exchange.turn,
+            [f"{record.method} {record.path} ({dialect})"],
+        )
 
-    def check_generate(self, exchange: PlannedExchange, record: EngineRecord,
-                       body: dict[str, Any] | None) -> Difference | None:
+    def check_generate(
+        self, exchange: PlannedExchange, record: EngineRecord, body: dict[str, Any] | None
+    ) -> Difference | None:
         recorded = record.request or {}
         replayed = body or {}
         rec_ids, rep_ids = recorded.get("input_ids") or [], replayed.get("input_ids") or []
         a = normalize_sampling(recorded.get("sampling_params"))
         b = normalize_sampling(replayed.get("sampling_params"))
-        sampling = [f"{k}: recorded {a.get(k)!r}, replayed {b.get(k)!r}"
-                    for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        sampling = [
+            f"{k}: recorded {a.get(k)!r}, replayed {b.get(k)!r}"
+            for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)
+        ]
         difference = self.prompt_difference(exchange, rec_ids, rep_ids, "input_ids")
         if difference is not None:
             difference.detail += [f"sampling params also differ: {line}" for line in sampling]
             return difference
         if sampling:
-            return Difference("engine-request", "engine request differs: sampling params", exchange.index,
-                              exchange.turn, sampling)
+            return Difference(
+                "engine-request", "engine request differs: sampling params", exchange.index, exchange.turn, sampling
+            )
         return None
 
 
@@ -231,8 +270,15 @@ def generate_answer(view: EngineView, body: dict[str, Any] | None, decode: Decod
     else:
         finish = {"type": "stop", "matched": ids[-1] if ids else None}
     prompt = (body or {}).get("input_ids")
-    return {"text": decode(ids), "output_ids": ids, "meta_info": {
-        "id": str((body or {}).get("rid") or ""), "finish_reason": finish,
-        "prompt_tokens": len(prompt) if isinstance(prompt, list) else len(view.prompt_ids or ()),
-        "completion_tokens": len(ids), "cached_tokens": 0,
-        "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, ids, strict=False)]}}
+    return {
+        "text": decode(ids),
+        "output_ids": ids,
+        "meta_info": {
+            "id": str((body or {}).get("rid") or ""),
+            "finish_reason": finish,
+            "prompt_tokens": len(prompt) if isinstance(prompt, list) else len(view.prompt_ids or ()),
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, ids, strict=False)],
+        },
+    }

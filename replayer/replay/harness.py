@@ -26,7 +26,13 @@ from tito_rl.replayer.comparison.differences import (
     short,
     turn_locator,
 )
-from tito_rl.replayer.replay.agent_leg import ReplayTap, exchange_context, request_headers, request_target
+from tito_rl.replayer.replay.agent_leg import (
+    ReplayTap,
+    adapter_target,
+    exchange_context,
+    request_headers,
+    request_target,
+)
 from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE, CassetteTransport
 from tito_rl.replayer.replay.loading import (
     ReplayInputError,
@@ -48,7 +54,7 @@ from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 UNIX_PATH_MAX = 107  # a Unix socket's path, in bytes (Linux's sun_path holds 108 with the terminating NUL)
 STEP_TIMEOUT_S = 60.0  # a step that takes this long is a hang: reported as a difference, never waited out
 _CREATED = re.compile(rb'"created(?:_at)?":\s*(\d+)')
-    # its rows there, so a session is read from the file once)
+# its rows there, so a session is read from the file once)
 
 
 @dataclass
@@ -86,8 +92,9 @@ class HarnessBase:
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
         self.cassette, self.path, self.options = cassette, path, options
         # through another target than the recorded one (a conformance run): replies compared by what they mean
-        self.cross_target = not same_target(replay_target(cassette.header, options.target, path).text,
-                                            recorded_target(cassette.header))
+        self.cross_target = not same_target(
+            replay_target(cassette.header, options.target, path).text, recorded_target(cassette.header)
+        )
         self.tokenizer_dir = tokenizer
         self.tokenizer = load_tokenizer(tokenizer)
         self.results: dict[str, SessionResult] = {}
@@ -118,8 +125,10 @@ class HarnessBase:
         if result.skipped is not None:
             return result
         if plan.unanswered_engine_calls:
-            result.notes.append(f"{plan.unanswered_engine_calls} engine call(s) after the last agent exchange "
-                                "(cut short by the recorder's end) are not replayed")
+            result.notes.append(
+                f"{plan.unanswered_engine_calls} engine call(s) after the last agent exchange "
+                "(cut short by the recorder's end) are not replayed"
+            )
         refused = self.foreign_dialect(plan)
         if refused is not None:
             result.differences.append(refused)
@@ -169,14 +178,27 @@ class Harness(HarnessBase):
     def foreign_dialect(self, plan: SessionPlan) -> Difference | None:
         """tito's adapter calls SGLang's /generate: a generation recorded in another dialect serves it translated
         (`engine_leg.generate_answer`) where it holds output ids; one that does not has nothing to serve it."""
-        other = next((r for e in plan.exchanges for r in e.engine if is_generation(r.path) and r.status == 200
-                      and r.dialect not in (None, SGLANG) and record_view(r).output_ids is None), None)
+        other = next(
+            (
+                r
+                for e in plan.exchanges
+                for r in e.engine
+                if is_generation(r.path)
+                and r.status == 200
+                and r.dialect not in (None, SGLANG)
+                and record_view(r).output_ids is None
+            ),
+            None,
+        )
         if other is None:
             return None
         recorded = (self.cassette.header.target or {}).get("name") or "the target it was recorded around"
-        return Difference("engine-calls", f"the recording's engine calls are {other.dialect} ({other.method} "
-                          f"{other.path}) without output ids (the gateway did not ask for them): nothing can answer "
-                          f"tito's adapter's /generate from them; replay it through {recorded} (--target)")
+        return Difference(
+            "engine-calls",
+            f"the recording's engine calls are {other.dialect} ({other.method} "
+            f"{other.path}) without output ids (the gateway did not ask for them): nothing can answer "
+            f"tito's adapter's /generate from them; replay it through {recorded} (--target)",
+        )
 
     def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions) -> None:
         super().__init__(cassette, path, tokenizer, options)
@@ -186,8 +208,9 @@ class Harness(HarnessBase):
         self.settings.clock = self._created
         self.manager = CapturingManager(**{**(cassette.header.adapter.get("manager") or {}), **options.manager})
         self.tap = ReplayTap()
-        self.transport = CassetteTransport(self.settings.engine_url, self.decode, self._message_start(),
-                                           self.report, strict=options.strict)
+        self.transport = CassetteTransport(
+            self.settings.engine_url, self.decode, self._message_start(), self.report, strict=options.strict
+        )
         self.adapter: Any = None
         self._dir = ""
         self._runner: web.AppRunner | None = None
@@ -220,8 +243,10 @@ class Harness(HarnessBase):
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         await web.UnixSite(self._runner, socket_path).start()
-        self.client = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=socket_path, force_close=True),
-                                            timeout=aiohttp.ClientTimeout(total=None))
+        self.client = aiohttp.ClientSession(
+            connector=aiohttp.UnixConnector(path=socket_path, force_close=True),
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -254,7 +279,7 @@ class Harness(HarnessBase):
         """Re-send a recorded request; its answer reaches `answered`/`replayed` through the adapter's tap."""
         record = exchange.record
         headers = request_headers(record, plan.source, plan.name, exchange.index)
-        target = request_target(record, plan.source, plan.name)
+        target = adapter_target(request_target(record, plan.source, plan.name), plan.source, plan.name)
         await self.request(record.method, target, data=record.body or None, headers=headers)
 
     def answered(self, key: tuple[str, int]) -> asyncio.Event:
@@ -264,8 +289,9 @@ class Harness(HarnessBase):
         return self.tap.exchanges[key]
 
     async def finish_session(self, name: str, reward: float) -> FinishResult | Difference:
-        status, body = await self.request("POST", f"/tito/sessions/{quote(name, safe='')}/finish",
-                                          json={"reward": reward})
+        status, body = await self.request(
+            "POST", f"/tito/sessions/{quote(name, safe='')}/finish", json={"reward": reward}
+        )
         if status != 200:
             return Difference("samples", f"finish answered {status}: {short(body.decode(errors='replace'))}")
         captured = self.manager.captured[name][-1]
@@ -311,8 +337,10 @@ class SessionRun:
         """Send the request; wait until it reaches the engine or is answered without it."""
         self.clients[exchange.index] = task = asyncio.ensure_future(self.h.send(self.plan, exchange))
         leg = self.legs[exchange.index]
-        waits = {asyncio.ensure_future(leg.arrived.wait()),
-                 asyncio.ensure_future(self.h.answered((self.plan.name, exchange.index)).wait())}
+        waits = {
+            asyncio.ensure_future(leg.arrived.wait()),
+            asyncio.ensure_future(self.h.answered((self.plan.name, exchange.index)).wait()),
+        }
         try:
             done, _ = await asyncio.wait({task, *waits}, timeout=STEP_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -321,8 +349,9 @@ class SessionRun:
         if not done:
             self.stall(exchange, "reach the engine or be answered")
         elif task in done and task.exception() is not None:
-            self.found(Difference(
-                "error", f"the request could not be sent: {task.exception()}", exchange.index, exchange.turn))
+            self.found(
+                Difference("error", f"the request could not be sent: {task.exception()}", exchange.index, exchange.turn)
+            )
 
     async def end(self, exchange: PlannedExchange) -> None:
         leg = self.legs[exchange.index]
@@ -353,8 +382,12 @@ class SessionRun:
             difference = exchange_difference(exchange, self.h.replayed(key), self.h.volatile, self.h.same_adapter)
         if difference is None and leg.unserved:
             missing = ", ".join(f"{r.method} {r.path}" for r in leg.unserved)
-            difference = Difference("engine-calls", f"the replay did not make the recorded engine call(s): {missing}",
-                                    exchange.index, exchange.turn)
+            difference = Difference(
+                "engine-calls",
+                f"the replay did not make the recorded engine call(s): {missing}",
+                exchange.index,
+                exchange.turn,
+            )
         if difference is not None:
             self.found(difference)
             return
@@ -370,8 +403,13 @@ class SessionRun:
         if outcome is None:  # the target offers no samples (a gateway without a session API)
             n = len(self.result.finishes) + self.result.unsampled_finishes + 1
             if live is not None:  # one side has samples: say which has what
-                self.found(Difference("samples", f"finish {n}: the recording has {len(live)} sample(s), the "
-                                      "target offered none (it answered no samples at its finish)"))
+                self.found(
+                    Difference(
+                        "samples",
+                        f"finish {n}: the recording has {len(live)} sample(s), the "
+                        "target offered none (it answered no samples at its finish)",
+                    )
+                )
                 return
             self.result.unsampled_finishes += 1  # neither side has samples: replies and engine calls verified
             return
@@ -383,13 +421,22 @@ class SessionRun:
         found = samples_difference(live, outcome.samples, self.h.decode, turn_locator(spans), ("live", "replayed"))
         if found is not None:
             summary, detail, turn = found
-            decisions = [e for e in outcome.linearization.events if e.kind in ("fork", "realign", "merge")] \
-                if outcome.linearization is not None else []
+            decisions = (
+                [e for e in outcome.linearization.events if e.kind in ("fork", "realign", "merge")]
+                if outcome.linearization is not None
+                else []
+            )
             if decisions:  # what the replay's manager decided: usually why the samples changed
                 detail.append("the replay decided: " + "; ".join(e.describe() for e in decisions[:4]))
                 turn = decisions[0].turn if turn is None else turn
-            self.found(Difference("samples", f"samples differ at finish {len(self.result.finishes)}: {summary}",
-                                  turn=turn, detail=detail))
+            self.found(
+                Difference(
+                    "samples",
+                    f"samples differ at finish {len(self.result.finishes)}: {summary}",
+                    turn=turn,
+                    detail=detail,
+                )
+            )
 
     async def drop(self) -> None:
         self.result.drops += 1
@@ -398,8 +445,11 @@ class SessionRun:
             self.found(difference)
 
     def stall(self, exchange: PlannedExchange, what: str) -> None:
-        self.found(Difference(
-            "stall", f"the request did not {what} within {STEP_TIMEOUT_S:g} s", exchange.index, exchange.turn))
+        self.found(
+            Difference(
+                "stall", f"the request did not {what} within {STEP_TIMEOUT_S:g} s", exchange.index, exchange.turn
+            )
+        )
 
     async def stop(self) -> None:
         """Let every held generation go and every request end, so nothing outlives the session's replay."""
@@ -413,19 +463,28 @@ class SessionRun:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-def exchange_difference(exchange: PlannedExchange, replayed: Any, volatile: tuple[str, ...] = (),
-                        adapter_flags: bool = True) -> Difference | None:
+def exchange_difference(
+    exchange: PlannedExchange, replayed: Any, volatile: tuple[str, ...] = (), adapter_flags: bool = True
+) -> Difference | None:
     """The first way the target's answer differs from the recorded one: status, reply bytes (the `volatile`
     fields aside: values the target draws at random or from the clock), then flags (`adapter_flags`: the turn
     index and side flag tito's adapter reports, when both sides of the comparison are tito's adapter)."""
     recorded = exchange.record
     if recorded.status != replayed.status:
-        detail = [f"recorded: {short(_reply_text(recorded.reply_body, recorded.reply_events))}",
-                  f"replayed: {short(_reply_text(replayed.reply_body, replayed.reply_events))}"]
-        return Difference("reply", f"reply status: recorded {recorded.status}, replayed {replayed.status}",
-                          exchange.index, exchange.turn, detail)
-    lines = reply_difference(recorded.reply_body, recorded.reply_events, replayed.reply_body, replayed.reply_events,
-                             volatile)
+        detail = [
+            f"recorded: {short(_reply_text(recorded.reply_body, recorded.reply_events))}",
+            f"replayed: {short(_reply_text(replayed.reply_body, replayed.reply_events))}",
+        ]
+        return Difference(
+            "reply",
+            f"reply status: recorded {recorded.status}, replayed {replayed.status}",
+            exchange.index,
+            exchange.turn,
+            detail,
+        )
+    lines = reply_difference(
+        recorded.reply_body, recorded.reply_events, replayed.reply_body, replayed.reply_events, volatile
+    )
     if lines is not None:
         return Difference("reply", "reply to the agent differs", exchange.index, exchange.turn, lines)
     flags = (("turn_index", "turn index"), ("side", "side request"), ("retry_of", "retry of"))
@@ -446,9 +505,13 @@ def meaning_difference(exchange: PlannedExchange, replayed: Any) -> Difference |
     lines = a.differences(b)
     if not lines:
         return None
-    return Difference("reply", "the reply differs for the agent (recorded vs replayed): "
-                      + ", ".join(line.split(":")[0] for line in lines),
-                      exchange.index, exchange.turn, lines)
+    return Difference(
+        "reply",
+        "the reply differs for the agent (recorded vs replayed): " + ", ".join(line.split(":")[0] for line in lines),
+        exchange.index,
+        exchange.turn,
+        lines,
+    )
 
 
 def wire_event(exchange: PlannedExchange, turns_known: bool = True) -> str | None:
@@ -457,13 +520,20 @@ def wire_event(exchange: PlannedExchange, turns_known: bool = True) -> str | Non
     the recording knows each exchange's turn (tito's adapter); around another target it does not say."""
     record = exchange.record
     generates = [c for c in exchange.engine if is_generation(c.path)]
-    failed = [f"engine {c.path} call dropped" if c.status == 0 and c.error == DROPPED
-              else f"engine {c.path} {c.status or 'no answer'}" for c in generates if c.status != 200]
+    failed = [
+        f"engine {c.path} call dropped"
+        if c.status == 0 and c.error == DROPPED
+        else f"engine {c.path} {c.status or 'no answer'}"
+        for c in generates
+        if c.status != 200
+    ]
     aborts = sum(endpoint_of(c.path) == "abort" for c in exchange.engine)
     parts: list[str] = []
     if record.retry_of is not None:
-        parts.append(f"retry of #{record.retry_of} (identical body): " + (
-            "generated again" if generates else "answered from the first reply, no engine call"))
+        parts.append(
+            f"retry of #{record.retry_of} (identical body): "
+            + ("generated again" if generates else "answered from the first reply, no engine call")
+        )
     if record.status == 499:
         parts.append("client gone mid-generation")
     elif record.status != 200:

@@ -31,8 +31,9 @@ class TargetUnavailableError(ReplayInputError):
     """The target to replay through is not installed here (a slime cassette where slime is not): tests skip."""
 
 
-def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None,
-                  verify: bool = True) -> tuple[Cassette, str | None]:
+def load_cassette(
+    path: str | os.PathLike[str], tokenizer: str | None = None, verify: bool = True
+) -> tuple[Cassette, str | None]:
     """The cassette (its sessions read from the file as they are replayed) and the tokenizer folder to replay it
     with; `ReplayInputError` when it cannot be. `verify`: every frame checked first (`open_cassette`). Recorded
     prompts are read packed: replay counts, compares and slices them, and a long session's are most of its reading."""
@@ -47,8 +48,9 @@ def load_cassette(path: str | os.PathLike[str], tokenizer: str | None = None,
         raise ReplayInputError(f"{path}: header {problem}")
     folder = tokenizer or cassette.header.adapter.get("tokenizer_dir")
     if folder and not Path(folder).is_dir():
-        raise ReplayInputError(f"{path}: recorded with the tokenizer in {folder}, which is not on this machine; "
-                               "pass --tokenizer DIR")
+        raise ReplayInputError(
+            f"{path}: recorded with the tokenizer in {folder}, which is not on this machine; pass --tokenizer DIR"
+        )
     try:
         check_tokenizer(cassette.header, fingerprint(folder), os.fspath(path))
     except TokenizerMismatchError as exc:
@@ -78,14 +80,18 @@ def settings_problem(header: Header) -> str | None:
     manager = header.adapter.get("manager", {})
     if not isinstance(manager, dict):
         return f"adapter.manager: expected a map, got {type(manager).__name__}"
-    checks = [(f"adapter.{k}", v, adapter_types[k]) for k, v in header.adapter.items()
-              if k in adapter_types and k not in LOCAL_SETTINGS]
+    checks = [
+        (f"adapter.{k}", v, adapter_types[k])
+        for k, v in header.adapter.items()
+        if k in adapter_types and k not in LOCAL_SETTINGS
+    ]
     for key, value in manager.items():
         if key not in manager_types:
             return f"adapter.manager.{key}: not a setting of this tito's manager"
         checks.append((f"adapter.manager.{key}", value, manager_types[key]))
-    checks += [(f"parsers.{k}", header.parsers[k], str | None) for k in ("tool_call", "reasoning")
-               if k in header.parsers]
+    checks += [
+        (f"parsers.{k}", header.parsers[k], str | None) for k in ("tool_call", "reasoning") if k in header.parsers
+    ]
     for where, value, hint in checks:
         try:
             msgspec.convert(value, hint)
@@ -121,8 +127,7 @@ def recorded_engine_model(cassette: Cassette) -> str | None:
     return None
 
 
-def select_sessions(cassette: Cassette, path: str, names: Iterable[str] | None,
-                    missing_ok: bool = False) -> list[str]:
+def select_sessions(cassette: Cassette, path: str, names: Iterable[str] | None, missing_ok: bool = False) -> list[str]:
     """The sessions to replay, in cassette order; `missing_ok` skips names this cassette lacks."""
     available = list(cassette.sessions)
     if names is None:
@@ -130,8 +135,9 @@ def select_sessions(cassette: Cassette, path: str, names: Iterable[str] | None,
     wanted = set(names)
     unknown = sorted(wanted - set(available))
     if unknown and not missing_ok:
-        raise ReplayInputError(f"{path}: no session {', '.join(map(repr, unknown))}; it has "
-                               f"{', '.join(available) or 'none'}")
+        raise ReplayInputError(
+            f"{path}: no session {', '.join(map(repr, unknown))}; it has {', '.join(available) or 'none'}"
+        )
     return [n for n in available if n in wanted]
 
 

@@ -55,10 +55,16 @@ class SessionResult:
         forks: Counter[str] = Counter()
         for s in stats:
             forks.update(s.forks)
-        return {"turns": sum(s.turns for s in stats), "side": sum(s.side_turns for s in stats),
-                "samples": sum(s.samples for s in stats), "forks": dict(sorted(forks.items())),
-                "realigns": sum(s.realigns for s in stats), "masked": sum(s.masked_tokens for s in stats),
-                "trained": sum(s.trained_tokens for s in stats), "emitted": sum(s.emitted_tokens for s in stats)}
+        return {
+            "turns": sum(s.turns for s in stats),
+            "side": sum(s.side_turns for s in stats),
+            "samples": sum(s.samples for s in stats),
+            "forks": dict(sorted(forks.items())),
+            "realigns": sum(s.realigns for s in stats),
+            "masked": sum(s.masked_tokens for s in stats),
+            "trained": sum(s.trained_tokens for s in stats),
+            "emitted": sum(s.emitted_tokens for s in stats),
+        }
 
     def status(self) -> str:
         if self.skipped:
@@ -82,9 +88,11 @@ class SessionResult:
     def line(self) -> str:
         c = self.counts()
         forks = ",".join(f"{k}:{v}" for k, v in c["forks"].items()) or "none"
-        return (f"{self.session}  turns {c['turns']}  side {c['side']}  samples {c['samples']}  forks {forks}  "
-                f"realigns {c['realigns']}  masked {c['masked']}  trained {c['trained']}  "
-                f"coverage {coverage_text(c['trained'], c['emitted'])}  {self.status()}")
+        return (
+            f"{self.session}  turns {c['turns']}  side {c['side']}  samples {c['samples']}  forks {forks}  "
+            f"realigns {c['realigns']}  masked {c['masked']}  trained {c['trained']}  "
+            f"coverage {coverage_text(c['trained'], c['emitted'])}  {self.status()}"
+        )
 
 
 @dataclass

@@ -70,9 +70,15 @@ def target_linearization(samples: list[dict[str, Any]], stats: Mapping[str, Any]
         ones = sum(sample.loss_mask)
         trained, masked = trained + ones, masked + sample.response_length - ones
     forks = object_at(stats, "forks")
-    summary = SessionStats(turns=int(stats.get("turns", 0) or 0), samples=len(built), forks=dict(sorted(forks.items())),
-                           realigns=int(stats.get("realigns", 0) or 0), merges=int(stats.get("merges", 0) or 0),
-                           masked_tokens=masked, trained_tokens=trained)
+    summary = SessionStats(
+        turns=int(stats.get("turns", 0) or 0),
+        samples=len(built),
+        forks=dict(sorted(forks.items())),
+        realigns=int(stats.get("realigns", 0) or 0),
+        merges=int(stats.get("merges", 0) or 0),
+        masked_tokens=masked,
+        trained_tokens=trained,
+    )
     return Linearization(built, [], {}, summary, spans)
 
 
@@ -93,14 +99,22 @@ class TargetHarness(HarnessBase):
 
     late_calls_s = LATE_CALLS_S
 
-    def __init__(self, cassette: Cassette, path: str, tokenizer: str | None, options: ReplayOptions,
-                 spec: TargetSpec, engine_listen: tuple[str, int] | None) -> None:
+    def __init__(
+        self,
+        cassette: Cassette,
+        path: str,
+        tokenizer: str | None,
+        options: ReplayOptions,
+        spec: TargetSpec,
+        engine_listen: tuple[str, int] | None,
+    ) -> None:
         super().__init__(cassette, path, tokenizer, options)
         self.spec = spec
         self.engine_listen = engine_listen or ("127.0.0.1", 0)
         recorded = cassette.header.target or {}
-        self.transport = CassetteTransport(ENGINE_BASE, self.decode, self._message_start(), self.report,
-                                           strict=options.strict)
+        self.transport = CassetteTransport(
+            ENGINE_BASE, self.decode, self._message_start(), self.report, strict=options.strict
+        )
         self.driver: Any = None
         self.routing_header = recorded.get("routing_header", ROUTING_HEADER) if recorded else ROUTING_HEADER
         self.volatile: tuple[str, ...] = tuple(recorded.get("volatile") or ())
@@ -122,9 +136,12 @@ class TargetHarness(HarnessBase):
             if self.spec.kind == "http":
                 from tito_rl.recorder.targets.http import HttpTarget
 
-                self.driver = HttpTarget(self.spec.url, self.volatile, self.routing_header,
-                                         session_from=(self.cassette.header.target or {}).get("session_from")
-                                         or "bearer")
+                self.driver = HttpTarget(
+                    self.spec.url,
+                    self.volatile,
+                    self.routing_header,
+                    session_from=(self.cassette.header.target or {}).get("session_from") or "bearer",
+                )
             else:
                 from tito_rl.recorder.targets.registry import create_driver
 
@@ -138,8 +155,11 @@ class TargetHarness(HarnessBase):
         except Exception as exc:  # noqa: BLE001 - a gateway that cannot start: one line, exit 2
             await self._stop_servers()
             raise TargetError(f"target {self.spec.text!r} did not start: {type(exc).__name__}: {exc}") from None
-        self.client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True),
-                                            timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+        self.client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            timeout=aiohttp.ClientTimeout(total=None),
+            auto_decompress=False,
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -160,12 +180,17 @@ class TargetHarness(HarnessBase):
         parsers = header.parsers or {}
         adapter = self.options.adapter
         manager = self.options.manager
+        recorded = (header.target or {}).get("settings") or {}
+        extra = {"profile": recorded["profile"]} if isinstance(recorded.get("profile"), dict) else {}
         return TargetOptions(
+            extra=extra,
             tokenizer_dir=self.tokenizer_dir,
             reasoning_parser=adapter.get("reasoning_parser", parsers.get("reasoning", "qwen3")),
             tool_parser=adapter.get("tool_parser", parsers.get("tool_call", "qwen25")),
-            fork_threshold=manager.get("fork_threshold_tokens", (header.adapter.get("manager") or {}).get(
-                "fork_threshold_tokens")))
+            fork_threshold=manager.get(
+                "fork_threshold_tokens", (header.adapter.get("manager") or {}).get("fork_threshold_tokens")
+            ),
+        )
 
     # ---- a session's run (see harness.SessionRun) ----
 
@@ -182,15 +207,19 @@ class TargetHarness(HarnessBase):
     async def send(self, plan: SessionPlan, exchange: PlannedExchange) -> None:
         assert self.client is not None
         record, key = exchange.record, (plan.name, exchange.index)
-        headers = {k: v for k, v in request_headers(record, plan.source, plan.name, exchange.index).items()
-                   if k != REPLAY_HEADER}
+        headers = {
+            k: v
+            for k, v in request_headers(record, plan.source, plan.name, exchange.index).items()
+            if k != REPLAY_HEADER
+        }
         target = request_target(record, plan.source, plan.name)
         reply = AgentExchange(record.method, record.path, record.query, headers, record.body, 0, {})
         self._sent += 1
         self.inflight[key] = self._sent
         try:
-            async with self.client.request(record.method, self.url + target, data=record.body or None,
-                                           headers=forwarded(headers, HOP_HEADERS)) as resp:
+            async with self.client.request(
+                record.method, self.url + target, data=record.body or None, headers=forwarded(headers, HOP_HEADERS)
+            ) as resp:
                 reply.status = resp.status
                 if resp.content_type == SSE:
                     received = bytearray()
@@ -248,8 +277,11 @@ class TargetHarness(HarnessBase):
             return None
         stats = finished.stats if isinstance(finished, TargetFinish) else {}
         linearization = target_linearization(samples, stats)
-        tree: dict[str, Any] = {"nodes": [], "target": self.target_name,
-                                "untrained_turns": stats.get("untrained_turns")}
+        tree: dict[str, Any] = {
+            "nodes": [],
+            "target": self.target_name,
+            "untrained_turns": stats.get("untrained_turns"),
+        }
         return FinishResult(reward, None, samples, linearization, tree)
 
     async def drop_session(self, name: str) -> Difference | None:
@@ -281,11 +313,14 @@ class TargetHarness(HarnessBase):
         try:
             if request.path.endswith("/generate") and isinstance(data, dict) and data.get("rid") is not None:
                 self._rids[str(data["rid"])] = key
-            answer = await self.transport.send(request.method, ENGINE_BASE + request.path_qs,
-                                               data if isinstance(data, dict) else None, dict(request.headers))
+            answer = await self.transport.send(
+                request.method,
+                ENGINE_BASE + request.path_qs,
+                data if isinstance(data, dict) else None,
+                dict(request.headers),
+            )
         except EngineUnreachable as exc:  # a recorded call with no HTTP answer, or a call the recording lacks
-            return web.json_response({"error": {"message": f"tito: the engine did not answer: {exc.text}"}},
-                                     status=502)
+            return web.json_response({"error": {"message": f"tito: the engine did not answer: {exc.text}"}}, status=502)
         finally:
             CURRENT_EXCHANGE.reset(token)
         if isinstance(data, dict) and data.get("stream") and answer.status == 200:
@@ -302,8 +337,11 @@ class TargetHarness(HarnessBase):
         if path.endswith("/abort_request") and isinstance(body, dict) and str(body.get("rid")) in self._rids:
             return self._rids[str(body.get("rid"))]
         session = self._routed_session(headers)
-        candidates = [k for k in sorted(self.inflight, key=self.inflight.__getitem__)
-                      if (session is None or k[0] == session) and self._expects(k, request_path=path)]
+        candidates = [
+            k
+            for k in sorted(self.inflight, key=self.inflight.__getitem__)
+            if (session is None or k[0] == session) and self._expects(k, request_path=path)
+        ]
         if not candidates:
             return None
         wanted = _call_key(path, body)
@@ -324,11 +362,20 @@ class TargetHarness(HarnessBase):
             return
         key = flights[0]
         leg = self.transport.legs.get(key)
-        self.report(key[0], Difference(
-            "engine-calls", f"the target called POST {path}, which the recording has no (further) call of for this "
-            "exchange", key[1], leg.planned.turn if leg else None,
-            [f"recorded calls: {', '.join(f'{r.method} {r.path}' for r in leg.planned.engine) or 'none'}"
-             if leg else "recorded calls: unknown"]))
+        self.report(
+            key[0],
+            Difference(
+                "engine-calls",
+                f"the target called POST {path}, which the recording has no (further) call of for this exchange",
+                key[1],
+                leg.planned.turn if leg else None,
+                [
+                    f"recorded calls: {', '.join(f'{r.method} {r.path}' for r in leg.planned.engine) or 'none'}"
+                    if leg
+                    else "recorded calls: unknown"
+                ],
+            ),
+        )
 
     def _routed_session(self, headers: Mapping[str, str]) -> str | None:
         return header_value(headers, self.routing_header) if self.routing_header else None
@@ -344,5 +391,6 @@ class TargetHarness(HarnessBase):
         engine = self.cassette.header.engine or {}
         if path in ("/model_info", "/get_model_info"):
             return web.json_response(engine)
-        return web.json_response({"error": {"message": f"replay: no recorded engine call answers {path} here"}},
-                                 status=404)
+        return web.json_response(
+            {"error": {"message": f"replay: no recorded engine call answers {path} here"}}, status=404
+        )

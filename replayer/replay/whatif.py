@@ -41,26 +41,50 @@ class Option:
         if self.switch:
             kwargs["action"] = "store_true"
         else:
-            kwargs.update({k: v for k, v in (("metavar", self.metavar), ("type", self.type),
-                                              ("choices", self.choices)) if v is not None})
+            kwargs.update(
+                {
+                    k: v
+                    for k, v in (("metavar", self.metavar), ("type", self.type), ("choices", self.choices))
+                    if v is not None
+                }
+            )
         add(self.flag(prefix), **kwargs)
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("chat_template", "what-if: render prompts with this chat template (Jinja) instead of the tokenizer's",
-           metavar="FILE"),
+    Option(
+        "chat_template",
+        "what-if: render prompts with this chat template (Jinja) instead of the tokenizer's",
+        metavar="FILE",
+    ),
     Option("reasoning_parser", "what-if: this sglang reasoning parser", metavar="NAME"),
     Option("tool_parser", "what-if: this sglang tool-call parser", metavar="NAME"),
-    Option("fork_threshold", "what-if: the manager's fork threshold (0: no realign, no rewrite merge)",
-           metavar="TOKENS", type=int),
-    Option("no_preserve_reasoning", "what-if: render history as the template does, dropping earlier <think> blocks",
-           switch=True, default=False),
-    Option("no_splice", "what-if: render the model's own history from text instead of splicing in its output ids",
-           switch=True, default=False),
+    Option(
+        "fork_threshold",
+        "what-if: the manager's fork threshold (0: no realign, no rewrite merge)",
+        metavar="TOKENS",
+        type=int,
+    ),
+    Option(
+        "no_preserve_reasoning",
+        "what-if: render history as the template does, dropping earlier <think> blocks",
+        switch=True,
+        default=False,
+    ),
+    Option(
+        "no_splice",
+        "what-if: render the model's own history from text instead of splicing in its output ids",
+        switch=True,
+        default=False,
+    ),
 )
 ENGINE_MATCH_OPTION = Option(
-    "engine_match", "strict (default): a changed engine request is a difference; order: serve each exchange its "
-    "recorded generation anyway, warn, and judge by the goldens", choices=ENGINE_MATCH, default="strict")
+    "engine_match",
+    "strict (default): a changed engine request is a difference; order: serve each exchange its "
+    "recorded generation anyway, warn, and judge by the goldens",
+    choices=ENGINE_MATCH,
+    default="strict",
+)
 
 
 def options(engine_match: bool = True) -> tuple[Option, ...]:

@@ -17,10 +17,12 @@ def junit_tree(cases: Sequence[Any], suite: str = "tito replay") -> ET.ElementTr
     """`cases`: outcomes with `cassette`, `session`, `ok`, `skipped`, `line` and `details`."""
     failures = sum(not c.ok for c in cases)
     skipped = sum(bool(c.skipped) and c.ok for c in cases)
-    root = ET.Element("testsuites", name=suite, tests=str(len(cases)), failures=str(failures), errors="0",
-                      skipped=str(skipped))
-    element = ET.SubElement(root, "testsuite", name=suite, tests=str(len(cases)), failures=str(failures),
-                            errors="0", skipped=str(skipped))
+    root = ET.Element(
+        "testsuites", name=suite, tests=str(len(cases)), failures=str(failures), errors="0", skipped=str(skipped)
+    )
+    element = ET.SubElement(
+        root, "testsuite", name=suite, tests=str(len(cases)), failures=str(failures), errors="0", skipped=str(skipped)
+    )
     for case in cases:
         test = ET.SubElement(element, "testcase", classname=str(case.cassette), name=case.session)
         if not case.ok:

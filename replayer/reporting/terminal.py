@@ -28,8 +28,9 @@ def session_details(session: SessionResult, verbosity: int = 0, style: DiffStyle
         lines.append(f"… and {len(others) - 1} more such difference(s); the golden decides (-v shows them)")
     lines += [f"note: {n}" for n in session.notes]
     if session.golden == "missing":
-        lines.append(f"golden missing: create it with `{update_command(session.cassette)}` "
-                     "(or pytest --update-goldens)")
+        lines.append(
+            f"golden missing: create it with `{update_command(session.cassette)}` (or pytest --update-goldens)"
+        )
     if session.golden in ("changed", "updated"):
         lines.append(f"golden {session.golden}:")
         lines += ["  " + d for d in render(session.golden_diff, style)]
@@ -42,8 +43,8 @@ def _difference(label: str, found: Difference, detail: bool) -> list[str]:
     return lines + (["  " + d for d in found.detail] if detail else [])
 
 
-def session_report(result: CassetteResult, session: SessionResult, verbosity: int = 0,
-                   style: DiffStyle = PLAIN) -> str:
+def session_report(result: CassetteResult, session: SessionResult, verbosity: int = 0, style: DiffStyle = PLAIN) -> str:
     """A failing session's whole report: where, the one-line summary, then the details."""
-    return "\n".join([f"{result.path} :: {session.line()}",
-                      *("    " + d for d in session_details(session, verbosity, style))])
+    return "\n".join(
+        [f"{result.path} :: {session.line()}", *("    " + d for d in session_details(session, verbosity, style))]
+    )

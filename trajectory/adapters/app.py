@@ -47,8 +47,12 @@ from tito_rl.trajectory.records import TurnRecord
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 GEMINI_ROUTE = "/v1beta/models/{model_action}"  # `<model>:<action>`, the action after the last colon
-WIRES: dict[str, ModuleType] = {"/v1/messages": anthropic, "/v1/chat/completions": openai_chat,
-                                "/v1/responses": responses, GEMINI_ROUTE: gemini}
+WIRES: dict[str, ModuleType] = {
+    "/v1/messages": anthropic,
+    "/v1/chat/completions": openai_chat,
+    "/v1/responses": responses,
+    GEMINI_ROUTE: gemini,
+}
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -119,8 +123,13 @@ class SessionState:
 
 
 class Adapter:
-    def __init__(self, settings: AdapterSettings, manager: Any = None, tap: TrafficTap | None = None,
-                 engine_transport: EngineTransport | None = None) -> None:
+    def __init__(
+        self,
+        settings: AdapterSettings,
+        manager: Any = None,
+        tap: TrafficTap | None = None,
+        engine_transport: EngineTransport | None = None,
+    ) -> None:
         """`engine_transport`: how engine calls travel (default: HTTP to `settings.engine_url`)."""
         self.settings = settings
         check_patterns(settings.side_patterns)
@@ -134,9 +143,16 @@ class Adapter:
         self.renderer = ChatRenderer(self.tokenizer, settings.preserve_reasoning, template=settings.chat_template)
         self.splicer = Splicer(self.renderer)
         self.parser = OutputParser(settings.reasoning_parser, settings.tool_parser)
-        self.engine = EngineClient(settings.engine_url, settings.client_session_factory,
-                                   settings.engine_timeout_s, settings.rid_factory, engine_transport, settings.clock,
-                                   settings.engine_dialect, settings.engine_model)
+        self.engine = EngineClient(
+            settings.engine_url,
+            settings.client_session_factory,
+            settings.engine_timeout_s,
+            settings.rid_factory,
+            engine_transport,
+            settings.clock,
+            settings.engine_dialect,
+            settings.engine_model,
+        )
         self.sessions: dict[str, SessionState] = {}
         self.disconnects = DisconnectWatcher(settings.disconnect_poll_s)
         self._eos = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None}
@@ -145,8 +161,14 @@ class Adapter:
     def warm_up(self) -> None:
         """One turn's CPU path, run before serving: the chat template's compilation, the tokenizer's and the
         parsers' first calls cost tens of ms, and the first agents to connect would wait on them."""
-        tool = {"type": "function", "function": {"name": "warm_up", "description": "d", "parameters": {
-            "type": "object", "properties": {"x": {"type": "string"}}}}}
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "warm_up",
+                "description": "d",
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+            },
+        }
         output = '<think>\nok\n</think>\n\n<tool_call>\n{"name": "warm_up", "arguments": {"x": "y"}}\n</tool_call>'
         try:
             text = self.renderer.render([{"role": "user", "content": "warm up"}], [tool])
@@ -206,6 +228,7 @@ class Adapter:
                 return await self.handle_turn(route, request)
             finally:  # a turn that ended without an agent exchange (cancelled, crashed) still shows its calls
                 self._flush_engine_exchanges(request)
+
         return handle
 
     async def handle_gemini(self, request: web.Request) -> web.StreamResponse:
@@ -214,15 +237,18 @@ class Adapter:
         if action == gemini.COUNT_ACTION:
             return await self.count_tokens(request, gemini, model)
         if action not in gemini.TURN_ACTIONS:
-            return web.json_response(gemini.error_body(404, f"unknown action {action!r} on models/{model}"),
-                                     status=404)
+            return web.json_response(gemini.error_body(404, f"unknown action {action!r} on models/{model}"), status=404)
         sse_stream = request.query.get("alt") == "sse"
         parse = partial(gemini.parse_request, model=model, action=action, sse_stream=sse_stream)
         return await self.handle_turn(GEMINI_ROUTE, request, parse, f"{GEMINI_ROUTE}:{action}:{sse_stream}")
 
-    async def handle_turn(self, route: str, request: web.Request,
-                          parse: Callable[[dict[str, Any]], TurnRequest] | None = None,
-                          key: str | None = None) -> web.StreamResponse:
+    async def handle_turn(
+        self,
+        route: str,
+        request: web.Request,
+        parse: Callable[[dict[str, Any]], TurnRequest] | None = None,
+        key: str | None = None,
+    ) -> web.StreamResponse:
         """`parse`: the wire's request parser with what the path says bound (default: the body alone);
         `key`: what tells two equal bodies apart as requests (default: the route)."""
         wire = WIRES[route]
@@ -232,8 +258,9 @@ class Adapter:
             data = json.loads(body) if body else None
         except ValueError:
             data = None
-        ref = _gateway_session(request) or resolve_session(request.headers, data, request.match_info.get("sid"),
-                                                           request.query)
+        ref = _gateway_session(request) or resolve_session(
+            request.headers, data, request.match_info.get("sid"), request.query
+        )
         state = self.state(ref.sid)
         started = state.elapsed()
         number = state.started
@@ -243,8 +270,9 @@ class Adapter:
         if cached is not None:
             return await self._send_cached(request, ref, state, cached, body, started)
         if not isinstance(data, dict):
-            return await self._fail(request, ref, state, wire, body, started, 400, "request body must be a JSON object",
-                                    digest)
+            return await self._fail(
+                request, ref, state, wire, body, started, 400, "request body must be a JSON object", digest
+            )
         try:
             turn = parse(data)
             turn.side = is_side_request(turn, self.settings.side_patterns)
@@ -254,8 +282,9 @@ class Adapter:
         except BadRequest as exc:
             return await self._fail(request, ref, state, wire, body, started, 400, str(exc), digest)
         except Exception as exc:  # the chat template raising on odd input
-            return await self._fail(request, ref, state, wire, body, started, 400,
-                                    f"cannot render the chat template: {exc}", digest)
+            return await self._fail(
+                request, ref, state, wire, body, started, 400, f"cannot render the chat template: {exc}", digest
+            )
         messages, prompt_ids = prompt.messages, prompt.ids
         rid = self.settings.rid_factory()
 
@@ -274,19 +303,46 @@ class Adapter:
         # Ids derive from the session's stable name and the request's number in the session (not its bytes: the
         # cassette stores the body with the live credential replaced by the name). A replay authenticates with
         # the name and starts requests in their live order, so it sends the same bytes.
-        reply = TurnReply(f"{ref.name}:{number}", self.reply_message(parsed), parsed, gen.finish_reason,
-                          len(prompt_ids), len(gen.output_ids), gen.cached_tokens, gen.created,
-                          self.reasoning_tokens(gen.output_ids, parsed))
-        record = TurnRecord(prompt_ids, gen.output_ids, gen.finish_reason, gen.output_log_probs, parsed.ill_formed,
-                            label=f"{route} exchange {state.reported}", unspliced=prompt.splice.refused)
+        reply = TurnReply(
+            f"{ref.name}:{number}",
+            self.reply_message(parsed),
+            parsed,
+            gen.finish_reason,
+            len(prompt_ids),
+            len(gen.output_ids),
+            gen.cached_tokens,
+            gen.created,
+            self.reasoning_tokens(gen.output_ids, parsed),
+        )
+        record = TurnRecord(
+            prompt_ids,
+            gen.output_ids,
+            gen.finish_reason,
+            gen.output_log_probs,
+            parsed.ill_formed,
+            label=f"{route} exchange {state.reported}",
+            unspliced=prompt.splice.refused,
+        )
         return await self._send_turn(request, ref, state, wire, turn, reply, record, prompt, body, started, digest)
 
-    async def _generate(self, request: web.Request, ref: SessionRef, state: SessionState, rid: str,
-                        prompt_ids: list[int], turn: TurnRequest,
-                        on_disconnect: Callable[[Generation], None]) -> Generation | None:
+    async def _generate(
+        self,
+        request: web.Request,
+        ref: SessionRef,
+        state: SessionState,
+        rid: str,
+        prompt_ids: list[int],
+        turn: TurnRequest,
+        on_disconnect: Callable[[Generation], None],
+    ) -> Generation | None:
         """The generation, or None when the client went away (then aborted, and reported to on_disconnect)."""
-        params = sampling_params(turn.sampling, len(prompt_ids), self.settings.context_length,
-                                 self.settings.default_max_tokens, self.settings.engine_seed)
+        params = sampling_params(
+            turn.sampling,
+            len(prompt_ids),
+            self.settings.context_length,
+            self.settings.default_max_tokens,
+            self.settings.engine_seed,
+        )
         if params is None:  # no context left: no call, an empty `length` turn (reference behaviour)
             return Generation(rid, [], [], "length", len(prompt_ids), created=int(self.engine.clock()))
         on_exchange = self._engine_reporter(ref, request)
@@ -329,6 +385,7 @@ class Adapter:
 
         def report(exchange: EngineExchange) -> None:
             pending.append((ref, exchange))
+
         return report
 
     def _flush_engine_exchanges(self, request: web.Request, ref: SessionRef | None = None) -> None:
@@ -341,17 +398,35 @@ class Adapter:
             ref, exchange = pending.pop(0)
             self.tap.engine_exchange(ref.sid, ref.source, exchange)
 
-    def _record_aborted(self, ref: SessionRef, messages: list[dict[str, Any]], turn: TurnRequest,
-                        prompt_ids: list[int], gen: Generation) -> None:
+    def _record_aborted(
+        self, ref: SessionRef, messages: list[dict[str, Any]], turn: TurnRequest, prompt_ids: list[int], gen: Generation
+    ) -> None:
         # The agent never saw this output: kept for inspection as a side turn, never trained.
         parsed = self.parse_output(gen.output_ids, turn.tools)
-        record = TurnRecord(prompt_ids, gen.output_ids, "abort", gen.output_log_probs, parsed.ill_formed,
-                            label="aborted: client disconnected")
+        record = TurnRecord(
+            prompt_ids,
+            gen.output_ids,
+            "abort",
+            gen.output_log_probs,
+            parsed.ill_formed,
+            label="aborted: client disconnected",
+        )
         self.manager.record_side_turn(ref.sid, messages, self.reply_message(parsed), record)
 
-    async def _send_turn(self, request: web.Request, ref: SessionRef, state: SessionState, wire: ModuleType,
-                         turn: TurnRequest, reply: TurnReply, record: TurnRecord, prompt: Prompt,
-                         body: bytes, started: float, digest: str) -> web.StreamResponse:
+    async def _send_turn(
+        self,
+        request: web.Request,
+        ref: SessionRef,
+        state: SessionState,
+        wire: ModuleType,
+        turn: TurnRequest,
+        reply: TurnReply,
+        record: TurnRecord,
+        prompt: Prompt,
+        body: bytes,
+        started: float,
+        digest: str,
+    ) -> web.StreamResponse:
         events = wire.build_events(turn, reply) if turn.stream else None
         payload = None if turn.stream else _json_bytes(wire.build_json(turn, reply))
         resp, delivered = await self._write(request, 200, events, payload)
@@ -364,19 +439,34 @@ class Adapter:
         else:
             index = self.manager.record_turn(ref.sid, messages, reply.message, record)
             state.echoes.remember(reply.message)
-            state.splices.remember(PriorTurn(index, messages, reply.message, prompt.text, record.prompt_ids,
-                                             record.output_ids), prompt.splice.continues)
+            state.splices.remember(
+                PriorTurn(index, messages, reply.message, prompt.text, record.prompt_ids, record.output_ids),
+                prompt.splice.continues,
+            )
         headers = SSE_HEADERS if events is not None else JSON_HEADERS
-        seq = self._report(ref, state, request, body, 200, headers, started, digest, side=side, turn_index=index,
-                           reply_body=payload, reply_events=events)
+        seq = self._report(
+            ref,
+            state,
+            request,
+            body,
+            200,
+            headers,
+            started,
+            digest,
+            side=side,
+            turn_index=index,
+            reply_body=payload,
+            reply_events=events,
+        )
         if delivered and digest not in state.completed:
             state.completed[digest] = CachedReply(seq, 200, headers, payload, events, index, side)
             while len(state.completed) > 256:
                 state.completed.popitem(last=False)
         return resp
 
-    async def _write(self, request: web.Request, status: int, events: list[str] | None,
-                     payload: bytes | None) -> tuple[web.StreamResponse, bool]:
+    async def _write(
+        self, request: web.Request, status: int, events: list[str] | None, payload: bytes | None
+    ) -> tuple[web.StreamResponse, bool]:
         # A stream is sent as one body: its events exist already (the engine call is not streamed), and
         # a chunk per event costs a send, a chunk header and a wakeup of the agent each.
         if events is not None:
@@ -391,34 +481,88 @@ class Adapter:
             return resp, False
         return resp, events is None or request.transport is not None
 
-    async def _send_cached(self, request: web.Request, ref: SessionRef, state: SessionState, cached: CachedReply,
-                           body: bytes, started: float) -> web.StreamResponse:
+    async def _send_cached(
+        self,
+        request: web.Request,
+        ref: SessionRef,
+        state: SessionState,
+        cached: CachedReply,
+        body: bytes,
+        started: float,
+    ) -> web.StreamResponse:
         resp, _ = await self._write(request, cached.status, cached.events, cached.body)
-        self._report(ref, state, request, body, cached.status, cached.headers, started, None, side=cached.side,
-                     turn_index=cached.turn_index, reply_body=cached.body, reply_events=cached.events,
-                     retry_of=cached.seq)
+        self._report(
+            ref,
+            state,
+            request,
+            body,
+            cached.status,
+            cached.headers,
+            started,
+            None,
+            side=cached.side,
+            turn_index=cached.turn_index,
+            reply_body=cached.body,
+            reply_events=cached.events,
+            retry_of=cached.seq,
+        )
         return resp
 
-    async def _fail(self, request: web.Request, ref: SessionRef, state: SessionState, wire: ModuleType,
-                    body: bytes, started: float, status: int, text: str, digest: str) -> web.Response:
+    async def _fail(
+        self,
+        request: web.Request,
+        ref: SessionRef,
+        state: SessionState,
+        wire: ModuleType,
+        body: bytes,
+        started: float,
+        status: int,
+        text: str,
+        digest: str,
+    ) -> web.Response:
         payload = _json_bytes(wire.error_body(status, text))
         resp = web.Response(status=status, body=payload, headers=JSON_HEADERS)
         self._report(ref, state, request, body, status, JSON_HEADERS, started, digest, reply_body=payload)
         return resp
 
-    def _report(self, ref: SessionRef, state: SessionState, request: web.Request, body: bytes, status: int,
-                headers: dict[str, str], started: float, digest: str | None, side: bool = False,
-                turn_index: int | None = None, reply_body: bytes | None = None,
-                reply_events: list[str] | None = None, retry_of: int | None = None) -> int:
+    def _report(
+        self,
+        ref: SessionRef,
+        state: SessionState,
+        request: web.Request,
+        body: bytes,
+        status: int,
+        headers: dict[str, str],
+        started: float,
+        digest: str | None,
+        side: bool = False,
+        turn_index: int | None = None,
+        reply_body: bytes | None = None,
+        reply_events: list[str] | None = None,
+        retry_of: int | None = None,
+    ) -> int:
         self._flush_engine_exchanges(request, ref)
         seq = state.reported
         state.reported += 1
         if digest is not None:
             retry_of = state.attempts.get(digest)
             state.attempts[digest] = seq
-        exchange = AgentExchange(request.method, request.path, request.query_string, dict(request.headers), body,
-                                 status, dict(headers), reply_body, reply_events, started,
-                                 state.elapsed() - started, side, retry_of, turn_index)
+        exchange = AgentExchange(
+            request.method,
+            request.path,
+            request.query_string,
+            dict(request.headers),
+            body,
+            status,
+            dict(headers),
+            reply_body,
+            reply_events,
+            started,
+            state.elapsed() - started,
+            side,
+            retry_of,
+            turn_index,
+        )
         self.tap.agent_exchange(ref.sid, ref.source, exchange)
         return seq
 
@@ -429,8 +573,11 @@ class Adapter:
             data = json.loads(body)
             if not isinstance(data, dict):
                 raise BadRequest("request body must be a JSON object")
-            turn = gemini.count_request(data, model) if wire is gemini else anthropic.parse_request(
-                {**data, "stream": False})
+            turn = (
+                gemini.count_request(data, model)
+                if wire is gemini
+                else anthropic.parse_request({**data, "stream": False})
+            )
             messages = fold_system_messages(turn.messages) if self.settings.fold_system else turn.messages
             n = len(self.renderer.encode(self.renderer.render(messages, turn.tools)))
         except Exception as exc:  # bad JSON, a BadRequest, or the chat template raising on odd input
@@ -444,9 +591,20 @@ class Adapter:
         return web.Response(status=200)
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.settings.model_name, "object": "model", "created": 0, "owned_by": "tito",
-             "max_model_len": self.settings.context_length}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.settings.model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "tito",
+                        "max_model_len": self.settings.context_length,
+                    }
+                ],
+            }
+        )
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "sessions": len(self.sessions)})
@@ -507,8 +665,13 @@ def _gateway_session(request: web.Request) -> SessionRef | None:
     return SessionRef(sid, "path") if sid else None
 
 
-def create_app(settings: AdapterSettings, manager: Any = None, tap: TrafficTap | None = None,
-               engine_transport: EngineTransport | None = None, warm: bool = True) -> web.Application:
+def create_app(
+    settings: AdapterSettings,
+    manager: Any = None,
+    tap: TrafficTap | None = None,
+    engine_transport: EngineTransport | None = None,
+    warm: bool = True,
+) -> web.Application:
     """`warm`: run one turn's CPU path first (`Adapter.warm_up`), as a server should; a replay, which makes an
     app per cassette and has no agent waiting, need not."""
     adapter = Adapter(settings, manager, tap, engine_transport)

@@ -60,8 +60,9 @@ def tool_call(name: str, arguments: Any) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "arguments": arguments_value(arguments)}}
 
 
-def message(role: str, content: Any = "", reasoning: str | None = None,
-            tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def message(
+    role: str, content: Any = "", reasoning: str | None = None, tool_calls: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The one canonical message shape; optional keys are present only when non-empty."""
     msg: dict[str, Any] = {"role": role, "content": text_of(content)}
     if reasoning:
@@ -107,8 +108,9 @@ def fold_system_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 def echo_key(msg: dict[str, Any]) -> str:
     """Identity of an assistant message as clients echo it: reasoning and whitespace at the ends ignored."""
-    return json.dumps({"c": msg.get("content", "").strip(), "t": msg.get("tool_calls") or []},
-                      sort_keys=True, ensure_ascii=False)
+    return json.dumps(
+        {"c": msg.get("content", "").strip(), "t": msg.get("tool_calls") or []}, sort_keys=True, ensure_ascii=False
+    )
 
 
 class EchoMemory:
@@ -150,7 +152,8 @@ class EchoMemory:
 
     def _restore_one(self, msg: dict[str, Any]) -> dict[str, Any]:
         sent = self._sent.get(echo_key(msg))
-        if sent is not None and msg.get("reasoning_content", sent.get("reasoning_content")) == \
-                sent.get("reasoning_content"):
+        if sent is not None and msg.get("reasoning_content", sent.get("reasoning_content")) == sent.get(
+            "reasoning_content"
+        ):
             return sent
         return msg

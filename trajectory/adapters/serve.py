@@ -12,10 +12,12 @@ from tito_rl.trajectory.adapters.engine.generate import ADAPTER_DIALECTS
 from tito_rl.trajectory.adapters.side_requests import DEFAULT_SIDE_PATTERNS
 from tito_rl.trajectory.dialects.view import SGLANG
 
-ENGINE_DIALECT_HELP = ("the engine API tito's adapter calls: sglang (SGLang's /generate), vllm-generate (vLLM's "
-                       "/inference/v1/generate, started with --enable-scale-out) or vllm-openai (vLLM's "
-                       "/v1/completions with a token-id prompt and return_token_ids); default sglang "
-                       "(docs/engine-dialects.md)")
+ENGINE_DIALECT_HELP = (
+    "the engine API tito's adapter calls: sglang (SGLang's /generate), vllm-generate (vLLM's "
+    "/inference/v1/generate, started with --enable-scale-out) or vllm-openai (vLLM's "
+    "/v1/completions with a token-id prompt and return_token_ids); default sglang "
+    "(docs/engine-dialects.md)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser, engine_dialect: bool = True) -> None:
@@ -24,47 +26,84 @@ def add_arguments(parser: argparse.ArgumentParser, engine_dialect: bool = True) 
     parser.add_argument("--engine", required=True, help="engine base URL, e.g. http://127.0.0.1:30000")
     if engine_dialect:
         parser.add_argument("--engine-dialect", choices=ADAPTER_DIALECTS, metavar="DIALECT", help=ENGINE_DIALECT_HELP)
-    parser.add_argument("--engine-model", metavar="NAME",
-                        help="the served model a vLLM engine is called with (default: the first one its /v1/models "
-                             "lists)")
-    parser.add_argument("--engine-seed", type=int, metavar="N",
-                        help="a sampling seed sent with every generation (vLLM's seed, SGLang's sampling_seed): the "
-                             "same session gives the same engine answers")
+    parser.add_argument(
+        "--engine-model",
+        metavar="NAME",
+        help="the served model a vLLM engine is called with (default: the first one its /v1/models lists)",
+    )
+    parser.add_argument(
+        "--engine-seed",
+        type=int,
+        metavar="N",
+        help="a sampling seed sent with every generation (vLLM's seed, SGLang's sampling_seed): the "
+        "same session gives the same engine answers",
+    )
     parser.add_argument("--listen", default="127.0.0.1:8400", help="HOST:PORT to serve on (default %(default)s)")
     parser.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer folder (default: embedded Qwen3)")
     parser.add_argument("--tool-parser", default=d.tool_parser, help="sglang tool-call parser (default %(default)s)")
-    parser.add_argument("--reasoning-parser", default=d.reasoning_parser,
-                        help="sglang reasoning parser (default %(default)s)")
+    parser.add_argument(
+        "--reasoning-parser", default=d.reasoning_parser, help="sglang reasoning parser (default %(default)s)"
+    )
     parser.add_argument("--context-length", type=int, default=d.context_length)
     parser.add_argument("--default-max-tokens", type=int, default=d.default_max_tokens)
     parser.add_argument("--model-name", default=d.model_name, help="name listed by GET /v1/models")
-    parser.add_argument("--no-preserve-reasoning", action="store_true",
-                        help="render history as the template does (drops earlier <think> blocks)")
-    parser.add_argument("--no-splice", action="store_true",
-                        help="render the model's own history from text (re-tokenised) instead of splicing in its "
-                             "output ids")
+    parser.add_argument(
+        "--no-preserve-reasoning",
+        action="store_true",
+        help="render history as the template does (drops earlier <think> blocks)",
+    )
+    parser.add_argument(
+        "--no-splice",
+        action="store_true",
+        help="render the model's own history from text (re-tokenised) instead of splicing in its output ids",
+    )
     parser.add_argument("--no-fold-system", action="store_true", help="keep mid-list system messages as they are")
-    parser.add_argument("--side-pattern", action="append", default=[], metavar="REGEX",
-                        help="also treat requests whose system prompt or first user message matches as side "
-                             "requests (answered, not trained; repeatable)")
-    parser.add_argument("--no-default-side-patterns", action="store_true",
-                        help="drop the built-in title/summary patterns (structured-output requests stay side)")
-    parser.add_argument("--fork-threshold", type=int, default=1024, metavar="TOKENS",
-                        help="manager: realign (not fork) when a diverging reply is shorter than this; 0 disables "
-                             "realign and rewrite merge (default %(default)s)")
-    parser.add_argument("--reward-policy", choices=("full", "split"), default="full",
-                        help="manager: every sample gets the session's reward, or an even share (default %(default)s)")
+    parser.add_argument(
+        "--side-pattern",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="also treat requests whose system prompt or first user message matches as side "
+        "requests (answered, not trained; repeatable)",
+    )
+    parser.add_argument(
+        "--no-default-side-patterns",
+        action="store_true",
+        help="drop the built-in title/summary patterns (structured-output requests stay side)",
+    )
+    parser.add_argument(
+        "--fork-threshold",
+        type=int,
+        default=1024,
+        metavar="TOKENS",
+        help="manager: realign (not fork) when a diverging reply is shorter than this; 0 disables "
+        "realign and rewrite merge (default %(default)s)",
+    )
+    parser.add_argument(
+        "--reward-policy",
+        choices=("full", "split"),
+        default="full",
+        help="manager: every sample gets the session's reward, or an even share (default %(default)s)",
+    )
 
 
 def settings_from(args: argparse.Namespace) -> AdapterSettings:
     return AdapterSettings(
-        engine_url=args.engine, tokenizer_dir=args.tokenizer, tool_parser=args.tool_parser or None,
-        reasoning_parser=args.reasoning_parser or None, context_length=args.context_length,
-        default_max_tokens=args.default_max_tokens, model_name=args.model_name,
-        preserve_reasoning=not args.no_preserve_reasoning, splice=not args.no_splice,
-        fold_system=not args.no_fold_system, engine_dialect=args.engine_dialect or SGLANG,
-        engine_model=args.engine_model, engine_seed=args.engine_seed,
-        side_patterns=(() if args.no_default_side_patterns else DEFAULT_SIDE_PATTERNS) + tuple(args.side_pattern))
+        engine_url=args.engine,
+        tokenizer_dir=args.tokenizer,
+        tool_parser=args.tool_parser or None,
+        reasoning_parser=args.reasoning_parser or None,
+        context_length=args.context_length,
+        default_max_tokens=args.default_max_tokens,
+        model_name=args.model_name,
+        preserve_reasoning=not args.no_preserve_reasoning,
+        splice=not args.no_splice,
+        fold_system=not args.no_fold_system,
+        engine_dialect=args.engine_dialect or SGLANG,
+        engine_model=args.engine_model,
+        engine_seed=args.engine_seed,
+        side_patterns=(() if args.no_default_side_patterns else DEFAULT_SIDE_PATTERNS) + tuple(args.side_pattern),
+    )
 
 
 def manager_from(args: argparse.Namespace) -> Any:
@@ -137,8 +176,11 @@ def run(args: argparse.Namespace) -> int:
     def listening(_aiohttp_banner: str) -> None:
         # Called by run_app once the socket listens: tito's own line in place of aiohttp's banner.
         model = f", model {settings.engine_model}" if settings.engine_model else ""
-        print(f"tito serve: adapter on http://{host}:{port} -> {settings.engine_url} "
-              f"({settings.engine_dialect}{model})", file=sys.stderr, flush=True)
+        print(
+            f"tito serve: adapter on http://{host}:{port} -> {settings.engine_url} ({settings.engine_dialect}{model})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     web.run_app(app, host=host, port=port, loop=new_event_loop(), print=listening)
     return 0

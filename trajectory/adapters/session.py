@@ -60,8 +60,9 @@ def _valid(value: Any) -> str | None:
     return None
 
 
-def resolve_session(headers: Mapping[str, str], body: Any, path_sid: str | None,
-                    query: Mapping[str, str] | None = None) -> SessionRef:
+def resolve_session(
+    headers: Mapping[str, str], body: Any, path_sid: str | None, query: Mapping[str, str] | None = None
+) -> SessionRef:
     auth = headers.get("Authorization", "")
     if auth[:7].lower() == "bearer " and (sid := _valid(auth[7:])):
         return SessionRef(sid, "bearer")

@@ -60,8 +60,9 @@ class SessionFrom:
             return None
         return self.name.replace(SID, "{id}")
 
-    def resolve(self, path: str, headers: Mapping[str, str], query: Mapping[str, str] | None = None,
-                body: bytes = b"") -> SessionRef | None:
+    def resolve(
+        self, path: str, headers: Mapping[str, str], query: Mapping[str, str] | None = None, body: bytes = b""
+    ) -> SessionRef | None:
         """The session a request names; None for a request that names none."""
         if self.kind == HEADER:
             value = _header(headers, self.name)
@@ -95,13 +96,15 @@ def parse_session_from(text: str) -> SessionFrom:
         return SessionFrom(COOKIE, name)
     segments = name.split("/")
     if not name.startswith("/") or name.endswith("/") or "" in segments[1:] or any(c in name for c in "?# "):
-        raise SessionFromError(f"--session-from {text!r}: the prefix is a path, '/seg/...', with no empty or "
-                               "trailing segment")
+        raise SessionFromError(
+            f"--session-from {text!r}: the prefix is a path, '/seg/...', with no empty or trailing segment"
+        )
     if segments.count(SID) != 1:
         raise SessionFromError(f"--session-from {text!r}: the prefix names the session's segment once, as {SID}")
     for segment in segments[1:]:
-        if ("{" in segment or "}" in segment) and not (segment.startswith("{") and segment.endswith("}")
-                                                       and segment[1:-1].isidentifier()):
+        if ("{" in segment or "}" in segment) and not (
+            segment.startswith("{") and segment.endswith("}") and segment[1:-1].isidentifier()
+        ):
             raise SessionFromError(f"--session-from {text!r}: a placeholder is a whole segment, {{name}}")
     return SessionFrom(PATH, name)
 
@@ -117,13 +120,14 @@ def from_source(source: str) -> SessionFrom | None:
         return None
 
 
-def bearer_session(path: str, headers: Mapping[str, str], query: Mapping[str, str] | None = None,
-                   body: bytes = b"") -> SessionRef | None:
+def bearer_session(
+    path: str, headers: Mapping[str, str], query: Mapping[str, str] | None = None, body: bytes = b""
+) -> SessionRef | None:
     """tito's default rule: a gateway's `/sessions/<sid>/` URL first (the gateway's own session, which all of a
     rollout's agents sharing one API key still tell apart), then the credentials, a body's session fields and
     tito's `/s/<sid>/` path (`session.resolve_session`). None: the request names no session."""
     if path.startswith(GATEWAY_SESSIONS):
-        sid, slash, _ = path[len(GATEWAY_SESSIONS):].partition("/")
+        sid, slash, _ = path[len(GATEWAY_SESSIONS) :].partition("/")
         if sid and slash and _SID.match(sid):
             return SessionRef(sid, "path")
     prefixed = None

@@ -66,9 +66,14 @@ def sse(data: dict[str, Any] | str, event: str | None = None) -> str:
 def function_tool(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
     if not isinstance(name, str) or not name:
         raise BadRequest("every tool needs a non-empty string name")
-    return {"type": "function", "function": {
-        "name": name, "description": description if isinstance(description, str) else "",
-        "parameters": parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description if isinstance(description, str) else "",
+            "parameters": parameters if isinstance(parameters, dict) else {"type": "object", "properties": {}},
+        },
+    }
 
 
 def number(body: dict[str, Any], key: str, kind: type = float) -> float | int | None:

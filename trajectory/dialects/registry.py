@@ -25,8 +25,14 @@ from tito_rl.trajectory.dialects.view import (
 )
 from tito_rl.trajectory.dialects.vllm_generate import tokens_view
 
-SGLANG_OPENAI_FIELDS = ("input_ids", "return_meta_info", "return_prompt_token_ids", "no_stop_trim",
-                        "return_input_ids_in_sglext", "return_output_ids_in_sglext")
+SGLANG_OPENAI_FIELDS = (
+    "input_ids",
+    "return_meta_info",
+    "return_prompt_token_ids",
+    "no_stop_trim",
+    "return_input_ids_in_sglext",
+    "return_output_ids_in_sglext",
+)
 SGLANG_CHOICE_FIELDS = ("matched_stop", "meta_info", "response_token_ids")  # vLLM's choices have none of them
 CHAT_TOKENS_PATH = "/v1/chat/completions/tokens"  # prime-rl's vLLM extension: a chat request plus `tokens`
 TOKENS_PATHS = ("/inference/v1/generate", CHAT_TOKENS_PATH)
@@ -81,8 +87,9 @@ def _sglang_answer(response: Any) -> bool:
         if "sglext" in body:
             return True
         choices = body.get("choices")
-        if isinstance(choices, list) and any(isinstance(c, dict) and any(k in c for k in SGLANG_CHOICE_FIELDS)
-                                             for c in choices):
+        if isinstance(choices, list) and any(
+            isinstance(c, dict) and any(k in c for k in SGLANG_CHOICE_FIELDS) for c in choices
+        ):
             return True
     return False
 

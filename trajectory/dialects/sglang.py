@@ -9,9 +9,14 @@ from tito_rl.trajectory.dialects.view import SGLANG, EngineView, object_at, samp
 
 def generate_view(request: dict[str, Any], response: Any) -> EngineView:
     params = request.get("sampling_params")
-    view = EngineView(SGLANG, "generate", _ids(request.get("input_ids")), stream=bool(request.get("stream")),
-                      sampling=sampling_view(params if isinstance(params, dict) else None),
-                      prompt_ids_asked=True)
+    view = EngineView(
+        SGLANG,
+        "generate",
+        _ids(request.get("input_ids")),
+        stream=bool(request.get("stream")),
+        sampling=sampling_view(params if isinstance(params, dict) else None),
+        prompt_ids_asked=True,
+    )
     if isinstance(response, list):  # a batch answer: the first item (tito's adapter never batches)
         response = response[0] if response else None
     if not isinstance(response, dict):

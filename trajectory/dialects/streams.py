@@ -31,8 +31,11 @@ def merged_chunks(chunks: list[Any]) -> dict[str, Any] | None:
                 body[key] = chunk[key]
         choices = chunk.get("choices")
         # With n > 1 each chunk carries one choice, any index: keep choice 0's.
-        first = next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None) \
-            if isinstance(choices, list) else None
+        first = (
+            next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
+            if isinstance(choices, list)
+            else None
+        )
         if first is None:
             continue
         if first.get("prompt_token_ids") is not None:

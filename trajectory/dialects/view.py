@@ -19,6 +19,7 @@ VLLM_OPENAI = "vllm-openai"  # vLLM's /v1/chat/completions and /v1/completions w
 VLLM_GENERATE = "vllm-generate"  # vLLM's token-in, token-out /inference/v1/generate
 DIALECTS = (SGLANG, SGLANG_OPENAI, VLLM_OPENAI, VLLM_GENERATE)
 
+
 def object_at(body: Mapping[str, Any], key: str) -> dict[str, Any]:
     """The JSON object under `key`, or {} where there is none or something else: bodies come from engines and
     gateways tito does not control, so a field is read for what it is, never assumed."""
@@ -28,12 +29,25 @@ def object_at(body: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 # Sampling parameters under one set of names (OpenAI's), whatever the dialect calls them.
 SAMPLING_NAMES = {
-    "max_new_tokens": "max_tokens", "max_completion_tokens": "max_tokens", "max_tokens": "max_tokens",
-    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "stop": "stop",
-    "stop_token_ids": "stop_token_ids", "seed": "seed", "n": "n", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty",
-    "min_tokens": "min_tokens", "min_new_tokens": "min_tokens", "ignore_eos": "ignore_eos",
-    "skip_special_tokens": "skip_special_tokens", "no_stop_trim": "no_stop_trim",
+    "max_new_tokens": "max_tokens",
+    "max_completion_tokens": "max_tokens",
+    "max_tokens": "max_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "seed": "seed",
+    "n": "n",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_tokens",
+    "min_new_tokens": "min_tokens",
+    "ignore_eos": "ignore_eos",
+    "skip_special_tokens": "skip_special_tokens",
+    "no_stop_trim": "no_stop_trim",
 }
 
 

@@ -16,8 +16,14 @@ from tito_rl.trajectory.dialects.view import VLLM_GENERATE, EngineView, sampling
 
 def tokens_view(request: dict[str, Any], response: Any) -> EngineView:
     params = request.get("sampling_params")
-    view = EngineView(VLLM_GENERATE, "generate", _ids(request.get("token_ids")), stream=bool(request.get("stream")),
-                      sampling=sampling_view(params if isinstance(params, dict) else None), prompt_ids_asked=True)
+    view = EngineView(
+        VLLM_GENERATE,
+        "generate",
+        _ids(request.get("token_ids")),
+        stream=bool(request.get("stream")),
+        sampling=sampling_view(params if isinstance(params, dict) else None),
+        prompt_ids_asked=True,
+    )
     body = merged_chunks(response) if isinstance(response, list) else response
     if not isinstance(body, dict):
         return view

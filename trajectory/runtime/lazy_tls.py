@@ -81,8 +81,9 @@ class _ConnectorLoader(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         with verify_paths_deferred() as deferred:
             self.loader.exec_module(module)
-        settle(deferred, (getattr(module, "_SSL_CONTEXT_VERIFIED", None),
-                          getattr(module, "_SSL_CONTEXT_UNVERIFIED", None)))
+        settle(
+            deferred, (getattr(module, "_SSL_CONTEXT_VERIFIED", None), getattr(module, "_SSL_CONTEXT_UNVERIFIED", None))
+        )
 
 
 class _ConnectorFinder(importlib.abc.MetaPathFinder):

@@ -71,8 +71,9 @@ class LoopCollector:
     runs at most every `full_every_s`.
     """
 
-    def __init__(self, interval_s: float = 0.02, full_every_s: float = 60.0,
-                 young_threshold: int | None = None) -> None:
+    def __init__(
+        self, interval_s: float = 0.02, full_every_s: float = 60.0, young_threshold: int | None = None
+    ) -> None:
         self.interval_s = interval_s
         self.full_every_s = full_every_s
         t0, t1, t2 = gc.get_threshold()

@@ -51,8 +51,9 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -63,19 +64,30 @@ def _strftime_now(format: str) -> str:  # noqa: A002 - the name templates call i
 @lru_cache(maxsize=16)
 def compile_template(template: str) -> jinja2.Template:
     """The compiled template; raises `TemplateSyntaxError` (a `TemplateError`) for a template that does not parse."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env.from_string(template)
 
 
-def render(template: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *,
-           add_generation_prompt: bool = False, special_tokens: Mapping[str, str] | None = None,
-           **kwargs: Any) -> str:
+def render(
+    template: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = False,
+    special_tokens: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> str:
     """`template` applied to one conversation; `special_tokens`: the tokenizer's named special tokens, which
     `kwargs` override (as in transformers)."""
     return compile_template(template).render(
-        messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
-        **{**(special_tokens or {}), **kwargs})
+        messages=messages,
+        tools=tools,
+        documents=None,
+        add_generation_prompt=add_generation_prompt,
+        **{**(special_tokens or {}), **kwargs},
+    )

@@ -23,13 +23,22 @@ from tokenizers.models import BPE
 
 CLASSES = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
 # The split transformers' Qwen2Tokenizer always installs, whatever the folder's tokenizer.json says.
-QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
-               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 # Qwen2Tokenizer's defaults for named special tokens a config leaves out (a key set to null stays unset).
 QWEN2_DEFAULTS = {"unk_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
 NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-BPE_SETTINGS = {"dropout": None, "unk_token": None, "continuing_subword_prefix": "", "end_of_word_suffix": "",
-                "fuse_unk": False, "byte_fallback": False, "ignore_merges": False}
+BPE_SETTINGS = {
+    "dropout": None,
+    "unk_token": None,
+    "continuing_subword_prefix": "",
+    "end_of_word_suffix": "",
+    "fuse_unk": False,
+    "byte_fallback": False,
+    "ignore_merges": False,
+}
 
 
 # Folders (by `tokenizer.fingerprint`) whose vocab.json, merges.txt and tokenizer_config.json's added
@@ -68,11 +77,17 @@ def check_pipeline(backend: RustTokenizer, config: dict[str, Any]) -> None:
         raise UnsupportedTokenizer("normalizer")
     pre = _state(backend.pre_tokenizer) or {}
     steps = pre.get("pretokenizers") or []
-    ok = (pre.get("type") == "Sequence" and len(steps) == 2 and steps[0].get("type") == "Split"
-          and steps[0].get("pattern") == {"Regex": QWEN2_SPLIT} and steps[0].get("behavior") == "Isolated"
-          and steps[0].get("invert") is False and steps[1].get("type") == "ByteLevel"
-          and steps[1].get("use_regex") is False
-          and steps[1].get("add_prefix_space") == bool(config.get("add_prefix_space") or False))
+    ok = (
+        pre.get("type") == "Sequence"
+        and len(steps) == 2
+        and steps[0].get("type") == "Split"
+        and steps[0].get("pattern") == {"Regex": QWEN2_SPLIT}
+        and steps[0].get("behavior") == "Isolated"
+        and steps[0].get("invert") is False
+        and steps[1].get("type") == "ByteLevel"
+        and steps[1].get("use_regex") is False
+        and steps[1].get("add_prefix_space") == bool(config.get("add_prefix_space") or False)
+    )
     if not ok:  # ByteLevel's trim_offsets moves offsets only, which tito never reads
         raise UnsupportedTokenizer("pre-tokenizer")
     if (_state(backend.decoder) or {}).get("type") != "ByteLevel":
@@ -80,10 +95,21 @@ def check_pipeline(backend: RustTokenizer, config: dict[str, Any]) -> None:
     added = {str(i): t for i, t in backend.get_added_tokens_decoder().items()}
     for index, spec in (config.get("added_tokens_decoder") or {}).items():
         token = added.get(str(index))
-        if token is None or not isinstance(spec, dict) or any(
-                spec.get(k, d) != getattr(token, k) for k, d in (
-                    ("content", None), ("special", False), ("lstrip", False), ("rstrip", False),
-                    ("normalized", True), ("single_word", False))):
+        if (
+            token is None
+            or not isinstance(spec, dict)
+            or any(
+                spec.get(k, d) != getattr(token, k)
+                for k, d in (
+                    ("content", None),
+                    ("special", False),
+                    ("lstrip", False),
+                    ("rstrip", False),
+                    ("normalized", True),
+                    ("single_word", False),
+                )
+            )
+        ):
             raise UnsupportedTokenizer(f"added token {index}")
 
 
@@ -92,16 +118,28 @@ def from_parts(folder: Path, config: dict[str, Any]) -> RustTokenizer:
     vocab.json and merges.txt under NFC, the Qwen split and byte-level, then the config's added tokens in id order."""
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     pipeline: dict[str, Any] = {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": {"type": "NFC"},
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
-            byte_level]},
-        "post_processor": byte_level, "decoder": byte_level,
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+                byte_level,
+            ],
+        },
+        "post_processor": byte_level,
+        "decoder": byte_level,
         "model": {"type": "BPE", **BPE_SETTINGS, "vocab": {}, "merges": []},
     }
     backend = RustTokenizer.from_str(json.dumps(pipeline))
-    backend.model = BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt"),
-                                  **{k: v for k, v in BPE_SETTINGS.items() if v is not None})
+    backend.model = BPE.from_file(
+        str(folder / "vocab.json"),
+        str(folder / "merges.txt"),
+        **{k: v for k, v in BPE_SETTINGS.items() if v is not None},
+    )
     for index, spec in sorted((config.get("added_tokens_decoder") or {}).items(), key=lambda item: int(item[0])):
         token = AddedToken(spec["content"], **{k: bool(spec.get(k, d)) for k, d in _ADDED_FLAGS})
         (backend.add_special_tokens if token.special else backend.add_tokens)([token])
@@ -134,7 +172,8 @@ class LightTokenizer:
         self.clean_up_tokenization_spaces = False
         named = {**QWEN2_DEFAULTS, **{k: config[k] for k in NAMED_SPECIAL if k in config}}
         self.special_tokens_map: dict[str, str] = {
-            k: text for k in NAMED_SPECIAL if (text := _token_text(named.get(k))) is not None}
+            k: text for k in NAMED_SPECIAL if (text := _token_text(named.get(k))) is not None
+        }
         extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
         tokens = list(self.special_tokens_map.values()) + [t for t in map(_token_text, extra) if t is not None]
         self.all_special_tokens: list[str] = list(dict.fromkeys(tokens))
@@ -142,8 +181,9 @@ class LightTokenizer:
         if missing:  # transformers would add them as new tokens: ids this loader does not reproduce
             raise UnsupportedTokenizer(f"special tokens outside the vocabulary: {missing}")
         jinja = folder / "chat_template.jinja"
-        self.chat_template: str | None = (jinja.read_text(encoding="utf-8") if jinja.is_file()
-                                          else config.get("chat_template"))
+        self.chat_template: str | None = (
+            jinja.read_text(encoding="utf-8") if jinja.is_file() else config.get("chat_template")
+        )
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise UnsupportedTokenizer("several named chat templates")
 
@@ -209,9 +249,16 @@ class LightTokenizer:
 
     # ---- chat template ----
 
-    def apply_chat_template(self, conversation: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                            chat_template: str | None = None, add_generation_prompt: bool = False,
-                            tokenize: bool = True, return_dict: bool = True, **kwargs: Any) -> Any:
+    def apply_chat_template(
+        self,
+        conversation: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = False,
+        tokenize: bool = True,
+        return_dict: bool = True,
+        **kwargs: Any,
+    ) -> Any:
         """transformers' `apply_chat_template` for one conversation of dicts and JSON-schema tools."""
         template = chat_template or self.chat_template
         if not template:
@@ -222,10 +269,15 @@ class LightTokenizer:
             chat_template as templates,  # Jinja, imported only by those who render with it
         )
 
-        text = templates.render(template, conversation, tools, add_generation_prompt=add_generation_prompt,
-                                special_tokens=self.special_tokens_map, **kwargs)
+        text = templates.render(
+            template,
+            conversation,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=self.special_tokens_map,
+            **kwargs,
+        )
         if not tokenize:
             return text
         ids = self.encode(text)
         return {"input_ids": ids, "attention_mask": [1] * len(ids)} if return_dict else ids
-

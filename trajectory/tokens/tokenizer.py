@@ -72,8 +72,10 @@ def load_transformers_tokenizer(path: str | os.PathLike[str] | None = None) -> A
 def fingerprint(path: str | os.PathLike[str] | None = None) -> str:
     """Digest of the tokenizer's files and chat template: equal fingerprints tokenize identically."""
     folder = resolve_dir(path).resolve()
-    stamp = tuple((f.stat().st_size, f.stat().st_mtime_ns) if f.is_file() else None
-                  for f in (folder / name for name in TOKENIZER_FILES))
+    stamp = tuple(
+        (f.stat().st_size, f.stat().st_mtime_ns) if f.is_file() else None
+        for f in (folder / name for name in TOKENIZER_FILES)
+    )
     with _HASHING:  # one hashing at a time: a caller meeting `prefetch_fingerprint`'s waits for its answer
         return _fingerprint(str(folder), stamp)
 

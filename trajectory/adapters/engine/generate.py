@@ -25,8 +25,15 @@ from tito_rl.trajectory.adapters.tap import EngineExchange
 from tito_rl.trajectory.dialects.view import SGLANG, VLLM_GENERATE, VLLM_OPENAI
 from tito_rl.trajectory.runtime.untracked import untrack
 
-__all__ = ["ADAPTER_DIALECTS", "EngineClient", "EngineError", "Generation", "new_rid", "parse_generation",
-           "sampling_params"]
+__all__ = [
+    "ADAPTER_DIALECTS",
+    "EngineClient",
+    "EngineError",
+    "Generation",
+    "new_rid",
+    "parse_generation",
+    "sampling_params",
+]
 
 # Start of every request's sampling params: ids must round-trip, so nothing is skipped or trimmed.
 BASE_SAMPLING = {"skip_special_tokens": False, "spaces_between_special_tokens": False, "no_stop_trim": True}
@@ -37,8 +44,9 @@ DROPPED = "cancelled: the agent went away before the engine answered"
 ADAPTER_DIALECTS = (SGLANG, VLLM_GENERATE, VLLM_OPENAI)
 
 
-def sampling_params(client: dict[str, Any], prompt_len: int, context_length: int,
-                    default_max_tokens: int, seed: int | None = None) -> dict[str, Any] | None:
+def sampling_params(
+    client: dict[str, Any], prompt_len: int, context_length: int, default_max_tokens: int, seed: int | None = None
+) -> dict[str, Any] | None:
     """Reference rules: base params, max_new_tokens capped by the client and the context left, the client's
     temperature/top_p/top_k/stop on top, and `seed` as SGLang's `sampling_seed` where one is set. SGLang's names:
     a vLLM dialect renames them (`vllm.vllm_sampling`). None when no context is left (an empty `length` turn)."""
@@ -67,10 +75,17 @@ class EngineClient:
     """`dialect`: the engine API called (`ADAPTER_DIALECTS`); `model`: the served model's name, which the vLLM
     dialects send (None: learned from the engine's `GET /v1/models` before the first generation)."""
 
-    def __init__(self, base_url: str, session_factory: Callable[[], Awaitable[aiohttp.ClientSession]] | None = None,
-                 timeout_s: float = 600.0, rid_factory: Callable[[], str] = new_rid,
-                 transport: EngineTransport | None = None, clock: Callable[[], float] = time.time,
-                 dialect: str = SGLANG, model: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        session_factory: Callable[[], Awaitable[aiohttp.ClientSession]] | None = None,
+        timeout_s: float = 600.0,
+        rid_factory: Callable[[], str] = new_rid,
+        transport: EngineTransport | None = None,
+        clock: Callable[[], float] = time.time,
+        dialect: str = SGLANG,
+        model: str | None = None,
+    ) -> None:
         if dialect not in ADAPTER_DIALECTS:
             raise ValueError(f"tito's adapter calls the engine in {', '.join(ADAPTER_DIALECTS)}, not {dialect!r}")
         self.base_url = base_url.rstrip("/")
@@ -84,10 +99,19 @@ class EngineClient:
     async def close(self) -> None:
         await self.transport.close()
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None, headers: dict[str, str],
-                    on_exchange: ExchangeCallback, t0: float, base: str | None = None) -> EngineAnswer:
-        exchange = EngineExchange(method, path, body, 0, headers=dict(headers), started_s=time.monotonic() - t0,
-                                  dialect=self.dialect)
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        headers: dict[str, str],
+        on_exchange: ExchangeCallback,
+        t0: float,
+        base: str | None = None,
+    ) -> EngineAnswer:
+        exchange = EngineExchange(
+            method, path, body, 0, headers=dict(headers), started_s=time.monotonic() - t0, dialect=self.dialect
+        )
         started = time.monotonic()
         try:
             answer = await self.transport.send(method, (base or self.base_url) + path, body, headers)
@@ -95,8 +119,9 @@ class EngineClient:
             return answer
         except EngineUnreachable as exc:
             exchange.error = exc.text
-            raise EngineError(504 if exc.timed_out else 502,
-                              f"engine unreachable at {self.base_url}{path}: {exc.text}") from exc
+            raise EngineError(
+                504 if exc.timed_out else 502, f"engine unreachable at {self.base_url}{path}: {exc.text}"
+            ) from exc
         except asyncio.CancelledError:  # the agent went away: the call is dropped, which a vLLM engine takes as abort
             exchange.error = DROPPED
             raise
@@ -122,8 +147,9 @@ class EngineClient:
                         raise EngineError(502, f"engine {exc}") from None
         return self.model
 
-    async def generate(self, sid: str, rid: str, input_ids: list[int], params: dict[str, Any],
-                       on_exchange: ExchangeCallback, t0: float) -> Generation:
+    async def generate(
+        self, sid: str, rid: str, input_ids: list[int], params: dict[str, Any], on_exchange: ExchangeCallback, t0: float
+    ) -> Generation:
         headers = {"X-SMG-Routing-Key": sid}
         if self.dialect == SGLANG:
             body = {"rid": rid, "input_ids": input_ids, "sampling_params": params, "return_logprob": True}
@@ -196,8 +222,9 @@ def parse_generation(rid: str, data: Any) -> Generation:
     meta = data["meta_info"]
     triples = meta.get("output_token_logprobs")
     if not isinstance(triples, list):
-        raise EngineError(502, "engine /generate returned no meta_info.output_token_logprobs "
-                               "(was return_logprob honoured?)")
+        raise EngineError(
+            502, "engine /generate returned no meta_info.output_token_logprobs (was return_logprob honoured?)"
+        )
     try:
         output_ids = untrack([int(t[1]) for t in triples])
         logprobs = untrack([float(t[0]) if t[0] is not None else 0.0 for t in triples])

@@ -24,8 +24,11 @@ class EngineError(Exception):
 
 def failed_call(path: str, status: int, detail: str) -> EngineError:
     """A non-200 answer: the engine's 4xx is the request's fault (400), anything else the engine's (502)."""
-    return EngineError(400 if 400 <= status < 500 else 502, f"engine {path} failed ({status}): {detail}",
-                       overloaded=status in OVERLOADED_ENGINE_STATUSES)
+    return EngineError(
+        400 if 400 <= status < 500 else 502,
+        f"engine {path} failed ({status}): {detail}",
+        overloaded=status in OVERLOADED_ENGINE_STATUSES,
+    )
 
 
 @dataclass

@@ -42,8 +42,7 @@ async def fetch_served_model(engine_url: str, timeout_s: float = 10.0) -> Served
     """The engine's served model; `ServedModelError` when it cannot be read."""
     url = engine_url.rstrip("/") + MODELS_PATH
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http, \
-                http.get(url) as resp:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http, http.get(url) as resp:
             if resp.status != 200:
                 raise ServedModelError(f"GET {url} answered {resp.status}")
             listing = await resp.json(content_type=None)

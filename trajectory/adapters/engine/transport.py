@@ -32,8 +32,7 @@ class EngineAnswer:
 
 
 class EngineTransport(Protocol):
-    async def send(self, method: str, url: str, body: dict[str, Any] | None,
-                   headers: dict[str, str]) -> EngineAnswer:
+    async def send(self, method: str, url: str, body: dict[str, Any] | None, headers: dict[str, str]) -> EngineAnswer:
         """One engine call; raises `EngineUnreachable` when no HTTP answer comes."""
 
     async def close(self) -> None: ...
@@ -42,8 +41,9 @@ class EngineTransport(Protocol):
 class HttpTransport:
     """The live engine leg: one aiohttp session, JSON bytes both ways."""
 
-    def __init__(self, session_factory: Callable[[], Awaitable[aiohttp.ClientSession]] | None = None,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, session_factory: Callable[[], Awaitable[aiohttp.ClientSession]] | None = None, timeout_s: float = 600.0
+    ) -> None:
         self._factory = session_factory
         self._session: aiohttp.ClientSession | None = None
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -57,14 +57,14 @@ class HttpTransport:
         if self._session is not None:
             await self._session.close()
 
-    async def send(self, method: str, url: str, body: dict[str, Any] | None,
-                   headers: dict[str, str]) -> EngineAnswer:
+    async def send(self, method: str, url: str, body: dict[str, Any] | None, headers: dict[str, str]) -> EngineAnswer:
         try:
             session = await self.session()
             # Bytes both ways: aiohttp's JSON payload and text() add ~10% to a call's client-side CPU.
             data = None if body is None else fast_json.dumps(body)
-            async with session.request(method, url, data=data, headers={**headers, **_JSON} if data else headers,
-                                       timeout=self.timeout) as resp:
+            async with session.request(
+                method, url, data=data, headers={**headers, **_JSON} if data else headers, timeout=self.timeout
+            ) as resp:
                 status = resp.status
                 raw = await resp.read()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:

@@ -47,15 +47,26 @@ def vllm_sampling(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def request(dialect: str, rid: str, input_ids: list[int], params: dict[str, Any],
-            model: str) -> tuple[str, dict[str, Any]]:
+def request(
+    dialect: str, rid: str, input_ids: list[int], params: dict[str, Any], model: str
+) -> tuple[str, dict[str, Any]]:
     """The path and JSON body of one generation in `dialect`."""
     sampling = vllm_sampling(params)
     if dialect == VLLM_GENERATE:
-        return GENERATE_PATH, {"request_id": rid, "model": model, "token_ids": input_ids,
-                               "sampling_params": {**sampling, "logprobs": 0}}
-    return COMPLETIONS_PATH, {"request_id": rid, "model": model, "prompt": input_ids, **sampling, "logprobs": 0,
-                              "return_token_ids": True}
+        return GENERATE_PATH, {
+            "request_id": rid,
+            "model": model,
+            "token_ids": input_ids,
+            "sampling_params": {**sampling, "logprobs": 0},
+        }
+    return COMPLETIONS_PATH, {
+        "request_id": rid,
+        "model": model,
+        "prompt": input_ids,
+        **sampling,
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
 
 
 def route_hint(path: str, status: int) -> str:
@@ -63,8 +74,10 @@ def route_hint(path: str, status: int) -> str:
     404 before 0.11.1), appended to the error the agent gets."""
     if path != GENERATE_PATH or status not in (403, 404):
         return ""
-    return (" (vLLM serves /inference/v1/generate when started with --enable-scale-out; without it, call it with "
-            "--engine-dialect vllm-openai)")
+    return (
+        " (vLLM serves /inference/v1/generate when started with --enable-scale-out; without it, call it with "
+        "--engine-dialect vllm-openai)"
+    )
 
 
 def abort_body(rid: str) -> dict[str, Any]:
@@ -84,16 +97,22 @@ def parse_answer(dialect: str, path: str, rid: str, body: dict[str, Any], data: 
     ids = view.output_ids
     logprobs = view.logprobs
     if logprobs is None or len(logprobs) != len(ids) or any(lp is None for lp in logprobs):
-        raise EngineError(502, f"engine {path} returned {'no' if logprobs is None else len(logprobs)} logprobs for "
-                               f"{len(ids)} output ids (was logprobs honoured?)")
+        raise EngineError(
+            502,
+            f"engine {path} returned {'no' if logprobs is None else len(logprobs)} logprobs for "
+            f"{len(ids)} output ids (was logprobs honoured?)",
+        )
     named = logprob_token_ids(choice)
     if named is not None and named != ids:
         raise EngineError(502, f"engine {path} token_ids disagree with the ids its logprobs name")
     echoed = choice.get("prompt_token_ids", data.get("prompt_token_ids"))
     sent = body.get("token_ids") if dialect == VLLM_GENERATE else body.get("prompt")
     if isinstance(echoed, list) and echoed != sent:
-        raise EngineError(502, f"engine {path} generated from other prompt ids than it was sent ({len(echoed)} "
-                               f"returned, {len(sent or ())} sent): the turn would not train on what it saw")
+        raise EngineError(
+            502,
+            f"engine {path} generated from other prompt ids than it was sent ({len(echoed)} "
+            f"returned, {len(sent or ())} sent): the turn would not train on what it saw",
+        )
     finish = view.finish_reason if view.finish_reason in FINISHES else "stop"
     usage = data["usage"] if isinstance(data.get("usage"), dict) else {}
     details = usage["prompt_tokens_details"] if isinstance(usage.get("prompt_tokens_details"), dict) else {}
@@ -102,5 +121,12 @@ def parse_answer(dialect: str, path: str, rid: str, body: dict[str, Any], data: 
         cached_tokens = int(details.get("cached_tokens") or 0)
     except (TypeError, ValueError) as exc:
         raise EngineError(502, f"engine {path} returned malformed token counts: {exc}") from exc
-    return Generation(rid, untrack(list(ids)), untrack([float(lp) for lp in logprobs if lp is not None]), finish,
-                      prompt_tokens, cached_tokens, data)
+    return Generation(
+        rid,
+        untrack(list(ids)),
+        untrack([float(lp) for lp in logprobs if lp is not None]),
+        finish,
+        prompt_tokens,
+        cached_tokens,
+        data,
+    )

@@ -70,8 +70,13 @@ def start() -> ParserProcess | None:
     tokenizer is loaded. None where it would not help or not be safe: no core likely idle (`wanted`), no fork,
     the parsers already loaded, or other threads running (a fork copies only this one)."""
     global _ACTIVE, _PLANNED
-    if _ACTIVE is not None or not wanted() or not hasattr(os, "fork") or threading.active_count() > 1 \
-            or "sglang.srt.function_call.function_call_parser" in sys.modules:
+    if (
+        _ACTIVE is not None
+        or not wanted()
+        or not hasattr(os, "fork")
+        or threading.active_count() > 1
+        or "sglang.srt.function_call.function_call_parser" in sys.modules
+    ):
         return _ACTIVE
     asks, answers = os.pipe(), os.pipe()  # (read, write) each
     sys.stdout.flush()

@@ -50,8 +50,12 @@ INSTALL_COMMAND = f"pip install --no-deps sglang=={SGLANG_VERSION} xgrammar=={XG
 # What `xgrammar/__init__.py` exports from its pure-Python structural-tag modules.
 _XGRAMMAR_EXPORTS = {
     "xgrammar.structural_tag": ("StructuralTag",),
-    "xgrammar.builtin_structural_tag": ("get_builtin_structural_tag", "get_model_structural_tag",
-                                        "normalize_tool_choice", "register_model_structural_tag"),
+    "xgrammar.builtin_structural_tag": (
+        "get_builtin_structural_tag",
+        "get_model_structural_tag",
+        "normalize_tool_choice",
+        "register_model_structural_tag",
+    ),
 }
 
 
@@ -59,8 +63,15 @@ STAND_IN_DOC = f"tito's stand-in while sglang's parsers load ({__name__})"
 # Packages whose __init__ runs only when a name it defines is first asked for (see the module docstring).
 _DEFERRED_INITS = ("openai", "openai.types", "openai.types.responses", "openai.types.chat", "openai.types.shared")
 # Modules the parser modules import, with the names they take from them; none is called on a parse.
-_STAND_INS = {"transformers": ("PreTrainedTokenizerBase",), "IPython": (), "IPython.display": ("HTML", "display"),
-              "numpy": (), "requests": (), "pybase64": (), "tqdm": ("tqdm",)}
+_STAND_INS = {
+    "transformers": ("PreTrainedTokenizerBase",),
+    "IPython": (),
+    "IPython.display": ("HTML", "display"),
+    "numpy": (),
+    "requests": (),
+    "pybase64": (),
+    "tqdm": ("tqdm",),
+}
 
 
 class SglangInstallError(ImportError):
@@ -91,8 +102,12 @@ def parsers() -> Parsers:
         _deferred_package(name)
     with _standing_in(_STAND_INS), _deferred_model_builds():
         protocol = sglang_module("srt.entrypoints.openai.protocol")
-        return Parsers(sglang_module("srt.function_call.function_call_parser").FunctionCallParser,
-                       sglang_module("srt.parser.reasoning_parser").ReasoningParser, protocol.Tool, protocol.Function)
+        return Parsers(
+            sglang_module("srt.function_call.function_call_parser").FunctionCallParser,
+            sglang_module("srt.parser.reasoning_parser").ReasoningParser,
+            protocol.Tool,
+            protocol.Function,
+        )
 
 
 @contextlib.contextmanager
@@ -158,12 +173,15 @@ def check_version(distribution: str, expected: str) -> None:
     try:
         installed = importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
-        raise SglangInstallError(f"{distribution} is not installed; tito's parsers need "
-                                 f"{distribution}=={expected}: {INSTALL_COMMAND}") from None
+        raise SglangInstallError(
+            f"{distribution} is not installed; tito's parsers need {distribution}=={expected}: {INSTALL_COMMAND}"
+        ) from None
     if installed != expected:
-        raise SglangInstallError(f"{distribution} {installed} is installed, but tito's parsers need "
-                                 f"{distribution}=={expected} (they are loaded from that version's modules): "
-                                 f"{INSTALL_COMMAND}")
+        raise SglangInstallError(
+            f"{distribution} {installed} is installed, but tito's parsers need "
+            f"{distribution}=={expected} (they are loaded from that version's modules): "
+            f"{INSTALL_COMMAND}"
+        )
 
 
 @cache

@@ -74,9 +74,17 @@ class SglangParsers:
 
 def _tool_models(tools: list[dict[str, Any]]) -> list[Any]:
     sglang = parsers()
-    return [sglang.Tool(type="function", function=sglang.Function(
-        name=t["function"]["name"], description=t["function"].get("description"),
-        parameters=t["function"].get("parameters") or {"type": "object", "properties": {}})) for t in tools]
+    return [
+        sglang.Tool(
+            type="function",
+            function=sglang.Function(
+                name=t["function"]["name"],
+                description=t["function"].get("description"),
+                parameters=t["function"].get("parameters") or {"type": "object", "properties": {}},
+            ),
+        )
+        for t in tools
+    ]
 
 
 def _bad_arguments(calls: list[ParsedCall]) -> bool:

@@ -41,7 +41,7 @@ class LineCache:
     def encode(self, text: str) -> list[int]:
         lines, start = [], 0
         for cut in _CUT.finditer(text):
-            lines.append(text[start:cut.end()])
+            lines.append(text[start : cut.end()])
             start = cut.end()
         lines.append(text[start:])
         fresh = self._encode_new(lines) if len(lines) >= self.batch_lines else {}

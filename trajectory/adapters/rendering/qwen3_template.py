@@ -19,19 +19,29 @@ from tito_rl.trajectory.adapters.value_cache import ValueCache
 # sha256 of the Qwen3 chat template (the embedded tokenizer's), without its trailing newlines.
 DIGEST = "87a2728cb8dc9fe424d624542f6060ec05a1d285ebbec578bb078900e33396b5"
 
-_TOOLS_OPEN = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
-_TOOLS_CLOSE = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-                "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
-                "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n")
+_TOOLS_OPEN = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_TOOLS_CLOSE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+    '"arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+)
 
 
 def is_qwen3_template(template: str) -> bool:
     return hashlib.sha256(template.rstrip("\n").encode()).hexdigest() == DIGEST
 
 
-def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *, keep_reasoning: bool,
-           enable_thinking: Any = None, add_generation_prompt: bool = True) -> str | None:
+def render(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    keep_reasoning: bool,
+    enable_thinking: Any = None,
+    add_generation_prompt: bool = True,
+) -> str | None:
     """The template's output, or None when an input is outside what this transcription covers."""
     if not _supported(messages, tools):
         return None

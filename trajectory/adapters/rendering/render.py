@@ -30,8 +30,13 @@ class ChatRenderer:
     here: one that does not parse, or that reaches for Python internals on a plain conversation, is refused
     (ValueError); one that does so only on some input fails that render with `SecurityError`."""
 
-    def __init__(self, tokenizer: Any, preserve_reasoning: bool = False,
-                 template_kwargs: dict[str, Any] | None = None, template: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        preserve_reasoning: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+        template: str | None = None,
+    ) -> None:
         """`template`: a chat template to use instead of the tokenizer's (a candidate under test)."""
         self.tokenizer = tokenizer
         self.template: str = template or tokenizer.chat_template
@@ -42,8 +47,7 @@ class ChatRenderer:
         self.preserves_reasoning = False
         if preserve_reasoning and _REASONING_WINDOW in self.template:
             # Keep every assistant turn's <think> block, so history renders as it was generated.
-            self.template = self.template.replace(
-                _REASONING_WINDOW, f"(tito_keep_reasoning or {_REASONING_WINDOW})")
+            self.template = self.template.replace(_REASONING_WINDOW, f"(tito_keep_reasoning or {_REASONING_WINDOW})")
             self.template_kwargs["tito_keep_reasoning"] = True
             self.preserves_reasoning = True
         # The exact Python transcription of the template, when it is the Qwen3 one (Jinja otherwise).
@@ -60,8 +64,12 @@ class ChatRenderer:
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         if self.native:
-            text = qwen3_template.render(messages, tools or None, keep_reasoning=self.preserves_reasoning,
-                                         enable_thinking=self.template_kwargs.get("enable_thinking"))
+            text = qwen3_template.render(
+                messages,
+                tools or None,
+                keep_reasoning=self.preserves_reasoning,
+                enable_thinking=self.template_kwargs.get("enable_thinking"),
+            )
             if text is not None:
                 return text
         return self.render_jinja(messages, tools)
@@ -69,8 +77,14 @@ class ChatRenderer:
     def render_jinja(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         from tito_rl.trajectory.tokens import chat_template
 
-        return chat_template.render(self.template, messages, tools or None, add_generation_prompt=True,
-                                    special_tokens=self.special_tokens, **self.template_kwargs)
+        return chat_template.render(
+            self.template,
+            messages,
+            tools or None,
+            add_generation_prompt=True,
+            special_tokens=self.special_tokens,
+            **self.template_kwargs,
+        )
 
     def _check_template(self) -> None:
         from tito_rl.trajectory.tokens import chat_template
@@ -82,8 +96,9 @@ class ChatRenderer:
         try:
             self.render_jinja([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], None)
         except chat_template.SecurityError as exc:
-            raise ValueError(f"the chat template reaches for Python internals, which its sandbox refuses: "
-                             f"{exc}") from None
+            raise ValueError(
+                f"the chat template reaches for Python internals, which its sandbox refuses: {exc}"
+            ) from None
         except Exception:  # noqa: BLE001 - a template may refuse this conversation; real requests will show
             pass
 

@@ -106,8 +106,9 @@ class SpliceMemory:
             victim = next((h for h in reversed(self._held) if h.superseded), self._held[-1])
             self._held.remove(victim)
             gone = victim.turn
-            self._let_go.appendleft(_LetGo(gone.index, len(gone.messages), gone.reply, len(gone.prompt_text),
-                                           hash(gone.prompt_text)))
+            self._let_go.appendleft(
+                _LetGo(gone.index, len(gone.messages), gone.reply, len(gone.prompt_text), hash(gone.prompt_text))
+            )
 
     def continued(self, messages: list[dict[str, Any]]) -> Iterator[tuple[PriorTurn, bool]]:
         """The held turns whose prompt messages, then an assistant message where their reply was, open
@@ -119,8 +120,9 @@ class SpliceMemory:
                 continue
             echo = messages[n]
             exact = echo is turn.reply or echo == turn.reply
-            if not exact and (echo.get("role") != "assistant"
-                              or canonical_message(echo) != canonical_message(turn.reply)):
+            if not exact and (
+                echo.get("role") != "assistant" or canonical_message(echo) != canonical_message(turn.reply)
+            ):
                 continue
             if messages[:n] == turn.messages:
                 yield turn, exact
@@ -132,8 +134,11 @@ class SpliceMemory:
             if gone.messages >= len(messages) or (best is not None and gone.messages <= best.messages):
                 continue
             echo = messages[gone.messages]
-            if (echo is gone.reply or echo == gone.reply) and len(text) > gone.prompt_chars \
-                    and hash(text[:gone.prompt_chars]) == gone.prompt_hash:
+            if (
+                (echo is gone.reply or echo == gone.reply)
+                and len(text) > gone.prompt_chars
+                and hash(text[: gone.prompt_chars]) == gone.prompt_hash
+            ):
                 best = gone
         return None if best is None else best.index
 
@@ -148,8 +153,9 @@ class Splicer:
         self.eos_text: str | None = tokenizer.eos_token
         self.special_ids = set(renderer.special_ids)
 
-    def splice(self, memory: SpliceMemory, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-               text: str) -> Splice:
+    def splice(
+        self, memory: SpliceMemory, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, text: str
+    ) -> Splice:
         """`text`: the render of `messages` (what the prompt is when splicing is refused)."""
         if self.eos_id is None or not self.eos_text:
             return NONE
@@ -172,8 +178,13 @@ class Splicer:
         gone = memory.let_go(messages, text)
         if gone is None:
             return NONE
-        return Splice(None, gone, f"turn {gone}'s ids are no longer held (the session holds its last "
-                                  f"{memory.capacity} turns, chain tips first)", gone)
+        return Splice(
+            None,
+            gone,
+            f"turn {gone}'s ids are no longer held (the session holds its last "
+            f"{memory.capacity} turns, chain tips first)",
+            gone,
+        )
 
     def _refusal(self, turn: PriorTurn, exact: bool, tools: list[dict[str, Any]] | None, text: str) -> str:
         """Why splicing onto `turn` is not safe; "" when it is."""

@@ -27,8 +27,11 @@ def parse_request(body: dict[str, Any]) -> TurnRequest:
         if not isinstance(raw, dict) or raw.get("role") not in ("user", "assistant", "system"):
             raise BadRequest(f"messages[{i}] needs a role of user, assistant or system")
         messages.extend(_translate(raw))
-    tools = [function_tool(t.get("name"), t.get("description"), t.get("input_schema"))
-             for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") in (None, "custom")]
+    tools = [
+        function_tool(t.get("name"), t.get("description"), t.get("input_schema"))
+        for t in body.get("tools") or []
+        if isinstance(t, dict) and t.get("type") in (None, "custom")
+    ]
     sampling: dict[str, Any] = {}
     for key, kind in (("max_tokens", int), ("temperature", float), ("top_p", float), ("top_k", int)):
         if (value := number(body, key, kind)) is not None:
@@ -36,8 +39,14 @@ def parse_request(body: dict[str, Any]) -> TurnRequest:
     if (stops := stop_list(body.get("stop_sequences"), "stop_sequences")) is not None:
         sampling["stop"] = stops
     output_format = (body.get("output_config") or {}).get("format") or {}
-    return TurnRequest(messages, tools, sampling, bool(body.get("stream")), str(body.get("model", "")),
-                       structured_output=output_format.get("type") == "json_schema")
+    return TurnRequest(
+        messages,
+        tools,
+        sampling,
+        bool(body.get("stream")),
+        str(body.get("model", "")),
+        structured_output=output_format.get("type") == "json_schema",
+    )
 
 
 def _translate(raw: dict[str, Any]) -> list[dict[str, Any]]:
@@ -79,8 +88,15 @@ def _blocks(reply: TurnReply) -> list[dict[str, Any]]:
     if parsed.content or not (parsed.tool_calls or parsed.reasoning):
         blocks.append({"type": "text", "text": parsed.content})
     for i, call in enumerate(parsed.tool_calls):
-        blocks.append({"type": "tool_use", "id": reply.make_id("toolu_", i), "name": call.name,
-                       "input": call.arguments_dict(), "_arguments": call.arguments})
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": reply.make_id("toolu_", i),
+                "name": call.name,
+                "input": call.arguments_dict(),
+                "_arguments": call.arguments,
+            }
+        )
     return blocks
 
 
@@ -91,15 +107,26 @@ def stop_reason(reply: TurnReply) -> str:
 
 
 def _usage(reply: TurnReply, output_tokens: int) -> dict[str, Any]:
-    return {"input_tokens": reply.prompt_tokens, "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": reply.cached_tokens}
+    return {
+        "input_tokens": reply.prompt_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": reply.cached_tokens,
+    }
 
 
 def build_json(request: TurnRequest, reply: TurnReply, blocks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     blocks = [{k: v for k, v in b.items() if k != "_arguments"} for b in blocks or _blocks(reply)]
-    return {"id": reply.make_id("msg_"), "type": "message", "role": "assistant", "model": request.model,
-            "content": blocks, "stop_reason": stop_reason(reply), "stop_sequence": None,
-            "usage": _usage(reply, reply.completion_tokens)}
+    return {
+        "id": reply.make_id("msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": request.model,
+        "content": blocks,
+        "stop_reason": stop_reason(reply),
+        "stop_sequence": None,
+        "usage": _usage(reply, reply.completion_tokens),
+    }
 
 
 def build_events(request: TurnRequest, reply: TurnReply) -> list[str]:
@@ -112,28 +139,48 @@ def build_events(request: TurnRequest, reply: TurnReply) -> list[str]:
         kind = block["type"]
         if kind == "thinking":
             opening: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
-            deltas = [{"type": "thinking_delta", "thinking": block["thinking"]},
-                      {"type": "signature_delta", "signature": block["signature"]}]
+            deltas = [
+                {"type": "thinking_delta", "thinking": block["thinking"]},
+                {"type": "signature_delta", "signature": block["signature"]},
+            ]
         elif kind == "text":
             opening = {"type": "text", "text": ""}
             deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
         else:
             opening = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
             deltas = [{"type": "input_json_delta", "partial_json": block["_arguments"]}]
-        events.append(sse({"type": "content_block_start", "index": index, "content_block": opening},
-                          "content_block_start"))
-        events += [sse({"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta")
-                   for d in deltas]
+        events.append(
+            sse({"type": "content_block_start", "index": index, "content_block": opening}, "content_block_start")
+        )
+        events += [
+            sse({"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta") for d in deltas
+        ]
         events.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
-    events.append(sse({"type": "message_delta", "delta": {"stop_reason": stop_reason(reply), "stop_sequence": None},
-                       "usage": {"output_tokens": reply.completion_tokens}}, "message_delta"))
+    events.append(
+        sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason(reply), "stop_sequence": None},
+                "usage": {"output_tokens": reply.completion_tokens},
+            },
+            "message_delta",
+        )
+    )
     events.append(sse({"type": "message_stop"}, "message_stop"))
     return events
 
 
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large",
-               429: "rate_limit_error", 500: "api_error", 502: "api_error", 503: "overloaded_error",
-               504: "api_error", 529: "overloaded_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+    529: "overloaded_error",
+}
 
 
 OVERLOADED_STATUS = 529  # Anthropic's overloaded_error: Claude Code retries it with its overloaded back-off

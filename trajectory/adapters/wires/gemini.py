@@ -217,8 +217,12 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
 
 def _sampling(config: dict[str, Any]) -> dict[str, Any]:
     sampling: dict[str, Any] = {}
-    for wire_key, key, kind in (("maxOutputTokens", "max_tokens", int), ("temperature", "temperature", float),
-                                ("topP", "top_p", float), ("topK", "top_k", int)):
+    for wire_key, key, kind in (
+        ("maxOutputTokens", "max_tokens", int),
+        ("temperature", "temperature", float),
+        ("topP", "top_p", float),
+        ("topK", "top_k", int),
+    ):
         if (value := number({wire_key: _get(config, wire_key)}, wire_key, kind)) is not None:
             sampling[key] = value
     if (stops := stop_list(_get(config, "stopSequences"), "stopSequences")) is not None:
@@ -228,8 +232,9 @@ def _sampling(config: dict[str, Any]) -> dict[str, Any]:
     return sampling
 
 
-def parse_request(body: dict[str, Any], model: str = "", action: str = "generateContent",
-                  sse_stream: bool = True) -> TurnRequest:
+def parse_request(
+    body: dict[str, Any], model: str = "", action: str = "generateContent", sse_stream: bool = True
+) -> TurnRequest:
     """`model` and `action` come from the path; `sse_stream` is `alt=sse` (without it a stream is one JSON
     array of chunks)."""
     if _get(body, "cachedContent"):
@@ -241,16 +246,18 @@ def parse_request(body: dict[str, Any], model: str = "", action: str = "generate
     structured = _get(config, "responseMimeType") == JSON_MIME and has_schema
     thinking = _object(_get(config, "thinkingConfig"), "generationConfig.thinkingConfig")
     stream = action == "streamGenerateContent"
-    options = {"sse": stream and sse_stream, "array": stream and not sse_stream,
-               "include_thoughts": _get(thinking, "includeThoughts") is True}
+    options = {
+        "sse": stream and sse_stream,
+        "array": stream and not sse_stream,
+        "include_thoughts": _get(thinking, "includeThoughts") is True,
+    }
     return TurnRequest(messages, _tools(_get(body, "tools")), sampling, options["sse"], model, structured, options)
 
 
 def count_request(body: dict[str, Any], model: str = "") -> TurnRequest:
     """countTokens takes `contents` or a whole `generateContentRequest`."""
     inner = _get(body, "generateContentRequest")
-    return parse_request(_object(inner, "generateContentRequest", required=True) if inner is not None else body,
-                         model)
+    return parse_request(_object(inner, "generateContentRequest", required=True) if inner is not None else body, model)
 
 
 def count_tokens_body(n: int) -> dict[str, Any]:
@@ -274,9 +281,11 @@ def finish_reason(reply: TurnReply) -> str:
 
 def _usage(reply: TurnReply) -> dict[str, Any]:
     thoughts = min(reply.reasoning_tokens, reply.completion_tokens)
-    usage: dict[str, Any] = {"promptTokenCount": reply.prompt_tokens,
-                             "candidatesTokenCount": reply.completion_tokens - thoughts,
-                             "totalTokenCount": reply.prompt_tokens + reply.completion_tokens}
+    usage: dict[str, Any] = {
+        "promptTokenCount": reply.prompt_tokens,
+        "candidatesTokenCount": reply.completion_tokens - thoughts,
+        "totalTokenCount": reply.prompt_tokens + reply.completion_tokens,
+    }
     if reply.cached_tokens:
         usage["cachedContentTokenCount"] = reply.cached_tokens
     if thoughts:
@@ -312,9 +321,19 @@ def build_events(request: TurnRequest, reply: TurnReply) -> list[str]:
     return [sse(chunk) for chunk in _chunks(request, reply)]
 
 
-STATUSES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-            413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL",
-            502: "UNAVAILABLE", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+STATUSES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
 
 
 OVERLOADED_STATUS = 503  # UNAVAILABLE, what the Gemini API answers when the model is overloaded

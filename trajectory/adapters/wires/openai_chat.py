@@ -23,11 +23,20 @@ def parse_request(body: dict[str, Any]) -> TurnRequest:
             role = "system"
         if role not in ("system", "user", "assistant", "tool"):
             raise BadRequest(f"messages[{i}] has an unsupported role {role!r}")
-        calls = [tool_call((c.get("function") or {}).get("name", ""), (c.get("function") or {}).get("arguments"))
-                 for c in raw.get("tool_calls") or [] if isinstance(c, dict)]
+        calls = [
+            tool_call((c.get("function") or {}).get("name", ""), (c.get("function") or {}).get("arguments"))
+            for c in raw.get("tool_calls") or []
+            if isinstance(c, dict)
+        ]
         reasoning = raw.get("reasoning_content") or raw.get("reasoning") or None
-        messages.append(message(role, text_of(raw.get("content")), reasoning if role == "assistant" else None,
-                                calls if role == "assistant" else None))
+        messages.append(
+            message(
+                role,
+                text_of(raw.get("content")),
+                reasoning if role == "assistant" else None,
+                calls if role == "assistant" else None,
+            )
+        )
     tools = []
     for t in body.get("tools") or []:
         fn = t.get("function") if isinstance(t, dict) else None
@@ -44,8 +53,15 @@ def parse_request(body: dict[str, Any]) -> TurnRequest:
         sampling["stop"] = stops
     response_format = body.get("response_format") or {}
     options = {"include_usage": bool((body.get("stream_options") or {}).get("include_usage"))}
-    return TurnRequest(messages, tools, sampling, bool(body.get("stream")), str(body.get("model", "")),
-                       response_format.get("type") == "json_schema", options)
+    return TurnRequest(
+        messages,
+        tools,
+        sampling,
+        bool(body.get("stream")),
+        str(body.get("model", "")),
+        response_format.get("type") == "json_schema",
+        options,
+    )
 
 
 def finish_reason(reply: TurnReply) -> str:
@@ -55,14 +71,19 @@ def finish_reason(reply: TurnReply) -> str:
 
 
 def _tool_calls(reply: TurnReply) -> list[dict[str, Any]]:
-    return [{"id": reply.make_id("call_", i), "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}} for i, c in enumerate(reply.parsed.tool_calls)]
+    return [
+        {"id": reply.make_id("call_", i), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for i, c in enumerate(reply.parsed.tool_calls)
+    ]
 
 
 def _usage(reply: TurnReply) -> dict[str, Any]:
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": reply.cached_tokens}}
+    return {
+        "prompt_tokens": reply.prompt_tokens,
+        "completion_tokens": reply.completion_tokens,
+        "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": reply.cached_tokens},
+    }
 
 
 def build_json(request: TurnRequest, reply: TurnReply) -> dict[str, Any]:
@@ -73,15 +94,23 @@ def build_json(request: TurnRequest, reply: TurnReply) -> dict[str, Any]:
         msg["tool_calls"] = _tool_calls(reply)
     elif msg["content"] is None:
         msg["content"] = ""
-    return {"id": reply.make_id("chatcmpl-"), "object": "chat.completion", "created": reply.created,
-            "model": request.model,
-            "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish_reason(reply)}],
-            "usage": _usage(reply)}
+    return {
+        "id": reply.make_id("chatcmpl-"),
+        "object": "chat.completion",
+        "created": reply.created,
+        "model": request.model,
+        "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish_reason(reply)}],
+        "usage": _usage(reply),
+    }
 
 
 def build_events(request: TurnRequest, reply: TurnReply) -> list[str]:
-    base = {"id": reply.make_id("chatcmpl-"), "object": "chat.completion.chunk", "created": reply.created,
-            "model": request.model}
+    base = {
+        "id": reply.make_id("chatcmpl-"),
+        "object": "chat.completion.chunk",
+        "created": reply.created,
+        "model": request.model,
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
         return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
@@ -107,5 +136,4 @@ OVERLOADED_STATUS = 503  # OpenAI's "server overloaded": the OpenAI SDKs, Codex 
 
 
 def error_body(status: int, text: str) -> dict[str, Any]:
-    return {"error": {"message": text, "type": ERROR_TYPES.get(status, "server_error"), "param": None,
-                      "code": status}}
+    return {"error": {"message": text, "type": ERROR_TYPES.get(status, "server_error"), "param": None, "code": status}}

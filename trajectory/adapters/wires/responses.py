@@ -26,7 +26,7 @@ def decode_reasoning(item: dict[str, Any]) -> str:
     blob = item.get("encrypted_content")
     if isinstance(blob, str) and blob.startswith(ENCRYPTED_PREFIX):
         try:
-            return base64.b64decode(blob[len(ENCRYPTED_PREFIX):], validate=True).decode()
+            return base64.b64decode(blob[len(ENCRYPTED_PREFIX) :], validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
             pass
     parts = item.get("content") or item.get("summary") or []
@@ -94,8 +94,13 @@ def _tools(raw_tools: list[Any]) -> list[dict[str, Any]]:
         elif t.get("type") == "namespace":
             tools += _tools(t.get("tools") or [])
         elif t.get("type") == "custom":
-            tools.append(function_tool(t.get("name"), t.get("description"), {
-                "type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}))
+            tools.append(
+                function_tool(
+                    t.get("name"),
+                    t.get("description"),
+                    {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]},
+                )
+            )
         # Hosted tools (web_search, ...) have no function form for the template: left out.
     return tools
 
@@ -119,45 +124,84 @@ def parse_request(body: dict[str, Any]) -> TurnRequest:
         if (value := number(body, key)) is not None:
             sampling[key] = value
     text_format = ((body.get("text") or {}).get("format") or {}).get("type")
-    options = {"encrypted": "reasoning.encrypted_content" in (body.get("include") or []),
-               "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
-               "tool_choice": body.get("tool_choice") if isinstance(body.get("tool_choice"), str) else "auto"}
-    return TurnRequest(messages, tools, sampling, bool(body.get("stream")), str(body.get("model", "")),
-                       text_format == "json_schema", options)
+    options = {
+        "encrypted": "reasoning.encrypted_content" in (body.get("include") or []),
+        "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
+        "tool_choice": body.get("tool_choice") if isinstance(body.get("tool_choice"), str) else "auto",
+    }
+    return TurnRequest(
+        messages,
+        tools,
+        sampling,
+        bool(body.get("stream")),
+        str(body.get("model", "")),
+        text_format == "json_schema",
+        options,
+    )
 
 
 def output_items(request: TurnRequest, reply: TurnReply) -> list[dict[str, Any]]:
     parsed, items = reply.parsed, []
     if parsed.reasoning:
-        item: dict[str, Any] = {"id": reply.make_id("rs_"), "type": "reasoning",
-                                "summary": [{"type": "summary_text", "text": parsed.reasoning}]}
+        item: dict[str, Any] = {
+            "id": reply.make_id("rs_"),
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": parsed.reasoning}],
+        }
         if request.options.get("encrypted"):
             item["encrypted_content"] = encode_reasoning(parsed.reasoning)
         items.append(item)
     if parsed.content or not parsed.tool_calls:
-        items.append({"id": reply.make_id("msg_"), "type": "message", "status": "completed", "role": "assistant",
-                      "content": [{"type": "output_text", "text": parsed.content, "annotations": []}]})
+        items.append(
+            {
+                "id": reply.make_id("msg_"),
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": parsed.content, "annotations": []}],
+            }
+        )
     for i, call in enumerate(parsed.tool_calls):
-        items.append({"id": reply.make_id("fc_", i), "type": "function_call", "status": "completed",
-                      "call_id": reply.make_id("call_", i), "name": call.name, "arguments": call.arguments})
+        items.append(
+            {
+                "id": reply.make_id("fc_", i),
+                "type": "function_call",
+                "status": "completed",
+                "call_id": reply.make_id("call_", i),
+                "name": call.name,
+                "arguments": call.arguments,
+            }
+        )
     return items
 
 
-def build_json(request: TurnRequest, reply: TurnReply, status: str = "completed",
-               output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def build_json(
+    request: TurnRequest, reply: TurnReply, status: str = "completed", output: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     incomplete = reply.finish_reason == "length" and status == "completed"
-    return {"id": reply.make_id("resp_"), "object": "response", "created_at": reply.created,
-            "status": "incomplete" if incomplete else status, "model": request.model,
-            "output": output_items(request, reply) if output is None else output,
-            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None, "error": None,
-            "instructions": None, "metadata": {}, "parallel_tool_calls": request.options.get("parallel_tool_calls",
-                                                                                         True),
-            "tool_choice": request.options.get("tool_choice", "auto"), "tools": [], "store": False,
-            "usage": {"input_tokens": reply.prompt_tokens,
-                      "input_tokens_details": {"cached_tokens": reply.cached_tokens, "cache_write_tokens": 0},
-                      "output_tokens": reply.completion_tokens,
-                      "output_tokens_details": {"reasoning_tokens": 0},
-                      "total_tokens": reply.prompt_tokens + reply.completion_tokens}}
+    return {
+        "id": reply.make_id("resp_"),
+        "object": "response",
+        "created_at": reply.created,
+        "status": "incomplete" if incomplete else status,
+        "model": request.model,
+        "output": output_items(request, reply) if output is None else output,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "error": None,
+        "instructions": None,
+        "metadata": {},
+        "parallel_tool_calls": request.options.get("parallel_tool_calls", True),
+        "tool_choice": request.options.get("tool_choice", "auto"),
+        "tools": [],
+        "store": False,
+        "usage": {
+            "input_tokens": reply.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": reply.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": reply.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+        },
+    }
 
 
 def build_events(request: TurnRequest, reply: TurnReply) -> list[str]:
@@ -172,28 +216,35 @@ def build_events(request: TurnRequest, reply: TurnReply) -> list[str]:
             opening = {**item, "status": "in_progress", "content": []}
             part = item["content"][0]
             text = part["text"]
-            events += [{"type": "response.output_item.added", "output_index": index, "item": opening},
-                       {"type": "response.content_part.added", **ids, "content_index": 0,
-                        "part": {**part, "text": ""}},
-                       {"type": "response.output_text.delta", **ids, "content_index": 0, "delta": text,
-                        "logprobs": []},
-                       {"type": "response.output_text.done", **ids, "content_index": 0, "text": text,
-                        "logprobs": []},
-                       {"type": "response.content_part.done", **ids, "content_index": 0, "part": part}]
+            events += [
+                {"type": "response.output_item.added", "output_index": index, "item": opening},
+                {"type": "response.content_part.added", **ids, "content_index": 0, "part": {**part, "text": ""}},
+                {"type": "response.output_text.delta", **ids, "content_index": 0, "delta": text, "logprobs": []},
+                {"type": "response.output_text.done", **ids, "content_index": 0, "text": text, "logprobs": []},
+                {"type": "response.content_part.done", **ids, "content_index": 0, "part": part},
+            ]
         elif item["type"] == "function_call":
             opening = {**item, "status": "in_progress", "arguments": ""}
-            events += [{"type": "response.output_item.added", "output_index": index, "item": opening},
-                       {"type": "response.function_call_arguments.delta", **ids, "delta": item["arguments"]},
-                       {"type": "response.function_call_arguments.done", **ids, "arguments": item["arguments"]}]
+            events += [
+                {"type": "response.output_item.added", "output_index": index, "item": opening},
+                {"type": "response.function_call_arguments.delta", **ids, "delta": item["arguments"]},
+                {"type": "response.function_call_arguments.done", **ids, "arguments": item["arguments"]},
+            ]
         else:
             text = item["summary"][0]["text"]
             summary = {"type": "summary_text", "text": text}
-            events += [{"type": "response.output_item.added", "output_index": index, "item": {**item, "summary": []}},
-                       {"type": "response.reasoning_summary_part.added", **ids, "summary_index": 0,
-                        "part": {**summary, "text": ""}},
-                       {"type": "response.reasoning_summary_text.delta", **ids, "summary_index": 0, "delta": text},
-                       {"type": "response.reasoning_summary_text.done", **ids, "summary_index": 0, "text": text},
-                       {"type": "response.reasoning_summary_part.done", **ids, "summary_index": 0, "part": summary}]
+            events += [
+                {"type": "response.output_item.added", "output_index": index, "item": {**item, "summary": []}},
+                {
+                    "type": "response.reasoning_summary_part.added",
+                    **ids,
+                    "summary_index": 0,
+                    "part": {**summary, "text": ""},
+                },
+                {"type": "response.reasoning_summary_text.delta", **ids, "summary_index": 0, "delta": text},
+                {"type": "response.reasoning_summary_text.done", **ids, "summary_index": 0, "text": text},
+                {"type": "response.reasoning_summary_part.done", **ids, "summary_index": 0, "part": summary},
+            ]
         events.append({"type": "response.output_item.done", "output_index": index, "item": item})
     final = build_json(request, reply)
     events.append({"type": f"response.{final['status']}", "response": final})

@@ -1,0 +1,172 @@
+"""Gateways that run in a Python of their own, and the cached virtual environments tito's tests make for them.
+
+verifiers (`verifiers` 0.4.0, Python >= 3.11) and Agent Lightning (`agentlightning` 1.0.2, Python >= 3.12) are
+never dependencies of tito: a driver runs them with the Python its environment variable names
+(`TITO_VERIFIERS_PYTHON`, `TITO_AGENTLIGHTNING_PYTHON`), else the one in the cached environment this module makes
+(`~/.cache/tito/<name>-venv`, or under `$XDG_CACHE_HOME`). `make test` runs
+
+    python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning
+
+which creates what is missing (a stat where it exists) with a Python new enough: `TITO_GATEWAY_BASE_PYTHON`, else
+`python3.12`/`python3.13`/`python3.14` on the PATH that runs, else a pyenv-installed one. Where none is found it
+says so in one line and exits 0: the tests of that gateway then skip, saying why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tito_rl.recorder.targets.base import TargetError, TargetUnavailable
+
+
+@dataclass(frozen=True)
+class GatewayEnv:
+    name: str  # the target's name
+    spec: str  # what pip installs
+    python_env: str  # the environment variable naming a Python that has it
+    min_python: tuple[int, int]
+    module: str  # imported to check the environment
+
+    @property
+    def folder(self) -> Path:
+        return cache_root() / f"{self.name}-venv"
+
+    @property
+    def python(self) -> Path:
+        return self.folder / "bin" / "python"
+
+    @property
+    def stamp(self) -> Path:
+        return self.folder / ".tito-installed"
+
+
+ENVS = {
+    "verifiers": GatewayEnv("verifiers", "verifiers==0.4.0", "TITO_VERIFIERS_PYTHON", (3, 11), "verifiers.v1"),
+    "agentlightning": GatewayEnv(
+        "agentlightning", "agentlightning==1.0.2", "TITO_AGENTLIGHTNING_PYTHON", (3, 12), "agentlightning.server.app"
+    ),
+}
+BASE_ENV = "TITO_GATEWAY_BASE_PYTHON"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tito"
+
+
+def gateway_python(name: str) -> str:
+    """The Python that runs gateway `name`: its environment variable, else the cached environment; otherwise
+    `TargetUnavailable` saying how to get one (`TargetError` for a variable naming no executable)."""
+    env = ENVS[name]
+    configured = os.environ.get(env.python_env, "").strip()
+    if configured:
+        if not os.access(configured, os.X_OK):
+            raise TargetError(f"target {name!r}: {env.python_env}={configured} is not an executable")
+        return configured
+    if env.stamp.is_file() and os.access(env.python, os.X_OK):
+        return str(env.python)
+    raise TargetUnavailable(
+        f"target {name!r}: no Python with {env.spec}: set {env.python_env} to one (Python >= "
+        f"{'.'.join(map(str, env.min_python))}), or run `python -m tito_rl.recorder.targets.own_python.envs {name}`"
+    )
+
+
+def _version(python: str) -> tuple[int, int] | None:
+    try:
+        run = subprocess.run(
+            [python, "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    parts = run.stdout.split() if run.returncode == 0 else []
+    return (int(parts[0]), int(parts[1])) if len(parts) == 2 else None
+
+
+def base_python(minimum: tuple[int, int]) -> str | None:
+    """A Python at least `minimum` to make an environment with, or None."""
+    candidates = [os.environ.get(BASE_ENV, "").strip(), sys.executable]
+    candidates += [shutil.which(f"python3.{minor}") or "" for minor in (12, 13, 14)]
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    candidates += sorted(glob.glob(str(pyenv / "3.1[2-4]*" / "bin" / "python3")))
+    for python in filter(None, candidates):
+        found = _version(python)
+        if found is not None and found >= minimum:
+            return python
+    return None
+
+
+def ensure(name: str, quiet: bool = False) -> str | None:
+    """Make gateway `name`'s cached environment where it is missing; its Python, or None (said in one line)."""
+    env = ENVS[name]
+    if os.environ.get(env.python_env, "").strip() or env.stamp.is_file():
+        return gateway_python(name)
+    base = base_python(env.min_python)
+    if base is None:
+        print(
+            f"gateway_envs: no Python >= {'.'.join(map(str, env.min_python))} found for {env.spec} (set {BASE_ENV}); "
+            f"its tests will skip",
+            file=sys.stderr,
+        )
+        return None
+    if not quiet:
+        print(f"gateway_envs: installing {env.spec} into {env.folder} (once; cached)", file=sys.stderr, flush=True)
+    shutil.rmtree(env.folder, ignore_errors=True)
+    env.folder.parent.mkdir(parents=True, exist_ok=True)
+    steps = [
+        [base, "-m", "venv", str(env.folder)],
+        [str(env.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", env.spec],
+        [str(env.python), "-c", f"import {env.module}"],
+    ]
+    for step in steps:
+        run = subprocess.run(step, capture_output=True, text=True)
+        if run.returncode != 0:
+            lines = [x for x in (run.stderr or run.stdout).splitlines() if x.strip() and not x.startswith("WARNING")]
+            print(
+                f"gateway_envs: {env.spec}: {' '.join(step[:3])} failed: {lines[-1] if lines else run.returncode}",
+                file=sys.stderr,
+            )
+            return None
+    env.stamp.write_text(env.spec + "\n")
+    return str(env.python)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tito_rl.recorder.targets.own_python.envs",
+        description="Make the cached environments of gateways that run in a Python "
+        "of their own (a stat where they exist).",
+    )
+    parser.add_argument("names", nargs="*", help=f"which: {', '.join(ENVS)} (default: all)")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in ENVS]
+    if unknown:
+        parser.error(f"unknown gateway {', '.join(unknown)}: give {', '.join(ENVS)}")
+    names = args.names or list(ENVS)
+
+    def one(name: str) -> str | None:
+        try:
+            return ensure(name)
+        except TargetError as exc:  # a TITO_*_PYTHON that names no executable: said, and its tests say so too
+            print(f"gateway_envs: {exc}", file=sys.stderr)
+            return None
+
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:  # pip's downloads and installs overlap
+        found = list(pool.map(one, names))
+    for name, python in zip(names, found, strict=True):
+        if python is not None:
+            print(f"{name}: {python}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The committed cassette recorded around Agent Lightning's LLM proxy through its profile (`--target agentlightning`:
+agentlightning 1.0.2 in a Python of its own, `recorder/targets/profiles/agentlightning.yaml`), replayed through a
+fresh Agent Lightning with no engine: exit 0, byte-identical twice, its samples those of the live run; and failing,
+with the field named, through a copy of the profile that turns the proxy's logprobs off.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tito_rl.cassette.format.records import AgentRecord, EngineRecord, SamplesRecord, SessionStart
+from tito_rl.cassette.reader import CassetteReader
+from tito_rl.recorder.targets.base import TargetUnavailable
+from tito_rl.recorder.targets.own_python.envs import gateway_python
+from tito_rl.recorder.targets.profiles.driver import BUILTIN_DIR
+
+try:
+    gateway_python("agentlightning")
+except TargetUnavailable as exc:
+    pytest.skip(str(exc), allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ROOT / "cassettes" / "targets"
+CASSETTES = sorted(TARGETS.glob("agentlightning_*.tito"))
+MIXED = TARGETS / "agentlightning_mixed.tito"
+FIELDS = ("tokens", "response_length", "loss_mask", "rollout_log_probs")
+
+
+def run_tito(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_corpus_has_the_scripted_recording_with_its_golden_and_scenario() -> None:
+    assert [p.stem for p in CASSETTES] == ["agentlightning_mixed"]
+    assert MIXED.with_suffix(".golden").is_file()
+    assert (TARGETS / "scenarios" / "agentlightning_mixed.yaml").is_file()
+
+
+def test_recorded_through_the_profile_with_the_proxys_own_engine_request() -> None:
+    with CassetteReader(MIXED) as reader:
+        header, records = reader.header, list(reader.records())
+    assert header.target["name"] == "agentlightning" and header.target["version"] == "1.0.2"
+    assert header.target["settings"]["profile"]["name"] == "agentlightning"  # the cassette keeps the profile
+    assert header.target["routing_header"] is None
+    engine = [r for r in records if isinstance(r, EngineRecord)]
+    agent = [r for r in records if isinstance(r, AgentRecord)]
+    assert engine and {r.dialect for r in engine} == {"vllm-openai"}
+    # the proxy asks for token ids and logprobs, and sets the temperature itself (1.0 in train mode)
+    assert all(
+        r.request["return_token_ids"] is True and r.request["logprobs"] is True and r.request["temperature"] == 1.0
+        for r in engine
+    )
+    assert {r.status for r in engine} == {200, 529} and {r.status for r in agent} == {200}  # it retried the 529s
+    # the rollout id in the URL is the session, kept verbatim (not a secret): replay and finish address it
+    starts = [r for r in records if isinstance(r, SessionStart)]
+    assert {r.session for r in starts} == {"agl-loop", "agl-retry", "agl-first-retry", "agl-drop"}
+    assert {r.source for r in starts} == {"path:/proxy/rollout/{sid}"}
+    assert header.target["session_from"] == "path:/proxy/rollout/{sid}"
+    assert all(r.path.startswith(f"/proxy/rollout/{r.session}/attempt/0/mode/train/openai/v1/") for r in agent)
+
+
+def test_replays_through_agent_lightning_with_no_engine_twice_identical_with_the_live_samples(tmp_path: Path) -> None:
+    outs = []
+    for n in (1, 2):
+        out = tmp_path / f"samples{n}.jsonl"
+        run = run_tito("replay", *map(str, CASSETTES), "--export-samples", str(out))
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+        assert "0 failed" in run.stdout
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    replayed: dict[str, list[dict[str, object]]] = {}
+    for line in outs[0].decode().splitlines():
+        row = json.loads(line)
+        replayed.setdefault(row["session"], []).append({k: row[k] for k in FIELDS})
+    with CassetteReader(MIXED) as reader:
+        live = {
+            r.session: [{k: s[k] for k in FIELDS} for s in r.samples]
+            for r in reader.records()
+            if isinstance(r, SamplesRecord) and r.samples
+        }
+    assert replayed == live and sum(len(v) for v in live.values()) == 11
+
+
+def test_a_profile_that_turns_the_proxys_logprobs_off_fails_the_replay_naming_the_field(tmp_path: Path) -> None:
+    text = (BUILTIN_DIR / "agentlightning.yaml").read_text()
+    changed = tmp_path / "agl-no-logprobs.yaml"
+    changed.write_text(
+        text.replace(
+            '"default_proxy.model_name={model}",',
+            '"default_proxy.model_name={model}", "default_proxy.include_log_probs=false",',
+        )
+    )
+    assert changed.read_text() != text
+    run = run_tito("replay", str(MIXED), "--target", str(changed))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "engine request differs at logprobs: recorded true, replayed '<absent>'" in run.stdout
