@@ -169,3 +169,39 @@ async def tool_loop(conversation: Conversation, task: str = "What is in this rep
         reply = await conversation.turn()
         turns += 1
     return turns
+
+
+SAMPLE_FIELDS = ("tokens", "response_length", "loss_mask", "rollout_log_probs")
+
+
+def replayed_twice(
+    run_tito: Callable[..., Any], cassettes: list[Path], tmp_path: Path
+) -> dict[str, list[dict[str, Any]]]:
+    """`tito replay --export-samples` of `cassettes` twice through their recorded target: both exit 0 with no
+    failure and export identical bytes; the exported samples' training fields, by session."""
+    outs = []
+    for n in (1, 2):
+        out = tmp_path / f"samples{n}.jsonl"
+        run = run_tito("replay", *map(str, cassettes), "--export-samples", str(out))
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+        assert "0 failed" in run.stdout
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    replayed: dict[str, list[dict[str, Any]]] = {}
+    for line in outs[0].decode().splitlines():
+        row = json.loads(line)
+        replayed.setdefault(row["session"], []).append({k: row[k] for k in SAMPLE_FIELDS})
+    return replayed
+
+
+def live_samples(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """The samples the live run's finishes returned, by session (sessions whose finish offered some)."""
+    from tito_rl.cassette.format.records import SamplesRecord
+    from tito_rl.cassette.reader import CassetteReader
+
+    with CassetteReader(path) as reader:
+        return {
+            r.session: [{k: s[k] for k in SAMPLE_FIELDS} for s in r.samples]
+            for r in reader.records()
+            if isinstance(r, SamplesRecord) and r.samples
+        }

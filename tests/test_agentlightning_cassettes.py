@@ -6,14 +6,14 @@ with the field named, through a copy of the profile that turns the proxy's logpr
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tito_rl.cassette.format.records import AgentRecord, EngineRecord, SamplesRecord, SessionStart
+from tests.replay_support import live_samples, replayed_twice
+from tito_rl.cassette.format.records import AgentRecord, EngineRecord, SessionStart
 from tito_rl.cassette.reader import CassetteReader
 from tito_rl.recorder.targets.base import TargetUnavailable
 from tito_rl.recorder.targets.own_python.envs import gateway_python
@@ -28,7 +28,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ROOT / "cassettes" / "targets"
 CASSETTES = sorted(TARGETS.glob("agentlightning_*.tito"))
 MIXED = TARGETS / "agentlightning_mixed.tito"
-FIELDS = ("tokens", "response_length", "loss_mask", "rollout_log_probs")
 
 
 def run_tito(*args: str) -> subprocess.CompletedProcess[str]:
@@ -67,24 +66,8 @@ def test_recorded_through_the_profile_with_the_proxys_own_engine_request() -> No
 
 
 def test_replays_through_agent_lightning_with_no_engine_twice_identical_with_the_live_samples(tmp_path: Path) -> None:
-    outs = []
-    for n in (1, 2):
-        out = tmp_path / f"samples{n}.jsonl"
-        run = run_tito("replay", *map(str, CASSETTES), "--export-samples", str(out))
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-        assert "0 failed" in run.stdout
-        outs.append(out.read_bytes())
-    assert outs[0] == outs[1]
-    replayed: dict[str, list[dict[str, object]]] = {}
-    for line in outs[0].decode().splitlines():
-        row = json.loads(line)
-        replayed.setdefault(row["session"], []).append({k: row[k] for k in FIELDS})
-    with CassetteReader(MIXED) as reader:
-        live = {
-            r.session: [{k: s[k] for k in FIELDS} for s in r.samples]
-            for r in reader.records()
-            if isinstance(r, SamplesRecord) and r.samples
-        }
+    replayed = replayed_twice(run_tito, CASSETTES, tmp_path)
+    live = live_samples(MIXED)
     assert replayed == live and sum(len(v) for v in live.values()) == 11
 
 

@@ -7,15 +7,16 @@ rollout's sampling `temperature` set in `TITO_VERIFIERS_CONFIG`). Also the drive
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tito_rl.cassette.format.records import EngineRecord, SamplesRecord, SessionStart
+from tests.replay_support import live_samples, replayed_twice
+from tito_rl.cassette.format.records import EngineRecord, SessionStart
 from tito_rl.cassette.reader import CassetteReader
 from tito_rl.recorder.targets.base import TargetError, TargetOptions, TargetUnavailable
 from tito_rl.recorder.targets.own_python import verifiers
@@ -37,18 +38,6 @@ def run_tito(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     return subprocess.run(
         [sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=full
     )
-
-
-def live_samples(path: Path) -> dict[str, list[dict[str, object]]]:
-    """The samples the live run's finishes returned, by session, as the cassette holds them."""
-    with CassetteReader(path) as reader:
-        return {
-            r.session: [
-                {k: s[k] for k in ("tokens", "response_length", "loss_mask", "rollout_log_probs")} for s in r.samples
-            ]
-            for r in reader.records()
-            if isinstance(r, SamplesRecord)
-        }
 
 
 def test_the_corpus_has_the_scripted_and_both_cli_recordings() -> None:
@@ -77,25 +66,14 @@ def test_recorded_around_verifiers_on_vllm_generate_routed_by_session_id(path: P
 
 
 def test_each_verifiers_cassette_replays_with_no_engine_twice_identical_with_the_live_samples(tmp_path: Path) -> None:
-    outs = []
-    for n in (1, 2):
-        out = tmp_path / f"samples{n}.jsonl"
-        run = run_tito("replay", *map(str, CASSETTES), "--export-samples", str(out))
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-        assert "0 failed" in run.stdout
-        outs.append(out.read_bytes())
-    assert outs[0] == outs[1]
-    replayed: dict[str, list[dict[str, object]]] = {}
-    for line in outs[0].decode().splitlines():
-        row = json.loads(line)
-        assert len(row["loss_mask"]) == row["response_length"] == len(row["rollout_log_probs"])
-        replayed.setdefault(row["session"], []).append(
-            {k: row[k] for k in ("tokens", "response_length", "loss_mask", "rollout_log_probs")}
-        )
-    live: dict[str, list[dict[str, object]]] = {}
+    replayed = replayed_twice(run_tito, CASSETTES, tmp_path)
+    for rows in replayed.values():
+        for row in rows:
+            assert len(row["loss_mask"]) == row["response_length"] == len(row["rollout_log_probs"])
+    live: dict[str, list[dict[str, Any]]] = {}
     for path in CASSETTES:
         live |= live_samples(path)
-    assert replayed == {k: v for k, v in live.items() if v}
+    assert replayed == live
     assert sum(len(v) for v in replayed.values()) >= 4
 
 
