@@ -65,12 +65,14 @@ def test_recorded_through_the_profile_with_the_proxys_own_engine_request() -> No
     assert all(r.path.startswith(f"/proxy/rollout/{r.session}/attempt/0/mode/train/openai/v1/") for r in agent)
 
 
+@pytest.mark.slow
 def test_replays_through_agent_lightning_with_no_engine_twice_identical_with_the_live_samples(tmp_path: Path) -> None:
     replayed = replayed_twice(run_tito, CASSETTES, tmp_path)
     live = live_samples(MIXED)
     assert replayed == live and sum(len(v) for v in live.values()) == 11
 
 
+@pytest.mark.slow
 def test_a_profile_that_turns_the_proxys_logprobs_off_fails_the_replay_naming_the_field(tmp_path: Path) -> None:
     text = (BUILTIN_DIR / "agentlightning.yaml").read_text()
     changed = tmp_path / "agl-no-logprobs.yaml"

@@ -46,6 +46,7 @@ async def run_agent(launcher, app, state: StubState, tmp_path: Path):
     return run, sandbox
 
 
+@pytest.mark.slow
 @needs_npm
 async def test_real_claude_code_runs_a_tool_loop_against_the_stub(tmp_path: Path) -> None:
     state = StubState()
@@ -102,6 +103,7 @@ def tool_text(message: dict) -> str:
     return content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
 
 
+@pytest.mark.slow
 @needs_npm
 async def test_real_qwen_code_runs_a_tool_loop_over_chat_completions(tmp_path: Path) -> None:
     state = StubState()
@@ -120,6 +122,7 @@ async def test_real_qwen_code_runs_a_tool_loop_over_chat_completions(tmp_path: P
     assert (Path(sandbox.home) / ".qwen" / "settings.json").exists()
 
 
+@pytest.mark.slow
 @needs_npm
 async def test_real_opencode_runs_a_tool_loop_after_its_title_request(tmp_path: Path) -> None:
     state = StubState()
@@ -138,6 +141,7 @@ async def test_real_opencode_runs_a_tool_loop_after_its_title_request(tmp_path: 
     assert all(r.body["model"] == "stub-model" for r in turns)
 
 
+@pytest.mark.slow
 @needs_npm
 async def test_real_gemini_cli_runs_a_tool_loop_over_the_gemini_api(tmp_path: Path) -> None:
     state = StubState()

@@ -21,6 +21,7 @@ from typing import Any
 from tito_rl.cassette.reader import Cassette, exchange_count
 from tito_rl.recorder.targets.registry import same_target
 from tito_rl.replayer.goldens.files import GoldenBook
+from tito_rl.replayer.replay import gateway_pool
 from tito_rl.replayer.replay.cassette_replay import replay_each, run_sync
 from tito_rl.replayer.replay.loading import load_cassette, recorded_target, replay_target, select_sessions
 from tito_rl.replayer.replay.options import ReplayOptions
@@ -127,9 +128,10 @@ def replay_all(works: list[CassetteWork], job: Job, processes: int, emit: Callab
     if processes <= 1 or sessions <= 1:
 
         async def every_cassette() -> None:
-            for work in works:
-                if work.sessions:
-                    await replay_work(work, work.sessions, job, emit)
+            async with gateway_pool.pooled():  # a gateway is started once for the run, not once per cassette
+                for work in works:
+                    if work.sessions:
+                        await replay_work(work, work.sessions, job, emit)
 
         run_sync(every_cassette())
         return
