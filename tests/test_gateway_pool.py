@@ -1,4 +1,4 @@
-"""Gateways kept started between cassettes (`replayer/replay/gateway_pool.py`): a replay run and a pytest process
+"""Gateways kept started between cassettes (`recorder/targets/gateway_pool.py`): a replay run and a pytest process
 of the plugin start a driver's gateway once. The pool's rules with a driver double (no gateway process): one
 gateway for cassettes of the same target and settings where the driver can be cleared (its `reset` between them),
 one per cassette where it cannot, a fresh one after a harness that left work in flight or a reset that failed, the
@@ -25,9 +25,9 @@ from aiohttp import web
 from tito_rl.cassette.format.records import EngineRecord
 from tito_rl.cassette.reader import CassetteReader
 from tito_rl.cassette.writer import CassetteWriter
+from tito_rl.recorder.targets import gateway_pool
 from tito_rl.recorder.targets.base import TargetInfo, TargetOptions
-from tito_rl.replayer.replay import gateway_pool
-from tito_rl.replayer.replay.gateway_pool import GatewayPool
+from tito_rl.recorder.targets.gateway_pool import GatewayPool
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ from xdist.scheduler import LoadScopeScheduling
 MODULE_GROUP = re.compile(r"^pytestmark = pytest\.mark\.xdist_group\([\"']([^\"']+)[\"']\)", re.M)
 
 
-class GroupScheduling(LoadScopeScheduling):
+class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist has no types
     """xdist's `loadgroup`, with the groups read as described above."""
 
     def _split_scope(self, nodeid: str) -> str:

@@ -82,7 +82,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 class Gateways:
     """The gateways this pytest process started for sessions replayed through a driver (verifiers' server, Agent
     Lightning's proxy): kept started between items and cassettes, and cleared between them, as `tito replay` keeps
-    them for a run (`tito_rl.replayer.replay.gateway_pool`); stopped when pytest ends. They live on one event loop
+    them for a run (`tito_rl.recorder.targets.gateway_pool`); stopped when pytest ends. They live on one event loop
     of the process's own, which the items that use them run on."""
 
     def __init__(self) -> None:
@@ -90,7 +90,7 @@ class Gateways:
         self.pool: Any = None
 
     def replay(self, replaying: Any) -> Any:
-        from tito_rl.replayer.replay import gateway_pool
+        from tito_rl.recorder.targets import gateway_pool
         from tito_rl.trajectory.runtime.server_process import new_event_loop
 
         if self.runner is None:

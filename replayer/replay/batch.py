@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from tito_rl.cassette.reader import Cassette, exchange_count
+from tito_rl.recorder.targets import gateway_pool
 from tito_rl.recorder.targets.registry import same_target
 from tito_rl.replayer.goldens.files import GoldenBook
-from tito_rl.replayer.replay import gateway_pool
 from tito_rl.replayer.replay.cassette_replay import replay_each, run_sync
 from tito_rl.replayer.replay.loading import load_cassette, recorded_target, replay_target, select_sessions
 from tito_rl.replayer.replay.options import ReplayOptions

@@ -27,10 +27,10 @@ from tito_rl.recorder.taps.agent_tap import HOP_HEADERS, SSE, forwarded, split_e
 from tito_rl.recorder.taps.around import samples_of, serve
 from tito_rl.recorder.taps.attribution import header_value
 from tito_rl.recorder.taps.recording import body_digest
+from tito_rl.recorder.targets import gateway_pool
 from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetError, TargetFailure, TargetFinish, TargetOptions
 from tito_rl.recorder.targets.registry import TargetSpec
 from tito_rl.replayer.comparison.differences import Difference
-from tito_rl.replayer.replay import gateway_pool
 from tito_rl.replayer.replay.agent_leg import REPLAY_HEADER, request_headers, request_target
 from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE, CassetteTransport
 from tito_rl.replayer.replay.harness import HarnessBase

@@ -337,7 +337,7 @@ class VerifiersTarget:
         return bool((await self._tito(session, "drop")).get("known"))
 
     async def reset(self) -> None:
-        """Clear the gateway for the next cassette of a replay run (`replayer/replay/gateway_pool.py`): every
+        """Clear the gateway for the next cassette of a replay run (`recorder/targets/gateway_pool.py`): every
         rollout still registered (a session that never finished or dropped) unregistered, as verifiers' `acquire`
         does at a rollout's end, and the launcher's call counts cleared. Raises where that is not what follows."""
         got = await self._tito("", "reset")
