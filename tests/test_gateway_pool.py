@@ -83,7 +83,7 @@ def test_a_resettable_gateway_serves_every_cassette_of_its_settings_reset_betwee
         changed = await pool.borrow("vf", TargetOptions(tool_parser="other"), Driver("vf", True), "b.tito", holder)
         assert changed not in (first, other)
         await pool.give_back(changed, quiet=True)
-        assert pool.started == 3
+        assert pool.started == {"vf": 3}
         await pool.close()
 
     run(main())
@@ -106,10 +106,15 @@ def test_a_gateway_that_cannot_be_reset_serves_one_cassette_and_stops_for_the_ne
         other = await pool.borrow("agl", options, Driver("agl", False), "b.tito", holder)
         assert other is not lease and Driver.log == ["start agl", "stop agl", "start agl"]
         await pool.give_back(other, quiet=True)
+        await pool.stop_unshared()  # b's sessions are done (the plugin, at the cassette's teardown)
+        assert not pool.idle and Driver.log[-1] == "stop agl"
+        again = await pool.borrow("agl", options, Driver("agl", False), "b.tito", holder)
+        assert again is not other
+        await pool.give_back(again, quiet=True)
         await pool.close()
 
     run(main())
-    assert Driver.log == ["start agl", "stop agl", "start agl", "stop agl"]
+    assert Driver.log == ["start agl", "stop agl", "start agl", "stop agl", "start agl", "stop agl"]
 
 
 def test_a_gateway_left_busy_or_failing_its_reset_is_stopped_and_the_next_harness_starts_afresh() -> None:
@@ -124,7 +129,7 @@ def test_a_gateway_left_busy_or_failing_its_reset_is_stopped_and_the_next_harnes
         broken.fail_reset = True
         lease = await pool.borrow("vf", options, broken, "a.tito", holder)
         await pool.give_back(lease, quiet=True)
-        assert not pool.idle and pool.started == 2
+        assert not pool.idle and pool.started == {"vf": 2}
         await pool.close()
 
     run(main())
@@ -195,11 +200,19 @@ def test_the_plugin_replays_every_verifiers_session_in_one_gateway_a_failure_nam
     for name in ("verifiers_mixed", "verifiers_opencode_tool_loop"):
         for suffix in (".tito", ".golden"):
             shutil.copy(targets / f"{name}{suffix}", cassettes / f"{name}{suffix}")
+    for suffix in (".tito", ".golden"):
+        shutil.copy(targets / f"rllm_qwen_tool_loop{suffix}", cassettes / f"rllm_qwen_tool_loop{suffix}")
+    (tmp_path / "test_after.py").write_text(
+        "import threading\n"
+        "from tito_rl.recorder.targets.rllm import THREAD_NAME\n\n"
+        "def test_no_gateway_thread_outlives_its_cassette():\n"
+        "    assert not any(t.name == THREAD_NAME for t in threading.enumerate())\n"
+    )
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     (tmp_path / "conftest.py").write_text(
         "def pytest_sessionfinish(session):\n"
         "    from tito_rl.replayer.pytest_plugin.plugin import gateways\n"
-        "    print('gateways started:', gateways.pool.started)\n"
+        "    print('gateways started:', sorted(gateways.pool.started.items()))\n"
     )
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-v", "-s"],
@@ -211,7 +224,10 @@ def test_the_plugin_replays_every_verifiers_session_in_one_gateway_a_failure_nam
     )
     out = run.stdout
     assert run.returncode == 1, out[-3000:] + run.stderr[-2000:]
-    assert "1 failed, 5 passed" in out, out[-3000:]
+    assert "1 failed, 7 passed" in out, out[-3000:]
     assert "FAILED cassettes/a_changed.tito::sid-4521a670f3f5d5c6" in out
     assert "engine request differs at sampling_params.temperature: recorded 0.25, replayed '<absent>'" in out
-    assert "gateways started: 1" in out  # the failing session's gateway, cleared, served the five after it
+    # the failing session's gateway, cleared, served the five after it; rllm's in-process gateway (its own thread)
+    # was stopped once its cassette's items were done, before the test after them
+    assert "gateways started: [('rllm', 1), ('verifiers', 1)]" in out
+    assert "test_after.py::test_no_gateway_thread_outlives_its_cassette PASSED" in out

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -93,7 +94,7 @@ class GatewayPool:
 
     def __init__(self) -> None:
         self.idle: dict[tuple[str, ...], Lease] = {}
-        self.started = 0  # gateways started by this pool (tests and benchmarks read it)
+        self.started: Counter[str] = Counter()  # gateways started by this pool, by target (tests read it)
 
     async def borrow(
         self, target: str, options: Any, driver: Any, cassette: str, holder: EngineCall, host: str = "127.0.0.1"
@@ -107,7 +108,7 @@ class GatewayPool:
         lease = self.idle.pop(key, None)
         if lease is None:
             lease = await start_lease(key, driver, host)
-            self.started += 1
+            self.started[target] += 1
         lease.holder = holder
         return lease
 
@@ -130,6 +131,11 @@ class GatewayPool:
         if old is not None:
             await old.stop()
         self.idle[lease.key] = lease
+
+    async def stop_unshared(self) -> None:
+        """Stop the idle gateways that serve one cassette only (its sessions are done)."""
+        for key in [k for k, lease in self.idle.items() if not lease.shared]:
+            await self.idle.pop(key).stop()
 
     async def close(self) -> None:
         while self.idle:

@@ -108,6 +108,12 @@ class Gateways:
         self.runner.run(borrowing())
         return box[0]
 
+    def cassette_done(self) -> None:
+        """A cassette's items are done here: a gateway that serves that cassette only is stopped (an in-process
+        gateway's thread, rllm's, must not outlive its items into the tests that follow)."""
+        if self.runner is not None:
+            self.runner.run(self.pool.stop_unshared())
+
     def close(self) -> None:
         runner, self.runner = self.runner, None
         if runner is not None:
@@ -197,6 +203,9 @@ class TitoItem(pytest.Item):
 
 
 class CassetteFile(pytest.File):
+    def teardown(self) -> None:
+        gateways.cassette_done()
+
     def collect(self) -> Iterator[pytest.Item]:
         from tito_rl.replayer.goldens import files as goldens
         from tito_rl.replayer.replay.loading import ReplayInputError
