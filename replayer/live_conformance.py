@@ -310,7 +310,16 @@ def build(runs: list[Run], report: dict[str, Any], targets: list[str], missing: 
     over all it recorded, then scenario by scenario."""
     by_target = {t: [r for r in runs if r.target == t] for t in targets}
     recorded = {t: {r.scenario: str(r.cassette) for r in rs if r.cassette is not None} for t, rs in by_target.items()}
-    common = sorted(set.intersection(*(set(v) for v in recorded.values()))) if recorded else []
+    compared, apart = shared(recorded)
+    common = sorted(set.intersection(*(set(recorded[t]) for t in compared))) if compared else []
+    if apart:
+        names = "; ".join(f"{t}: {', '.join(sorted(recorded[t])) or 'none'}" for t in apart)
+        first = (
+            f"On the {len(common)} scenario(s) every other target recorded ({', '.join(common) or 'none'}; "
+            f"{', '.join(apart)} recorded none of them, only its own: {names})"
+        )
+    else:
+        first = f"On the {len(common)} scenario(s) every target recorded ({', '.join(common) or 'none'})"
     lines = [
         f"Recorded live with `tito simulate --target` (the scenario's real CLI or scripted client → the target "
         f"→ the fake engine), audited with `tito audit --json`. Targets: {', '.join(targets)}"
@@ -318,25 +327,22 @@ def build(runs: list[Run], report: dict[str, Any], targets: list[str], missing: 
         + ".",
         "",
     ]
-    for title, picks in (
-        (
-            f"On the {len(common)} scenario(s) every target recorded ({', '.join(common) or 'none'})",
-            {t: [recorded[t][s] for s in common] for t in targets},
-        ),
-        ("On every scenario each target recorded", {t: list(recorded[t].values()) for t in targets}),
+    for title, picks, columns in (
+        (first, {t: [recorded[t][s] for s in common] for t in compared}, compared),
+        ("On every scenario each target recorded", {t: list(recorded[t].values()) for t in targets}, targets),
     ):
-        side = {t: figures(report, picks[t]) for t in targets}
+        side = {t: figures(report, picks[t]) for t in columns}
         lines += [
             f"**{title}.**",
             "",
-            "| | " + " | ".join(targets) + " |",
-            "|---|" + "---|" * len(targets),
+            "| | " + " | ".join(columns) + " |",
+            "|---|" + "---|" * len(columns),
             "| scenarios (sessions) | "
-            + " | ".join(f"{side[t].cassettes} ({side[t].sessions})" for t in targets)
+            + " | ".join(f"{side[t].cassettes} ({side[t].sessions})" for t in columns)
             + " |",
         ]
         lines += [
-            f"| {label} | " + " | ".join(_cell(side[t].cell(rule, how)) for t in targets) + " |"
+            f"| {label} | " + " | ".join(_cell(side[t].cell(rule, how)) for t in columns) + " |"
             for label, rule, how in ROWS
         ]
         lines.append("")
@@ -359,6 +365,18 @@ def build(runs: list[Run], report: dict[str, Any], targets: list[str], missing: 
                 cells.append(figures(report, [str(run.cassette)]).fired())
         lines.append(f"| {name} | " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
+
+
+def shared(recorded: dict[str, dict[str, str]]) -> tuple[list[str], list[str]]:
+    """The targets compared on common scenarios, and those set apart: while no scenario is common to all, the one
+    that recorded fewest is set apart (Agent Lightning's proxy serves no streamed request and keeps its rollout in
+    its own URL, so it records only its own scenario), so one such gateway does not empty the comparison."""
+    compared, apart = list(recorded), []
+    while len(compared) > 2 and not set.intersection(*(set(recorded[t]) for t in compared)):
+        fewest = min(compared, key=lambda t: (len(recorded[t]), t))
+        compared.remove(fewest)
+        apart.append(fewest)
+    return compared, apart
 
 
 def place(page: str, text: str) -> str:

@@ -145,3 +145,22 @@ def test_a_failed_recording_says_why_in_one_line() -> None:
         "\"[API Error: 400 Requested token count exceeds the model's maximum\n"
     )
     assert live._why(text).startswith("API Error: 400 Requested token count")
+
+
+def test_a_target_that_shares_no_scenario_is_set_apart_from_the_common_table_not_emptying_it() -> None:
+    """Agent Lightning's proxy records only its own scenario: the common table compares the others on theirs."""
+    cassettes = list(REPORT["cassettes"])  # type: ignore[call-overload]  # the canned report's list
+    report = {**REPORT, "cassettes": [*cassettes, _cassette("/r/agl.agl.tito", "agl", 30, 30)]}
+    runs = [*RUNS, Run("agl", "agl", Path("/r/agl.agl.tito"))]
+    lines = build(runs, report, ["tito", "slime", "rllm", "agl"], {}).splitlines()
+    title = (
+        "**On the 1 scenario(s) every other target recorded (loop; agl recorded none of them, only its own: "
+        "agl: agl).**"
+    )
+    common = lines.index(title)
+    assert lines[common + 2] == "| | tito | slime | rllm |"  # agl is not a column of it, rather than a row of zeros
+    everything = lines.index("**On every scenario each target recorded.**")
+    assert lines[everything + 2] == "| | tito | slime | rllm | agl |"
+    assert "| scenarios (sessions) | 2 (2) | 2 (2) | 1 (1) | 1 (1) |" in lines[everything:]
+    assert live.shared({"a": {"x": "1"}, "b": {"x": "2"}}) == (["a", "b"], [])
+    assert live.shared({"a": {"x": ""}, "b": {"y": ""}}) == (["a", "b"], [])  # two: nothing to set apart
