@@ -11,8 +11,8 @@ What slime shows here (slime main at 624b824a): its stop token in every text rep
 the 529 answered as a bare 500, the chat client's echo realigned away (never trained) and the client's walk-away
 as a 499. slime writes a turn only after its reply is flushed and only when the engine answered, so no engine-side
 fault makes it train a turn twice: its trained-twice retries need the client to lose a reply slime already sent
-and re-send it (a stream cut between client and gateway: `cassettes/targets/scenarios/slime_retry.yaml`, Claude
-Code), which the scripted client cannot do.
+and re-send it, a stream cut between client and gateway, which the scripted client cannot do; the second slime test
+records that with the real Claude Code CLI (`cassettes/targets/scenarios/slime_retry.yaml`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from tests.process_helpers import ROOT
 from tests.test_record_metrics import samples
 from tests.test_record_run import record_run, tito_cmd
 from tito_rl.recorder.metrics import RecordMetrics
 from tito_rl.recorder.targets import slime_env
 from tito_rl.recorder.targets.base import TargetError
 
+SLIME_RETRY = ROOT / "cassettes" / "targets" / "scenarios" / "slime_retry.yaml"
 Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 RETRY = {"retries": 10, "retry_delay_ms": 200.0}  # the restart lasts 0.4 s: re-sends outlast it
 
@@ -116,9 +119,11 @@ def scrape_url(url: str) -> Scrape:
         return samples(resp.read().decode())
 
 
-def record_scraped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> tuple[list[Scrape], Scrape, Path]:
-    """The faulty scenario recorded with `--metrics`: the scrapes taken over HTTP while it ran, the one taken once
-    the cassette was closed (just before the metrics server stops), and the recording."""
+def record_scraped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str, spec: dict[str, Any] | None = None
+) -> tuple[list[Scrape], Scrape, Path]:
+    """The faulty scenario (or `spec`) recorded with `--metrics`: the scrapes taken over HTTP while it ran, the one
+    taken once the cassette was closed (just before the metrics server stops), and the recording."""
     from tests.process_helpers import free_port
 
     port, during, done = free_port(), [], threading.Event()
@@ -143,7 +148,9 @@ def record_scraped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str)
     scraper.start()
     try:
         _, run = asyncio.run(
-            record_run(tmp_path, "--metrics", f"127.0.0.1:{port}", *flags, scenario_spec=faulty_slime_scenario())
+            record_run(
+                tmp_path, "--metrics", f"127.0.0.1:{port}", *flags, scenario_spec=spec or faulty_slime_scenario()
+            )
         )
     finally:
         done.set()
@@ -152,7 +159,9 @@ def record_scraped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str)
     return during, after[0], run
 
 
-def assert_live_equals_audit(during: list[Scrape], after: Scrape, run: Path, target: str) -> dict[str, float]:
+def assert_live_equals_audit(
+    during: list[Scrape], after: Scrape, run: Path, target: str, sessions: int = 6
+) -> dict[str, float]:
     """Each rule's count under `target`, scraped at the end, equals `tito audit --json` of the recording; the
     counts never went down while it ran; returns the audit's counts."""
     code, out, err = tito_cmd("audit", str(run), "--json", "--fail-on", "")
@@ -173,7 +182,9 @@ def assert_live_equals_audit(during: list[Scrape], after: Scrape, run: Path, tar
         assert seen == sorted(seen), rule
     assert at(after, "tito_audit_emitted_tokens_total") == sum(c["emitted"] for c in report["cassettes"]) > 0
     assert at(after, "tito_audit_covered_tokens_total") == sum(c["covered"] for c in report["cassettes"])
-    assert at(after, "tito_record_sessions_recorded_total") == sum(c["sessions"] for c in report["cassettes"]) == 6
+    assert (
+        at(after, "tito_record_sessions_recorded_total") == sum(c["sessions"] for c in report["cassettes"]) == sessions
+    )
     assert any(at(s, "tito_record_sessions_seen_total") > 0 for s in during), "no scrape during the recording"
     return audited
 
@@ -190,6 +201,25 @@ def test_around_slime_with_faults_the_scraped_counts_equal_its_audit(
     assert audited["status-changed"] > 0  # the 529 as a bare 500 (6), the walk-away as 499
     assert audited["never-trained"] > 0  # the chat echo without reasoning, realigned away (3)
     assert audited["prefix-break"] > 0
+
+
+@pytest.mark.skipif(slime_missing() is not None, reason=f"needs slime: {slime_missing()}")
+def test_around_slime_a_reply_cut_after_its_flush_is_trained_twice_and_counted_live(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slime's trained-twice retry, live: Claude Code's second reply stream is cut after slime flushed and recorded
+    it (`slime_retry.yaml`: a network fault between client and gateway); Claude Code re-sends the identical body
+    and slime generates and trains the turn again."""
+    from tito_rl.recorder.agents.install import ensure_installed
+    from tito_rl.recorder.agents.pins import pin_for
+
+    ensure_installed(pin_for("claude-code"))  # as `tito simulate` does; a cached install is a stat
+    spec = yaml.safe_load(SLIME_RETRY.read_text(encoding="utf-8"))
+    flags = ("--agent", "claude-code", *spec["client"]["record_args"])  # --target slime --reward 1
+    during, after, run = record_scraped(tmp_path, monkeypatch, *flags, spec=spec)
+    audited = assert_live_equals_audit(during, after, run, "slime", sessions=1)
+    assert audited["trained-twice"] > 0 and audited["regenerated-retry"] == 1
+    assert audited["stop-token-leak"] > 0
 
 
 def test_around_the_gateway_double_with_the_same_faults_the_scraped_counts_equal_its_audit(
