@@ -10,6 +10,7 @@ by hand around it are kept. The recordings go to a temporary folder: they are ev
     python -m tito_rl.replayer.live_conformance                       # every target present, the page rewritten
     python -m tito_rl.replayer.live_conformance --targets tito,rllm --print
     python -m tito_rl.replayer.live_conformance --keep /tmp/live      # keep the recordings and their audits
+    python -m tito_rl.replayer.live_conformance --keep /tmp/live --reuse   # record only what is not there yet
 """
 
 from __future__ import annotations
@@ -53,15 +54,22 @@ class Target:
     # the URL's session prefix it takes (a scripted `path_prefix` must start with it); "": any
     url_prefix: str = ""
     streams: bool = True  # it serves streamed requests (Agent Lightning 1.0.2 refuses them: every CLI streams)
+    # it also finds a session by its bearer token: a scripted session with no `path_prefix` (miles finds them only
+    # in its URL; a CLI is handed the URL by the launchers, so CLIs run either way)
+    bearer: bool = True
+    engine_args: tuple[str, ...] = ()  # added to the fake engine's command line
 
 
 TARGETS = (
     Target("tito", frozenset({"anthropic", "chat", "responses", "gemini"}), "sglang"),
     Target("slime", frozenset({"anthropic", "chat"}), "sglang"),  # Responses and Gemini answer 404 (finding 7)
     Target("rllm", frozenset({"chat"}), "vllm-openai", session_in_url=True),  # /sessions/{sid}/v1/chat/completions
-    Target("miles", frozenset({"chat"}), "sglang-openai", session_in_url=True),  # its session server, the same URL
-    # verifiers' train client renders chat only (TrainClient refuses the other dialects); the session is the API key
-    Target("verifiers", frozenset({"chat"}), "vllm-generate"),
+    Target("miles", frozenset({"chat"}), "sglang-openai", session_in_url=True, bearer=False),  # its session server
+    # verifiers' train client renders chat only (TrainClient refuses the other dialects); the session is the API key.
+    # Its generate client (renderers 0.1.12) reads logprob entries as vLLM 0.31 writes them (`token: "token_id:N"`);
+    # vLLM 0.32 writes `token_id: N` and every call fails (docs/conformance.md, verifiers' findings): the engine
+    # imitates 0.31.0 for it.
+    Target("verifiers", frozenset({"chat"}), "vllm-generate", engine_args=("--vllm-version", "0.31.0")),
     # Agent Lightning's proxy: chat, unstreamed, the rollout in its own URL (its profile creates it)
     Target(
         "agentlightning",
@@ -83,6 +91,7 @@ class Scenario:
     path_prefix: bool
     prefixes: frozenset[str] = frozenset()  # the scripted sessions' `path_prefix` values
     streams: bool = True  # a session streams (every real CLI does), or it is not known
+    scripted: bool = True  # the scripted client's sessions, no real CLI
 
     @property
     def name(self) -> str:
@@ -116,7 +125,12 @@ def read_scenario(path: Path) -> Scenario:
     agents = {a for a in _agents(client) if a != "scripted"}
     wires |= {WIRE_OF_AGENT.get(a, a) for a in agents}
     return Scenario(
-        path, frozenset(wires or {"anthropic"}), prefix, frozenset(prefixes), streams or bool(agents) or not client
+        path,
+        frozenset(wires or {"anthropic"}),
+        prefix,
+        frozenset(prefixes),
+        streams or bool(agents) or not client,
+        scripted=not agents,
     )
 
 
@@ -132,8 +146,8 @@ def _agents(node: Any) -> set[str]:
 def runs_through(scenario: Scenario, target: Target) -> bool:
     if not scenario.wires <= target.wires or (scenario.streams and not target.streams):
         return False
-    if not scenario.path_prefix:
-        return not target.url_prefix  # a gateway that takes its session from its own URL needs a scripted prefix
+    if not scenario.path_prefix:  # a gateway that takes its session from its own URL needs a scripted prefix
+        return not target.url_prefix and (target.bearer or not scenario.scripted)
     return target.session_in_url and all(p.startswith(target.url_prefix or "/sessions/") for p in scenario.prefixes)
 
 
@@ -170,10 +184,12 @@ class Run:
     seconds: float = 0.0
 
 
-def record(scenario: Scenario, target: Target, folder: Path, timeout_s: float) -> Run:
+def record(scenario: Scenario, target: Target, folder: Path, timeout_s: float, reuse: bool = False) -> Run:
     from tito_rl.recorder.simulate import SimulateError, simulate
 
     out = folder / f"{scenario.name}.{target.name}.tito"
+    if reuse and out.is_file():  # recorded by an earlier run into the same --keep folder
+        return Run(scenario.name, target.name, out)
     try:
         done = simulate(
             scenario.path,
@@ -183,6 +199,7 @@ def record(scenario: Scenario, target: Target, folder: Path, timeout_s: float) -
             timeout_s=timeout_s,
             target=target.name,
             dialect=target.dialect,
+            engine_args=target.engine_args,
         )
     except (SimulateError, subprocess.TimeoutExpired) as exc:
         return Run(scenario.name, target.name, error=_why(str(exc)))
@@ -397,9 +414,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="recordings at once (default 2)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per recording")
     parser.add_argument("--keep", metavar="DIR", help="record into DIR and keep it (default: a temporary folder)")
+    parser.add_argument(
+        "--reuse", action="store_true", help="with --keep: take the recordings already in DIR, record only the rest"
+    )
     parser.add_argument("--page", default=str(PAGE))
     parser.add_argument("--print", action="store_true", help="print the table, leave the page alone")
     args = parser.parse_args(argv)
+    if args.reuse and not args.keep:
+        parser.error("--reuse needs --keep DIR")
     targets, missing = present(args.targets.split(",") if args.targets else None)
     for name, why in missing.items():
         print(f"live conformance: {name} not run: {why}", file=sys.stderr)
@@ -410,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(args.keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            runs = list(pool.map(lambda st: record(st[0], st[1], folder, args.timeout), plan))
+            runs = list(pool.map(lambda st: record(st[0], st[1], folder, args.timeout, args.reuse), plan))
         for run in runs:
             print(
                 f"live conformance: {run.scenario} through {run.target}: "

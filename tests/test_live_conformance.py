@@ -137,6 +137,13 @@ def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
     assert not runs_through(scenarios["rllm_mixed"], agentlightning) and not runs_through(scenarios["rllm_mixed"], tito)
     assert not runs_through(scenarios["opencode_tool_loop"], agentlightning)
     assert runs_through(scenarios["verifiers_mixed"], verifiers) and not runs_through(scenarios["tool_loop"], verifiers)
+    # scripted sessions with no URL prefix: rllm's gateway finds them by their bearer token, miles' server does not
+    # (404); a CLI is handed the session's URL, so it runs through either
+    assert scenarios["verifiers_mixed"].scripted and not scenarios["opencode_tool_loop"].scripted
+    assert runs_through(scenarios["verifiers_mixed"], rllm) and not runs_through(scenarios["verifiers_mixed"], miles)
+    assert runs_through(scenarios["opencode_tool_loop"], miles)
+    # verifiers' generate client reads vLLM 0.31's logprob entries: the engine imitates that release for it
+    assert verifiers.engine_args == ("--vllm-version", "0.31.0") and not tito.engine_args
 
 
 def test_a_failed_recording_says_why_in_one_line() -> None:
@@ -164,3 +171,14 @@ def test_a_target_that_shares_no_scenario_is_set_apart_from_the_common_table_not
     assert "| scenarios (sessions) | 2 (2) | 2 (2) | 1 (1) | 1 (1) |" in lines[everything:]
     assert live.shared({"a": {"x": "1"}, "b": {"x": "2"}}) == (["a", "b"], [])
     assert live.shared({"a": {"x": ""}, "b": {"y": ""}}) == (["a", "b"], [])  # two: nothing to set apart
+
+
+def test_reuse_takes_a_recording_already_kept_and_records_nothing(tmp_path: Path) -> None:
+    scenario = read_scenario(ROOT / "cassettes" / "scenarios" / "tool_loop.yaml")
+    kept = tmp_path / "tool_loop.tito.tito"
+    kept.write_bytes(b"an earlier run's recording")
+    run = live.record(scenario, live.TARGETS[0], tmp_path, timeout_s=1.0, reuse=True)
+    assert (run.cassette, run.error) == (kept, "")
+    assert kept.read_bytes() == b"an earlier run's recording"  # not re-recorded
+    with pytest.raises(SystemExit):
+        live.main(["--reuse"])  # it needs --keep
