@@ -54,8 +54,8 @@ class Target:
     # the URL's session prefix it takes (a scripted `path_prefix` must start with it); "": any
     url_prefix: str = ""
     streams: bool = True  # it serves streamed requests (Agent Lightning 1.0.2 refuses them: every CLI streams)
-    # it also finds a session by its bearer token: a scripted session with no `path_prefix` (miles finds them only
-    # in its URL; a CLI is handed the URL by the launchers, so CLIs run either way)
+    # it also finds a session by its bearer token: a scripted session with no `path_prefix` (rllm's gateway and
+    # miles find sessions only in their URL; a CLI is handed the URL by the launchers, so CLIs run either way)
     bearer: bool = True
     engine_args: tuple[str, ...] = ()  # added to the fake engine's command line
 
@@ -63,7 +63,8 @@ class Target:
 TARGETS = (
     Target("tito", frozenset({"anthropic", "chat", "responses", "gemini"}), "sglang"),
     Target("slime", frozenset({"anthropic", "chat"}), "sglang"),  # Responses and Gemini answer 404 (finding 7)
-    Target("rllm", frozenset({"chat"}), "vllm-openai", session_in_url=True),  # /sessions/{sid}/v1/chat/completions
+    # /sessions/{sid}/v1/chat/completions: a request outside it is traced under no session of tito's
+    Target("rllm", frozenset({"chat"}), "vllm-openai", session_in_url=True, bearer=False),
     Target("miles", frozenset({"chat"}), "sglang-openai", session_in_url=True, bearer=False),  # its session server
     # verifiers' train client renders chat only (TrainClient refuses the other dialects); the session is the API key.
     # Its generate client (renderers 0.1.12) reads logprob entries as vLLM 0.31 writes them (`token: "token_id:N"`);

@@ -137,11 +137,13 @@ def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
     assert not runs_through(scenarios["rllm_mixed"], agentlightning) and not runs_through(scenarios["rllm_mixed"], tito)
     assert not runs_through(scenarios["opencode_tool_loop"], agentlightning)
     assert runs_through(scenarios["verifiers_mixed"], verifiers) and not runs_through(scenarios["tool_loop"], verifiers)
-    # scripted sessions with no URL prefix: rllm's gateway finds them by their bearer token, miles' server does not
-    # (404); a CLI is handed the session's URL, so it runs through either
+    # scripted sessions with no URL prefix are not sessions to rllm's gateway (traced under none of tito's: no
+    # samples) or miles' server (404); a CLI is handed the session's URL, so it runs through either
     assert scenarios["verifiers_mixed"].scripted and not scenarios["opencode_tool_loop"].scripted
-    assert runs_through(scenarios["verifiers_mixed"], rllm) and not runs_through(scenarios["verifiers_mixed"], miles)
-    assert runs_through(scenarios["opencode_tool_loop"], miles)
+    assert not runs_through(scenarios["verifiers_mixed"], rllm) and not runs_through(
+        scenarios["verifiers_mixed"], miles
+    )
+    assert runs_through(scenarios["opencode_tool_loop"], miles) and runs_through(scenarios["opencode_tool_loop"], rllm)
     # verifiers' generate client reads vLLM 0.31's logprob entries: the engine imitates that release for it
     assert verifiers.engine_args == ("--vllm-version", "0.31.0") and not tito.engine_args
 
