@@ -40,7 +40,9 @@ WIRE_OF_AGENT = {
     "gemini-cli": "gemini",
     "qwen-code": "chat",
     "opencode": "chat",
+    "mini-swe-agent": "chat",
 }
+UNSTREAMED_AGENTS = {"mini-swe-agent"}  # litellm's `completion`: the CLI an unstreamed gateway can serve
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class Target:
     session_in_url: bool = False  # sessions live in the URL: scripted sessions with a `path_prefix` are for it
     # the URL's session prefix it takes (a scripted `path_prefix` must start with it); "": any
     url_prefix: str = ""
-    streams: bool = True  # it serves streamed requests (Agent Lightning 1.0.2 refuses them: every CLI streams)
+    streams: bool = True  # it serves streamed requests (Agent Lightning 1.0.2 refuses them: every npm CLI streams)
     # it also finds a session by its bearer token: a scripted session with no `path_prefix` (rllm's gateway and
     # miles find sessions only in their URL; a CLI is handed the URL by the launchers, so CLIs run either way)
     bearer: bool = True
@@ -91,8 +93,9 @@ class Scenario:
     wires: frozenset[str]
     path_prefix: bool
     prefixes: frozenset[str] = frozenset()  # the scripted sessions' `path_prefix` values
-    streams: bool = True  # a session streams (every real CLI does), or it is not known
-    scripted: bool = True  # the scripted client's sessions, no real CLI
+    streams: bool = True  # a session streams (every npm CLI does), or it is not known
+    # a real CLI plays every session: its base URL gets the target's session path (TargetInfo.session_path)
+    clis_only: bool = False
 
     @property
     def name(self) -> str:
@@ -125,14 +128,14 @@ def read_scenario(path: Path) -> Scenario:
     walk(client)
     agents = {a for a in _agents(client) if a != "scripted"}
     wires |= {WIRE_OF_AGENT.get(a, a) for a in agents}
-    return Scenario(
-        path,
-        frozenset(wires or {"anthropic"}),
-        prefix,
-        frozenset(prefixes),
-        streams or bool(agents) or not client,
-        scripted=not agents,
-    )
+    streams = streams or bool(agents - UNSTREAMED_AGENTS) or not client
+    clis_only = bool(agents) and "scripted" not in _agents(client) and not _scripted_sessions(client)
+    return Scenario(path, frozenset(wires or {"anthropic"}), prefix, frozenset(prefixes), streams, clis_only)
+
+
+def _scripted_sessions(client: dict[str, Any]) -> bool:
+    """A session the scripted client plays: one with `steps` (a CLI session has a task or runs)."""
+    return any(isinstance(s, dict) and "steps" in s for s in client.get("sessions") or [])
 
 
 def _agents(node: Any) -> set[str]:
@@ -147,8 +150,10 @@ def _agents(node: Any) -> set[str]:
 def runs_through(scenario: Scenario, target: Target) -> bool:
     if not scenario.wires <= target.wires or (scenario.streams and not target.streams):
         return False
-    if not scenario.path_prefix:  # a gateway that takes its session from its own URL needs a scripted prefix
-        return not target.url_prefix and (target.bearer or not scenario.scripted)
+    if not scenario.path_prefix:
+        # a gateway that takes its session from its own URL needs a scripted prefix, or a CLI given its session path;
+        # a scripted session with neither reaches only a gateway that also reads the bearer token
+        return scenario.clis_only or (not target.url_prefix and target.bearer)
     return target.session_in_url and all(p.startswith(target.url_prefix or "/sessions/") for p in scenario.prefixes)
 
 

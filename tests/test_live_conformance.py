@@ -136,10 +136,15 @@ def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
     assert [t.name for t in live.TARGETS if runs_through(scenarios["agentlightning_mixed"], t)] == ["agentlightning"]
     assert not runs_through(scenarios["rllm_mixed"], agentlightning) and not runs_through(scenarios["rllm_mixed"], tito)
     assert not runs_through(scenarios["opencode_tool_loop"], agentlightning)
+    # ... but mini-swe-agent's unstreamed chat, its base URL given the target's session path, goes through all six
+    mini = scenarios["agentlightning_mini_tool_loop"]
+    assert mini.wires == {"chat"} and not mini.streams and mini.clis_only
+    assert [t.name for t in live.TARGETS if runs_through(mini, t)] == [t.name for t in live.TARGETS]
+    assert not scenarios["agentlightning_mixed"].clis_only and not scenarios["tool_loop"].clis_only
     assert runs_through(scenarios["verifiers_mixed"], verifiers) and not runs_through(scenarios["tool_loop"], verifiers)
     # scripted sessions with no URL prefix are not sessions to rllm's gateway (traced under none of tito's: no
     # samples) or miles' server (404); a CLI is handed the session's URL, so it runs through either
-    assert scenarios["verifiers_mixed"].scripted and not scenarios["opencode_tool_loop"].scripted
+    assert not scenarios["verifiers_mixed"].clis_only and scenarios["opencode_tool_loop"].clis_only
     assert not runs_through(scenarios["verifiers_mixed"], rllm) and not runs_through(
         scenarios["verifiers_mixed"], miles
     )
