@@ -79,8 +79,9 @@ corpus-table: install
 # tests/test_conformance.py), then the committed corpus replayed through slime (needs TITO_SLIME_PATH, a slime
 # checkout). The findings written above the tables are kept.
 # Then the live table: the scenario corpus recorded through every target present (tito; slime with TITO_SLIME_PATH;
-# rllm where rllm-model-gateway is installed) into a temporary folder, each recording audited (tito audit --json),
-# gateways side by side (replayer/live_conformance.py; a few minutes: real CLIs, JOBS at once).
+# rllm where rllm-model-gateway is installed; miles with TITO_MILES_PATH and TITO_MILES_PYTHON; verifiers and Agent
+# Lightning in their own Pythons, docs/targets.md) into a temporary folder, each recording audited (tito audit
+# --json), gateways side by side (replayer/live_conformance.py; a few minutes: real CLIs, JOBS at once).
 conformance: install
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/slime_mixed.tito
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/rllm_mixed.tito cassettes/targets/rllm_opencode_tool_loop.tito cassettes/targets/rllm_qwen_tool_loop.tito

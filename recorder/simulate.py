@@ -92,7 +92,10 @@ def simulate(
     timeout_s: float = 900.0,
     target: str | None = None,
     dialect: str | None = None,
+    engine_args: tuple[str, ...] = (),
 ) -> Simulated:
+    """Record `scenario` into `out`; `engine_args` are added to the fake engine's command line (e.g.
+    `--vllm-version 0.31.0`, for a gateway whose client reads that release's answers)."""
     # the engine and tito record run in the checkout: paths the caller gave relative to its own folder, made absolute
     scenario, out = scenario.absolute(), out.absolute()
     if out.exists() and not replace:
@@ -115,7 +118,7 @@ def simulate(
     port = free_port()
     forced = ["--openai-dialect", dialect] if dialect in ("sglang-openai", "vllm-openai") else []
     engine = subprocess.Popen(
-        tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}", *forced),
+        tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}", *forced, *engine_args),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
