@@ -12,7 +12,7 @@ lists: a sample spans its session's whole response), through the reader's public
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from tito_rl.cassette.format.index import SessionIndex
 from tito_rl.cassette.format.packing import PackedColumn, PackedIds
 from tito_rl.cassette.format.records import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
 from tito_rl.cassette.reader import CassetteReader
@@ -191,6 +192,12 @@ def records(reader: CassetteReader) -> Iterator[Any]:
     return reader.records(packed_prompts=True, packed_samples=True, release_finished=True)
 
 
+def records_of(reader: CassetteReader, sessions: Iterable[SessionIndex]) -> Iterator[tuple[int, Any]]:
+    """The records of some sessions (a work unit's) with their byte offsets, in file order, read as `records`
+    reads them: no other session's frame is read."""
+    return reader.records_at(sessions, packed_prompts=True, packed_samples=True)
+
+
 def _call(record: EngineRecord, index: int) -> tuple[Call, np.ndarray | None]:
     request = record.request
     packed = request.get("input_ids") if isinstance(request, dict) else None
@@ -285,9 +292,12 @@ class Feed:
         else:  # a session's start
             self.state_of(record.session)
 
-    def end(self) -> None:
-        """The cassette ended: each session's calls after its last finish go to the families' `end`."""
+    def end(self, before: Callable[[SessionState], None] | None = None) -> None:
+        """The cassette ended: each session's calls after its last finish go to the families' `end`; `before(state)`
+        is told each session first."""
         for state in self.states.values():
+            if before is not None:
+                before(state)
             for family in self.families:
                 family.end(state)
 
