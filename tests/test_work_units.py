@@ -16,6 +16,8 @@ from tito_rl.main import main
 from tito_rl.replayer.audit.html_page import render_html
 from tito_rl.replayer.audit.report import render_text, to_json
 from tito_rl.replayer.audit.runner import AuditJob, audit, plan_cassette, units_of
+from tito_rl.replayer.replay import batch
+from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.units import FileStamp, UnitFileChanged, pool_dispatch, run_unit, split_cassette
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,3 +156,36 @@ def test_audit_jobs_exit_codes_and_pages_equal_one_process(
         capsys.readouterr()
     assert runs[0] == runs[1]
     assert runs[0][0] == 1 and runs[0][3] == 0  # trained-twice fires; with no rule to fail on, exit 0
+
+
+# tito replay
+
+
+def replay_outcomes(paths: list[str], **kwargs: object) -> list[batch.SessionOutcome]:
+    options = ReplayOptions()
+    works = batch.plan_work(paths, None, options)
+    job = batch.Job(options, export_replayed=True, export_live=True)
+    out: list[batch.SessionOutcome] = []
+    batch.replay_all(works, job, emit=out.append, **kwargs)  # type: ignore[arg-type]
+    return out
+
+
+def test_replay_units_give_the_outcomes_of_one_process() -> None:
+    paths = [str(ROOT / "cassettes" / f"{name}.tito") for name in ("mixed_concurrent", "openai_wires")]
+    one = replay_outcomes(paths, processes=1)
+    assert len(one) == 12 and all(o.ok for o in one) and sum(bool(o.replayed_rows) for o in one) == 11  # one dropped
+    assert replay_outcomes(paths, processes=1, dispatch=pool_dispatch(1), unit_most=1) == one  # 12 units, here
+    assert replay_outcomes(paths, processes=2, unit_most=5) == one  # forked workers, units of 5, 5, 2 and 2
+
+
+def test_a_replay_unit_holds_only_its_sessions() -> None:
+    path = str(ROOT / "cassettes" / "mixed_concurrent.tito")
+    works = batch.plan_work([path], None, ReplayOptions())
+    units = batch.plan_units(works, workers=1, most=4)
+    assert [len(u.sessions) for u in units] == [3, 3, 3, 1]
+    view = units[1].cassette_view(packed_prompts=True)
+    assert list(view.sessions) == units[1].names == works[0].sessions[3:6]
+    outcomes = run_unit(
+        units[1], batch.ReplayUnits(batch.Job(ReplayOptions()), [batch.cassette_settings(works[0], ReplayOptions())])
+    )
+    assert [o.session for o in outcomes] == units[1].names and all(o.ok for o in outcomes)
