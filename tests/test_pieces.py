@@ -1,7 +1,8 @@
 """Plain ASCII text encoded piece by piece (`tito_rl.trajectory.tokens.pieces`) gives exactly the Rust tokenizer's
 ids: on text built from what Qwen2's split regex decides on (contractions in any case, letters after punctuation or
 a space, digits, runs of spaces before a word or a line's end, punctuation runs ending in newlines, tabs), from
-every printable ASCII character at random, and on a long tool result; any other text is left to the tokenizer."""
+every printable ASCII character at random, added tokens among them, and on a long tool result; any other text is left
+to the tokenizer."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tito_rl.trajectory.adapters.rendering.line_cache import LineCache, shared_l
 from tito_rl.trajectory.tokens.pieces import PieceEncoder, for_backend
 
 FRAGMENTS = [
+    "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_response>", "<|fim_pad|>",
     "'s", "'S", "'t", "'re", "'RE", "'ve", "'m", "'ll", "'Ll", "'d", "'x", "'",
     "a", "Zeta", "foo_bar", "camelCase", "x1", "7", "42", "3.14", "-", "--", ".", "...", ",", ":", ";", "!?",
     "(", ")", "[", "]", "{", "}", "<", ">", "</", "<|", "|>", "=", "==", "->", "#", "@", "$", "%", "^", "&", "*",
@@ -53,10 +55,20 @@ def test_every_printable_character_at_random(encoder: PieceEncoder) -> None:
 
 
 def test_other_text_is_left_to_the_tokenizer(encoder: PieceEncoder) -> None:
-    for text in ("caf\u00e9", "a\rb", "x\x0by", "\x1c", "say <|im_end|> now", "<think>\nhm", "tab\x7f"):
+    for text in ("caf\u00e9", "a\rb", "x\x0by", "\x1c", "tab\x7f"):
         assert encoder.encode(text) is None, text
-    assert encoder.encode("a <tool_call>s b") is None  # holds <tool_call>: the tokenizer matches it first
-    assert encoder.encode("a < tool_call> b") is not None
+
+
+def test_added_tokens_are_cut_out_first(encoder: PieceEncoder) -> None:
+    for text in (
+        "say <|im_end|> now",
+        "<think>\nhm</think>\n\n<tool_call>\n{}\n</tool_call><|im_end|>\n<|im_start|>user\n",
+        "a <tool_call>s b <tool_calls>",
+        "<|im_start|><|im_start|> <<|endoftext|>>",
+        "<|fim_prefix|><|fim_pad",
+    ):
+        ids = encoder.encode(text)
+        assert ids is not None and ids.tolist() == encoder.backend.encode(text, add_special_tokens=False).ids, text
 
 
 def test_another_pipeline_gets_no_piece_encoder() -> None:

@@ -11,7 +11,8 @@ alternative could newly match at is the whole piece: the lookahead `(?!\\S)` suc
 so its ids are the ones it gets in context.
 
 Used only where it is exact: the tokenizer's normalizer and pre-tokenizer are exactly Qwen2's (`for_backend`),
-and the text holds no added token (`<|im_end|>`, `<think>`...), which the tokenizer matches before it splits.
+and the added tokens (`<|im_end|>`, `<think>`...), which the tokenizer matches before anything else, are cut out
+first, as it cuts them: the longest at the leftmost place, none of them stripping the whitespace beside it.
 `tests/test_pieces.py` holds it against the Rust tokenizer on generated text.
 """
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 import json
 import re
 from array import array
+from collections.abc import Iterator
+from itertools import chain
 from typing import Any
 
 QWEN2_SPLIT = (
@@ -34,29 +37,40 @@ MAX_PIECES = 500_000  # cached pieces (a few tens of MB); the cache starts afres
 
 
 class PieceEncoder:
-    """Encodes plain ASCII text (`encode` returns None for any other) through a cache of its pieces' ids."""
+    """Encodes plain ASCII text (`encode` returns None for any other) through a cache of its pieces' ids; the added
+    tokens in it (`<|im_start|>`, `<tool_response>`...) are cut out first, as the tokenizer cuts them."""
 
     def __init__(self, backend: Any, max_pieces: int = MAX_PIECES) -> None:
         self.backend = backend
         self.max_pieces = max_pieces
-        added = sorted((t.content for t in backend.get_added_tokens_decoder().values()), key=len, reverse=True)
-        self._added = re.compile("|".join(map(re.escape, added))) if added else None
+        added = {t.content: i for i, t in backend.get_added_tokens_decoder().items()}
+        self._added_ids = added
+        # the longest first, as the tokenizer's leftmost-longest match; captured, so that the split keeps them
+        self._added = re.compile("(" + "|".join(map(re.escape, sorted(added, key=len, reverse=True))) + ")")
         self._pieces: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> array[int] | None:
-        """The ids of `text`, or None when it is not plain ASCII or holds an added token (encode it otherwise)."""
-        if not text.isascii() or _NOT_PLAIN.search(text) or (self._added is not None and self._added.search(text)):
+        """The ids of `text`, or None when it is not plain ASCII (encode it otherwise)."""
+        if not text.isascii() or _NOT_PLAIN.search(text):
             return None
-        pieces = self._pieces
         out = array("I")
-        for piece in ASCII_SPLIT.findall(text):
-            ids = pieces.get(piece)
-            if ids is None:
-                if len(pieces) >= self.max_pieces:
-                    pieces.clear()
-                ids = pieces[piece] = self.backend.encode(piece, add_special_tokens=False).ids
-            out.extend(ids)
+        for i, part in enumerate(self._added.split(text) if self._added_ids else [text]):
+            if i % 2:
+                out.append(self._added_ids[part])
+            elif part:
+                out.extend(self._plain(part))
         return out
+
+    def _plain(self, text: str) -> Iterator[int]:
+        pieces = self._pieces
+        found = ASCII_SPLIT.findall(text)
+        missing = set(found).difference(pieces)
+        if len(pieces) + len(missing) > self.max_pieces:
+            pieces.clear()
+            missing = set(found)
+        for piece in missing:
+            pieces[piece] = self.backend.encode(piece, add_special_tokens=False).ids
+        return chain.from_iterable(map(pieces.__getitem__, found))
 
 
 def for_backend(backend: Any) -> PieceEncoder | None:
@@ -75,8 +89,10 @@ def for_backend(backend: Any) -> PieceEncoder | None:
         ],
     }
     model = backend.model
+    added = backend.get_added_tokens_decoder().values()
     if (
-        normalizer not in (None, {"type": "NFC"})
+        any(t.lstrip or t.rstrip or t.single_word for t in added)
+        or normalizer not in (None, {"type": "NFC"})
         or pre != expected_pre
         or type(model).__name__ != "BPE"
         or getattr(model, "dropout", None) is not None

@@ -28,6 +28,7 @@ _CUT = re.compile(r"\n(?=[!-~])")
 MIN_CACHED_CHARS = 16  # shorter lines are cheap to encode and too many to keep
 MAX_CACHED_TOKENS = 4_000_000  # ~16 MB of packed ids
 BATCH_LINES = 64  # new lines in one text from which they are encoded in one batch call
+MIN_PIECES_CHARS = 4096  # a plain text this long is encoded by pieces whole, rather than line by line
 
 
 class LineCache:
@@ -52,6 +53,14 @@ class LineCache:
         self.hits = self.misses = 0
 
     def encode(self, text: str) -> list[int]:
+        if self.pieces is not None and len(text) >= MIN_PIECES_CHARS and not self._known_start(text):
+            ids = self.pieces.encode(text)  # a long new plain text: by its pieces, no line kept but its first
+            if ids is not None:  # (a second time, it is read line by line, and its lines are kept)
+                self.misses += 1
+                cut = _CUT.search(text)
+                if cut is not None:
+                    self._line(text[: cut.end()])
+                return ids.tolist()
         lines, start = [], 0
         for cut in _CUT.finditer(text):
             lines.append(text[start : cut.end()])
@@ -63,6 +72,11 @@ class LineCache:
             ids = fresh.get(line)
             out.extend(self._line(line) if ids is None else ids)
         return out.tolist()
+
+    def _known_start(self, text: str) -> bool:
+        """Whether the text's first line is cached: a text that sessions share (a system prompt, tool definitions)."""
+        cut = _CUT.search(text)
+        return cut is not None and text[: cut.end()] in self._lines
 
     def _encode_new(self, lines: list[str]) -> dict[str, array[int]]:
         """Many lines not seen before (a long tool result) in one call: through the piece encoder where they are
