@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import re
-from array import array
 from collections.abc import Iterator
 from itertools import chain
 from typing import Any
@@ -49,16 +48,16 @@ class PieceEncoder:
         self._added = re.compile("(" + "|".join(map(re.escape, sorted(added, key=len, reverse=True))) + ")")
         self._pieces: dict[str, list[int]] = {}
 
-    def encode(self, text: str) -> array[int] | None:
+    def encode(self, text: str) -> list[int] | None:
         """The ids of `text`, or None when it is not plain ASCII (encode it otherwise)."""
         if not text.isascii() or _NOT_PLAIN.search(text):
             return None
-        out = array("I")
+        out: list[int] = []
         for i, part in enumerate(self._added.split(text) if self._added_ids else [text]):
             if i % 2:
                 out.append(self._added_ids[part])
             elif part:
-                out.extend(self._plain(part))
+                out += self._plain(part)
         return out
 
     def _plain(self, text: str) -> Iterator[int]:

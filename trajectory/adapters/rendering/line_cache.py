@@ -60,7 +60,7 @@ class LineCache:
                 cut = _CUT.search(text)
                 if cut is not None:
                     self._line(text[: cut.end()])
-                return ids.tolist()
+                return ids
         lines, start = [], 0
         for cut in _CUT.finditer(text):
             lines.append(text[start : cut.end()])
@@ -89,7 +89,7 @@ class LineCache:
             for line in new:
                 ids = self.pieces.encode(line)
                 if ids is not None:
-                    fresh[line] = ids
+                    fresh[line] = array("I", ids)
             self.misses += len(fresh)
             new = [line for line in new if line not in fresh]
             if len(new) < self.batch_lines:
@@ -109,9 +109,8 @@ class LineCache:
             self.hits += 1
             return ids
         self.misses += 1
-        ids = self.pieces.encode(line) if self.pieces is not None else None
-        if ids is None:
-            ids = array("I", self.backend.encode(line, add_special_tokens=False).ids)
+        plain = self.pieces.encode(line) if self.pieces is not None else None
+        ids = array("I", self.backend.encode(line, add_special_tokens=False).ids if plain is None else plain)
         if len(line) >= MIN_CACHED_CHARS:
             self._keep(line, ids)
         return ids
