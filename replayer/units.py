@@ -4,7 +4,7 @@ way wherever it runs: `-j N`'s process pool on this machine, or a Ray task (`--r
 A unit names its cassette by path (read where the worker is: a shared path for Ray), the file's size and
 modification time when the run was planned (a worker refuses another file at that path), and its sessions with
 their frames' byte offsets, from the cassette's index: a worker reads those frames and no other, and never loads
-the index or the file whole. `run_unit(unit, job)` is what every dispatcher calls; its result is picklable, and the
+the index or the file whole. `run_unit(job, unit)` is what every dispatcher calls; its result is picklable, and the
 results are merged in the units' order (`number`), so the output is the same bytes for any split and any dispatcher.
 
     units = split_cassette(cassette, path, entries, sessions_per_unit, number=0, cassette=0)
@@ -84,9 +84,15 @@ class UnitJob(Protocol):
         """The unit's result: picklable, everything the parent merges."""
         ...  # pragma: no cover - a protocol
 
+    def reads(self, unit: WorkUnit) -> list[str]:
+        """The files and folders the unit reads where it runs (its cassette first): what a remote worker must have
+        at the same paths."""
+        ...  # pragma: no cover - a protocol
 
-def run_unit(unit: WorkUnit, job: UnitJob) -> Any:
-    """One unit's work: the one function every dispatcher calls (the process pool's workers, a Ray task)."""
+
+def run_unit(job: UnitJob, unit: WorkUnit) -> Any:
+    """One unit's work: the one function every dispatcher calls (the process pool's workers, a Ray task), as
+    `function(context, unit)` with the job as the context, sent once."""
     return job.run(unit)
 
 
@@ -117,7 +123,7 @@ def pool_dispatch(processes: int, prepare: Callable[[], None] | None = None) -> 
     def dispatch(units: Sequence[WorkUnit], job: UnitJob) -> Iterator[Any]:
         if processes <= 1 or len(units) <= 1:
             for unit in units:
-                yield run_unit(unit, job)
+                yield run_unit(job, unit)
             return
         if prepare is not None:
             prepare()
@@ -139,4 +145,4 @@ def _start_worker(job: UnitJob) -> None:
 
 def _run_in_worker(unit: WorkUnit) -> Any:
     assert _JOB is not None
-    return run_unit(unit, _JOB)
+    return run_unit(_JOB, unit)

@@ -95,9 +95,9 @@ def test_a_unit_reads_only_its_sessions_frames(many: Path) -> None:
             read.append(offset)
             yield offset, record
 
-    CassetteReader.records_at = noting  # type: ignore[method-assign]
+    CassetteReader.records_at = noting  # type: ignore[method-assign,assignment]
     try:
-        part = run_unit(units[1], AuditJob())
+        part = run_unit(AuditJob(), units[1])
     finally:
         CassetteReader.records_at = original  # type: ignore[method-assign]
     assert sorted(read) == sorted(o for s in units[1].sessions for o in s.frames)
@@ -113,7 +113,7 @@ def test_a_unit_refuses_a_cassette_changed_since_planned(many: Path, tmp_path: P
         f.write(b"\0")
     with pytest.raises(UnitFileChanged, match="changed since the run was planned"):
         unit.check()
-    part = run_unit(unit, AuditJob())
+    part = run_unit(AuditJob(), unit)
     assert part.failure is not None and "changed since" in part.failure.message
 
 
@@ -185,7 +185,7 @@ def test_a_replay_unit_holds_only_its_sessions() -> None:
     assert [len(u.sessions) for u in units] == [3, 3, 3, 1]
     view = units[1].cassette_view(packed_prompts=True)
     assert list(view.sessions) == units[1].names == works[0].sessions[3:6]
-    outcomes = run_unit(
-        units[1], batch.ReplayUnits(batch.Job(ReplayOptions()), [batch.cassette_settings(works[0], ReplayOptions())])
-    )
+    job = batch.ReplayUnits(batch.Job(ReplayOptions()), [batch.cassette_settings(works[0], ReplayOptions())])
+    assert job.reads(units[1]) == [path, str(ROOT / "cassettes" / "mixed_concurrent.golden")]
+    outcomes = run_unit(job, units[1])
     assert [o.session for o in outcomes] == units[1].names and all(o.ok for o in outcomes)

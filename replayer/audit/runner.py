@@ -207,6 +207,9 @@ class AuditPart:
 class AuditJob:
     """`tito audit`'s work on a unit (`UnitJob`): its sessions fed to every rule family, as one pass feeds them."""
 
+    def reads(self, unit: WorkUnit) -> list[str]:
+        return [unit.path]  # its allowlist is read by the parent
+
     def run(self, unit: WorkUnit) -> AuditPart:
         findings = TimedFindings()
         reader: CassetteReader | None = None

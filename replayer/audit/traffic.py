@@ -36,7 +36,7 @@ def digest(ids: np.ndarray, start: int = 0) -> int:
     """A prompt's identity (CRC-32 of its packed ids), so a sample can be checked to start with it without the
     prompt being kept; `start`: the CRC of the ids before these, to go on from. Only a call whose output also
     matches the sample there is checked, so a 32-bit checksum cannot be fooled by chance in practice."""
-    return zlib.crc32(np.ascontiguousarray(ids, dtype=U32), start)  # the array's buffer: no copy
+    return zlib.crc32(np.ascontiguousarray(ids, dtype=U32).data, start)  # the array's buffer: no copy
 
 
 def as_ids(ids: Any) -> np.ndarray:

@@ -203,6 +203,11 @@ class ReplayUnits:
     job: Job
     cassettes: list[CassetteSettings] = field(default_factory=list)
 
+    def reads(self, unit: WorkUnit) -> list[str]:
+        settings = self.cassettes[unit.cassette]
+        golden = golden_path(unit.path)
+        return [unit.path, *([str(golden)] if golden.is_file() else []), *filter(None, [settings.tokenizer])]
+
     def run(self, unit: WorkUnit) -> list[SessionOutcome]:
         settings = self.cassettes[unit.cassette]
         try:

@@ -69,8 +69,8 @@ class LineCache:
         fresh = self._encode_new(lines) if len(lines) >= self.batch_lines else {}
         out = array("I")
         for line in lines:
-            ids = fresh.get(line)
-            out.extend(self._line(line) if ids is None else ids)
+            known = fresh.get(line)
+            out.extend(self._line(line) if known is None else known)
         return out.tolist()
 
     def _known_start(self, text: str) -> bool:
@@ -87,9 +87,9 @@ class LineCache:
         fresh: dict[str, array[int]] = {}
         if self.pieces is not None:
             for line in new:
-                ids = self.pieces.encode(line)
-                if ids is not None:
-                    fresh[line] = array("I", ids)
+                plain = self.pieces.encode(line)
+                if plain is not None:
+                    fresh[line] = array("I", plain)
             self.misses += len(fresh)
             new = [line for line in new if line not in fresh]
             if len(new) < self.batch_lines:
@@ -97,9 +97,9 @@ class LineCache:
         encodings = self.backend.encode_batch_fast(new, add_special_tokens=False)  # ids alone: no offsets kept
         batch = {line: array("I", encoding.ids) for line, encoding in zip(new, encodings, strict=True)}
         self.misses += len(batch)
-        for line, ids in batch.items():
+        for line, encoded in batch.items():
             if len(line) >= MIN_CACHED_CHARS:
-                self._keep(line, ids)
+                self._keep(line, encoded)
         return {**fresh, **batch}
 
     def _line(self, line: str) -> array[int]:
