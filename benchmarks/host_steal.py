@@ -35,8 +35,9 @@ def steal_watch(out: list[float]) -> Iterator[None]:
 _BURN = "x = 0\nfor i in range(8_000_000):\n    x += i\n"
 
 
-def parallel_capacity(python: str) -> float:
-    """How much two CPU-bound processes get done at once, as a multiple of one alone (2.0: two whole cores).
+def parallel_capacity(python: str, processes: int = 2) -> float:
+    """How much `processes` CPU-bound processes get done at once, as a multiple of one alone (2.0 for two: two
+    whole cores).
 
     A VM's two vCPUs may share one physical core, or the host may give the second one out; no steal counter
     says so, and what overlaps across processes (the parser helper of `tito replay`, `-j 2`) depends on it."""
@@ -49,5 +50,5 @@ def parallel_capacity(python: str) -> float:
             proc.wait()
         return time.monotonic() - start
 
-    one, two = min(burn(1) for _ in range(2)), min(burn(2) for _ in range(2))
-    return 2 * one / two
+    one, many = min(burn(1) for _ in range(2)), min(burn(processes) for _ in range(2))
+    return processes * one / many

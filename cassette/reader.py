@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -52,6 +52,7 @@ class CassetteReader:
     def __init__(self, source: str | os.PathLike[str] | BinaryIO, tokenizer_fingerprint: str | None = None) -> None:
         """`source`: a path, or an open binary stream (which `close()` leaves open)."""
         self.truncated = False
+        self.reading_at = 0  # the frame `records_at` reads (where a damaged one was met)
         self._index_end = 0
         self.budget = DecodeBudget()  # a hostile file's bombs stop early (format/budget.py)
         self._offset = 0
@@ -124,6 +125,27 @@ class CassetteReader:
                 if release_finished and isinstance(record, SamplesRecord | DropRecord):
                     codec.release(record.session)
 
+    def records_at(
+        self, entries: Iterable[SessionIndex], packed_prompts: bool = False, packed_samples: bool = False
+    ) -> Iterator[tuple[int, Record]]:
+        """The records of the sessions `entries` index, in file order, each with its byte offset, decoded as
+        `records(...)` decodes them (a session's delta bases let go at its finish or drop), no other session's
+        frame read: a work unit's sessions (`tito_rl.replayer.units`)."""
+        frames = sorted((offset, entry.session) for entry in entries for offset in entry.frames)
+        codec = SessionCodec(self.budget, packed_prompts, packed_samples)
+        for offset, session in frames:
+            self.reading_at = offset
+            self._file.seek(offset)
+            frame = self._read_frame(packed_columns=packed_samples)
+            if frame is None or frame.get("session") != session:
+                raise CorruptCassetteError(
+                    f"corrupt cassette: no record of session {session!r} at byte {offset}, where its index says one is"
+                )
+            record = decode_at(codec, frame, offset)
+            yield offset, record
+            if isinstance(record, SamplesRecord | DropRecord):
+                codec.release(record.session)
+
     def scan(self) -> dict[str, SessionIndex]:
         """Every frame after the header read and checked (checksums, record maps), each session's frame offsets
         and counts kept, nothing decoded beyond the keys: the index of a cassette that has none."""
@@ -192,9 +214,11 @@ class CassetteReader:
             self.truncated = False
             self._file.seek(position)
 
-    def check_frames(self, end: int, index: dict[str, SessionIndex] | None = None) -> None:
+    def check_frames(self, end: int, index: dict[str, SessionIndex] | None = None, checksums: bool = True) -> None:
         """Every frame's header check and checksum up to byte `end` (the stored index), nothing decoded; with
-        `index`, also that its offsets are the frames' starts (a file re-framed under an old index is refused)."""
+        `index`, also that its offsets are the frames' starts (a file re-framed under an old index is refused).
+        `checksums=False`: the frame headers alone (their own check), each payload skipped: for a reader that
+        checks each payload's checksum as it reads it (a work unit)."""
         starts = []
         while self._file.tell() < end:
             offset = self._file.tell()
@@ -203,10 +227,26 @@ class CassetteReader:
             if len(head) < FRAME_HEADER.size:
                 raise CorruptCassetteError(f"corrupt cassette: the file ends at byte {offset}, before its index")
             length, _, crc = decode_frame_header(head, offset)
-            if zlib.crc32(self._file.read(length)) != crc:
+            if not checksums:
+                self._file.seek(length, os.SEEK_CUR)
+            elif zlib.crc32(self._file.read(length)) != crc:
                 raise CorruptCassetteError(f"corrupt cassette: checksum mismatch in the record at byte {offset}")
         if index is not None and sorted(o for e in index.values() for o in e.frames) != starts:
             raise CorruptCassetteError("corrupt cassette: its index does not match its records")
+
+    def session_index(self) -> dict[str, SessionIndex]:
+        """Each session's frames: from the stored index, its offsets checked against the frames' starts (payloads
+        not read: a reader checks each checksum as it reads the frame), or from a scan (every frame checked, and
+        `truncated` known) where there is none or it does not match them. Call right after opening."""
+        start = self._file.tell()
+        index = self.stored_index()
+        if index is not None:
+            try:
+                self.check_frames(self._index_end, index, checksums=False)
+                return index
+            except CassetteError:
+                self._file.seek(start)
+        return self.scan()
 
     def read_session(self, entry: SessionIndex, packed_prompts: bool = False) -> SessionLog:
         """One session's records, read at its frames' offsets (deltas never cross sessions). `packed_prompts`:

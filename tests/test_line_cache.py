@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tito_rl.trajectory.adapters.rendering.line_cache import LineCache, shared_line_cache
 from tito_rl.trajectory.adapters.rendering.render import ChatRenderer
+from tito_rl.trajectory.tokens.pieces import for_backend
 
 FRAGMENTS = [
     "\n",
@@ -59,7 +60,12 @@ texts = st.lists(st.sampled_from(FRAGMENTS), max_size=40).map("".join)
 @given(text=texts)
 def test_line_by_line_equals_the_whole_text(qwen_tokenizer: Any, text: str) -> None:
     backend = qwen_tokenizer._tokenizer
-    for cache in (LineCache(backend), LineCache(backend, batch_lines=1)):  # line by line, and new lines in a batch
+    pieces = for_backend(backend)
+    for cache in (
+        LineCache(backend),
+        LineCache(backend, batch_lines=1),  # line by line, and new lines in a batch
+        LineCache(backend, batch_lines=1, pieces=pieces),  # plain lines by their pieces
+    ):
         assert cache.encode(text) == backend.encode(text, add_special_tokens=False).ids
         assert cache.encode(text) == backend.encode(text, add_special_tokens=False).ids  # from the cache this time
 

@@ -28,7 +28,7 @@ RESPONSE_STARTS = (AFTER_PROMPT, FIRST_TRAINED)
 def common_prefix_len(a: list[int], b: list[int]) -> int:
     """Longest common prefix of two id lists, compared a chunk at a time at C speed."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):  # no copy of the shorter one
         return n
     lo = 0
     while lo + _CHUNK <= n and a[lo : lo + _CHUNK] == b[lo : lo + _CHUNK]:

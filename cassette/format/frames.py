@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -14,6 +15,14 @@ import msgpack
 from tito_rl.cassette.format.budget import DecodeBudget
 from tito_rl.cassette.format.errors import CorruptCassetteError
 from tito_rl.cassette.format.extensions import decode_ext, encode_ext
+
+_decompressobj: Callable[[], Any]
+try:  # Intel's ISA-L inflates zlib streams about 2.5x as fast as zlib itself, with zlib's API: the same bytes out
+    from isal import isal_zlib
+
+    _decompressobj = isal_zlib.decompressobj
+except ImportError:  # pragma: no cover - a platform without its wheel
+    _decompressobj = zlib.decompressobj
 
 MAGIC = b"TITOCAS\n"
 # Frame header: payload length (u32), flags (u8), header check (u16), payload CRC32 (u32), little-endian.
@@ -93,8 +102,8 @@ def inflate(payload: bytes | bytearray, budget: DecodeBudget) -> bytes | bytearr
     a bomb fails one chunk past what the budget had left, in memory the budget bounds, however far it would
     inflate. So the writer may compress any record by any ratio. A record of one chunk (most are) is returned as
     zlib made it; a longer one is gathered in one buffer, never joined from pieces (twice its size)."""
-    inflater = zlib.decompressobj()
-    piece = inflater.decompress(payload, INFLATE_CHUNK)
+    inflater = _decompressobj()
+    piece: bytes = inflater.decompress(payload, INFLATE_CHUNK)
     budget.spend(len(piece), "a compressed record")  # past the budget: raises
     if inflater.eof:
         return piece

@@ -33,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="worker processes auditing cassettes in parallel, one cassette each at a time (default "
-        "1: this process); a run's folder of rotated cassettes spreads over them",
+        help="worker processes auditing in parallel (default 1: this process): each cassette's sessions are "
+        "cut into ranges that the workers read from its index, so one large cassette spreads over them as a "
+        "run's folder does; the report is the same bytes for any N",
     )
     parser.add_argument(
         "--fail-on",

@@ -197,3 +197,72 @@ def clip(text: str, limit: int = 80, tail: bool = False) -> str:
     if len(text) <= limit:
         return text
     return "…" + text[-limit:] if tail else text[:limit] + "…"
+
+
+# ---- findings made in parts (`tito audit -j`: a cassette's sessions audited as work units) ----
+
+Moment = tuple[int, int, int]
+"""When one pass over the whole cassette would make a finding: (0, the byte offset of the record it is fed) or (1,
+the byte offset of the session's first record) at the cassette's end, then its place among that moment's findings.
+The merge of parts sorts by it, so what one pass decides by order (a rule's first examples, the order of its
+sessions and of the sessions' figures) comes out the same."""
+
+
+class TimedFindings(Findings):
+    """Findings that note the `Moment` each session's figures, each rule's first count for a
+    session, each kind and each example were added."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now: tuple[int, int] = (0, 0)
+        self.step = 0
+        self.figure_at: dict[str, Moment] = {}
+        self.session_at: dict[str, dict[str, Moment]] = {rule: {} for rule in self.rules}
+        self.kind_at: dict[str, dict[str, Moment]] = {rule: {} for rule in self.rules}
+        self.example_at: dict[str, list[Moment]] = {rule: [] for rule in self.rules}
+
+    def at(self, phase: int, offset: int) -> None:
+        self.now, self.step = (phase, offset), 0
+
+    def _moment(self) -> Moment:
+        self.step += 1
+        return (*self.now, self.step)
+
+    def figure(self, session: str) -> SessionFigures:
+        if session not in self.figures:
+            self.figure_at[session] = self._moment()
+        return super().figure(session)
+
+    def add(self, rule: str, session: str, count: int, kind: str | None = None, example: Example | None = None) -> None:
+        if count <= 0:
+            return
+        moment = self._moment()
+        result = self.rules[rule]
+        self.session_at[rule].setdefault(session, moment)
+        if kind is not None:
+            self.kind_at[rule].setdefault(kind, moment)
+        if example is not None and len(result.examples) < EXAMPLES:
+            self.example_at[rule].append(moment)
+        super().add(rule, session, count, kind, example)
+
+
+def merge_findings(parts: list[TimedFindings]) -> Findings:
+    """Parts of one cassette (each a set of whole sessions) as the findings of one pass over it. Each part kept
+    every example the pass might have kept (it had seen no more of them than the pass had at that moment)."""
+    merged = Findings()
+    for _, session, figure in sorted((t.figure_at[s], s, f) for t in parts for s, f in t.figures.items()):
+        merged.figures[session] = figure
+    for rule, result in merged.rules.items():
+        results = [(t, t.rules[rule]) for t in parts]
+        result.total = sum(r.total for _, r in results)
+        counts = sorted((t.session_at[rule][s], s, n) for t, r in results for s, n in r.sessions.items())
+        result.sessions = {session: count for _, session, count in counts}
+        kinds = sorted((t.kind_at[rule][k], k, n) for t, r in results for k, n in r.kinds.items())
+        for _, kind, count in kinds:
+            result.kinds[kind] = result.kinds.get(kind, 0) + count
+        examples = sorted(
+            ((at, id(e), e) for t, r in results for at, e in zip(t.example_at[rule], r.examples, strict=True)),
+            key=lambda item: item[0],
+        )
+        result.examples = [e for _, _, e in examples[:EXAMPLES]]
+    return merged

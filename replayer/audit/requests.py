@@ -14,7 +14,7 @@ from typing import Any
 
 from tito_rl.cassette.format.records import Header
 from tito_rl.replayer.audit.protocol import Example, Findings, Side, clip, decode
-from tito_rl.replayer.audit.traffic import Exchange, RuleFamily, SessionState, request_json
+from tito_rl.replayer.audit.traffic import Exchange, RuleFamily, SessionState, request_sampling
 
 COMPARED = ("max_tokens", "temperature", "top_p", "stop")
 
@@ -120,7 +120,7 @@ class Requests(RuleFamily):
         generating = [c for c in exchange.calls if c.generates]
         if not generating:
             return
-        client = client_sampling(record.path, request_json(record))
+        client = client_sampling(record.path, request_sampling(record))
         if not client:
             return
         context = state.notes.get("context")

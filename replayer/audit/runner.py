@@ -1,20 +1,31 @@
 """An audit of cassettes and folders: each cassette streamed once through every rule family, its allowlist
-applied, and whether a rule of `--fail-on` fired."""
+applied, and whether a rule of `--fail-on` fired.
+
+With `-j N` (or a Ray cluster's `dispatch`), each cassette's sessions are cut into work units
+(`tito_rl.replayer.units`): a unit reads its sessions' frames in file order and feeds them to the rule families as
+the one pass does, noting when that pass would have made each finding (`protocol.TimedFindings`); the parts merge
+into the one pass's findings (`protocol.merge_findings`), so the report is the same bytes for any"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tito_rl.cassette.format.errors import CassetteError
+from tito_rl.cassette.format.index import SessionIndex
+from tito_rl.cassette.format.records import Header
+from tito_rl.cassette.reader import CassetteReader
 from tito_rl.replayer.audit.allowlist import AllowlistError, read_allowlist
 from tito_rl.replayer.audit.coverage import Coverage
 from tito_rl.replayer.audit.prefix import PrefixBreak
-from tito_rl.replayer.audit.protocol import DEFAULT_FAIL_ON, RULES, Findings
+from tito_rl.replayer.audit.protocol import DEFAULT_FAIL_ON, RULES, Findings, TimedFindings, merge_findings
 from tito_rl.replayer.audit.replies import Replies
 from tito_rl.replayer.audit.requests import Requests
-from tito_rl.replayer.audit.traffic import RuleFamily, stream
+from tito_rl.replayer.audit.traffic import Feed, RuleFamily, records_of, stream
+from tito_rl.replayer.units import Dispatch, FileStamp, WorkUnit, pool_dispatch, sessions_per_unit, split_cassette
+
+UNIT_MOST = 256  # sessions per unit at most: an audited session takes milliseconds, a unit's start about one
 
 
 class AuditInputError(Exception):
@@ -89,12 +100,8 @@ def audit_cassette(path: str | Path, progress: Callable[[int], None] | None = No
     findings = Findings()
     try:
         result = stream(path, families(findings), findings, progress)
-    except FileNotFoundError:
-        raise AuditInputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise AuditInputError(f"{path}: a folder, not a cassette") from None
-    except CassetteError as exc:
-        raise AuditInputError(f"{path}: {str(exc).splitlines()[0]}") from None
+    except (CassetteError, FileNotFoundError, IsADirectoryError) as exc:
+        raise _unusable(Path(path), exc) from None
     for rule, reason in allowed.items():
         findings.rules[rule].allowed = reason
     target = (result.header.target or {}).get("name") or "tito"
@@ -153,13 +160,16 @@ def audit(
     fail_on: tuple[str, ...] = DEFAULT_FAIL_ON,
     progress: Callable[[int], None] | None = None,
     jobs: int = 1,
+    dispatch: Dispatch | None = None,
+    unit_most: int | None = None,
 ) -> AuditReport:
     """Every cassette of `inputs`, in order; `progress(n)` hears n more bytes read (a bar over their sizes).
-    `jobs` > 1: the cassettes are audited in that many worker processes, a cassette each at a time (a run's
-    folder of rotated cassettes, `tito record --rotate-sessions`); the report is the one `jobs=1` makes."""
+    `jobs` > 1: each cassette's sessions are cut into work units (module docstring), run by that many worker processes;
+    `dispatch`: run by it instead (a Ray cluster's tasks); `unit_most`: sessions per unit at most. The report is
+    the one `jobs=1` makes, byte for byte."""
     paths = cassette_paths(inputs)
-    if jobs > 1 and len(paths) > 1:
-        return AuditReport(_audit_in_workers(paths, jobs, progress), fail_on)
+    if jobs > 1 or dispatch is not None:
+        return AuditReport(_audit_in_units(paths, dispatch or pool_dispatch(jobs), jobs, progress, unit_most), fail_on)
     audits = []
     for path in paths:
         done = 0
@@ -174,25 +184,142 @@ def audit(
     return AuditReport(audits, fail_on)
 
 
-def _audit_in_workers(paths: list[Path], jobs: int, progress: Callable[[int], None] | None) -> list[CassetteAudit]:
-    """Each cassette audited in a worker (forked where the platform can: nothing to load again), its result sent
-    back whole; results in cassette order, an unusable one raising here as it would in one process."""
-    import multiprocessing
+@dataclass
+class UnitFailure:
+    """A unit stopped by a damaged frame: the frame's offset (the first one in the file is what one pass meets)."""
 
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    audits = []
-    with context.Pool(min(jobs, len(paths))) as pool:
-        for path, result in zip(paths, pool.imap(_audit_one, paths), strict=True):
-            if isinstance(result, AuditInputError):
-                raise result
-            audits.append(result)
-            if progress is not None:
-                progress(path.stat().st_size)
+    offset: int
+    message: str
+
+
+@dataclass
+class AuditPart:
+    """One unit's findings, with their moments; what a worker sends back."""
+
+    number: int
+    cassette: int
+    sessions: int
+    findings: TimedFindings | None = None
+    failure: UnitFailure | None = None
+
+
+@dataclass
+class AuditJob:
+    """`tito audit`'s work on a unit (`UnitJob`): its sessions fed to every rule family, as one pass feeds them."""
+
+    def reads(self, unit: WorkUnit) -> list[str]:
+        return [unit.path]  # its allowlist is read by the parent
+
+    def run(self, unit: WorkUnit) -> AuditPart:
+        findings = TimedFindings()
+        reader: CassetteReader | None = None
+        try:
+            with unit.reader() as reader:
+                feed = Feed(reader.header, families(findings), findings)
+                for offset, record in records_of(reader, unit.sessions):
+                    findings.at(0, offset)
+                    feed.feed(record)
+                firsts = {s.session: s.frames[0] for s in unit.sessions}
+                feed.end(lambda state: findings.at(1, firsts[state.name]))
+        except (CassetteError, OSError) as exc:
+            failure = UnitFailure(reader.reading_at if reader is not None else 0, str(exc).splitlines()[0])
+            return AuditPart(unit.number, unit.cassette, len(unit.sessions), failure=failure)
+        return AuditPart(unit.number, unit.cassette, len(feed.states), findings)
+
+
+@dataclass
+class CassettePlan:
+    """What the parent knows of a cassette before its units run: its header, whether it ends in a cut record,
+    its sessions in file order (of their first frames)."""
+
+    path: Path
+    header: Header
+    truncated: bool
+    sessions: list[SessionIndex] = field(default_factory=list)
+
+
+def plan_cassette(path: Path) -> CassettePlan:
+    """The cassette's sessions, from its index (`CassetteReader.session_index`). `CassetteError`/`OSError` for a
+    file that cannot be read."""
+    with CassetteReader(path) as reader:
+        index = reader.session_index()
+        entries = sorted((e for e in index.values() if len(e.frames)), key=lambda e: e.frames[0])
+        return CassettePlan(path, reader.header, reader.truncated, entries)
+
+
+def units_of(plans: Sequence[CassettePlan | None], workers: int, most: int = UNIT_MOST) -> list[WorkUnit]:
+    """Every cassette's sessions cut into units, numbered in cassette and session order (None: a cassette that
+    could not be planned, which has none)."""
+    total = sum(len(p.sessions) for p in plans if p is not None)
+    size = sessions_per_unit(total, workers, most)
+    units: list[WorkUnit] = []
+    for number, plan in enumerate(plans):
+        if plan is not None:
+            units += split_cassette(str(plan.path), plan.sessions, size, len(units), number, FileStamp.of(plan.path))
+    return units
+
+
+def _audit_in_units(
+    paths: list[Path],
+    dispatch: Dispatch,
+    workers: int,
+    progress: Callable[[int], None] | None,
+    unit_most: int | None,
+) -> list[CassetteAudit]:
+    """Every cassette planned here (its index read, its allowlist), its units run by `dispatch`, each cassette's
+    parts merged once they are all in; an unusable cassette raises when its turn comes, as in one process."""
+    plans: list[CassettePlan | AuditInputError] = []
+    allowed: list[dict[str, str]] = []
+    for path in paths:
+        try:
+            allowed.append(read_allowlist_or_fail(path))
+            plans.append(plan_cassette(path))
+        except AuditInputError as exc:
+            allowed.append({})
+            plans.append(exc)
+        except (CassetteError, OSError) as exc:
+            plans.append(_unusable(path, exc))
+    planned = [p if isinstance(p, CassettePlan) else None for p in plans]
+    units = units_of(planned, workers, unit_most or UNIT_MOST)
+    left = [sum(1 for u in units if u.cassette == i) for i in range(len(plans))]
+    parts: list[list[AuditPart]] = [[] for _ in plans]
+    audits: list[CassetteAudit] = []
+
+    def merge_ready() -> None:
+        while len(audits) < len(plans) and left[len(audits)] == 0:
+            i = len(audits)
+            plan = plans[i]
+            if isinstance(plan, AuditInputError):
+                raise plan
+            audits.append(_merged(plan, parts[i], allowed[i]))
+            parts[i] = []
+
+    merge_ready()
+    for unit, part in zip(units, dispatch(units, AuditJob()), strict=True):
+        parts[unit.cassette].append(part)
+        left[unit.cassette] -= 1
+        plan = planned[unit.cassette]
+        if progress is not None and plan is not None:
+            progress(round(plan.path.stat().st_size * len(unit.sessions) / len(plan.sessions)))
+        merge_ready()
     return audits
 
 
-def _audit_one(path: Path) -> CassetteAudit | AuditInputError:
-    try:
-        return audit_cassette(path)
-    except AuditInputError as exc:
-        return exc
+def _merged(plan: CassettePlan, parts: list[AuditPart], allowed: dict[str, str]) -> CassetteAudit:
+    failures = [p.failure for p in parts if p.failure is not None]
+    if failures:  # the damaged frame one pass meets first
+        raise AuditInputError(f"{plan.path}: {min(failures, key=lambda f: f.offset).message}")
+    findings = merge_findings([p.findings for p in parts if p.findings is not None])
+    sessions = sum(p.sessions for p in parts)
+    for rule, reason in allowed.items():
+        findings.rules[rule].allowed = reason
+    target = (plan.header.target or {}).get("name") or "tito"
+    return CassetteAudit(str(plan.path), str(target), sessions, plan.truncated, findings, allowed)
+
+
+def _unusable(path: Path, exc: Exception) -> AuditInputError:
+    if isinstance(exc, FileNotFoundError):
+        return AuditInputError(f"{path}: no such file")
+    if isinstance(exc, IsADirectoryError):
+        return AuditInputError(f"{path}: a folder, not a cassette")
+    return AuditInputError(f"{path}: {str(exc).splitlines()[0]}")

@@ -1,35 +1,46 @@
 """`tito replay`'s work over many cassettes: in this process, or spread over worker processes (`-j N`).
 
 Outcomes come back in cassette order and, within a cassette, in session order, whichever finishes first: the
-output is the same bytes for any N. Each worker is forked from the parent once the tokenizer, the parsers and
-every cassette's index are loaded, so it starts at once; it replays chunks of consecutive sessions of one
-cassette (a chunk is one adapter app, one event loop) and sends back, per session, only what is printed, the
-golden section and the exported rows. `--shard I/N` keeps the sessions whose name (cassette file name and
-session) hashes to shard I: a stable split, the same on every machine, for a CI matrix.
+output is the same bytes for any N. With `-j N` the sessions are cut into work units (`tito_rl.replayer.units`):
+ranges of consecutive sessions of one cassette, each naming its sessions' frames, so a worker reads those and
+nothing else of the file (a unit is one adapter app, one event loop), and sends back, per session, only what is
+printed, the golden section and the exported rows. The workers are forked once the tokenizer and the parsers are
+loaded, so each starts at once; the same units run anywhere `run_unit` does (a Ray task). `--shard I/N` keeps the
+sessions whose name (cassette file name and session) hashes to shard I: a stable split, the same on every
+machine, for a CI matrix.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-import multiprocessing
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tito_rl.cassette.reader import Cassette, exchange_count
+from tito_rl.cassette.format.errors import CassetteError
+from tito_rl.cassette.reader import Cassette, StoredSessions, exchange_count
 from tito_rl.recorder.targets import gateway_pool
-from tito_rl.recorder.targets.registry import same_target
-from tito_rl.replayer.goldens.files import GoldenBook
+from tito_rl.recorder.targets.registry import TITO, same_target
+from tito_rl.replayer.goldens.files import GoldenBook, golden_path
 from tito_rl.replayer.replay.cassette_replay import replay_each, run_sync
-from tito_rl.replayer.replay.loading import load_cassette, recorded_target, replay_target, select_sessions
+from tito_rl.replayer.replay.loading import (
+    adapter_settings,
+    load_cassette,
+    recorded_engine_model,
+    recorded_target,
+    replay_target,
+    select_sessions,
+    unreadable,
+)
 from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.replay.results import SessionResult
 from tito_rl.replayer.reporting import exports
 from tito_rl.replayer.reporting.terminal import session_details
+from tito_rl.replayer.units import Dispatch, FileStamp, WorkUnit, pool_dispatch, sessions_per_unit, split_cassette
+from tito_rl.trajectory.dialects.view import SGLANG
 
-CHUNK_MAX = 16  # sessions per chunk sent to a worker: an adapter app per chunk, a few chunks per worker
+UNIT_MOST = 16  # sessions per work unit at most: an adapter app per unit, a few units per worker
 
 
 @dataclass
@@ -122,10 +133,18 @@ def total_exchanges(works: list[CassetteWork]) -> int:
     return sum(exchange_count(_cassette(w.path, w.tokenizer)[0], n) for w in works for n in w.sessions)
 
 
-def replay_all(works: list[CassetteWork], job: Job, processes: int, emit: Callable[[SessionOutcome], None]) -> None:
-    """Every session replayed and handed to `emit` in order; `processes` > 1: by that many forked workers."""
+def replay_all(
+    works: list[CassetteWork],
+    job: Job,
+    processes: int,
+    emit: Callable[[SessionOutcome], None],
+    dispatch: Dispatch | None = None,
+    unit_most: int = UNIT_MOST,
+) -> None:
+    """Every session replayed and handed to `emit` in order; `processes` > 1: as work units run by that many forked
+    workers; `dispatch`: run by it instead (a Ray cluster's tasks); `unit_most`: sessions per unit at most."""
     sessions = sum(len(w.sessions) for w in works)
-    if processes <= 1 or sessions <= 1:
+    if dispatch is None and (processes <= 1 or sessions <= 1):
 
         async def every_cassette() -> None:
             async with gateway_pool.pooled():  # a gateway is started once for the run, not once per cassette
@@ -135,22 +154,92 @@ def replay_all(works: list[CassetteWork], job: Job, processes: int, emit: Callab
 
         run_sync(every_cassette())
         return
-    size = max(1, min(CHUNK_MAX, math.ceil(sessions / (processes * 4))))
-    chunks = [(w, w.sessions[i : i + size]) for w in works for i in range(0, len(w.sessions), size)]
-    preload(works)
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    worker_job = replace(job, options=replace(job.options, on_total=None, on_exchange=None))
-    with context.Pool(processes, initializer=_start_worker, initargs=(worker_job,)) as pool:
-        for chunk in pool.imap(_replay_chunk, chunks):
-            for outcome in chunk:
-                emit(outcome)
+    units = plan_units(works, processes, unit_most)
+    replaying = ReplayUnits(replace(job, options=replace(job.options, on_total=None, on_exchange=None, on_plan=None)))
+    replaying.cassettes = [cassette_settings(w, job.options) for w in works]
+    for outcomes in (dispatch or pool_dispatch(processes, lambda: preload(works)))(units, replaying):
+        for outcome in outcomes:
+            emit(outcome)
+
+
+def plan_units(works: list[CassetteWork], workers: int, most: int = UNIT_MOST) -> list[WorkUnit]:
+    """Each cassette's sessions to replay (`CassetteWork.sessions`, in order) cut into units, numbered in cassette
+    and session order; a unit's sessions carry their frames' offsets from the cassette's index."""
+    size = sessions_per_unit(sum(len(w.sessions) for w in works), workers, most)
+    units: list[WorkUnit] = []
+    for number, work in enumerate(works):
+        sessions = _cassette(work.path, work.tokenizer)[0].sessions
+        assert isinstance(sessions, StoredSessions)  # `open_cassette` reads every cassette through its index
+        entries = [sessions.index[name] for name in work.sessions]
+        units += split_cassette(work.path, entries, size, len(units), number)
+    return units
+
+
+@dataclass
+class CassetteSettings:
+    """What a unit's worker needs of its cassette besides the unit: where its tokenizer is, the target, and the
+    served model the recording's calls named where the header does not say it (found by the planner, which reads
+    the whole cassette; a unit holds only its own sessions)."""
+
+    path: str
+    tokenizer: str | None
+    goldens_apply: bool
+    engine_model: str | None = None
+
+
+def cassette_settings(work: CassetteWork, options: ReplayOptions) -> CassetteSettings:
+    cassette, tokenizer = _cassette(work.path, work.tokenizer)
+    model = None
+    if replay_target(cassette.header, options.target, work.path).kind == TITO:
+        settings = adapter_settings(cassette.header, tokenizer, options.adapter)
+        if settings.engine_dialect != SGLANG and not settings.engine_model:
+            model = recorded_engine_model(cassette)
+    return CassetteSettings(work.path, tokenizer, work.goldens_apply, model)
+
+
+@dataclass
+class ReplayUnits:
+    """`tito replay`'s work on a unit (`UnitJob`): its sessions replayed through one adapter app (or target
+    harness), each outcome as the parent prints it. Sent to every worker once, with each cassette's settings."""
+
+    job: Job
+    cassettes: list[CassetteSettings] = field(default_factory=list)
+
+    def reads(self, unit: WorkUnit) -> list[str]:
+        settings = self.cassettes[unit.cassette]
+        golden = golden_path(unit.path)
+        return [unit.path, *([str(golden)] if golden.is_file() else []), *filter(None, [settings.tokenizer])]
+
+    def run(self, unit: WorkUnit) -> list[SessionOutcome]:
+        settings = self.cassettes[unit.cassette]
+        try:
+            cassette = unit.cassette_view(packed_prompts=True)
+        except (CassetteError, OSError) as exc:
+            raise unreadable(unit.path, exc) from None
+        options = self.job.options
+        if settings.engine_model is not None:
+            options = replace(options, adapter={**options.adapter, "engine_model": settings.engine_model})
+        done: list[SessionOutcome] = []
+        run_sync(_replay_unit(cassette, settings, unit.names, replace(self.job, options=options), done.append))
+        return done
+
+
+async def _replay_unit(
+    cassette: Cassette, settings: CassetteSettings, names: list[str], job: Job, emit: Callable[[SessionOutcome], None]
+) -> None:
+    from tito_rl.trajectory.golden import TokenizerNames
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
+
+    book = _book_at(settings.path, job.update_goldens) if settings.goldens_apply else None
+    token_names = TokenizerNames(load_tokenizer(settings.tokenizer))
+    async for result in replay_each(cassette, settings.path, settings.tokenizer, names, job.options):
+        emit(outcome_of(result, book, token_names, job))
 
 
 # ---- in every process ----
 
-_JOB: Job | None = None
 _CASSETTES: dict[tuple[str, str | None], tuple[Cassette, str | None]] = {}
-_BOOKS: dict[str, GoldenBook] = {}
+_BOOKS: dict[tuple[str, bool, FileStamp | None], GoldenBook] = {}
 
 
 def _cassette(path: str, tokenizer: str | None) -> tuple[Cassette, str | None]:
@@ -162,9 +251,18 @@ def _cassette(path: str, tokenizer: str | None) -> tuple[Cassette, str | None]:
 
 
 def _book(work: CassetteWork, update: bool) -> GoldenBook:
-    if work.path not in _BOOKS:
-        _BOOKS[work.path] = GoldenBook(work.path, update)
-    return _BOOKS[work.path]
+    return _book_at(work.path, update)
+
+
+def _book_at(path: str, update: bool) -> GoldenBook:
+    """A cassette's goldens, read once per process and run; a worker that serves many runs (a Ray worker) reads
+    them again when the golden file changed."""
+    golden = golden_path(path)
+    stamp = FileStamp.of(golden) if golden.is_file() else None
+    key = (path, update, stamp)
+    if key not in _BOOKS:
+        _BOOKS[key] = GoldenBook(path, update)
+    return _BOOKS[key]
 
 
 def preload(works: list[CassetteWork]) -> None:
@@ -177,19 +275,6 @@ def preload(works: list[CassetteWork]) -> None:
     for folder in dict.fromkeys(w.tokenizer for w in works):
         load_tokenizer(folder)
     parser_process.settle(total_exchanges(works) if parser_process.active() is not None else 0)
-
-
-def _start_worker(job: Job) -> None:
-    global _JOB
-    _JOB = job
-    _BOOKS.clear()  # golden files are read afresh in each worker
-
-
-def _replay_chunk(chunk: tuple[CassetteWork, list[str]]) -> list[SessionOutcome]:
-    assert _JOB is not None
-    done: list[SessionOutcome] = []
-    run_sync(replay_work(chunk[0], chunk[1], _JOB, done.append))
-    return done
 
 
 async def replay_work(work: CassetteWork, names: list[str], job: Job, emit: Callable[[SessionOutcome], None]) -> None:

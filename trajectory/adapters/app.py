@@ -255,7 +255,7 @@ class Adapter:
         parse = parse or wire.parse_request
         body = await request.read()
         try:
-            data = json.loads(body) if body else None
+            data = fast_json.loads_body(body) if body else None
         except ValueError:
             data = None
         ref = _gateway_session(request) or resolve_session(

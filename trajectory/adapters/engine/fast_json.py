@@ -3,9 +3,10 @@
 Every turn encodes an engine request (its `input_ids` grow with the session) and decodes the engine's
 reply (one logprob triple per output token); orjson does both several times faster than `json`.
 It refuses NaN and Infinity literals and lone surrogate escapes, so those take the stdlib path and read as
-before. It reads integers past 64 bits as floats, which the stdlib does not, so it is not used for bodies
-that agents send (finding such integers first costs more than it saves); SGLang's own replies are
-written by orjson and never hold them. Replies to agents keep the stdlib encoder: their bytes are recorded
+before. It reads integers past 64 bits as floats, which the stdlib does not: a body an agent sends is read by
+orjson, then read again by the stdlib when it holds a float that large (`loads_body`: a walk over the parsed
+values, where searching the bytes for long digit runs cost more than the parse it saved); SGLang's own replies
+are written by orjson and never hold them. Replies to agents keep the stdlib encoder: their bytes are recorded
 and compared on replay, and orjson writes some floats differently (`1e-5` for `1e-05`).
 """
 
@@ -23,6 +24,34 @@ def loads(data: bytes | str) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return json.loads(data)
+
+
+_INT64 = 2.0**63
+
+
+def loads_body(data: bytes) -> Any:
+    """`json.loads` for a body an agent sent (it holds the whole conversation: a long session's is megabytes),
+    faster; raises ValueError for what `json.loads` rejects."""
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+    return json.loads(data) if _has_huge_float(value) else value
+
+
+def _has_huge_float(value: Any) -> bool:
+    """Whether a float at or past 2**63 is in `value`: what orjson makes of an integer that long."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        elif kind is float and not -_INT64 < item < _INT64:
+            return True
+    return False
 
 
 def dumps(value: Any) -> bytes:

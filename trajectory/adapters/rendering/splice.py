@@ -172,7 +172,11 @@ class Splicer:
             tail = self.renderer.encode(text[end:])
             if refused:  # the rest, from the refused turn on, is the render
                 refused = f"{refused}; spliced onto turn {turn.index}, rendered after it"
-            return Splice(untrack(turn.prompt_ids + body + [self.eos_id] + tail), turn.index, refused, deepest)
+            ids = turn.prompt_ids.copy()  # one copy of the history, extended in place (not three)
+            ids += body
+            ids.append(self.eos_id)
+            ids += tail
+            return Splice(untrack(ids), turn.index, refused, deepest)
         if deepest is not None:
             return Splice(None, deepest, refused, deepest)
         gone = memory.let_go(messages, text)

@@ -1,0 +1,137 @@
+"""Throughput on one machine (issue 40, point 3): `tito replay` and `tito audit` of the production cassette
+(`bench_production.py`: 2,048 sessions recorded through `tito record`), per core and with `-j N`, each figure a
+ratio measured in this run, with the host's steal beside it.
+
+- per core: sessions per CPU second of the command and all its processes (user + system time, from the kernel's
+  accounting of the child, `wait4`), so that what other jobs on a shared host take from the core does not count;
+  the wall-clock rate is printed beside it. Goals: replay 15, audit 100 sessions/s per core.
+- `-j N` scaling: the wall time of `-j 1` over that of `-j N`, against the host's parallel capacity measured right
+  before and right after (a pure-CPU Python loop in 1 and N processes at once: N whole cores give N.00x). The
+  efficiency is scaling / capacity; goal 0.9. On a shared host the capacity moves from minute to minute: the two
+  measurements around the run say how much.
+- audit memory: its peak (PSS of the process and its workers, sampled every 50 ms) on the whole cassette against
+  the first 512 sessions' cut: flat when about 1.0.
+
+The replay runs on a cut of the cassette's first `--replay-sessions` sessions (default 512, their goldens sliced
+from the whole one's: a `-j 1` replay of all 2,048 takes minutes on a loaded 2-core host); the audit on the whole.
+
+    .venv/bin/python benchmarks/bench_throughput.py [--jobs 2] [--replay-sessions 512] [--skip-replay|--skip-audit]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_production import ROOT, PeakRss, cache_dir, cut_with_golden, record, scenario  # noqa: E402
+from host_steal import parallel_capacity, steal_watch  # noqa: E402
+
+SESSIONS = 2048
+GOALS = {"replay": 15.0, "audit": 100.0}
+EFFICIENCY_GOAL = 0.9
+
+
+@dataclass
+class Run:
+    wall: float
+    cpu: float  # user + system seconds of the command and every process it waited for
+    steal: float
+    peak: int = 0  # bytes, when sampled
+
+
+def run(args: list[str], sample_memory: bool = False) -> Run:
+    """A `tito` command (exit 0 or 1 expected: the audit's exit says whether a rule fired), its wall and CPU time."""
+    steal: list[float] = []
+    with steal_watch(steal):
+        started = time.perf_counter()
+        with tempfile.TemporaryFile() as errors:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tito_rl", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errors
+            )
+            peak = PeakRss(proc.pid) if sample_memory else None
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - started
+            if peak is not None:
+                peak.stop()
+            errors.seek(0)
+            error = errors.read().decode(errors="replace")
+    code = os.waitstatus_to_exitcode(status)
+    assert code in (0, 1), (args, code, error[-2000:])
+    return Run(wall, usage.ru_utime + usage.ru_stime, steal[0], peak.total if peak is not None else 0)
+
+
+def scaling(name: str, command: list[str], sessions: int, jobs: int, memory: bool = False) -> tuple[Run, Run]:
+    """`-j 1` and `-j N` of one command, the host's capacity measured around `-j N`; prints the figures."""
+    one = run([*command, "-j", "1"], sample_memory=memory)
+    before = parallel_capacity(sys.executable, jobs)
+    many = run([*command, "-j", str(jobs)])
+    after = parallel_capacity(sys.executable, jobs)
+    per_core = sessions / one.cpu
+    print(
+        f"{name} -j 1: {sessions} sessions in {one.wall:.1f} s wall, {one.cpu:.1f} s CPU: {per_core:.1f} sessions/s "
+        f"per core (goal {GOALS[name]:g}; {sessions / one.wall:.1f}/s by the wall clock); host steal up to "
+        f"{one.steal:.1f}%"
+    )
+    speedup = one.wall / many.wall
+    capacity = (before + after) / 2
+    print(
+        f"{name} -j {jobs}: {many.wall:.1f} s wall, {many.cpu:.1f} s CPU ({sessions / many.cpu:.1f} sessions/s per "
+        f"core); scaling -j {jobs} / -j 1: {speedup:.2f}x, host capacity {before:.2f}x before and {after:.2f}x "
+        f"after: {speedup / capacity:.2f} of the host's parallel capacity (goal {EFFICIENCY_GOAL}); host steal up "
+        f"to {many.steal:.1f}%"
+    )
+    return one, many
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2, help="the N of -j N (default 2: this host's cores)")
+    parser.add_argument("--replay-sessions", type=int, default=512, help="replay the cassette's first N sessions")
+    parser.add_argument("--skip-replay", action="store_true")
+    parser.add_argument("--skip-audit", action="store_true")
+    args = parser.parse_args()
+    from tito_rl.cassette.reader import StoredSessions, open_cassette
+
+    spec = scenario(SESSIONS)
+    folder = cache_dir(spec)
+    cassette = record(folder, spec)
+    sessions = open_cassette(cassette, verify=False).sessions
+    assert isinstance(sessions, StoredSessions)
+    names = list(sessions.index)
+    exchanges = sum(e.agent for e in sessions.index.values())
+    print(
+        f"cassette: {len(names)} sessions, {exchanges} agent exchanges, {cassette.stat().st_size / 2**20:.0f} MiB; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {time.strftime('%Y-%m-%d %H:%M')}"
+    )
+    print(f"host parallel capacity at the start: {parallel_capacity(sys.executable, args.jobs):.2f}x of one process")
+    if not args.skip_replay:
+        count = min(args.replay_sessions, len(names))
+        part = (
+            cassette
+            if count == len(names)
+            else cut_with_golden(cassette, folder / f"first-{count}.tito", names[:count])
+        )
+        scaling("replay", ["replay", str(part), "-q"], count, args.jobs)
+    if not args.skip_audit:
+        first = cut_with_golden(cassette, folder / "first-512.tito", names[:512])
+        whole, _ = scaling("audit", ["audit", str(cassette), "--json"], len(names), args.jobs, memory=True)
+        small = run(["audit", str(first), "--json", "-j", "1"], sample_memory=True)
+        print(
+            f"audit memory: {whole.peak / 2**20:.0f} MiB for {len(names)} sessions "
+            f"({cassette.stat().st_size / 2**20:.0f} MiB), {small.peak / 2**20:.0f} MiB for the first 512 "
+            f"({first.stat().st_size / 2**20:.0f} MiB): ratio {whole.peak / small.peak:.2f} (flat: about 1.0); "
+            f"host steal up to {small.steal:.1f}%"
+        )
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
