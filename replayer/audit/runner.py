@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tito_rl.cassette.format.errors import CassetteError
-from tito_rl.replayer.audit.allowlist import AllowlistError, read_allowlist
+from tito_rl.replayer import workers
+from tito_rl.replayer.audit.allowlist import AllowlistError, allowlist_path, read_allowlist
 from tito_rl.replayer.audit.coverage import Coverage
 from tito_rl.replayer.audit.prefix import PrefixBreak
 from tito_rl.replayer.audit.protocol import DEFAULT_FAIL_ON, RULES, Findings
 from tito_rl.replayer.audit.replies import Replies
 from tito_rl.replayer.audit.requests import Requests
 from tito_rl.replayer.audit.traffic import RuleFamily, stream
+from tito_rl.replayer.workers import Backend
 
 
 class AuditInputError(Exception):
@@ -153,13 +155,16 @@ def audit(
     fail_on: tuple[str, ...] = DEFAULT_FAIL_ON,
     progress: Callable[[int], None] | None = None,
     jobs: int = 1,
+    ray: str | None = None,
 ) -> AuditReport:
     """Every cassette of `inputs`, in order; `progress(n)` hears n more bytes read (a bar over their sizes).
     `jobs` > 1: the cassettes are audited in that many worker processes, a cassette each at a time (a run's
-    folder of rotated cassettes, `tito record --rotate-sessions`); the report is the one `jobs=1` makes."""
+    folder of rotated cassettes, `tito record --rotate-sessions`); `ray`: as tasks on that Ray cluster (an address,
+    or `auto`; `replayer/workers.py`). The report is the one `jobs=1` makes; `WorkersError` where the workers
+    cannot run."""
     paths = cassette_paths(inputs)
-    if jobs > 1 and len(paths) > 1:
-        return AuditReport(_audit_in_workers(paths, jobs, progress), fail_on)
+    if ray is not None or (jobs > 1 and len(paths) > 1):
+        return AuditReport(_audit_in_workers(paths, Backend(jobs, ray), progress), fail_on)
     audits = []
     for path in paths:
         done = 0
@@ -174,25 +179,29 @@ def audit(
     return AuditReport(audits, fail_on)
 
 
-def _audit_in_workers(paths: list[Path], jobs: int, progress: Callable[[int], None] | None) -> list[CassetteAudit]:
-    """Each cassette audited in a worker (forked where the platform can: nothing to load again), its result sent
-    back whole; results in cassette order, an unusable one raising here as it would in one process."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    audits = []
-    with context.Pool(min(jobs, len(paths))) as pool:
-        for path, result in zip(paths, pool.imap(_audit_one, paths), strict=True):
-            if isinstance(result, AuditInputError):
-                raise result
+def _audit_in_workers(
+    paths: list[Path], backend: Backend, progress: Callable[[int], None] | None
+) -> list[CassetteAudit]:
+    """Each cassette audited by a worker (`replayer/workers.py`), its result sent back whole; results in cassette
+    order, an unusable one raising here as it would in one process."""
+    pool = workers.start(backend)
+    try:
+        audits = []
+        for path, result in zip(paths, pool.map(audit_unit, None, paths, unit_reads), strict=True):
             audits.append(result)
             if progress is not None:
                 progress(path.stat().st_size)
-    return audits
+        return audits
+    finally:
+        pool.close()
 
 
-def _audit_one(path: Path) -> CassetteAudit | AuditInputError:
-    try:
-        return audit_cassette(path)
-    except AuditInputError as exc:
-        return exc
+def audit_unit(_: None, path: Path) -> CassetteAudit:
+    """A worker's unit: one cassette."""
+    return audit_cassette(path)
+
+
+def unit_reads(path: Path) -> list[str]:
+    """What a unit reads: the cassette, and its allowlist where there is one."""
+    allowlist = allowlist_path(path)
+    return [str(path), *([str(allowlist)] if allowlist.is_file() else [])]

@@ -1,18 +1,19 @@
-"""`tito replay`'s work over many cassettes: in this process, or spread over worker processes (`-j N`).
+"""`tito replay`'s work over many cassettes: in this process, or spread over worker processes (`-j N`) or the tasks
+of a Ray cluster (`--ray`, `replayer/workers.py`).
 
 Outcomes come back in cassette order and, within a cassette, in session order, whichever finishes first: the
 output is the same bytes for any N. Each worker is forked from the parent once the tokenizer, the parsers and
-every cassette's index are loaded, so it starts at once; it replays chunks of consecutive sessions of one
-cassette (a chunk is one adapter app, one event loop) and sends back, per session, only what is printed, the
-golden section and the exported rows. `--shard I/N` keeps the sessions whose name (cassette file name and
-session) hashes to shard I: a stable split, the same on every machine, for a CI matrix.
+every cassette's index are loaded, so it starts at once (a Ray worker loads them itself, once); it replays
+chunks of consecutive sessions of one cassette (a chunk is one adapter app, one event loop) and sends back, per
+session, only what is printed, the golden section and the exported rows. `--shard I/N` keeps the sessions whose
+name (cassette file name and session) hashes to shard I: a stable split, the same on every machine, for a CI
+matrix.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import multiprocessing
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,13 +21,15 @@ from typing import Any
 
 from tito_rl.cassette.reader import Cassette, exchange_count
 from tito_rl.recorder.targets.registry import same_target
-from tito_rl.replayer.goldens.files import GoldenBook
+from tito_rl.replayer import workers
+from tito_rl.replayer.goldens.files import GoldenBook, golden_path
 from tito_rl.replayer.replay.cassette_replay import replay_each, run_sync
 from tito_rl.replayer.replay.loading import load_cassette, recorded_target, replay_target, select_sessions
 from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.replay.results import SessionResult
 from tito_rl.replayer.reporting import exports
 from tito_rl.replayer.reporting.terminal import session_details
+from tito_rl.replayer.workers import Backend
 
 CHUNK_MAX = 16  # sessions per chunk sent to a worker: an adapter app per chunk, a few chunks per worker
 
@@ -121,10 +124,12 @@ def total_exchanges(works: list[CassetteWork]) -> int:
     return sum(exchange_count(_cassette(w.path, w.tokenizer)[0], n) for w in works for n in w.sessions)
 
 
-def replay_all(works: list[CassetteWork], job: Job, processes: int, emit: Callable[[SessionOutcome], None]) -> None:
-    """Every session replayed and handed to `emit` in order; `processes` > 1: by that many forked workers."""
+def replay_all(works: list[CassetteWork], job: Job, backend: Backend, emit: Callable[[SessionOutcome], None]) -> None:
+    """Every session replayed and handed to `emit` in order: in this process, or by `backend`'s workers (forked
+    processes, `-j N` > 1; Ray tasks, `--ray`) in chunks of consecutive sessions; `WorkersError` where they
+    cannot run."""
     sessions = sum(len(w.sessions) for w in works)
-    if processes <= 1 or sessions <= 1:
+    if not backend.remote and (backend.jobs <= 1 or sessions <= 1):
 
         async def every_cassette() -> None:
             for work in works:
@@ -133,20 +138,22 @@ def replay_all(works: list[CassetteWork], job: Job, processes: int, emit: Callab
 
         run_sync(every_cassette())
         return
-    size = max(1, min(CHUNK_MAX, math.ceil(sessions / (processes * 4))))
-    chunks = [(w, w.sessions[i : i + size]) for w in works for i in range(0, len(w.sessions), size)]
-    preload(works)
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
-    worker_job = replace(job, options=replace(job.options, on_total=None, on_exchange=None))
-    with context.Pool(processes, initializer=_start_worker, initargs=(worker_job,)) as pool:
-        for chunk in pool.imap(_replay_chunk, chunks):
+    pool = workers.start(backend)
+    try:
+        size = max(1, min(CHUNK_MAX, math.ceil(sessions / (pool.slots * 4))))
+        chunks = [(w, w.sessions[i : i + size]) for w in works for i in range(0, len(w.sessions), size)]
+        if not backend.remote:
+            preload(works)  # before the workers are forked: what the parent loaded is theirs
+        worker_job = replace(job, options=replace(job.options, on_total=None, on_exchange=None))
+        for chunk in pool.map(replay_chunk, worker_job, chunks, chunk_reads):
             for outcome in chunk:
                 emit(outcome)
+    finally:
+        pool.close()
 
 
 # ---- in every process ----
 
-_JOB: Job | None = None
 _CASSETTES: dict[tuple[str, str | None], tuple[Cassette, str | None]] = {}
 _BOOKS: dict[str, GoldenBook] = {}
 
@@ -177,17 +184,18 @@ def preload(works: list[CassetteWork]) -> None:
     parser_process.settle(total_exchanges(works) if parser_process.active() is not None else 0)
 
 
-def _start_worker(job: Job) -> None:
-    global _JOB
-    _JOB = job
-    _BOOKS.clear()  # golden files are read afresh in each worker
-
-
-def _replay_chunk(chunk: tuple[CassetteWork, list[str]]) -> list[SessionOutcome]:
-    assert _JOB is not None
+def replay_chunk(job: Job, chunk: tuple[CassetteWork, list[str]]) -> list[SessionOutcome]:
+    """A worker's unit: consecutive sessions of one cassette, replayed in one adapter app and event loop."""
     done: list[SessionOutcome] = []
-    run_sync(replay_work(chunk[0], chunk[1], _JOB, done.append))
+    run_sync(replay_work(chunk[0], chunk[1], job, done.append))
     return done
+
+
+def chunk_reads(chunk: tuple[CassetteWork, list[str]]) -> list[str]:
+    """What a chunk reads: its cassette, the cassette's golden where there is one, a tokenizer folder named."""
+    work = chunk[0]
+    golden = golden_path(work.path)
+    return [work.path, *([str(golden)] if golden.is_file() else []), *([work.tokenizer] if work.tokenizer else [])]
 
 
 async def replay_work(work: CassetteWork, names: list[str], job: Job, emit: Callable[[SessionOutcome], None]) -> None:

@@ -1,0 +1,254 @@
+"""`tito audit --ray` and `tito replay --ray` against a real local Ray cluster that this module starts (`ray start
+--head`, two CPUs, loopback only, its files in a temporary folder removed afterwards): the same output, exit codes,
+exports, JUnit and HTML as `-j`, byte for byte, and each way it cannot run said in one line (Ray not installed, no
+cluster at the address, a cassette not where a worker runs, another tito there)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from tests.process_helpers import ROOT
+from tito_rl.main import main
+
+AUDITED = ("drift_realign", "mixed_concurrent", "openai_wires", "tool_loop", "compaction")
+REPLAYED = ("drift_realign", "openai_wires", "tool_loop", "plain_chat")
+# Ray binds its cluster to the machine's outward address unless it is told it is a one-machine cluster.
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    """The address of a Ray cluster on this machine, started as a user starts one and ended by its process group."""
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (the `ray` extra; `make test` installs it)")
+    folder = tempfile.mkdtemp(prefix="tito-ray-")  # short: Ray's socket paths must fit in 107 bytes
+    ray = Path(sys.executable).with_name("ray")
+    started = subprocess.run(
+        [
+            str(ray),
+            "start",
+            "--head",
+            "--port=0",
+            "--num-cpus=2",
+            "--object-store-memory=80000000",
+            f"--temp-dir={folder}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        env={**os.environ, **LOOPBACK},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        start_new_session=True,  # every process it starts keeps its process group: ended together below
+    )
+    group = _group_of(folder)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield (Path(folder) / "ray_current_cluster").read_text().strip()
+    finally:
+        if group is not None:
+            os.killpg(group, signal.SIGKILL)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _group_of(folder: str) -> int | None:
+    """The process group of the cluster's processes: those whose command line names its folder."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if folder.encode() in command:
+            return os.getpgid(int(pid))
+    return None
+
+
+def tito(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tito_rl", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **LOOPBACK, **(env or {})},
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
+def copy_corpus(folder: Path, names: tuple[str, ...]) -> Path:
+    folder.mkdir()
+    for name in names:
+        for suffix in (".tito", ".golden", ".audit.toml"):
+            source = ROOT / "cassettes" / f"{name}{suffix}"
+            if source.is_file():
+                shutil.copy(source, folder / source.name)
+    return folder
+
+
+# A driver whose view of a cassette differs from the workers': the size it saw is told wrong (what a copy of another
+# length on the node would show), then tasks are sent a file the worker lacks, and another tito's version.
+WORKER_VIEW = """
+import sys
+from tito_rl.main import main
+from tito_rl.replayer import workers
+
+address, cassette, folder = sys.argv[1:]
+seen = workers.manifest
+workers.manifest = lambda paths: [(p, s + 7) for p, s in seen(paths)]
+print(main(["audit", cassette, "--ray", address]))
+workers.manifest = seen
+pool = workers.start(workers.Backend(ray=address))
+task = pool.ray.remote(workers.run_task)
+version = workers.tito_version()
+for ok, said in pool.ray.get([
+    task.remote(len, None, "unit", [(folder + "/gone.tito", 10)], folder, version),
+    task.remote(len, None, "unit", [], folder, "0.0.0-other"),
+    task.remote(lambda _, unit: unit[::-1], None, "unit", [], folder, version),
+]):
+    print(ok, said)
+pool.close()
+"""
+
+
+def test_audit_and_replay_on_ray_give_the_bytes_of_workers(cluster: str, tmp_path: Path) -> None:
+    """The audit from the run's folder with relative paths (the workers read them where tito was started), the
+    replay with `--ray auto` and RAY_ADDRESS; each against `-j 2`, all at once. A changed golden fails one replayed
+    session, and an allowlist taken away makes the audit fire: exit 1 on both."""
+    audited = copy_corpus(tmp_path / "run", AUDITED)
+    (audited / "drift_realign.audit.toml").unlink()  # its rules fire unallowed (compaction's stay allowed)
+    replayed = copy_corpus(tmp_path / "corpus", REPLAYED)
+    golden = replayed / "drift_realign.golden"
+    golden.write_text(golden.read_text().replace("reward 1, 283 tokens", "reward 1, 280 tokens"))
+    fail_on = ["--fail-on", "coverage,prefix-break"]
+    runs = {}
+    for name, spread, env in (("local", ["-j", "2"], None), ("remote", ["--ray", "auto"], {"RAY_ADDRESS": cluster})):
+        out = tmp_path / name
+        out.mkdir()
+        runs[f"audit {name}"] = tito(audited, "audit", ".", "--json", *fail_on, *spread, env=env)
+        runs[f"page {name}"] = tito(audited, "audit", ".", "--html", str(out / "audit.html"), *spread, env=env)
+        exports = ["--export-samples", str(out / "replayed.jsonl"), "--export-live-samples", str(out / "live.jsonl")]
+        junit = ["--junit-xml", str(out / "report.xml")]
+        runs[f"replay {name}"] = tito(replayed, "replay", str(replayed), *exports, *junit, *spread, env=env)
+    cassette = str(copy_corpus(tmp_path / "one", ("tool_loop",)) / "tool_loop.tito")
+    view = subprocess.Popen(
+        [sys.executable, "-c", WORKER_VIEW, cluster, cassette, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **LOOPBACK},
+    )
+    done = {name: finish(proc) for name, proc in runs.items()}
+
+    for what in ("audit", "replay"):
+        assert done[f"{what} local"] == done[f"{what} remote"], what  # exit code, output, errors
+    assert done["page local"] == (0, f"wrote {tmp_path / 'local' / 'audit.html'} ({len(AUDITED)} cassette(s))\n", "")
+    code, out, err = done["audit remote"]
+    assert code == 1 and '"drift_realign.tito"' in out and err == ""
+    assert done["page remote"] == (0, f"wrote {tmp_path / 'remote' / 'audit.html'} ({len(AUDITED)} cassette(s))\n", "")
+    code, out, err = done["replay remote"]
+    assert code == 1 and " session(s): " in out and ", 1 failed" in out and err == ""
+    for name in ("audit.html", "replayed.jsonl", "live.jsonl", "report.xml"):
+        assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "remote" / name).read_bytes(), name
+
+    code, out, err = finish(view)
+    host, size = socket.gethostname(), Path(cassette).stat().st_size
+    assert err == (
+        f"tito audit: {cassette}: {size} bytes on Ray worker {host}, {size + 7} here "
+        "(--ray needs the same files on every node)\n"
+    )
+    assert code == 0 and out.splitlines() == [
+        "2",
+        f"False {tmp_path / 'gone.tito'}: No such file or directory on Ray worker {host} "
+        "(--ray reads the cassettes where the workers run: the same path on every node)",
+        f"False tito {version('tito-rl')} on Ray worker {host}, 0.0.0-other here: install the same tito on every node",
+        "True tinu",
+    ]
+
+
+# An address that accepts connections and never answers: Ray would retry for many minutes; tito gives it 6 times the
+# TCP timeout, here 3 s.
+NOT_A_CLUSTER = """
+import sys
+from tito_rl.main import main
+from tito_rl.replayer import workers
+
+workers.CONNECT_TIMEOUT_S = 0.5
+sys.exit(main(["audit", sys.argv[1], "--ray", sys.argv[2]]))
+"""
+
+
+def test_no_cluster_at_the_address_is_said_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (the `ray` extra; `make test` installs it)")
+    cassette = str(ROOT / "cassettes" / "tool_loop.tito")
+    with socket.socket() as silent, socket.socket() as unused:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        unused.bind(("127.0.0.1", 0))  # bound, never listening: refused
+        quiet, refused = (f"127.0.0.1:{s.getsockname()[1]}" for s in (silent, unused))
+        run = subprocess.run(
+            [sys.executable, "-c", NOT_A_CLUSTER, cassette, quiet],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **LOOPBACK},
+        )
+        assert (run.returncode, run.stdout) == (2, "")
+        assert run.stderr == f"tito audit: --ray {quiet}: {quiet} did not answer as a Ray cluster within 3 s\n"
+
+        assert main(["audit", cassette, "--ray", refused]) == 2
+        assert capsys.readouterr().err == (
+            f"tito audit: --ray {refused}: no Ray cluster answers at {refused} (Connection refused)\n"
+        )
+        monkeypatch.setenv("RAY_ADDRESS", refused)
+        assert main(["replay", cassette, "--ray", "auto"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"tito replay: --ray auto (RAY_ADDRESS={refused}): no Ray cluster answers at {refused} (Connection refused)\n"
+    )
+
+
+@pytest.mark.parametrize("command", ["audit", "replay"])
+def test_ray_not_installed_is_said_with_the_install_command(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ray is never a dependency of tito: only `--ray` imports it."""
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as where it is not installed
+    assert main([command, str(ROOT / "cassettes" / "tool_loop.tito"), "--ray", "auto"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"tito {command}: --ray needs Ray, which is not installed here: pip install 'tito-rl[ray]'\n"
+    )
+
+
+def test_ray_is_neither_with_jobs_nor_through_a_running_gateway(capsys: pytest.CaptureFixture[str]) -> None:
+    cassette = str(ROOT / "cassettes" / "tool_loop.tito")
+    for command in ("audit", "replay"):
+        with pytest.raises(SystemExit) as exit_:
+            main([command, cassette, "-j", "2", "--ray", "auto"])
+        assert (
+            exit_.value.code == 2 and "argument --ray: not allowed with argument -j/--jobs" in capsys.readouterr().err
+        )
+    assert main(["replay", cassette, "--target", "http://127.0.0.1:9", "--ray", "auto"]) == 2
+    assert capsys.readouterr().err == (
+        "tito replay: --ray cannot replay through the running gateway http://127.0.0.1:9: its engine leg is one port "
+        "here\n"
+    )
