@@ -10,7 +10,7 @@ Ray is an optional extra (`pip install 'tito-rl[ray]'`), imported only when `--r
 the cassettes where it runs: the same paths (the working directory of `tito`, for relative ones) must hold the same
 files on every node, as a shared file system gives, and the cluster's Python must have the same tito installed.
 Each task checks both before its unit, and the run fails in one line naming the path or version and the host where
-they are not so (docs/audit.md, "Many machines: Ray").
+they are not so (docs/replay.md, "Ray").
 """
 
 from __future__ import annotations

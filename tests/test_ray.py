@@ -8,11 +8,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -20,59 +18,20 @@ from pathlib import Path
 import pytest
 
 from tests.process_helpers import ROOT
+from tests.ray_support import LOOPBACK, local_cluster
 from tito_rl.main import main
 
 AUDITED = ("drift_realign", "mixed_concurrent", "openai_wires", "tool_loop", "compaction")
 REPLAYED = ("drift_realign", "openai_wires", "tool_loop", "plain_chat")
-# Ray binds its cluster to the machine's outward address unless it is told it is a one-machine cluster.
-LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    """The address of a Ray cluster on this machine, started as a user starts one and ended by its process group."""
+    """The address of a Ray cluster on this machine (two CPUs), ended with the module."""
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed (the `ray` extra; `make test` installs it)")
-    folder = tempfile.mkdtemp(prefix="tito-ray-")  # short: Ray's socket paths must fit in 107 bytes
-    ray = Path(sys.executable).with_name("ray")
-    started = subprocess.run(
-        [
-            str(ray),
-            "start",
-            "--head",
-            "--port=0",
-            "--num-cpus=2",
-            "--object-store-memory=80000000",
-            f"--temp-dir={folder}",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-        ],
-        env={**os.environ, **LOOPBACK},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        start_new_session=True,  # every process it starts keeps its process group: ended together below
-    )
-    group = _group_of(folder)
-    try:
-        assert started.returncode == 0, started.stdout + started.stderr
-        yield (Path(folder) / "ray_current_cluster").read_text().strip()
-    finally:
-        if group is not None:
-            os.killpg(group, signal.SIGKILL)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _group_of(folder: str) -> int | None:
-    """The process group of the cluster's processes: those whose command line names its folder."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if folder.encode() in command:
-            return os.getpgid(int(pid))
-    return None
+    with local_cluster(cpus=2) as address:
+        yield address
 
 
 def tito(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
