@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from tests.process_helpers import ROOT
 from tests.ray_support import LOOPBACK, local_cluster
 from tito_rl.main import main
+from tito_rl.replayer import workers
 
 AUDITED = ("drift_realign", "mixed_concurrent", "openai_wires", "tool_loop", "compaction")
 REPLAYED = ("drift_realign", "openai_wires", "tool_loop", "plain_chat")
@@ -60,53 +60,40 @@ def copy_corpus(folder: Path, names: tuple[str, ...]) -> Path:
     return folder
 
 
-# A driver whose view of a cassette differs from the workers': the size it saw is told wrong (what a copy of another
-# length on the node would show), then tasks are sent a file the worker lacks, and another tito's version.
-WORKER_VIEW = """
+# A driver that saw another size than the workers will (a copy of another length on their node): the audit fails.
+OTHER_SIZE = """
 import sys
 from tito_rl.main import main
 from tito_rl.replayer import workers
 
-address, cassette, folder = sys.argv[1:]
 seen = workers.manifest
 workers.manifest = lambda paths: [(p, s + 7) for p, s in seen(paths)]
-print(main(["audit", cassette, "--ray", address]))
-workers.manifest = seen
-pool = workers.start(workers.Backend(ray=address))
-task = pool.ray.remote(workers.run_task)
-version = workers.tito_version()
-for ok, said in pool.ray.get([
-    task.remote(len, None, "unit", [(folder + "/gone.tito", 10)], folder, version),
-    task.remote(len, None, "unit", [], folder, "0.0.0-other"),
-    task.remote(lambda _, unit: unit[::-1], None, "unit", [], folder, version),
-]):
-    print(ok, said)
-pool.close()
+sys.exit(main(["audit", sys.argv[2], "--ray", sys.argv[1]]))
 """
 
 
 def test_audit_and_replay_on_ray_give_the_bytes_of_workers(cluster: str, tmp_path: Path) -> None:
     """The audit from the run's folder with relative paths (the workers read them where tito was started), the
-    replay with `--ray auto` and RAY_ADDRESS; each against `-j 2`, all at once. A changed golden fails one replayed
-    session, and an allowlist taken away makes the audit fire: exit 1 on both."""
+    replay with `--ray auto` and RAY_ADDRESS; each against `-j 2`, all at once. An allowlist taken away makes the
+    audit fire and a changed golden fails one replayed session: exit 1 on both. A cassette a worker sees otherwise
+    than tito did fails in one line naming it and the worker's host."""
     audited = copy_corpus(tmp_path / "run", AUDITED)
     (audited / "drift_realign.audit.toml").unlink()  # its rules fire unallowed (compaction's stay allowed)
     replayed = copy_corpus(tmp_path / "corpus", REPLAYED)
     golden = replayed / "drift_realign.golden"
     golden.write_text(golden.read_text().replace("reward 1, 283 tokens", "reward 1, 280 tokens"))
-    fail_on = ["--fail-on", "coverage,prefix-break"]
     runs = {}
     for name, spread, env in (("local", ["-j", "2"], None), ("remote", ["--ray", "auto"], {"RAY_ADDRESS": cluster})):
         out = tmp_path / name
         out.mkdir()
-        runs[f"audit {name}"] = tito(audited, "audit", ".", "--json", *fail_on, *spread, env=env)
-        runs[f"page {name}"] = tito(audited, "audit", ".", "--html", str(out / "audit.html"), *spread, env=env)
+        page = ["--html", str(out / "audit.html"), "--fail-on", "coverage,prefix-break"]
+        runs[f"audit {name}"] = tito(audited, "audit", ".", *page, *spread, env=env)
         exports = ["--export-samples", str(out / "replayed.jsonl"), "--export-live-samples", str(out / "live.jsonl")]
         junit = ["--junit-xml", str(out / "report.xml")]
         runs[f"replay {name}"] = tito(replayed, "replay", str(replayed), *exports, *junit, *spread, env=env)
     cassette = str(copy_corpus(tmp_path / "one", ("tool_loop",)) / "tool_loop.tito")
-    view = subprocess.Popen(
-        [sys.executable, "-c", WORKER_VIEW, cluster, cassette, str(tmp_path)],
+    other_size = subprocess.Popen(
+        [sys.executable, "-c", OTHER_SIZE, cluster, cassette],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -114,40 +101,65 @@ def test_audit_and_replay_on_ray_give_the_bytes_of_workers(cluster: str, tmp_pat
     )
     done = {name: finish(proc) for name, proc in runs.items()}
 
-    for what in ("audit", "replay"):
-        assert done[f"{what} local"] == done[f"{what} remote"], what  # exit code, output, errors
-    assert done["page local"] == (0, f"wrote {tmp_path / 'local' / 'audit.html'} ({len(AUDITED)} cassette(s))\n", "")
-    code, out, err = done["audit remote"]
-    assert code == 1 and '"drift_realign.tito"' in out and err == ""
-    assert done["page remote"] == (0, f"wrote {tmp_path / 'remote' / 'audit.html'} ({len(AUDITED)} cassette(s))\n", "")
+    for what in ("local", "remote"):
+        assert done[f"audit {what}"] == (
+            1,
+            f"wrote {tmp_path / what / 'audit.html'} ({len(AUDITED)} cassette(s))\n",
+            "",
+        )
+    assert done["replay local"] == done["replay remote"]  # exit code, output, errors
     code, out, err = done["replay remote"]
     assert code == 1 and " session(s): " in out and ", 1 failed" in out and err == ""
     for name in ("audit.html", "replayed.jsonl", "live.jsonl", "report.xml"):
         assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "remote" / name).read_bytes(), name
+    assert "drift_realign.tito" in (tmp_path / "remote" / "audit.html").read_text()
 
-    code, out, err = finish(view)
-    host, size = socket.gethostname(), Path(cassette).stat().st_size
-    assert err == (
-        f"tito audit: {cassette}: {size} bytes on Ray worker {host}, {size + 7} here "
-        "(--ray needs the same files on every node)\n"
+    size = Path(cassette).stat().st_size
+    assert finish(other_size) == (
+        2,
+        "",
+        f"tito audit: {cassette}: {size} bytes on Ray worker {socket.gethostname()}, {size + 7} here "
+        "(--ray needs the same files on every node)\n",
     )
-    assert code == 0 and out.splitlines() == [
-        "2",
-        f"False {tmp_path / 'gone.tito'}: No such file or directory on Ray worker {host} "
-        "(--ray reads the cassettes where the workers run: the same path on every node)",
-        f"False tito {version('tito-rl')} on Ray worker {host}, 0.0.0-other here: install the same tito on every node",
-        "True tinu",
-    ]
+
+
+def test_a_task_checks_its_files_and_tito_where_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a Ray task runs before its unit (here in this process): its files there, the same tito, then the unit in
+    tito's working folder, so that a relative path names the same file. A failure comes back as the exception."""
+    (tmp_path / "unit.txt").write_text("read where tito was started")
+    monkeypatch.chdir(ROOT)
+    here, host = workers.tito_version(), socket.gethostname()
+    assert workers.run_task(lambda _, name: Path(name).read_text(), None, "unit.txt", [], str(tmp_path), here) == (
+        True,
+        "read where tito was started",
+    )
+    ok, gone = workers.run_task(len, None, "unit", [(str(tmp_path / "gone.tito"), 10)], str(tmp_path), here)
+    assert (
+        not ok
+        and isinstance(gone, workers.WorkersError)
+        and str(gone)
+        == (
+            f"{tmp_path / 'gone.tito'}: No such file or directory on Ray worker {host} "
+            "(--ray reads the cassettes where the workers run: the same path on every node)"
+        )
+    )
+    ok, other = workers.run_task(len, None, "unit", [], str(tmp_path), "0.0.0-other")
+    assert (
+        not ok
+        and str(other) == f"tito {here} on Ray worker {host}, 0.0.0-other here: install the same tito on every node"
+    )
+    ok, raised = workers.run_task(lambda _, unit: 1 / 0, None, "unit", [], str(tmp_path), here)
+    assert not ok and isinstance(raised, ZeroDivisionError)
 
 
 # An address that accepts connections and never answers: Ray would retry for many minutes; tito gives it 6 times the
-# TCP timeout, here 3 s.
+# TCP timeout, here 1 s.
 NOT_A_CLUSTER = """
 import sys
 from tito_rl.main import main
 from tito_rl.replayer import workers
 
-workers.CONNECT_TIMEOUT_S = 0.5
+workers.CONNECT_TIMEOUT_S = 1 / 6
 sys.exit(main(["audit", sys.argv[1], "--ray", sys.argv[2]]))
 """
 
@@ -171,7 +183,7 @@ def test_no_cluster_at_the_address_is_said_in_one_line(
             env={**os.environ, **LOOPBACK},
         )
         assert (run.returncode, run.stdout) == (2, "")
-        assert run.stderr == f"tito audit: --ray {quiet}: {quiet} did not answer as a Ray cluster within 3 s\n"
+        assert run.stderr == f"tito audit: --ray {quiet}: {quiet} did not answer as a Ray cluster within 1 s\n"
 
         assert main(["audit", cassette, "--ray", refused]) == 2
         assert capsys.readouterr().err == (
