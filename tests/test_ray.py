@@ -84,12 +84,17 @@ def test_audit_and_replay_on_ray_give_the_bytes_of_workers(cluster: str, tmp_pat
     golden.write_text(golden.read_text().replace("reward 1, 283 tokens", "reward 1, 280 tokens"))
     runs = {}
     for name, spread, env in (("local", ["-j", "2"], None), ("remote", ["--ray", "auto"], {"RAY_ADDRESS": cluster})):
-        out = tmp_path / name
-        out.mkdir()
-        page = ["--html", str(out / "audit.html"), "--fail-on", "coverage,prefix-break"]
+        folder = tmp_path / name
+        folder.mkdir()
+        page = ["--html", str(folder / "audit.html"), "--fail-on", "coverage,prefix-break"]
         runs[f"audit {name}"] = tito(audited, "audit", ".", *page, *spread, env=env)
-        exports = ["--export-samples", str(out / "replayed.jsonl"), "--export-live-samples", str(out / "live.jsonl")]
-        junit = ["--junit-xml", str(out / "report.xml")]
+        exports = [
+            "--export-samples",
+            str(folder / "replayed.jsonl"),
+            "--export-live-samples",
+            str(folder / "live.jsonl"),
+        ]
+        junit = ["--junit-xml", str(folder / "report.xml")]
         runs[f"replay {name}"] = tito(replayed, "replay", str(replayed), *exports, *junit, *spread, env=env)
     cassette = str(copy_corpus(tmp_path / "one", ("tool_loop",)) / "tool_loop.tito")
     other_size = subprocess.Popen(
@@ -123,6 +128,10 @@ def test_audit_and_replay_on_ray_give_the_bytes_of_workers(cluster: str, tmp_pat
     )
 
 
+def length(_: None, unit: str) -> int:
+    return len(unit)
+
+
 def test_a_task_checks_its_files_and_tito_where_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a Ray task runs before its unit (here in this process): its files there, the same tito, then the unit in
     tito's working folder, so that a relative path names the same file. A failure comes back as the exception."""
@@ -133,7 +142,7 @@ def test_a_task_checks_its_files_and_tito_where_it_runs(tmp_path: Path, monkeypa
         True,
         "read where tito was started",
     )
-    ok, gone = workers.run_task(len, None, "unit", [(str(tmp_path / "gone.tito"), 10)], str(tmp_path), here)
+    ok, gone = workers.run_task(length, None, "unit", [(str(tmp_path / "gone.tito"), 10)], str(tmp_path), here)
     assert (
         not ok
         and isinstance(gone, workers.WorkersError)
@@ -143,7 +152,7 @@ def test_a_task_checks_its_files_and_tito_where_it_runs(tmp_path: Path, monkeypa
             "(--ray reads the cassettes where the workers run: the same path on every node)"
         )
     )
-    ok, other = workers.run_task(len, None, "unit", [], str(tmp_path), "0.0.0-other")
+    ok, other = workers.run_task(length, None, "unit", [], str(tmp_path), "0.0.0-other")
     assert (
         not ok
         and str(other) == f"tito {here} on Ray worker {host}, 0.0.0-other here: install the same tito on every node"
