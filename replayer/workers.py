@@ -37,6 +37,7 @@ R = TypeVar("R")
 RAY_EXTRA = "pip install 'tito-rl[ray]'"
 CONNECT_TIMEOUT_S = 10.0  # a cluster's address that answers nothing within this is unreachable (ray.init: 6 times it)
 AHEAD = 2  # tasks submitted per CPU of the cluster beyond those whose results are awaited
+RETRIES = 2  # a task whose worker died (a node lost) runs again: a unit's result does not depend on where it ran
 
 
 class WorkersError(Exception):
@@ -100,6 +101,8 @@ class ProcessWorkers(Workers):
         units: Sequence[U],
         reads: Callable[[U], Sequence[str]] | None = None,
     ) -> Iterator[R]:
+        if not units:
+            return
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         pool_context = multiprocessing.get_context(method)
         processes = min(self.slots, len(units))
@@ -128,13 +131,13 @@ class RayWorkers(Workers):
     """This process connected to a Ray cluster as a driver, its units sent as tasks of one CPU each; a few per CPU
     are in flight at a time, and the results are taken in order."""
 
-    def __init__(self, address: str, timeout_s: float | None = None) -> None:
+    def __init__(self, address: str) -> None:
         self.ray = _import_ray()
         self.address = address
         target = resolve_address(address)
         if target is not None:
             check_reachable(address, target)
-        connect(self.ray, address, target or "auto", CONNECT_TIMEOUT_S * 6 if timeout_s is None else timeout_s)
+        connect(self.ray, address, target or "auto", CONNECT_TIMEOUT_S * 6)
         cpus = self.ray.cluster_resources().get("CPU", 1)
         self.slots = max(1, int(cpus))
 
@@ -146,7 +149,7 @@ class RayWorkers(Workers):
         reads: Callable[[U], Sequence[str]] | None = None,
     ) -> Iterator[R]:
         ray = self.ray
-        task = ray.remote(num_cpus=1, max_retries=0)(run_task)
+        task = ray.remote(num_cpus=1, max_retries=RETRIES)(run_task)
         shared = ray.put(context)
         cwd, version = os.getcwd(), tito_version()
         pending: deque[Any] = deque()

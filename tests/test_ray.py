@@ -206,6 +206,23 @@ def test_no_cluster_at_the_address_is_said_in_one_line(
     )
 
 
+def test_a_task_that_failed_on_the_cluster_is_said_by_its_innermost_error() -> None:
+    """Ray's message for a task that could not run holds the worker's traceback, coloured: one line is kept."""
+    failure = RuntimeError(
+        "\x1b[36mray::run_task()\x1b[39m (pid=32085, ip=127.0.0.1)\n"
+        "  At least one of the input arguments for this task could not be computed:\n"
+        "ray.exceptions.RaySystemError: System error: No module named 'tito_rl'\n"
+        "traceback: Traceback (most recent call last):\n"
+        "          ^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        "ModuleNotFoundError: No module named 'tito_rl'"
+    )
+    assert workers.task_failure(failure) == (
+        "ModuleNotFoundError: No module named 'tito_rl' "
+        "(tito must be installed in the Python the cluster's workers run)"
+    )
+    assert workers.task_failure(RuntimeError("\n  the worker died\n")) == "the worker died"
+
+
 @pytest.mark.parametrize("command", ["audit", "replay"])
 def test_ray_not_installed_is_said_with_the_install_command(
     command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
