@@ -40,6 +40,9 @@ PARTS = 8
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="the cluster's CPUs and -j's N")
+    parser.add_argument(
+        "--cassette", type=Path, help="another cassette with its golden instead of the production one (a quick run)"
+    )
     args = parser.parse_args()
     try:
         import ray  # noqa: F401
@@ -49,15 +52,19 @@ def main() -> None:
     from tito_rl.cassette.reader import summarize
     from tito_rl.replayer.cassette_tools.cut_merge import cut
 
-    spec = scenario(SESSIONS)
-    folder = cache_dir(spec)
-    cassette = record(folder, spec)
+    if args.cassette is not None:
+        cassette = args.cassette.resolve()
+        folder = cache_dir({"cassette": str(cassette), "size": cassette.stat().st_size})
+    else:
+        spec = scenario(SESSIONS)
+        folder = cache_dir(spec)
+        cassette = record(folder, spec)
     names = [s.session for s in summarize(cassette, verify=False).sessions]
     replayed = cut_with_golden(cassette, folder / f"every-{STRIDE}th.tito", names[::STRIDE])
     run = folder / f"run-of-{PARTS}"
     run.mkdir(exist_ok=True)
-    size = len(names) // PARTS
-    for i in range(PARTS):
+    size = max(1, len(names) // PARTS)
+    for i in range(min(PARTS, len(names))):
         part = run / f"part-{i:04d}.tito"
         if not part.is_file():
             cut(cassette, part, names[i * size : (i + 1) * size])
