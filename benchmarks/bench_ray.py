@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,22 +44,28 @@ def main() -> None:
     parser.add_argument(
         "--cassette", type=Path, help="another cassette with its golden instead of the production one (a quick run)"
     )
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each, the fastest kept (default 2)")
     args = parser.parse_args()
     try:
         import ray  # noqa: F401
     except ImportError:
         sys.exit("bench_ray: Ray is not installed here (make ray, or pip install 'tito-rl[ray]')")
     os.environ.update(LOOPBACK)  # the `tito` processes below connect to a loopback cluster
+    with tempfile.TemporaryDirectory(prefix="tito-bench-ray-") as scratch:
+        if args.cassette is not None:  # its cuts in a folder of this run's
+            compare(args.cassette.resolve(), Path(scratch), args.cpus, args.repeat)
+        else:
+            spec = scenario(SESSIONS)
+            folder = cache_dir(spec)
+            compare(record(folder, spec), folder, args.cpus, args.repeat)
+
+
+def compare(cassette: Path, folder: Path, cpus: int, repeat: int) -> None:
+    """The cuts made (kept in `folder`), then each command run both ways, in turn, `repeat` times: the fastest of
+    each kept, with the most steal any of its runs saw."""
     from tito_rl.cassette.reader import summarize
     from tito_rl.replayer.cassette_tools.cut_merge import cut
 
-    if args.cassette is not None:
-        cassette = args.cassette.resolve()
-        folder = cache_dir({"cassette": str(cassette), "size": cassette.stat().st_size})
-    else:
-        spec = scenario(SESSIONS)
-        folder = cache_dir(spec)
-        cassette = record(folder, spec)
     names = [s.session for s in summarize(cassette, verify=False).sessions]
     replayed = cut_with_golden(cassette, folder / f"every-{STRIDE}th.tito", names[::STRIDE])
     run = folder / f"run-of-{PARTS}"
@@ -75,20 +82,25 @@ def main() -> None:
     }
     print(
         f"cassette: {cassette} ({len(names)} sessions); replay: {replayed.name} ({len(names[::STRIDE])} sessions); "
-        f"audit: {PARTS} cassettes of {size} sessions; {args.cpus} CPUs; {time.strftime('%Y-%m-%d %H:%M')}"
+        f"audit: {PARTS} cassettes of {size} sessions; {cpus} CPUs; {time.strftime('%Y-%m-%d %H:%M')}"
     )
     print(f"host parallel capacity: {parallel_capacity(sys.executable):.2f} of 2.00")
-    with local_cluster(cpus=args.cpus) as address:
+    with local_cluster(cpus=cpus) as address:
         for what, command in commands.items():
-            steal: list[float] = []
-            with steal_watch(steal):
-                local_s, _, local_out = timed(*command, "-j", str(args.cpus))
-            with steal_watch(steal):
-                ray_s, _, ray_out = timed(*command, "--ray", address)
-            assert local_out == ray_out, f"{what}: --ray printed other bytes than -j"
+            times: dict[str, list[float]] = {"-j": [], "--ray": []}
+            steal: dict[str, list[float]] = {"-j": [], "--ray": []}
+            outputs = set()
+            for _ in range(repeat):
+                for how, spread in (("-j", str(cpus)), ("--ray", address)):
+                    with steal_watch(steal[how]):
+                        seconds, _, out = timed(*command, how, spread)
+                    times[how].append(seconds)
+                    outputs.add(out)
+            assert len(outputs) == 1, f"{what}: --ray printed other bytes than -j"
+            local_s, ray_s = min(times["-j"]), min(times["--ray"])
             print(
-                f"{what}: -j {args.cpus} {local_s:.1f} s (steal up to {steal[0]:.1f}%), --ray {ray_s:.1f} s (steal up "
-                f"to {steal[1]:.1f}%); ratio --ray / -j {ray_s / local_s:.2f}; the same output"
+                f"{what}: -j {cpus} {local_s:.1f} s (steal up to {max(steal['-j']):.1f}%), --ray {ray_s:.1f} s "
+                f"(steal up to {max(steal['--ray']):.1f}%); ratio --ray / -j {ray_s / local_s:.2f}; the same output"
             )
 
 
