@@ -16,7 +16,6 @@ from tito_rl.replayer.audit.protocol import DEFAULT_FAIL_ON, RULES, Findings
 from tito_rl.replayer.audit.replies import Replies
 from tito_rl.replayer.audit.requests import Requests
 from tito_rl.replayer.audit.traffic import RuleFamily, stream
-from tito_rl.replayer.workers import Backend
 
 
 class AuditInputError(Exception):
@@ -164,7 +163,7 @@ def audit(
     cannot run."""
     paths = cassette_paths(inputs)
     if ray is not None or (jobs > 1 and len(paths) > 1):
-        return AuditReport(_audit_in_workers(paths, Backend(jobs, ray), progress), fail_on)
+        return AuditReport(_audit_in_workers(paths, workers.Backend(jobs, ray), progress), fail_on)
     audits = []
     for path in paths:
         done = 0
@@ -180,7 +179,7 @@ def audit(
 
 
 def _audit_in_workers(
-    paths: list[Path], backend: Backend, progress: Callable[[int], None] | None
+    paths: list[Path], backend: workers.Backend, progress: Callable[[int], None] | None
 ) -> list[CassetteAudit]:
     """Each cassette audited by a worker (`replayer/workers.py`), its result sent back whole; results in cassette
     order, an unusable one raising here as it would in one process."""

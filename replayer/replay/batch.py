@@ -29,7 +29,6 @@ from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.replay.results import SessionResult
 from tito_rl.replayer.reporting import exports
 from tito_rl.replayer.reporting.terminal import session_details
-from tito_rl.replayer.workers import Backend
 
 CHUNK_MAX = 16  # sessions per chunk sent to a worker: an adapter app per chunk, a few chunks per worker
 
@@ -124,7 +123,9 @@ def total_exchanges(works: list[CassetteWork]) -> int:
     return sum(exchange_count(_cassette(w.path, w.tokenizer)[0], n) for w in works for n in w.sessions)
 
 
-def replay_all(works: list[CassetteWork], job: Job, backend: Backend, emit: Callable[[SessionOutcome], None]) -> None:
+def replay_all(
+    works: list[CassetteWork], job: Job, backend: workers.Backend, emit: Callable[[SessionOutcome], None]
+) -> None:
     """Every session replayed and handed to `emit` in order: in this process, or by `backend`'s workers (forked
     processes, `-j N` > 1; Ray tasks, `--ray`) in chunks of consecutive sessions; `WorkersError` where they
     cannot run."""
