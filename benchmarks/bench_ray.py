@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_production import cache_dir, cut_with_golden, record, scenario, timed  # noqa: E402
+from bench_production import ROOT, cache_dir, cut_with_golden, record, scenario  # noqa: E402
 from host_steal import parallel_capacity, steal_watch  # noqa: E402
 
 from tests.ray_support import LOOPBACK, local_cluster  # noqa: E402
@@ -58,6 +59,25 @@ def main() -> None:
             spec = scenario(SESSIONS)
             folder = cache_dir(spec)
             compare(record(folder, spec), folder, args.cpus, args.repeat)
+
+
+def timed(*args: str) -> tuple[float, str]:
+    """Wall seconds and output of a `tito` command (exit 0 expected), run in a session of its own: with the
+    scheduler's autogroups (Linux) a session shares the CPU with the other sessions as one, and the Ray cluster runs
+    in its own (`ray start`), so that each command gets the share the cluster's workers get."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tito_rl", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    out, err = proc.communicate()
+    elapsed = time.perf_counter() - started
+    assert proc.returncode == 0, (args, out[-2000:], err[-2000:])
+    return elapsed, out
 
 
 def compare(cassette: Path, folder: Path, cpus: int, repeat: int) -> None:
@@ -93,7 +113,7 @@ def compare(cassette: Path, folder: Path, cpus: int, repeat: int) -> None:
             for _ in range(repeat):
                 for how, spread in (("-j", str(cpus)), ("--ray", address)):
                     with steal_watch(steal[how]):
-                        seconds, _, out = timed(*command, how, spread)
+                        seconds, out = timed(*command, how, spread)
                     times[how].append(seconds)
                     outputs.add(out)
             assert len(outputs) == 1, f"{what}: --ray printed other bytes than -j"
