@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tito-installed
 RAY_STAMP := $(VENV)/.tito-ray
 
-.PHONY: install ray demo test lint bench cassettes corpus corpus-table conformance clean real-engine test-real-engine \
+.PHONY: install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
+	test-real-engine \
 	engine-contract engine-contract-live real-vllm-cassettes
 
 $(STAMP): pyproject.toml requirements-parsers.txt Makefile
@@ -33,26 +34,39 @@ demo: install
 test: install
 	# -rs: every skipped test with its reason (a CLI or browser not installed) in the summary. -n 4 on two
 	# cores: many tests wait on servers, agent CLIs and subprocesses (benchmarks/README.md: the suite's time).
+	# --dist loadgroup (tests/xdist_groups.py): a cassette's sessions replayed through a gateway (verifiers, Agent
+	# Lightning) share one worker and the gateway it started, a module whose module-scoped fixture is slow runs in one
+	# worker, and the biggest groups and the tests marked slow start first.
 	# PYTHONDONTWRITEBYTECODE emptied: the suite starts ~200 Python processes (tito subcommands, servers, pytest runs),
 	# each compiling tito's modules and pytest rewriting them again wherever no bytecode cache may be written. Compiled
 	# once first, so that a fresh clone's first processes do not all compile the same modules at once.
 	# verifiers and Agent Lightning run in Pythons of their own (docs/targets.md): their environments are made once
 	# and cached in ~/.cache/tito (a stat afterwards; on a fresh machine about 2 minutes of pip, made meanwhile
-	# lint and compileall run); where no Python new enough is found their tests skip, saying so. Ray (`make ray`) is
-	# installed meanwhile too: mypy reads it as Any either way (pyproject.toml).
+	# ruff and compileall run); where no Python new enough is found their tests skip, saying so. Ray (`make ray`, the
+	# `--ray` tests' extra) is installed meanwhile too; mypy reads it as Any either way (pyproject.toml).
 	$(BIN)/python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning & envs=$$!; \
 	  $(MAKE) --no-print-directory ray & ray=$$!; \
-	  $(MAKE) --no-print-directory lint && \
+	  $(MAKE) --no-print-directory style && \
 	  PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 0 trajectory cassette fake_engine recorder replayer tito_rl tests; \
 	  status=$$?; wait $$envs; wait $$ray || status=1; exit $$status
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs -n 4
+	# `make lint`'s type check runs beside pytest (a fresh clone's mypy has no cache: a minute of one core, which
+	# pytest's waiting workers leave free), its output printed after pytest's; either failing fails `make test`.
+	types=$$(mktemp); $(MAKE) --no-print-directory types >$$types 2>&1 & mypy=$$!; \
+	  PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -rs -n 4 --dist loadgroup; tests=$$?; \
+	  wait $$mypy; typed=$$?; cat $$types; rm -f $$types; \
+	  if [ $$typed -ne 0 ]; then echo "make test: make types (mypy) failed, above"; fi; \
+	  test $$tests -eq 0 -a $$typed -eq 0
 
 # Formatting, lint and types in one command, before every commit (docs/contributing.md). mypy reads the checkout as an
 # editor does (tito_rl/'s links) and keeps its cache in .mypy_cache: a second run checks only what changed. The
 # benchmarks are scripts that import each other by file name: checked in a second run, from their folder.
-lint: install
+lint: style types
+
+style: install
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+
+types: install
 	$(BIN)/mypy
 	$(BIN)/mypy benchmarks/*.py
 
@@ -78,13 +92,14 @@ corpus-table: install
 # tests/test_conformance.py), then the committed corpus replayed through slime (needs TITO_SLIME_PATH, a slime
 # checkout). The findings written above the tables are kept.
 # Then the live table: the scenario corpus recorded through every target present (tito; slime with TITO_SLIME_PATH;
-# rllm where rllm-model-gateway is installed) into a temporary folder, each recording audited (tito audit --json),
-# gateways side by side (replayer/live_conformance.py; a few minutes: real CLIs, JOBS at once).
+# rllm where rllm-model-gateway is installed; miles with TITO_MILES_PATH and TITO_MILES_PYTHON; verifiers and Agent
+# Lightning in their own Pythons, docs/targets.md) into a temporary folder, each recording audited (tito audit
+# --json), gateways side by side (replayer/live_conformance.py; a few minutes: real CLIs, JOBS at once).
 conformance: install
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/slime_mixed.tito
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/rllm_mixed.tito cassettes/targets/rllm_opencode_tool_loop.tito cassettes/targets/rllm_qwen_tool_loop.tito
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/verifiers_mixed.tito cassettes/targets/verifiers_opencode_tool_loop.tito cassettes/targets/verifiers_qwen_tool_loop.tito
-	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/agentlightning_mixed.tito
+	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/agentlightning_mini_tool_loop.tito cassettes/targets/agentlightning_mixed.tito
 	@if [ -z "$$TITO_SLIME_PATH" ]; then echo "make conformance: the slime table needs TITO_SLIME_PATH=/path/to/slime (a checkout of https://github.com/THUDM/slime); not rewritten"; else $(BIN)/python -m tito_rl.replayer.conformance --target slime cassettes/; fi
 	$(BIN)/python -m tito_rl.replayer.live_conformance --jobs $(JOBS)
 

@@ -100,7 +100,8 @@ class WriterProcessTap:
         self.on_event = on_event
         self.bytes_written = 0
         self.capped = False
-        argv = [sys.executable, "-m", "tito_rl.cassette.writer_process", str(out), *self.layout.argv()]
+        # absolute: the child runs in the checkout, not in the caller's folder a relative `out` is meant in
+        argv = [sys.executable, "-m", "tito_rl.cassette.writer_process", str(Path(out).absolute()), *self.layout.argv()]
         # Its own session: a terminal's Ctrl-C goes to the proxy, which then closes the pipe in order.
         self._proc = subprocess.Popen(
             argv,

@@ -3,13 +3,13 @@
 Each `cassettes/scenarios/<name>.yaml` is recorded into `cassettes/<name>.tito` by whoever its `client.agent`
 names, through `tito simulate` (the fake engine on the scenario, the recording proxy, the client): the
 scripted client (`scripted`, the default; `make cassettes` records only these, no npm needed), or a pinned
-real CLI (claude-code, codex, qwen-code, opencode, gemini-cli) in a local sandbox. Every pinned CLI the scenarios
-name is installed first (npm, cached in .tools/npm). Scenarios run `--jobs` at a time, each against its own
-fresh fake engine (fresh: `fault_attempts` counts requests), into a temporary file that replaces the
-committed cassette only once complete: a failed scenario leaves its committed cassette as it was, is
-reported, and the others go on. Then the new cassettes' goldens are written by one `tito replay
---update-goldens` process: read the golden diffs before committing them. A scenario in
-`cassettes/targets/scenarios/` is recorded around the target its `client.record_args` name (`--target slime`)
+real CLI (claude-code, codex, qwen-code, opencode, gemini-cli, mini-swe-agent) in a local sandbox. Every pinned CLI
+the scenarios name is installed first (npm, cached in .tools/npm; mini-swe-agent with pip into ~/.cache/tito).
+Scenarios run `--jobs` at a time, each against its own fresh fake engine (fresh: `fault_attempts` counts
+requests), into a temporary file that replaces the committed cassette only once complete: a failed scenario
+leaves its committed cassette as it was, is reported, and the others go on. Then the new cassettes' goldens are
+written by one `tito replay --update-goldens` process: read the golden diffs before committing them. A scenario
+in `cassettes/targets/scenarios/` is recorded around the target its `client.record_args` name (`--target slime`)
 into `cassettes/targets/<name>.tito`, and skipped, saying why, where that target's code is not installed.
 
     python -m tito_rl.recorder.corpus                    # every scenario (make corpus)
@@ -83,7 +83,7 @@ def install_clis(paths: list[Path]) -> dict[str, str]:
     """Every pinned CLI the real-CLI scenarios name, installed once up front (cached: a stat); the scenarios
     that can not run, with why."""
     from tito_rl.recorder.agents.cli_script import load_cli_script
-    from tito_rl.recorder.agents.install import ensure_installed, is_installed
+    from tito_rl.recorder.agents.install import ensure_installed, install_note, is_installed
     from tito_rl.recorder.agents.pins import pin_for
 
     needs: dict[str, list[str]] = {}
@@ -97,7 +97,7 @@ def install_clis(paths: list[Path]) -> dict[str, str]:
     for agent, users in needs.items():
         pin = pin_for(agent)
         if not is_installed(pin):
-            print(f"installing {pin.spec} with npm (cached in .tools/npm)", flush=True)
+            print(f"installing {pin.spec} {install_note(pin)}", flush=True)
         try:
             ensure_installed(pin)
         except (OSError, RuntimeError) as exc:

@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     agents = parser.add_argument_group("agents launched for you")
     agents.add_argument(
         "--agent",
-        help="claude-code, codex, qwen-code, opencode or gemini-cli (pinned versions), "
+        help="claude-code, codex, qwen-code, opencode, gemini-cli or mini-swe-agent (pinned versions), "
         "or scripted: the scripted client plays --scenario's client: section; default: the one "
         "--scenario's client: names",
     )

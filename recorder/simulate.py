@@ -4,7 +4,8 @@
     tito simulate --scenario fake_engine/examples/claude_tool_loop.yaml --agent opencode --task "list the files" \\
         --out /tmp/opencode.tito
 
-It installs the pinned CLI(s) the scenario's `client:` names (npm, cached in .tools/npm), starts
+It installs the pinned CLI(s) the scenario's `client:` names (npm, cached in .tools/npm; a Python CLI with pip
+into a venv of its own in ~/.cache/tito), starts
 `tito fake-engine --script SCENARIO` on a free port, runs `tito record --scenario SCENARIO` against it with
 the scenario's `client.record_args` (the real CLI per session in a local sandbox, or the scripted client),
 stops the engine, and writes the golden with `tito replay --update-goldens`.
@@ -54,7 +55,7 @@ def tito(*args: str) -> list[str]:
 def install_clis(scenario: Path, agent: str | None, task: str | None) -> list[str]:
     """The pinned CLIs the recording will run, installed first (a cached install is a stat)."""
     from tito_rl.recorder.agents.cli_script import SCRIPTED, client_agent, load_cli_script
-    from tito_rl.recorder.agents.install import ensure_installed, is_installed
+    from tito_rl.recorder.agents.install import ensure_installed, install_note, is_installed
     from tito_rl.recorder.agents.pins import pin_for
 
     if agent in (None, SCRIPTED) and client_agent(scenario) == SCRIPTED:
@@ -63,7 +64,7 @@ def install_clis(scenario: Path, agent: str | None, task: str | None) -> list[st
     for name in script.agents:
         pin = pin_for(name)
         if not is_installed(pin):
-            print(f"tito simulate: installing {pin.spec} with npm (cached in .tools/npm)", file=sys.stderr, flush=True)
+            print(f"tito simulate: installing {pin.spec} {install_note(pin)}", file=sys.stderr, flush=True)
         ensure_installed(pin)
     return script.agents
 
@@ -91,7 +92,12 @@ def simulate(
     timeout_s: float = 900.0,
     target: str | None = None,
     dialect: str | None = None,
+    engine_args: tuple[str, ...] = (),
 ) -> Simulated:
+    """Record `scenario` into `out`; `engine_args` are added to the fake engine's command line (e.g.
+    `--vllm-version 0.31.0`, for a gateway whose client reads that release's answers)."""
+    # the engine and tito record run in the checkout: paths the caller gave relative to its own folder, made absolute
+    scenario, out = scenario.absolute(), out.absolute()
     if out.exists() and not replace:
         raise SimulateError(f"{out} exists: pass --replace to re-record it")
     if not out.parent.is_dir():
@@ -112,7 +118,7 @@ def simulate(
     port = free_port()
     forced = ["--openai-dialect", dialect] if dialect in ("sglang-openai", "vllm-openai") else []
     engine = subprocess.Popen(
-        tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}", *forced),
+        tito("fake-engine", "--script", str(scenario), "--listen", f"127.0.0.1:{port}", *forced, *engine_args),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

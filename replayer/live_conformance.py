@@ -10,6 +10,7 @@ by hand around it are kept. The recordings go to a temporary folder: they are ev
     python -m tito_rl.replayer.live_conformance                       # every target present, the page rewritten
     python -m tito_rl.replayer.live_conformance --targets tito,rllm --print
     python -m tito_rl.replayer.live_conformance --keep /tmp/live      # keep the recordings and their audits
+    python -m tito_rl.replayer.live_conformance --keep /tmp/live --reuse   # record only what is not there yet
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ WIRE_OF_AGENT = {
     "gemini-cli": "gemini",
     "qwen-code": "chat",
     "opencode": "chat",
+    "mini-swe-agent": "chat",
 }
+UNSTREAMED_AGENTS = {"mini-swe-agent"}  # litellm's `completion`: the CLI an unstreamed gateway can serve
 
 
 @dataclass(frozen=True)
@@ -52,16 +55,24 @@ class Target:
     session_in_url: bool = False  # sessions live in the URL: scripted sessions with a `path_prefix` are for it
     # the URL's session prefix it takes (a scripted `path_prefix` must start with it); "": any
     url_prefix: str = ""
-    streams: bool = True  # it serves streamed requests (Agent Lightning 1.0.2 refuses them: every CLI streams)
+    streams: bool = True  # it serves streamed requests (Agent Lightning 1.0.2 refuses them: every npm CLI streams)
+    # it also finds a session by its bearer token: a scripted session with no `path_prefix` (rllm's gateway and
+    # miles find sessions only in their URL; a CLI is handed the URL by the launchers, so CLIs run either way)
+    bearer: bool = True
+    engine_args: tuple[str, ...] = ()  # added to the fake engine's command line
 
 
 TARGETS = (
     Target("tito", frozenset({"anthropic", "chat", "responses", "gemini"}), "sglang"),
     Target("slime", frozenset({"anthropic", "chat"}), "sglang"),  # Responses and Gemini answer 404 (finding 7)
-    Target("rllm", frozenset({"chat"}), "vllm-openai", session_in_url=True),  # /sessions/{sid}/v1/chat/completions
-    Target("miles", frozenset({"chat"}), "sglang-openai", session_in_url=True),  # its session server, the same URL
-    # verifiers' train client renders chat only (TrainClient refuses the other dialects); the session is the API key
-    Target("verifiers", frozenset({"chat"}), "vllm-generate"),
+    # /sessions/{sid}/v1/chat/completions: a request outside it is traced under no session of tito's
+    Target("rllm", frozenset({"chat"}), "vllm-openai", session_in_url=True, bearer=False),
+    Target("miles", frozenset({"chat"}), "sglang-openai", session_in_url=True, bearer=False),  # its session server
+    # verifiers' train client renders chat only (TrainClient refuses the other dialects); the session is the API key.
+    # Its generate client (renderers 0.1.12) reads logprob entries as vLLM 0.31 writes them (`token: "token_id:N"`);
+    # vLLM 0.32 writes `token_id: N` and every call fails (docs/conformance.md, verifiers' findings): the engine
+    # imitates 0.31.0 for it.
+    Target("verifiers", frozenset({"chat"}), "vllm-generate", engine_args=("--vllm-version", "0.31.0")),
     # Agent Lightning's proxy: chat, unstreamed, the rollout in its own URL (its profile creates it)
     Target(
         "agentlightning",
@@ -82,7 +93,9 @@ class Scenario:
     wires: frozenset[str]
     path_prefix: bool
     prefixes: frozenset[str] = frozenset()  # the scripted sessions' `path_prefix` values
-    streams: bool = True  # a session streams (every real CLI does), or it is not known
+    streams: bool = True  # a session streams (every npm CLI does), or it is not known
+    # a real CLI plays every session: its base URL gets the target's session path (TargetInfo.session_path)
+    clis_only: bool = False
 
     @property
     def name(self) -> str:
@@ -115,9 +128,14 @@ def read_scenario(path: Path) -> Scenario:
     walk(client)
     agents = {a for a in _agents(client) if a != "scripted"}
     wires |= {WIRE_OF_AGENT.get(a, a) for a in agents}
-    return Scenario(
-        path, frozenset(wires or {"anthropic"}), prefix, frozenset(prefixes), streams or bool(agents) or not client
-    )
+    streams = streams or bool(agents - UNSTREAMED_AGENTS) or not client
+    clis_only = bool(agents) and "scripted" not in _agents(client) and not _scripted_sessions(client)
+    return Scenario(path, frozenset(wires or {"anthropic"}), prefix, frozenset(prefixes), streams, clis_only)
+
+
+def _scripted_sessions(client: dict[str, Any]) -> bool:
+    """A session the scripted client plays: one with `steps` (a CLI session has a task or runs)."""
+    return any(isinstance(s, dict) and "steps" in s for s in client.get("sessions") or [])
 
 
 def _agents(node: Any) -> set[str]:
@@ -133,7 +151,9 @@ def runs_through(scenario: Scenario, target: Target) -> bool:
     if not scenario.wires <= target.wires or (scenario.streams and not target.streams):
         return False
     if not scenario.path_prefix:
-        return not target.url_prefix  # a gateway that takes its session from its own URL needs a scripted prefix
+        # a gateway that takes its session from its own URL needs a scripted prefix, or a CLI given its session path;
+        # a scripted session with neither reaches only a gateway that also reads the bearer token
+        return scenario.clis_only or (not target.url_prefix and target.bearer)
     return target.session_in_url and all(p.startswith(target.url_prefix or "/sessions/") for p in scenario.prefixes)
 
 
@@ -170,10 +190,12 @@ class Run:
     seconds: float = 0.0
 
 
-def record(scenario: Scenario, target: Target, folder: Path, timeout_s: float) -> Run:
+def record(scenario: Scenario, target: Target, folder: Path, timeout_s: float, reuse: bool = False) -> Run:
     from tito_rl.recorder.simulate import SimulateError, simulate
 
     out = folder / f"{scenario.name}.{target.name}.tito"
+    if reuse and out.is_file():  # recorded by an earlier run into the same --keep folder
+        return Run(scenario.name, target.name, out)
     try:
         done = simulate(
             scenario.path,
@@ -183,6 +205,7 @@ def record(scenario: Scenario, target: Target, folder: Path, timeout_s: float) -
             timeout_s=timeout_s,
             target=target.name,
             dialect=target.dialect,
+            engine_args=target.engine_args,
         )
     except (SimulateError, subprocess.TimeoutExpired) as exc:
         return Run(scenario.name, target.name, error=_why(str(exc)))
@@ -310,7 +333,16 @@ def build(runs: list[Run], report: dict[str, Any], targets: list[str], missing: 
     over all it recorded, then scenario by scenario."""
     by_target = {t: [r for r in runs if r.target == t] for t in targets}
     recorded = {t: {r.scenario: str(r.cassette) for r in rs if r.cassette is not None} for t, rs in by_target.items()}
-    common = sorted(set.intersection(*(set(v) for v in recorded.values()))) if recorded else []
+    compared, apart = shared(recorded)
+    common = sorted(set.intersection(*(set(recorded[t]) for t in compared))) if compared else []
+    if apart:
+        names = "; ".join(f"{t}: {', '.join(sorted(recorded[t])) or 'none'}" for t in apart)
+        first = (
+            f"On the {len(common)} scenario(s) every other target recorded ({', '.join(common) or 'none'}; "
+            f"{', '.join(apart)} recorded none of them, only its own: {names})"
+        )
+    else:
+        first = f"On the {len(common)} scenario(s) every target recorded ({', '.join(common) or 'none'})"
     lines = [
         f"Recorded live with `tito simulate --target` (the scenario's real CLI or scripted client → the target "
         f"→ the fake engine), audited with `tito audit --json`. Targets: {', '.join(targets)}"
@@ -318,25 +350,22 @@ def build(runs: list[Run], report: dict[str, Any], targets: list[str], missing: 
         + ".",
         "",
     ]
-    for title, picks in (
-        (
-            f"On the {len(common)} scenario(s) every target recorded ({', '.join(common) or 'none'})",
-            {t: [recorded[t][s] for s in common] for t in targets},
-        ),
-        ("On every scenario each target recorded", {t: list(recorded[t].values()) for t in targets}),
+    for title, picks, columns in (
+        (first, {t: [recorded[t][s] for s in common] for t in compared}, compared),
+        ("On every scenario each target recorded", {t: list(recorded[t].values()) for t in targets}, targets),
     ):
-        side = {t: figures(report, picks[t]) for t in targets}
+        side = {t: figures(report, picks[t]) for t in columns}
         lines += [
             f"**{title}.**",
             "",
-            "| | " + " | ".join(targets) + " |",
-            "|---|" + "---|" * len(targets),
+            "| | " + " | ".join(columns) + " |",
+            "|---|" + "---|" * len(columns),
             "| scenarios (sessions) | "
-            + " | ".join(f"{side[t].cassettes} ({side[t].sessions})" for t in targets)
+            + " | ".join(f"{side[t].cassettes} ({side[t].sessions})" for t in columns)
             + " |",
         ]
         lines += [
-            f"| {label} | " + " | ".join(_cell(side[t].cell(rule, how)) for t in targets) + " |"
+            f"| {label} | " + " | ".join(_cell(side[t].cell(rule, how)) for t in columns) + " |"
             for label, rule, how in ROWS
         ]
         lines.append("")
@@ -361,6 +390,18 @@ def build(runs: list[Run], report: dict[str, Any], targets: list[str], missing: 
     return "\n".join(lines)
 
 
+def shared(recorded: dict[str, dict[str, str]]) -> tuple[list[str], list[str]]:
+    """The targets compared on common scenarios, and those set apart: while no scenario is common to all, the one
+    that recorded fewest is set apart (Agent Lightning's proxy serves no streamed request and keeps its rollout in
+    its own URL, so it records only its own scenario), so one such gateway does not empty the comparison."""
+    compared, apart = list(recorded), []
+    while len(compared) > 2 and not set.intersection(*(set(recorded[t]) for t in compared)):
+        fewest = min(compared, key=lambda t: (len(recorded[t]), t))
+        compared.remove(fewest)
+        apart.append(fewest)
+    return compared, apart
+
+
 def place(page: str, text: str) -> str:
     from tito_rl.replayer.conformance import place as place_block
 
@@ -379,9 +420,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="recordings at once (default 2)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per recording")
     parser.add_argument("--keep", metavar="DIR", help="record into DIR and keep it (default: a temporary folder)")
+    parser.add_argument(
+        "--reuse", action="store_true", help="with --keep: take the recordings already in DIR, record only the rest"
+    )
     parser.add_argument("--page", default=str(PAGE))
     parser.add_argument("--print", action="store_true", help="print the table, leave the page alone")
     args = parser.parse_args(argv)
+    if args.reuse and not args.keep:
+        parser.error("--reuse needs --keep DIR")
     targets, missing = present(args.targets.split(",") if args.targets else None)
     for name, why in missing.items():
         print(f"live conformance: {name} not run: {why}", file=sys.stderr)
@@ -392,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(args.keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            runs = list(pool.map(lambda st: record(st[0], st[1], folder, args.timeout), plan))
+            runs = list(pool.map(lambda st: record(st[0], st[1], folder, args.timeout, args.reuse), plan))
         for run in runs:
             print(
                 f"live conformance: {run.scenario} through {run.target}: "

@@ -319,6 +319,37 @@ def chat_app(state: StubState, shell_tool: str, argument: str = "command", comma
     return app
 
 
+def chat_json_app(state: StubState, commands: list[str], tool: str = "bash") -> web.Application:
+    """Unstreamed chat completions (`stream` absent or false; a streamed request is refused with 400, as Agent
+    Lightning's proxy does): the Nth request gets one `tool` call running `commands[N]`, as JSON."""
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        seen = await _record(request, state)
+        if seen.body.get("stream"):
+            return web.json_response({"detail": "Streaming responses are not supported"}, status=400)
+        number = len(state.requests)
+        call = {
+            "id": f"call_stub_{number:04d}",
+            "type": "function",
+            "function": {"name": tool, "arguments": json.dumps({"command": commands[number - 1]})},
+        }
+        message = {"role": "assistant", "content": f"Running command {number}.", "tool_calls": [call]}
+        return web.json_response(
+            {
+                "id": f"chatcmpl-stub-{number:04d}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": seen.body.get("model", "stub"),
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            }
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    return app
+
+
 async def start_stub(app: web.Application) -> TestServer:
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()

@@ -12,8 +12,25 @@ def qwen_tokenizer():
     return load_tokenizer()
 
 
-# ---- the real vLLM (tests marked real_engine; docs/real-engine.md) -----------------------------------------
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (`make test`): the groups read from the node ids (tests/xdist_groups.py: xdist's own
+    loses them under pytest 9)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.xdist_groups import GroupScheduling
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    """The tests marked `slow` first (a stable sort): under xdist the longest work starts at once, rather than
+    one of them starting last and running alone. Then the real engine's tests, skipped unless asked for."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    skip_real_engine(items)
+
+
+# ---- the real vLLM (tests marked real_engine; docs/real-engine.md) -----------------------------------------
+def skip_real_engine(items):
     """Tests marked real_engine need the real vLLM and minutes per server: only `make test-real-engine` runs them."""
     import os
 

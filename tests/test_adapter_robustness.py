@@ -444,3 +444,41 @@ async def test_non_finite_sampling_numbers_are_a_clear_400_and_reach_no_engine(
             assert r.status == 400
             assert "must be a finite number" in json.dumps(await r.json())
         assert stack.double.requests == []
+
+
+@pytest.mark.parametrize("failure", [("drop", None), ("status", 500)])
+async def test_an_engine_error_leaves_no_cycle_holding_the_request(
+    qwen_tokenizer: Any, failure: tuple[str, Any]
+) -> None:
+    """An engine that drops a call or answers 5xx (restarts, all day long beside a training run) must not leave the
+    failed request's frames (the session's state, the prompt's ids) in a reference cycle: the servers run the
+    cycle collector's full pass at most once a minute, and the soak bench saw those cycles hold hundreds of MiB.
+    The error's traceback held the handler's frame, whose task held the error."""
+    import gc
+
+    from tito_rl.trajectory.adapters.engine.generation import EngineError
+
+    async with running_stack(qwen_tokenizer) as stack:
+        stack.double.failures.append(failure)
+        gc.collect()
+        was_enabled = gc.isenabled()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what only the cycle collector would free lands in gc.garbage
+        try:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.post(
+                    stack.url + "/v1/messages", json=body(stream=False), headers={"x-api-key": "sess-fail"}
+                ) as resp,
+            ):
+                assert resp.status >= 500
+                await resp.read()
+            await asyncio.sleep(0.05)  # the handler's task ends and lets go of its frames
+            gc.collect()
+            cycles = [o for o in gc.garbage if isinstance(o, EngineError)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            if was_enabled:
+                gc.enable()
+        assert cycles == []

@@ -46,6 +46,9 @@ from tito_rl.trajectory.dialects.registry import endpoint_of, is_generation, rec
 from tito_rl.trajectory.golden import TokenizerNames
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
+# One worker runs this module (tests/xdist_groups.py): its module-scoped fixture is made once.
+pytestmark = pytest.mark.xdist_group("adapter_vllm_dialects")
+
 ROOT = Path(__file__).resolve().parent.parent
 PATHS = {"vllm-generate": "/inference/v1/generate", "vllm-openai": "/v1/completions"}
 SCENARIO_NAMES = ("tool_loop", "openai_wires", "retry_529", "drift_spliced", "client_abort")

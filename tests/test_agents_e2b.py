@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tito_rl.recorder.agents.launchers import AgentTask, ClaudeCodeLauncher
-from tito_rl.recorder.agents.pins import CLAUDE_CODE
+from tito_rl.recorder.agents.pins import CLAUDE_CODE, MINI_SWE_AGENT
 from tito_rl.recorder.agents.sandbox import SYSTEM_PATH, E2BSandbox, SandboxError
 
 
@@ -145,6 +145,19 @@ def test_install_agent_runs_npm_in_the_vm_only_when_missing(sdk: FakeSDKSandbox)
     sdk.outcomes = [FakeResult(0)]
     assert box.install_agent(CLAUDE_CODE) == binary
     assert [call[1].split()[0] for call in sdk.calls] == ["test"]
+
+
+def test_a_pypi_pin_gets_a_venv_of_its_own_in_the_vm(sdk: FakeSDKSandbox) -> None:
+    box = E2BSandbox(sdk)
+    target = "/home/user/.tools/venv/mini-swe-agent-2.4.6"
+    sdk.outcomes = [FakeResult(1), FakeResult(0), FakeResult(0)]
+    assert box.install_agent(MINI_SWE_AGENT) == f"{target}/bin/mini"
+    assert [call[1] for call in sdk.calls[-3:]] == [
+        f"test -x {target}/bin/mini < /dev/null",
+        f"python3 -m venv {target} < /dev/null",
+        f"{target}/bin/python -m pip install -q --disable-pip-version-check mini-swe-agent==2.4.6 litellm==1.110.2 "
+        "openai==3.57.0 < /dev/null",
+    ]
 
 
 def test_a_failed_npm_install_says_why(sdk: FakeSDKSandbox) -> None:

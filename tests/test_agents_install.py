@@ -1,10 +1,12 @@
-"""The npm install helper, driven by a stand-in `npm` script so it runs without the registry."""
+"""The install helper, driven by stand-ins so it runs without a registry: an `npm` script for the npm pins, and
+a base Python whose `-m venv` makes an environment whose `pip` writes the CLI's script, for a PyPI pin."""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,11 @@ from tito_rl.recorder.agents.install import (
     ensure_installed,
     install_command,
     install_dir,
+    install_note,
     is_installed,
+    pip_install_command,
 )
-from tito_rl.recorder.agents.pins import CODEX, QWEN_CODE
+from tito_rl.recorder.agents.pins import CODEX, MINI_SWE_AGENT, QWEN_CODE
 
 # Mimics `npm install --prefix DIR PKG@VER`: writes the package manifest and the .bin entry, and counts calls.
 FAKE_NPM = """#!/bin/sh
@@ -99,3 +103,69 @@ def test_a_package_without_its_binary_is_an_error(
 def test_missing_npm_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(AgentInstallError, match="npm not found"):
         ensure_installed(CODEX, tmp_path / "tools", npm=str(tmp_path / "no-such-npm"))
+
+
+# Mimics `python -m venv DIR`: DIR/bin/python is a stand-in whose `-m pip install ...` logs its arguments and
+# writes bin/mini (or fails as pip does for a version the index lacks).
+FAKE_BASE_PYTHON = """#!/bin/sh
+[ "$1 $2" = "-m venv" ] || exit 9
+mkdir -p "$3/bin"
+cat > "$3/bin/python" <<'PY'
+#!/bin/sh
+echo "$@" >> "{log}"
+[ -n "$FAIL" ] && {{ echo "ERROR: No matching distribution found for mini-swe-agent==2.4.6" >&2; exit 1; }}
+printf '#!/bin/sh\\necho mini\\n' > "$(dirname "$0")/mini"; chmod +x "$(dirname "$0")/mini"
+PY
+chmod +x "$3/bin/python"
+"""
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    log = tmp_path / "pip.log"
+    python = tmp_path / "base" / "python"
+    python.parent.mkdir()
+    python.write_text(FAKE_BASE_PYTHON.format(log=log))
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(sys, "executable", str(python))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return log
+
+
+def test_a_pypi_pin_installs_once_into_its_own_cached_venv_with_the_libraries_pinned(
+    tmp_path: Path, fake_python: Path
+) -> None:
+    folder = tmp_path / "cache" / "tito" / "mini-swe-agent-2.4.6-venv"
+    assert install_dir(MINI_SWE_AGENT, tmp_path / "npm") == folder  # the npm prefix does not apply
+    assert not is_installed(MINI_SWE_AGENT)
+    assert install_note(MINI_SWE_AGENT) == f"with pip into {folder} (once; cached)"
+    binary = ensure_installed(MINI_SWE_AGENT)
+    assert binary == folder / "bin" / "mini" == binary_path(MINI_SWE_AGENT) and os.access(binary, os.X_OK)
+    assert pip_install_command(MINI_SWE_AGENT, str(folder)) == [
+        f"{folder}/bin/python",
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "mini-swe-agent==2.4.6",
+        "litellm==1.110.2",
+        "openai==3.57.0",
+    ]
+    assert fake_python.read_text().split() == pip_install_command(MINI_SWE_AGENT, str(folder))[1:]
+    assert is_installed(MINI_SWE_AGENT) and ensure_installed(MINI_SWE_AGENT) == binary
+    assert len(fake_python.read_text().splitlines()) == 1  # the second call found it installed
+    # another pin of a library (a bumped pin) is not the same environment: made again
+    (folder / ".tito-installed").write_text("mini-swe-agent==2.4.6 litellm==1.0.0\n")
+    assert not is_installed(MINI_SWE_AGENT)
+
+
+def test_a_failed_pip_install_says_why_and_is_made_again_next_time(
+    tmp_path: Path, fake_python: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAIL", "1")
+    with pytest.raises(AgentInstallError, match="pip install failed: ERROR: No matching distribution found"):
+        ensure_installed(MINI_SWE_AGENT)
+    assert not is_installed(MINI_SWE_AGENT)  # half made: no stamp
+    monkeypatch.delenv("FAIL")
+    assert ensure_installed(MINI_SWE_AGENT).is_file() and is_installed(MINI_SWE_AGENT)

@@ -16,6 +16,7 @@ from tito_rl.recorder.agents.launchers import (
     ClaudeCodeLauncher,
     CodexLauncher,
     GeminiCliLauncher,
+    MiniSweAgentLauncher,
     OpencodeLauncher,
     QwenCodeLauncher,
     launcher_for,
@@ -43,21 +44,24 @@ BASE_ENV = {"PATH": f"/opt/tools/bin:{BASE_PATH}", "HOME": HOME, "TERM": "dumb",
 
 
 def test_registry_covers_the_pinned_clis_with_their_versions() -> None:
-    assert sorted(LAUNCHERS) == ["claude-code", "codex", "gemini-cli", "opencode", "qwen-code"]
+    assert sorted(LAUNCHERS) == ["claude-code", "codex", "gemini-cli", "mini-swe-agent", "opencode", "qwen-code"]
     assert {name: pin.spec for name, pin in PINS.items()} == {
         "claude-code": "@anthropic-ai/claude-code@2.1.330",
         "codex": "@openai/codex@0.169.0",
         "qwen-code": "@qwen-code/qwen-code@0.24.4",
         "opencode": "opencode-ai@1.18.33",
         "gemini-cli": "@google/gemini-cli@0.61.0",
+        "mini-swe-agent": "mini-swe-agent==2.4.6",  # from PyPI, with the libraries that build its requests
     }
+    assert {n for n, p in PINS.items() if p.registry == "pypi"} == {"mini-swe-agent"}
+    assert PINS["mini-swe-agent"].with_pins == ("litellm==1.110.2", "openai==3.57.0")
     for name, launcher in LAUNCHERS.items():
         assert launcher.pin is pin_for(name)
     assert isinstance(launcher_for("codex"), CodexLauncher)
 
 
 def test_unknown_agent_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown agent 'gemini'.*claude-code, codex, gemini-cli, opencode, qwen-code"):
+    with pytest.raises(ValueError, match="unknown agent 'gemini'.*gemini-cli, mini-swe-agent, opencode, qwen-code"):
         launcher_for("gemini")
     with pytest.raises(ValueError, match="unknown agent"):
         pin_for("aider")
@@ -181,6 +185,20 @@ def test_gemini_cli_plan_authenticates_with_the_api_key_and_keeps_telemetry_off(
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
     }
+
+
+def test_mini_swe_agent_plan_runs_headless_against_the_base_url_with_no_setup_prompt_and_no_download() -> None:
+    # rllm's and Agent Lightning's session path goes into the base URL litellm's openai provider is given
+    plan = MiniSweAgentLauncher().plan(task(session_path="/proxy/rollout/{id}"), HOME, BINARY, BASE_PATH)
+    assert plan.env == BASE_ENV | {
+        "OPENAI_BASE_URL": f"http://127.0.0.1:8123/proxy/rollout/{SID}/v1",
+        "OPENAI_API_KEY": SID,
+        "MSWEA_CONFIGURED": "true",
+        "MSWEA_COST_TRACKING": "ignore_errors",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    assert plan.argv == [BINARY, "-y", "--exit-immediately", "-m", "openai/qwen3-8b", "-t", "fix the failing test"]
+    assert plan.files == {}
 
 
 @pytest.mark.parametrize("name", sorted(LAUNCHERS))

@@ -13,17 +13,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_stubs import StubState, anthropic_app, chat_app, gemini_app, responses_app, start_stub
-from tito_rl.recorder.agents.install import ensure_installed
+from tests.agent_stubs import (
+    StubState,
+    anthropic_app,
+    chat_app,
+    chat_json_app,
+    gemini_app,
+    responses_app,
+    start_stub,
+)
+from tito_rl.recorder.agents.install import ensure_installed, install_dir, is_installed
 from tito_rl.recorder.agents.launchers import (
     AgentTask,
     ClaudeCodeLauncher,
     CodexLauncher,
     GeminiCliLauncher,
+    MiniSweAgentLauncher,
     OpencodeLauncher,
     QwenCodeLauncher,
 )
-from tito_rl.recorder.agents.pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE
+from tito_rl.recorder.agents.pins import CLAUDE_CODE, CODEX, GEMINI_CLI, MINI_SWE_AGENT, OPENCODE, QWEN_CODE
 from tito_rl.recorder.agents.sandbox import LocalSandbox
 
 needs_npm = pytest.mark.skipif(
@@ -46,6 +55,7 @@ async def run_agent(launcher, app, state: StubState, tmp_path: Path):
     return run, sandbox
 
 
+@pytest.mark.slow
 @needs_npm
 async def test_real_claude_code_runs_a_tool_loop_against_the_stub(tmp_path: Path) -> None:
     state = StubState()
@@ -102,6 +112,7 @@ def tool_text(message: dict) -> str:
     return content if isinstance(content, str) else "".join(part.get("text", "") for part in content)
 
 
+@pytest.mark.slow
 @needs_npm
 async def test_real_qwen_code_runs_a_tool_loop_over_chat_completions(tmp_path: Path) -> None:
     state = StubState()
@@ -120,6 +131,7 @@ async def test_real_qwen_code_runs_a_tool_loop_over_chat_completions(tmp_path: P
     assert (Path(sandbox.home) / ".qwen" / "settings.json").exists()
 
 
+@pytest.mark.slow
 @needs_npm
 async def test_real_opencode_runs_a_tool_loop_after_its_title_request(tmp_path: Path) -> None:
     state = StubState()
@@ -138,6 +150,7 @@ async def test_real_opencode_runs_a_tool_loop_after_its_title_request(tmp_path: 
     assert all(r.body["model"] == "stub-model" for r in turns)
 
 
+@pytest.mark.slow
 @needs_npm
 async def test_real_gemini_cli_runs_a_tool_loop_over_the_gemini_api(tmp_path: Path) -> None:
     state = StubState()
@@ -163,3 +176,29 @@ async def test_real_gemini_cli_runs_a_tool_loop_over_the_gemini_api(tmp_path: Pa
     assert output.startswith("<untrusted_context>") and "Output: hi" in output
     assert '"content":"done"' in run.stdout_tail.replace(" ", "")
     assert (Path(sandbox.home) / ".gemini" / "settings.json").exists()
+
+
+@pytest.mark.skipif(
+    not is_installed(MINI_SWE_AGENT),
+    reason=f"{MINI_SWE_AGENT.spec} is not installed in {install_dir(MINI_SWE_AGENT)} (about 750 MB, never installed by "
+    "the tests): `tito simulate --scenario cassettes/targets/scenarios/agentlightning_mini_tool_loop.yaml ...` "
+    "or `make corpus` installs it",
+)
+async def test_real_mini_swe_agent_runs_unstreamed_headless_and_exits_when_it_submits(tmp_path: Path) -> None:
+    """Against a server that refuses streaming: no setup prompt, no download (nothing but loopback answers), two
+    unstreamed turns, the first command really run, and exit 0 once a command prints the submit word."""
+    state = StubState()
+    app = chat_json_app(state, ["echo hi > said.txt && cat said.txt", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"])
+    run, sandbox = await run_agent(MiniSweAgentLauncher(), app, state, tmp_path)
+    assert run.ok, f"mini exited {run.exit_code}: {run.stderr_tail[-1500:]} {run.stdout_tail[-1500:]}"
+    assert run.version == MINI_SWE_AGENT.version
+    assert [(r.method, r.path) for r in state.requests] == [("POST", "/v1/chat/completions")] * 2
+    assert all(r.headers["Authorization"] == f"Bearer {SESSION}" for r in state.requests)
+    assert all(
+        set(r.body) == {"model", "messages", "tools"} and r.body["model"] == "stub-model" for r in state.requests
+    )
+    calls, results = tool_exchange(state.requests[1].body)
+    assert [(c["id"], c["function"]["name"]) for c in calls] == [("call_stub_0001", "bash")]
+    assert [m["tool_call_id"] for m in results] == ["call_stub_0001"]
+    assert json.loads(tool_text(results[0])) == {"returncode": 0, "output": "hi\n"}
+    assert (Path(sandbox.workdir) / "said.txt").read_text() == "hi\n"

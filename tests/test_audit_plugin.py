@@ -47,6 +47,7 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_session_items_fail_on_pinned_rules_unless_allowed(project: Path) -> None:
     plain = pytest_run(project, "-q", "cassettes")
     assert plain.returncode == 0, plain.stdout[-2000:]

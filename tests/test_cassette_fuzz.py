@@ -33,6 +33,7 @@ from tito_rl.main import main
 from tito_rl.replayer.replay.harness import STEP_TIMEOUT_S
 
 
+@pytest.mark.slow
 def test_the_seeded_fuzz_run_finds_nothing_in_bounded_time_and_memory() -> None:
     """A few thousand cases in a process of their own (so its peak memory is theirs). How long they take is a
     benchmark's figure (`benchmarks/bench_fuzz.py`: the slowest case against the mean), not an assertion that a busy

@@ -38,7 +38,8 @@ def write(tmp_path: Path, client: Any = None, name: str = "demo", **top: Any) ->
         ({"agent": "claude-code", "task": "t", "tsk": "x"}, "client: unknown key 'tsk'; allowed: agent, args, "),
         (
             {"agent": "claude", "task": "t"},
-            "client.agent: 'claude' is not one of 'claude-code', 'codex', 'gemini-cli', 'opencode', 'qwen-code'",
+            "client.agent: 'claude' is not one of 'claude-code', 'codex', 'gemini-cli', 'mini-swe-agent', 'opencode', "
+            "'qwen-code'",
         ),
         ({"agent": "codex"}, "client: missing key 'task' (the task text), or 'runs'"),
         ({"agent": "codex", "task": "   "}, "client: the task text is empty"),

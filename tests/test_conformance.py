@@ -73,7 +73,12 @@ def test_rllm_recordings_replay_through_tito_and_their_table_is_current() -> Non
     ("prefix", "count", "expected"),
     [
         ("verifiers_", 3, "| verifiers_opencode_tool_loop | "),  # vllm-generate calls: prompt ids in the request
-        ("agentlightning_", 1, "| agl-loop | scripted, Chat JSON | "),  # sessions in its own URL, /proxy/rollout/{sid}
+        # sessions in its own URL (/proxy/rollout/{sid}); mini-swe-agent's prompts come out alike through tito
+        (
+            "agentlightning_",
+            2,
+            "| agentlightning_mini_tool_loop | agentlightning-mini- | OpenAI/Python, Chat JSON | 4/4 |",
+        ),
     ],
 )
 def test_verifiers_and_agent_lightning_recordings_replay_through_tito_and_their_tables_are_current(

@@ -34,6 +34,7 @@ def test_install_clis_names_what_can_not_run(tmp_path: Path) -> None:
     assert list(corpus.install_clis([bad])) == ["bad"] and why.startswith("client: unknown key 'oops'; allowed: ")
 
 
+@pytest.mark.slow
 def test_a_failed_scenario_is_reported_and_leaves_its_cassette_the_others_are_recorded(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -27,6 +27,9 @@ from tito_rl.cassette.reader import Cassette, read_cassette
 from tito_rl.trajectory.dialects.registry import record_view
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
+# One worker runs this module (tests/xdist_groups.py): its module-scoped fixture is made once.
+pytestmark = pytest.mark.xdist_group("dialect_simulate")
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "tests" / "scenarios" / "dialect_chat.yaml"
 # dialect -> (the double's factory, the engine path it calls, whether it streams that call)

@@ -76,6 +76,7 @@ def test_code_names_only_docs_that_exist() -> None:
     assert sorted(n for n in named if not (ROOT / n).is_file()) == []
 
 
+@pytest.mark.slow
 def test_readme_example_test_runs(tmp_path: Path) -> None:
     """The README's pytest example, copied into a file and run from the checkout (its cassette path is relative)."""
     text = README.read_text(encoding="utf-8")

@@ -29,6 +29,9 @@ from tito_rl.cassette.format.records import EngineRecord
 from tito_rl.cassette.reader import read_cassette
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
+# One worker runs this module (tests/xdist_groups.py): its module-scoped fixture is made once.
+pytestmark = pytest.mark.xdist_group("gateway_double")
+
 DRIVER = "tests.gateway_double:create"
 TWO_SESSIONS = """\
 name: two_sessions

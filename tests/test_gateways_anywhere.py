@@ -135,6 +135,7 @@ def replay_through(out: Path, kind: str, *double: str) -> list[tuple[int, str]]:
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["header", "cookie"])
 def test_sessions_in_a_header_or_a_cookie_are_recorded_verbatim_and_replayed_twice_identical(
     tmp_path: Path, kind: str
@@ -162,6 +163,7 @@ def test_sessions_in_a_header_or_a_cookie_are_recorded_verbatim_and_replayed_twi
     assert runs[1][1] == runs[2][1] and "2 session(s): 2 ok" in runs[1][1]
 
 
+@pytest.mark.slow
 def test_sessions_in_the_url_through_a_gateway_without_a_session_api_replay_green(tmp_path: Path) -> None:
     """Agent Lightning's shape: the session in the URL, no routing key, no session API. The sessions were never
     finished live (the gateway offers no samples), and replay verifies their replies and engine calls."""
@@ -184,6 +186,7 @@ def test_sessions_in_the_url_through_a_gateway_without_a_session_api_replay_gree
     assert "== session ro-apples-path ==\nno samples on either side at 1 finish(es): 2 exchange(s) verified" in golden
 
 
+@pytest.mark.slow
 def test_samples_on_one_side_only_say_which_side_has_what(tmp_path: Path) -> None:
     out = record_around(tmp_path, "header")  # the gateway had a session API: ro-apples-header has samples
     runs = replay_through(out, "header", "--no-session-api")  # now it has none
@@ -337,6 +340,7 @@ def rllm_gateway(worker: str, tmp_path: Path) -> Iterator[str]:
         stop(proc)
 
 
+@pytest.mark.slow
 def test_a_recording_around_rllms_gateway_as_a_process_replays_green_twice_identical(tmp_path: Path) -> None:
     sessions = [
         {

@@ -36,6 +36,9 @@ from tito_rl.trajectory.linearize import Span
 from tito_rl.trajectory.manager import Linearization
 from tito_rl.trajectory.records import Sample
 
+# One worker runs this module (tests/xdist_groups.py): its module-scoped fixture is made once.
+pytestmark = pytest.mark.xdist_group("inspect")
+
 CASSETTES = ROOT / "cassettes"
 BROWSER_FLAGS = [
     "--no-sandbox",

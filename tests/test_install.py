@@ -17,6 +17,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 HOMONYMS = ("recorder==0.0.2", "replayer==0.5.4", "trajectory==0.1.1", "six==1.16.0")  # six: trajectory's own need
 PACKAGE_FOLDERS = ("tito_rl", "trajectory", "cassette", "fake_engine", "recorder", "replayer")
@@ -94,6 +96,7 @@ def run(
     return done
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_and_runs_beside_pypis_same_named_projects(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)])

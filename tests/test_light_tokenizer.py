@@ -114,6 +114,7 @@ def test_a_child_forked_while_the_fingerprint_is_hashed_can_still_hash() -> None
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.slow
 def test_every_committed_prompt_renders_and_encodes_as_with_transformers(
     reference: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

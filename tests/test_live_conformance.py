@@ -136,7 +136,21 @@ def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
     assert [t.name for t in live.TARGETS if runs_through(scenarios["agentlightning_mixed"], t)] == ["agentlightning"]
     assert not runs_through(scenarios["rllm_mixed"], agentlightning) and not runs_through(scenarios["rllm_mixed"], tito)
     assert not runs_through(scenarios["opencode_tool_loop"], agentlightning)
+    # ... but mini-swe-agent's unstreamed chat, its base URL given the target's session path, goes through all six
+    mini = scenarios["agentlightning_mini_tool_loop"]
+    assert mini.wires == {"chat"} and not mini.streams and mini.clis_only
+    assert [t.name for t in live.TARGETS if runs_through(mini, t)] == [t.name for t in live.TARGETS]
+    assert not scenarios["agentlightning_mixed"].clis_only and not scenarios["tool_loop"].clis_only
     assert runs_through(scenarios["verifiers_mixed"], verifiers) and not runs_through(scenarios["tool_loop"], verifiers)
+    # scripted sessions with no URL prefix are not sessions to rllm's gateway (traced under none of tito's: no
+    # samples) or miles' server (404); a CLI is handed the session's URL, so it runs through either
+    assert not scenarios["verifiers_mixed"].clis_only and scenarios["opencode_tool_loop"].clis_only
+    assert not runs_through(scenarios["verifiers_mixed"], rllm) and not runs_through(
+        scenarios["verifiers_mixed"], miles
+    )
+    assert runs_through(scenarios["opencode_tool_loop"], miles) and runs_through(scenarios["opencode_tool_loop"], rllm)
+    # verifiers' generate client reads vLLM 0.31's logprob entries: the engine imitates that release for it
+    assert verifiers.engine_args == ("--vllm-version", "0.31.0") and not tito.engine_args
 
 
 def test_a_failed_recording_says_why_in_one_line() -> None:
@@ -145,3 +159,33 @@ def test_a_failed_recording_says_why_in_one_line() -> None:
         "\"[API Error: 400 Requested token count exceeds the model's maximum\n"
     )
     assert live._why(text).startswith("API Error: 400 Requested token count")
+
+
+def test_a_target_that_shares_no_scenario_is_set_apart_from_the_common_table_not_emptying_it() -> None:
+    """Agent Lightning's proxy records only its own scenario: the common table compares the others on theirs."""
+    cassettes = list(REPORT["cassettes"])  # type: ignore[call-overload]  # the canned report's list
+    report = {**REPORT, "cassettes": [*cassettes, _cassette("/r/agl.agl.tito", "agl", 30, 30)]}
+    runs = [*RUNS, Run("agl", "agl", Path("/r/agl.agl.tito"))]
+    lines = build(runs, report, ["tito", "slime", "rllm", "agl"], {}).splitlines()
+    title = (
+        "**On the 1 scenario(s) every other target recorded (loop; agl recorded none of them, only its own: "
+        "agl: agl).**"
+    )
+    common = lines.index(title)
+    assert lines[common + 2] == "| | tito | slime | rllm |"  # agl is not a column of it, rather than a row of zeros
+    everything = lines.index("**On every scenario each target recorded.**")
+    assert lines[everything + 2] == "| | tito | slime | rllm | agl |"
+    assert "| scenarios (sessions) | 2 (2) | 2 (2) | 1 (1) | 1 (1) |" in lines[everything:]
+    assert live.shared({"a": {"x": "1"}, "b": {"x": "2"}}) == (["a", "b"], [])
+    assert live.shared({"a": {"x": ""}, "b": {"y": ""}}) == (["a", "b"], [])  # two: nothing to set apart
+
+
+def test_reuse_takes_a_recording_already_kept_and_records_nothing(tmp_path: Path) -> None:
+    scenario = read_scenario(ROOT / "cassettes" / "scenarios" / "tool_loop.yaml")
+    kept = tmp_path / "tool_loop.tito.tito"
+    kept.write_bytes(b"an earlier run's recording")
+    run = live.record(scenario, live.TARGETS[0], tmp_path, timeout_s=1.0, reuse=True)
+    assert (run.cassette, run.error) == (kept, "")
+    assert kept.read_bytes() == b"an earlier run's recording"  # not re-recorded
+    with pytest.raises(SystemExit):
+        live.main(["--reuse"])  # it needs --keep

@@ -148,6 +148,7 @@ def test_a_target_file_is_a_profile_and_its_copy_in_the_header_serves_a_replay_e
 # ---- a gateway tito has never seen, with one file ----
 
 
+@pytest.mark.slow
 def test_a_new_gateway_is_recorded_replayed_twice_and_audited_with_one_profile(tmp_path: Path) -> None:
     profile = double_profile(tmp_path)
     scenario = tmp_path / "scenario.yaml"

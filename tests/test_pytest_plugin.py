@@ -62,6 +62,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_sessions_are_items_that_replay_in_parallel_and_write_goldens_on_request(project: Path) -> None:
     names = [session_digest(s) for s in SIDS]
     listed = pytest_run(project, "--collect-only", "-q")
@@ -86,6 +87,7 @@ def test_sessions_are_items_that_replay_in_parallel_and_write_goldens_on_request
     assert pasted.returncode == 0 and "1 passed" in pasted.stdout and "deselected" not in pasted.stdout
 
 
+@pytest.mark.slow
 def test_ids_of_sessions_with_odd_names_paste_back(tmp_path: Path) -> None:
     """Session names come from the cassette (untrusted): one holding `::` would read as two parts of an id; its id
     percent-encodes it (and `%`), so what `pytest -v` prints selects exactly that session, and no two collide."""
@@ -113,6 +115,7 @@ def test_ids_of_sessions_with_odd_names_paste_back(tmp_path: Path) -> None:
         assert pasted.returncode == 0 and [line for line in pasted.stdout.splitlines() if "::" in line] == [shown]
 
 
+@pytest.mark.slow
 def test_a_failing_session_shows_its_report_not_a_traceback(project: Path, tmp_path: Path) -> None:
     copy = copy_project(project, tmp_path / "p")
     assert tito_main(["replay", str(copy / "cassettes"), "--update-goldens"]) == 0  # as the plugin writes it (below)
@@ -137,6 +140,7 @@ def test_a_failing_session_shows_its_report_not_a_traceback(project: Path, tmp_p
     assert f"\ncassettes/loop.tito::{first} " in whole.stdout  # -vv prints the id too
 
 
+@pytest.mark.slow
 def test_unused_goldens_fail_until_update_goldens_removes_them_also_with_two_workers(
     project: Path, tmp_path: Path
 ) -> None:
@@ -248,6 +252,7 @@ class TestCandidate:
 """
 
 
+@pytest.mark.slow
 def test_pytest_recording_loads_beside_tito_and_settings_come_from_flags_tito_config_and_pyproject(
     tmp_path: Path,
 ) -> None:
@@ -288,7 +293,21 @@ def test_pytest_recording_loads_beside_tito_and_settings_come_from_flags_tito_co
     assert "Traceback" not in bad.stderr
 
 
-def test_the_committed_corpus_replays_with_two_workers() -> None:
+@pytest.mark.slow
+def test_the_committed_corpus_replays_with_two_workers(request: pytest.FixtureRequest) -> None:
+    """`pytest -n 2 cassettes` in the repository passes. Where this run is itself that replay (`make test`: pytest
+    with workers and no path, so the plugin collects the cassettes folder as a user's run does), its own items
+    replay every session, each passing or failing on its own in this run's summary: then the test checks that
+    the run holds every session of the corpus as an item, rather than replaying the whole corpus a second time."""
+    from tito_rl.replayer.pytest_plugin.plugin import SessionItem, item_name, loaded
+
+    workers = getattr(request.config, "workerinput", {}).get("workercount", 0)
+    here = {item.nodeid for item in request.session.items if isinstance(item, SessionItem)}
+    corpus = sorted((ROOT / "cassettes").rglob("*.tito"))
+    wanted = {f"{path.relative_to(ROOT)}::{item_name(name)}" for path in corpus for name in loaded(path)[0].sessions}
+    assert len(corpus) >= 6 and wanted
+    if workers >= 2 and wanted <= here:
+        return  # this run replays every session of the corpus, with workers: its items pass or fail on their own
     run = pytest_run(ROOT, "-q", "-n", "2", "cassettes")
     sessions = sum(1 for _ in (ROOT / "cassettes").glob("*.tito"))
     assert run.returncode == 0, run.stdout[-3000:]

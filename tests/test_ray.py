@@ -21,6 +21,9 @@ from tests.ray_support import LOOPBACK, local_cluster
 from tito_rl.main import main
 from tito_rl.replayer import workers
 
+# One worker runs the module (tests/xdist_groups.py): one cluster.
+pytestmark = pytest.mark.xdist_group("ray-cluster")
+
 AUDITED = ("drift_realign", "mixed_concurrent", "openai_wires", "tool_loop", "compaction")
 REPLAYED = ("drift_realign", "openai_wires", "tool_loop", "plain_chat")
 
@@ -72,6 +75,7 @@ sys.exit(main(["audit", sys.argv[2], "--ray", sys.argv[1]]))
 """
 
 
+@pytest.mark.slow
 def test_audit_and_replay_on_ray_give_the_bytes_of_workers(cluster: str, tmp_path: Path) -> None:
     """The audit from the run's folder with relative paths (the workers read them where tito was started), the
     replay with `--ray auto` and RAY_ADDRESS; each against `-j 2`, all at once. An allowlist taken away makes the

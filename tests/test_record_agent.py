@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 def test_record_claude_code_against_the_scripted_fake_engine(tmp_path: Path) -> None:
     ensure_installed(CLAUDE_CODE)  # the pinned CLI from npm (cached in .tools/npm after the first run)
     out = tmp_path / "claude.tito"
@@ -114,6 +115,7 @@ GEMINI_LOOP = {
 }
 
 
+@pytest.mark.slow
 def test_record_gemini_cli_through_the_adapter_and_replay_it_clean(tmp_path: Path) -> None:
     """Gemini CLI's own tool loop (two shell calls it really runs, then an answer) on the Gemini API wire:
     its echoes (call ids, thought signatures, <untrusted_context> output) stay on one chain, and the cassette

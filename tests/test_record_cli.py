@@ -18,6 +18,9 @@ from tests.process_helpers import capture_dir, free_port, tito
 from tito_rl.cassette.format.records import AgentRecord
 from tito_rl.cassette.reader import read_cassette
 
+# One worker runs this module (tests/xdist_groups.py): its module-scoped fixture is made once.
+pytestmark = pytest.mark.xdist_group("record_cli")
+
 SCRIPT = "fake_engine/examples/claude_tool_loop.yaml"
 BEARER = "tito-live-session-token-3c9e81f0a2b74d55"
 API_KEY = "sk-ant-api03-recordproxy-Xy7Qw2Er4Ty6Ui8Op0AsDf"

@@ -66,6 +66,7 @@ def test_recorded_around_rllm_on_vllm_openai_with_sessions_from_the_url(path: Pa
     assert all(e.session in {s.session for s in sessions} for e in engine)
 
 
+@pytest.mark.slow
 def test_each_rllm_cassette_replays_through_rllm_with_no_engine_twice_byte_identical(tmp_path: Path) -> None:
     outs = []
     for n in (1, 2):
@@ -111,6 +112,7 @@ def test_session_and_engine_match_order_on_an_rllm_cassette(tmp_path: Path) -> N
     assert {json.loads(line)["session"] for line in out.read_text().splitlines()} == {"rllm-json-retry"}
 
 
+@pytest.mark.slow
 def test_inspect_shows_rllm_stats_and_the_retry(tmp_path: Path) -> None:
     run = run_tito("inspect", str(MIXED), "--session", "rllm-json-retry")
     assert run.returncode == 0, run.stderr

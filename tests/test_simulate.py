@@ -88,6 +88,7 @@ FAILING = {
 }
 
 
+@pytest.mark.slow
 def test_a_failed_recording_leaves_no_cassette(tmp_path: Path) -> None:
     path = scenario(tmp_path, FAILING, "fails")
     out = tmp_path / "fails.tito"
@@ -104,6 +105,7 @@ def test_a_failed_recording_leaves_no_cassette(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_claude_code_records_a_cassette_and_golden_that_replay_clean(tmp_path: Path) -> None:
     from tito_rl.cassette.reader import read_cassette
     from tito_rl.recorder.agents.install import is_installed

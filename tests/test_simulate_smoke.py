@@ -53,6 +53,7 @@ def smoke_scenario(agent: str, word: str) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agent", sorted(WORDS))
 def test_client_rerecords_a_tool_loop_that_replays_clean(agent: str, tmp_path: Path) -> None:
     pin = PINS[agent]

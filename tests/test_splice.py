@@ -26,6 +26,9 @@ from tito_rl.replayer.replay.cassette_replay import replay_cassette_async
 from tito_rl.replayer.replay.loading import adapter_settings
 from tito_rl.trajectory.events import coverage_text
 
+# One worker runs this module (tests/xdist_groups.py): its module-scoped fixture is made once.
+pytestmark = pytest.mark.xdist_group("splice")
+
 TOOLS = [
     {
         "name": "Bash",

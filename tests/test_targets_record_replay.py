@@ -27,6 +27,9 @@ from tito_rl.cassette.format.records import AgentRecord, EngineRecord
 from tito_rl.cassette.reader import read_cassette
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
+# One worker runs this module (tests/xdist_groups.py): its module-scoped fixture is made once.
+pytestmark = pytest.mark.xdist_group("targets_record_replay")
+
 TITO_DRIVER = "tito_rl.recorder.targets.tito:create"
 TOOL_LOOP = ROOT / "cassettes" / "scenarios" / "tool_loop.yaml"
 WORDS = ("amber", "birch", "cedar", "dune", "ember", "fjord", "grove", "heath")

@@ -65,6 +65,7 @@ def test_recorded_around_verifiers_on_vllm_generate_routed_by_session_id(path: P
     assert all(r.session in sessions for r in generate)
 
 
+@pytest.mark.slow
 def test_each_verifiers_cassette_replays_with_no_engine_twice_identical_with_the_live_samples(tmp_path: Path) -> None:
     replayed = replayed_twice(run_tito, CASSETTES, tmp_path)
     for rows in replayed.values():
@@ -77,6 +78,7 @@ def test_each_verifiers_cassette_replays_with_no_engine_twice_identical_with_the
     assert sum(len(v) for v in replayed.values()) >= 4
 
 
+@pytest.mark.slow
 def test_a_verifiers_whose_engine_request_changes_fails_the_replay_naming_the_field(tmp_path: Path) -> None:
     config = tmp_path / "verifiers.yaml"
     config.write_text("sampling: {temperature: 0.5}\n")

@@ -59,6 +59,15 @@ def test_the_writer_process_writes_the_in_process_writers_bytes(traffic: list[tu
     assert len(log.agent) == 4 and len(log.engine) == 4 and len(log.samples) == 1
 
 
+def test_a_relative_cassette_path_is_the_callers_not_the_checkouts(
+    traffic: list[tuple[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the writer process runs in the checkout's parent folder: `tito record --out x.tito` once wrote there
+    monkeypatch.chdir(tmp_path)
+    _record(WriterProcessTap(Path("relative.tito"), header()), traffic)
+    assert len(read_cassette(tmp_path / "relative.tito").sessions) == 1
+
+
 def test_per_session_mode_writes_one_cassette_per_session(traffic: list[tuple[str, Any]], tmp_path: Path) -> None:
     tap = WriterProcessTap(tmp_path / "runs", header(), per_session=True)
     play(tap, traffic[:2], session="alpha", source="path")

@@ -188,11 +188,13 @@ class TrajectoryManager:
     def finish(self, session_id: str, reward: float) -> list[Sample]:
         """Drain: linearize with the reward, then forget the session (a later turn starts afresh)."""
         samples = self.linearize(session_id, reward).samples
-        self._sessions.pop(session_id, None)
+        self.drop(session_id)
         return samples
 
     def drop(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            session.tree.release()
 
 
 def _require_prompt(session_id: str, messages: list[dict[str, Any]]) -> None:

@@ -46,6 +46,16 @@ class MessageTree:
         self.nodes: list[Node] = [self.root]
         self.prefix_cache: dict[tuple[int, int], int] = {}  # (previous generated node, node) -> common prefix
 
+    def release(self) -> None:
+        """Unlink every node: parent and child links are a cycle, and an ended session's tree (its turns hold
+        every prompt's ids) must go by reference counting, not wait for the servers' rare full collection."""
+        for node in self.nodes:
+            node.parent = None
+            node.children = []
+            node.turn = None
+        self.nodes = []
+        self.prefix_cache = {}
+
     def _canon(self, message: dict[str, Any]) -> dict[str, Any]:
         return canonical_message(message, keep_reasoning=self.keep_reasoning)
 

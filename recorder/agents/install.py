@@ -1,9 +1,14 @@
-"""Install a pinned agent CLI with npm into a project-local prefix, once.
+"""Install a pinned agent CLI once: from npm into a project-local prefix, or from PyPI into a cached venv.
 
-Each pin gets its own directory (`.tools/npm/<agent>-<version>`) so two versions never share a
+Each npm pin gets its own directory (`.tools/npm/<agent>-<version>`) so two versions never share a
 node_modules, and a finished install is never touched again. npm runs in a staging directory that is
 renamed into place only after the binary is there, so an interrupted or concurrent install can not leave a
 half-installed CLI behind.
+
+A PyPI pin (a Python CLI, e.g. mini-swe-agent) gets a virtual environment of its own outside the checkout,
+`~/.cache/tito/<agent>-<version>-venv` (under `$XDG_CACHE_HOME` where set), made with the Python running tito:
+it is never a dependency of tito. A venv can not be moved once made, so it is made in place and counts as
+installed only once its stamp (the exact pins) is written; a half-made one is made again.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -30,12 +36,42 @@ def npm_path(npm: str = "npm") -> str | None:
     return shutil.which(npm)
 
 
+def venv_root() -> Path:
+    """Where PyPI pins get their environments: the cache folder the gateways' environments share."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tito"
+
+
 def install_dir(pin: AgentPin, prefix: Path = DEFAULT_PREFIX) -> Path:
+    """An npm pin's folder under `prefix`; a PyPI pin's environment (`prefix` does not apply)."""
+    if pin.registry == "pypi":
+        return venv_root() / f"{pin.name}-{pin.version}-venv"
     return Path(prefix) / f"{pin.name}-{pin.version}"
 
 
 def binary_path(pin: AgentPin, prefix: Path = DEFAULT_PREFIX) -> Path:
+    if pin.registry == "pypi":
+        return install_dir(pin) / "bin" / pin.binary
     return install_dir(pin, prefix) / "node_modules" / ".bin" / pin.binary
+
+
+def install_note(pin: AgentPin) -> str:
+    """How and where a first use installs the pin, for the line that says so."""
+    if pin.registry == "pypi":
+        return f"with pip into {install_dir(pin)} (once; cached)"
+    return "with npm (cached in .tools/npm)"
+
+
+def pip_install_command(pin: AgentPin, venv: str) -> list[str]:
+    """The pip command line into the environment `venv`: the CLI and the libraries pinned with it."""
+    return [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--disable-pip-version-check", pin.spec, *pin.with_pins]
+
+
+def _stamp(pin: AgentPin) -> Path:
+    return install_dir(pin) / ".tito-installed"
+
+
+def _stamp_text(pin: AgentPin) -> str:
+    return " ".join((pin.spec, *pin.with_pins)) + "\n"
 
 
 def install_command(pin: AgentPin, target: str, npm: str = "npm") -> list[str]:
@@ -54,7 +90,7 @@ def install_command(pin: AgentPin, target: str, npm: str = "npm") -> list[str]:
 
 
 def installed_version(pin: AgentPin, prefix: Path = DEFAULT_PREFIX) -> str | None:
-    manifest = install_dir(pin, prefix) / "node_modules" / pin.npm_package / "package.json"
+    manifest = install_dir(pin, prefix) / "node_modules" / pin.package / "package.json"
     try:
         version = json.loads(manifest.read_text())["version"]
         return version if isinstance(version, str) else None
@@ -63,11 +99,18 @@ def installed_version(pin: AgentPin, prefix: Path = DEFAULT_PREFIX) -> str | Non
 
 
 def is_installed(pin: AgentPin, prefix: Path = DEFAULT_PREFIX) -> bool:
+    if pin.registry == "pypi":
+        try:
+            return binary_path(pin).exists() and _stamp(pin).read_text() == _stamp_text(pin)
+        except OSError:
+            return False
     return binary_path(pin, prefix).exists() and installed_version(pin, prefix) == pin.version
 
 
 def ensure_installed(pin: AgentPin, prefix: Path = DEFAULT_PREFIX, npm: str = "npm") -> Path:
     """Return the CLI's binary, installing the pinned version first if it is not there yet."""
+    if pin.registry == "pypi":
+        return _ensure_venv(pin)
     prefix = Path(prefix)
     if is_installed(pin, prefix):
         return binary_path(pin, prefix)
@@ -94,6 +137,29 @@ def ensure_installed(pin: AgentPin, prefix: Path = DEFAULT_PREFIX, npm: str = "n
     if not is_installed(pin, prefix):
         raise AgentInstallError(f"{pin.spec} did not install to {final}")
     return binary_path(pin, prefix)
+
+
+def _ensure_venv(pin: AgentPin) -> Path:
+    if is_installed(pin):
+        return binary_path(pin)
+    folder = install_dir(pin)
+    shutil.rmtree(folder, ignore_errors=True)  # a half-made one: pip may have stopped anywhere
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    for step in ([sys.executable, "-m", "venv", str(folder)], pip_install_command(pin, str(folder))):
+        try:
+            done = subprocess.run(
+                step, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise AgentInstallError(f"installing {pin.spec} took longer than {INSTALL_TIMEOUT_S:.0f} s") from exc
+        if done.returncode != 0:
+            lines = [x for x in (done.stderr or done.stdout).splitlines() if x.strip() and not x.startswith("WARNING")]
+            why = lines[-1] if lines else f"exit code {done.returncode}"
+            raise AgentInstallError(f"installing {pin.spec} into {folder}: {' '.join(step[:4])} failed: {why}")
+    if not binary_path(pin).exists():
+        raise AgentInstallError(f"pip installed {pin.spec} but {binary_path(pin)} is missing")
+    _stamp(pin).write_text(_stamp_text(pin))
+    return binary_path(pin)
 
 
 def _run_npm(argv: list[str], pin: AgentPin) -> None:

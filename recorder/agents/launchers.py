@@ -15,7 +15,15 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tito_rl.recorder.agents.pins import CLAUDE_CODE, CODEX, GEMINI_CLI, OPENCODE, QWEN_CODE, AgentPin
+from tito_rl.recorder.agents.pins import (
+    CLAUDE_CODE,
+    CODEX,
+    GEMINI_CLI,
+    MINI_SWE_AGENT,
+    OPENCODE,
+    QWEN_CODE,
+    AgentPin,
+)
 from tito_rl.recorder.agents.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -254,6 +262,27 @@ class GeminiCliLauncher(AgentLauncher):
         return LaunchPlan(argv, env, {".gemini/settings.json": json.dumps(settings, indent=2) + "\n"})
 
 
+class MiniSweAgentLauncher(AgentLauncher):
+    """OpenAI chat completions, unstreamed: `mini` (mini-swe-agent, PyPI) calls litellm's `completion` with
+    `openai/<model>`, its one `bash` tool and no `stream`, so a gateway that refuses streaming (Agent Lightning)
+    can serve it. Headless: `-y` runs every command unconfirmed, `--exit-immediately` exits when the model
+    submits (`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`); the environment skips its first-run setup prompts,
+    keeps litellm from fetching its model price list at import, and lets a model with no price run."""
+
+    pin = MINI_SWE_AGENT
+
+    def plan(self, task: AgentTask, home: str, binary: str, base_path: str) -> LaunchPlan:
+        env = self._base_env(home, binary, base_path) | {
+            "OPENAI_BASE_URL": task.root_url + "/v1",  # litellm's openai provider appends /chat/completions
+            "OPENAI_API_KEY": task.session_id,  # sent as Authorization: Bearer <value>
+            "MSWEA_CONFIGURED": "true",  # otherwise the first run asks for a model and keys on the terminal
+            "MSWEA_COST_TRACKING": "ignore_errors",  # otherwise a model litellm has no price for aborts the run
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # otherwise litellm downloads its price list at import
+        }
+        argv = [binary, "-y", "--exit-immediately", "-m", f"openai/{task.model}", "-t", task.task]
+        return LaunchPlan(argv, env, {})
+
+
 def _toml_str(value: str) -> str:
     # JSON string escapes are valid TOML basic-string escapes.
     return json.dumps(value)
@@ -261,7 +290,14 @@ def _toml_str(value: str) -> str:
 
 LAUNCHERS: dict[str, AgentLauncher] = {
     launcher.pin.name: launcher
-    for launcher in (ClaudeCodeLauncher(), CodexLauncher(), QwenCodeLauncher(), OpencodeLauncher(), GeminiCliLauncher())
+    for launcher in (
+        ClaudeCodeLauncher(),
+        CodexLauncher(),
+        QwenCodeLauncher(),
+        OpencodeLauncher(),
+        GeminiCliLauncher(),
+        MiniSweAgentLauncher(),
+    )
 }
 
 

@@ -26,7 +26,7 @@ def agent_header(name: str, script: CliScript | None = None) -> dict[str, Any]:
         header: dict[str, Any] = {"client": "mixed", "agents": {a: pin_for(a).version for a in agents}}
     else:
         pin = pin_for(agents[0])
-        header = {"client": pin.name, "package": pin.npm_package, "version": pin.version}
+        header = {"client": pin.name, "package": pin.package, "version": pin.version}
     return header | ({"scenario": script.name} if script is not None else {})
 
 

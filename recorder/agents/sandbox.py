@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from tito_rl.recorder.agents.install import DEFAULT_PREFIX, ensure_installed, install_command
+from tito_rl.recorder.agents.install import DEFAULT_PREFIX, ensure_installed, install_command, pip_install_command
 from tito_rl.recorder.agents.pid_namespace import pid_namespace_prefix, resolve_program
 from tito_rl.recorder.agents.pins import AgentPin
 
@@ -274,15 +274,22 @@ class E2BSandbox(Sandbox):
 
     def install_agent(self, pin: AgentPin) -> str:
         target = posixpath.join(self.tools_prefix, f"{pin.name}-{pin.version}")
-        binary = posixpath.join(target, "node_modules", ".bin", pin.binary)
+        if pin.registry == "pypi":  # a venv of its own, made with the VM's python3
+            target = posixpath.join(self.USER_HOME, ".tools", "venv", f"{pin.name}-{pin.version}")
+            binary = posixpath.join(target, "bin", pin.binary)
+            steps = [["python3", "-m", "venv", target], pip_install_command(pin, target)]
+        else:
+            binary = posixpath.join(target, "node_modules", ".bin", pin.binary)
+            steps = [install_command(pin, target)]
         env = {"HOME": self.USER_HOME, "PATH": self.base_path}
         if self.run(["test", "-x", binary], env, 30).exit_code == 0:
             return binary
-        done = self.run(install_command(pin, target), env, 900, cwd=self.USER_HOME)
-        if done.exit_code != 0:
-            raise SandboxError(
-                f"npm install {pin.spec} in the E2B sandbox failed (exit {done.exit_code}): {done.stderr[-2000:]}"
-            )
+        for step in steps:
+            done = self.run(step, env, 900, cwd=self.USER_HOME)
+            if done.exit_code != 0:
+                raise SandboxError(
+                    f"installing {pin.spec} in the E2B sandbox failed (exit {done.exit_code}): {done.stderr[-2000:]}"
+                )
         return binary
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ to override (as pytest-recording's `vcr_config`) that sets options for those fix
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Iterator
 from functools import lru_cache
@@ -55,6 +56,8 @@ def cassette_dir(config: pytest.Config) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "tito_cassette: a cassette session replayed by the tito plugin")
+    if not config.pluginmanager.hasplugin("xdist"):  # the sessions' group mark (`gateway_group`) is xdist's
+        config.addinivalue_line("markers", "xdist_group(name): pytest-xdist's group (--dist loadgroup)")
     for setting in settings.SETTINGS:
         settings.value(config, setting.name)  # a bad ini value stops the run here, in one line
     folder = cassette_dir(config)
@@ -72,7 +75,55 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     from tito_rl.trajectory.adapters.parsing import parser_process
 
+    gateways.close()
     parser_process.stop()
+
+
+class Gateways:
+    """The gateways this pytest process started for sessions replayed through a driver (verifiers' server, Agent
+    Lightning's proxy): kept started between items and cassettes, and cleared between them, as `tito replay` keeps
+    them for a run (`tito_rl.recorder.targets.gateway_pool`); stopped when pytest ends. They live on one event loop
+    of the process's own, which the items that use them run on."""
+
+    def __init__(self) -> None:
+        self.runner: Any = None
+        self.pool: Any = None
+
+    def replay(self, replaying: Any) -> Any:
+        from tito_rl.recorder.targets import gateway_pool
+        from tito_rl.trajectory.runtime.server_process import new_event_loop
+
+        if self.runner is None:
+            import asyncio
+
+            self.runner = asyncio.Runner(loop_factory=new_event_loop)
+            self.pool = gateway_pool.GatewayPool()
+
+        box: list[Any] = []
+
+        async def borrowing() -> None:  # the result in a box: see `cassette_replay.run_sync`
+            async with gateway_pool.pooled(self.pool):
+                box.append(await replaying)
+
+        self.runner.run(borrowing())
+        return box[0]
+
+    def cassette_done(self) -> None:
+        """A cassette's items are done here: a gateway that serves that cassette only is stopped (an in-process
+        gateway's thread, rllm's, must not outlive its items into the tests that follow)."""
+        if self.runner is not None:
+            self.runner.run(self.pool.stop_unshared())
+
+    def close(self) -> None:
+        runner, self.runner = self.runner, None
+        if runner is not None:
+            try:
+                runner.run(self.pool.close())
+            finally:
+                runner.close()
+
+
+gateways = Gateways()
 
 
 def _within(path: Path, folder: Path) -> bool:
@@ -152,6 +203,9 @@ class TitoItem(pytest.Item):
 
 
 class CassetteFile(pytest.File):
+    def teardown(self) -> None:
+        gateways.cassette_done()
+
     def collect(self) -> Iterator[pytest.Item]:
         from tito_rl.replayer.goldens import files as goldens
         from tito_rl.replayer.replay.loading import ReplayInputError
@@ -161,11 +215,30 @@ class CassetteFile(pytest.File):
         except ReplayInputError as exc:
             yield SessionItem.from_parent(self, name="<unusable>", cassette_session="", error=str(exc))
             return
+        group = gateway_group(self.config, cassette.header, self.path)
         for name in cassette.sessions:
-            yield SessionItem.from_parent(self, name=item_name(name), cassette_session=name)
+            item = SessionItem.from_parent(self, name=item_name(name), cassette_session=name)
+            if group is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+            yield item
         golden = goldens.golden_path(self.path)
         for name in goldens.unused_sections(golden, list(cassette.sessions)):
             yield UnusedGoldenItem.from_parent(self, name=item_name(name), unused=goldens.Unused(golden, name))
+
+
+def gateway_group(config: pytest.Config, header: Any, path: Path) -> str | None:
+    """The xdist group of the sessions replayed through a driver's gateway (`tito-gateway-<target>`): under
+    `pytest -n N --dist loadgroup` they run in one worker, where the gateway is started once for all of them
+    (`gateways`); xdist starts the biggest groups first. None for tito's adapter and a running gateway."""
+    from tito_rl.replayer.replay.loading import ReplayInputError, replay_target
+
+    try:
+        spec = replay_target(header, settings.value(config, "target") or None, str(path))
+    except ReplayInputError:
+        return None
+    if spec.kind != "driver" or settings.value(config, "engine_listen"):
+        return None
+    return "tito-gateway-" + re.sub(r"[^A-Za-z0-9_.-]", "_", spec.text)
 
 
 def item_name(session: str) -> str:
@@ -218,18 +291,15 @@ class SessionItem(TitoItem):
         cassette, tokenizer = loaded(self.path)
         target = option("target") or None
         engine_listen = option("engine_listen") or None
+        replaying = replay_loaded(
+            cassette,
+            str(self.path),
+            tokenizer,
+            [self.session_name],
+            ReplayOptions(strict=strict, adapter=adapter, manager=manager, target=target, engine_listen=engine_listen),
+        )
         try:
-            result = run_sync(
-                replay_loaded(
-                    cassette,
-                    str(self.path),
-                    tokenizer,
-                    [self.session_name],
-                    ReplayOptions(
-                        strict=strict, adapter=adapter, manager=manager, target=target, engine_listen=engine_listen
-                    ),
-                )
-            )
+            result = gateways.replay(replaying) if self.through_driver(target) else run_sync(replaying)
         except TargetUnavailableError as exc:  # e.g. a cassette recorded around slime, where slime is not
             pytest.skip(f"tito: {exc}")
         except ReplayInputError as exc:
@@ -249,6 +319,16 @@ class SessionItem(TitoItem):
             )
         if option("audit"):
             self._audit(option("audit"))
+
+    def through_driver(self, target: str | None) -> bool:
+        """Whether this session replays through a gateway a driver starts (verifiers, Agent Lightning, ...): then
+        it borrows the process's started one (`gateways`), rather than starting it for one session."""
+        from tito_rl.replayer.replay.loading import ReplayInputError, replay_target
+
+        try:
+            return replay_target(loaded(self.path)[0].header, target, str(self.path)).kind == "driver"
+        except ReplayInputError:
+            return False
 
     def _audit(self, expected: str) -> None:
         """The session's audit against the pinned rules (`--tito-audit`): the cassette is audited once."""

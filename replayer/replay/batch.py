@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tito_rl.cassette.reader import Cassette, exchange_count
+from tito_rl.recorder.targets import gateway_pool
 from tito_rl.recorder.targets.registry import same_target
 from tito_rl.replayer import workers
 from tito_rl.replayer.goldens.files import GoldenBook, golden_path
@@ -133,9 +134,10 @@ def replay_all(
     if not backend.remote and (backend.jobs <= 1 or sessions <= 1):
 
         async def every_cassette() -> None:
-            for work in works:
-                if work.sessions:
-                    await replay_work(work, work.sessions, job, emit)
+            async with gateway_pool.pooled():  # a gateway is started once for the run, not once per cassette
+                for work in works:
+                    if work.sessions:
+                        await replay_work(work, work.sessions, job, emit)
 
         run_sync(every_cassette())
         return

@@ -27,6 +27,7 @@ from tito_rl.recorder.taps.agent_tap import HOP_HEADERS, SSE, forwarded, split_e
 from tito_rl.recorder.taps.around import samples_of, serve
 from tito_rl.recorder.taps.attribution import header_value
 from tito_rl.recorder.taps.recording import body_digest
+from tito_rl.recorder.targets import gateway_pool
 from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetError, TargetFailure, TargetFinish, TargetOptions
 from tito_rl.recorder.targets.registry import TargetSpec
 from tito_rl.replayer.comparison.differences import Difference
@@ -126,29 +127,27 @@ class TargetHarness(HarnessBase):
         self._replies: dict[Key, AgentExchange] = {}
         self._attempts: dict[str, dict[str, int]] = {}
         self._runners: list[web.AppRunner] = []
+        self._pool: gateway_pool.GatewayPool | None = None
+        self._lease: gateway_pool.Lease | None = None
         self.url = ""
         self.client: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> TargetHarness:
-        runner, engine_url = await serve(self._engine_app(), *self.engine_listen)
-        self._runners.append(runner)
         try:
             if self.spec.kind == "http":
                 from tito_rl.recorder.targets.http import HttpTarget
 
+                runner, engine_url = await serve(self._engine_app(), *self.engine_listen)
+                self._runners.append(runner)
                 self.driver = HttpTarget(
                     self.spec.url,
                     self.volatile,
                     self.routing_header,
                     session_from=(self.cassette.header.target or {}).get("session_from") or "bearer",
                 )
+                self.url = (await self.driver.start(engine_url)).rstrip("/")
             else:
-                from tito_rl.recorder.targets.registry import create_driver
-
-                self.driver = create_driver(self.spec.text, self._target_options())
-                self.volatile = tuple(dict.fromkeys((*self.driver.info.volatile, *self.volatile)))
-                self.routing_header = self.driver.info.routing_header
-            self.url = (await self.driver.start(engine_url)).rstrip("/")
+                await self._borrow()
         except TargetError:  # TargetUnavailable included: the caller tells the two apart
             await self._stop_servers()
             raise
@@ -162,10 +161,34 @@ class TargetHarness(HarnessBase):
         )
         return self
 
+    async def _borrow(self) -> None:
+        """The driver's gateway: from the replay run's pool (`gateway_pool`: started once, kept between cassettes)
+        where there is one and the engine leg's address is free to choose, else started for this harness alone."""
+        from tito_rl.recorder.targets.registry import create_driver
+
+        options = self._target_options()
+        driver = create_driver(self.spec.text, options)
+        self.volatile = tuple(dict.fromkeys((*driver.info.volatile, *self.volatile)))
+        self.routing_header = driver.info.routing_header
+        pool = gateway_pool.active()
+        if pool is not None and self.engine_listen == ("127.0.0.1", 0):
+            self._pool = pool
+            self._lease = await pool.borrow(self.spec.text, options, driver, self.path, self._engine_call)
+        else:
+            self._lease = await gateway_pool.start_lease((), driver, *self.engine_listen)
+            self._lease.holder = self._engine_call
+        self.driver = self._lease.driver
+        self.url = self._lease.url
+
     async def __aexit__(self, *exc: object) -> None:
         if self.client is not None:
             await self.client.close()
-        if self.driver is not None:
+        lease, self._lease = self._lease, None
+        if lease is not None and self._pool is not None:
+            await self._pool.give_back(lease, quiet=exc[0] is None and not self.inflight)
+        elif lease is not None:
+            await lease.stop()
+        elif self.driver is not None:
             with contextlib.suppress(Exception):
                 await self.driver.stop()
         await self._stop_servers()

@@ -348,7 +348,7 @@ class Adapter:
         on_exchange = self._engine_reporter(ref, request)
         task = asyncio.ensure_future(self.engine.generate(ref.sid, rid, prompt_ids, params, on_exchange, state.t0))
 
-        async def abort() -> None:
+        async def abort(task: asyncio.Future[Generation]) -> None:
             told = await self.engine.abort(rid, on_exchange, state.t0)
             try:  # an engine told of the abort answers the request with its partial output
                 if not told:
@@ -364,12 +364,13 @@ class Adapter:
         try:
             waiting: set[asyncio.Future[Any]] = {task, gone}
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            waiting.clear()
             if task.done():
                 return task.result()
-            await abort()
+            await abort(task)
             return None
         except asyncio.CancelledError:  # servers that cancel handlers on disconnect
-            await asyncio.shield(abort())
+            await asyncio.shield(abort(task))
             raise
         except EngineError as exc:
             if exc.status == 504:
@@ -377,6 +378,10 @@ class Adapter:
             raise
         finally:
             self.disconnects.unwatch(gone)
+            # A failed generation's error holds this frame (its traceback), and this frame the task that holds the
+            # error: a cycle keeping the request's frames (the session's state, the prompt's ids) until the
+            # server's rare full collection. Let go of the task so reference counting frees them.
+            del task
 
     def _engine_reporter(self, ref: SessionRef, request: web.Request) -> Callable[[EngineExchange], None]:
         """Engine exchanges reach the tap just before the agent exchange they served, so recording them

@@ -15,7 +15,9 @@ verifiers' `TrainClient` (a `TrainClientConfig` whose `base_url` is tito's engin
   request goes on to the interception server with the rollout's own key in its place;
 - finish: the trace's branches (`Trace.branches`: one training sample per root-to-leaf path of the message graph,
   `trainable` ones only), each as `token_ids`, `sampled_mask` and `logprobs`, as prime-rl trains them; then the
-  rollout is unregistered (`unregister`), as verifiers' `acquire` does when a rollout ends. The reward is tito's.
+  rollout is unregistered (`unregister`), as verifiers' `acquire` does when a rollout ends. The reward is tito's;
+- reset (`reset()`, between cassettes of a replay run that keeps the gateway started): every rollout still
+  registered is unregistered, so nothing of one cassette's sessions reaches the next's.
 """
 
 from __future__ import annotations
@@ -127,6 +129,15 @@ async def drop(request):
     return web.json_response({"known": got is not None})
 
 
+async def reset(request):  # replay's pool, between cassettes: every rollout left registered unregistered
+    dropped = list(rollouts)
+    for sid in dropped:
+        _, model_secret, state_secret = rollouts.pop(sid)
+        server.unregister(model_secret, state_secret)
+    calls.clear()
+    return web.json_response({"dropped": len(dropped), "registered": server.load})
+
+
 def tito_session(headers):
     auth = headers.get("Authorization", "")
     if auth.startswith("Bearer ") and auth[7:]:
@@ -167,6 +178,7 @@ async def main():
     app.router.add_get("/tito/health", lambda request: web.json_response({"ok": True}))
     app.router.add_post("/tito/sessions/{sid}/finish", finish)
     app.router.add_post("/tito/sessions/{sid}/drop", drop)
+    app.router.add_post("/tito/reset", reset)
     app.router.add_route("*", "/{tail:.*}", forward)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
@@ -324,6 +336,14 @@ class VerifiersTarget:
     async def drop(self, session: str) -> bool:
         return bool((await self._tito(session, "drop")).get("known"))
 
+    async def reset(self) -> None:
+        """Clear the gateway for the next cassette of a replay run (`recorder/targets/gateway_pool.py`): every
+        rollout still registered (a session that never finished or dropped) unregistered, as verifiers' `acquire`
+        does at a rollout's end, and the launcher's call counts cleared. Raises where that is not what follows."""
+        got = await self._tito("", "reset")
+        if got.get("registered") != 0:
+            raise RuntimeError(f"verifiers still holds {got.get('registered')} rollout(s) after a reset")
+
     async def stop(self) -> None:
         if self.http is not None:
             await self.http.close()
@@ -333,7 +353,8 @@ class VerifiersTarget:
     async def _tito(self, session: str, op: str) -> dict[str, Any]:
         if self.http is None:
             raise RuntimeError("the verifiers target is not started")
-        async with self.http.post(f"{self.url}/tito/sessions/{session}/{op}") as response:
+        url = f"{self.url}/tito/sessions/{session}/{op}" if session else f"{self.url}/tito/{op}"
+        async with self.http.post(url) as response:
             if response.status != 200:
                 raise RuntimeError(
                     f"verifiers' launcher answered {response.status} to {op}: {(await response.text())[:300]}"
