@@ -3,8 +3,10 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tito-installed
+RAY_STAMP := $(VENV)/.tito-ray
 
-.PHONY: install demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine test-real-engine \
+.PHONY: install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
+	test-real-engine \
 	engine-contract engine-contract-live real-vllm-cassettes
 
 $(STAMP): pyproject.toml requirements-parsers.txt Makefile
@@ -16,6 +18,15 @@ $(STAMP): pyproject.toml requirements-parsers.txt Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Ray, the optional extra `tito-rl[ray]` (`--ray`), for its tests (tests/test_ray.py) and benchmarks/bench_ray.py: the
+# extra's requirement read from pyproject.toml and installed beside tito, never by `make install` (tito needs no Ray).
+# About 20 s of pip from a warm cache: `make test` runs it while lint runs.
+$(RAY_STAMP): $(STAMP)
+	$(BIN)/pip install -q "$$($(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["ray"])')"
+	touch $(RAY_STAMP)
+
+ray: $(RAY_STAMP)
 
 demo: install
 	$(BIN)/tito demo
@@ -31,11 +42,13 @@ test: install
 	# once first, so that a fresh clone's first processes do not all compile the same modules at once.
 	# verifiers and Agent Lightning run in Pythons of their own (docs/targets.md): their environments are made once
 	# and cached in ~/.cache/tito (a stat afterwards; on a fresh machine about 2 minutes of pip, made meanwhile
-	# ruff and compileall run); where no Python new enough is found their tests skip, saying so.
+	# ruff and compileall run); where no Python new enough is found their tests skip, saying so. Ray (`make ray`, the
+	# `--ray` tests' extra) is installed meanwhile too; mypy reads it as Any either way (pyproject.toml).
 	$(BIN)/python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning & envs=$$!; \
+	  $(MAKE) --no-print-directory ray & ray=$$!; \
 	  $(MAKE) --no-print-directory style && \
 	  PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 0 trajectory cassette fake_engine recorder replayer tito_rl tests; \
-	  status=$$?; wait $$envs; exit $$status
+	  status=$$?; wait $$envs; wait $$ray || status=1; exit $$status
 	# `make lint`'s type check runs beside pytest (a fresh clone's mypy has no cache: a minute of one core, which
 	# pytest's waiting workers leave free), its output printed after pytest's; either failing fails `make test`.
 	types=$$(mktemp); $(MAKE) --no-print-directory types >$$types 2>&1 & mypy=$$!; \
@@ -57,7 +70,7 @@ types: install
 	$(BIN)/mypy
 	$(BIN)/mypy benchmarks/*.py
 
-bench: install
+bench: install ray
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 # Re-record the committed scenario corpus (cassettes/scenarios/*.yaml -> cassettes/<name>.tito), then write

@@ -19,6 +19,7 @@ from tito_rl.replayer.audit.runner import AuditJob, audit, plan_cassette, units_
 from tito_rl.replayer.replay import batch
 from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.units import FileStamp, UnitFileChanged, pool_dispatch, run_unit, split_cassette
+from tito_rl.replayer.workers import Backend
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -172,10 +173,10 @@ def replay_outcomes(paths: list[str], **kwargs: object) -> list[batch.SessionOut
 
 def test_replay_units_give_the_outcomes_of_one_process() -> None:
     paths = [str(ROOT / "cassettes" / f"{name}.tito") for name in ("mixed_concurrent", "openai_wires")]
-    one = replay_outcomes(paths, processes=1)
+    one = replay_outcomes(paths, backend=Backend(1))
     assert len(one) == 12 and all(o.ok for o in one) and sum(bool(o.replayed_rows) for o in one) == 11  # one dropped
-    assert replay_outcomes(paths, processes=1, dispatch=pool_dispatch(1), unit_most=1) == one  # 12 units, here
-    assert replay_outcomes(paths, processes=2, unit_most=5) == one  # forked workers, units of 5, 5, 2 and 2
+    assert replay_outcomes(paths, backend=Backend(1), dispatch=pool_dispatch(1), unit_most=1) == one  # 12 units, here
+    assert replay_outcomes(paths, backend=Backend(2), unit_most=5) == one  # forked workers, units of 5, 5, 2 and 2
 
 
 def test_a_replay_unit_holds_only_its_sessions() -> None:

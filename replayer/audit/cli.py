@@ -1,5 +1,5 @@
-"""`tito audit CASSETTE|FOLDER... [--json] [--html FILE] [--fail-on RULES]`: check recordings' training data
-without replaying them (docs/audit.md).
+"""`tito audit CASSETTE|FOLDER... [--json] [--html FILE] [--fail-on RULES] [-j N | --ray ADDRESS]`: check
+recordings' training data without replaying them (docs/audit.md).
 
 Exit 0 when no rule of `--fail-on` fired (or each that fired is allowed beside its cassette), 1 when one did,
 2 for input the audit cannot use, with one line on stderr.
@@ -16,6 +16,11 @@ from typing import Any
 from tito_rl.replayer.audit.protocol import DEFAULT_FAIL_ON, RULES
 
 EXIT_OK, EXIT_FIRED, EXIT_UNUSABLE = 0, 1, 2
+RAY_HELP = (
+    "audit as tasks on the Ray cluster at ADDRESS (HOST:PORT; auto: the one RAY_ADDRESS names, else one started on "
+    "this machine), the report the same as -j's; the workers read the cassettes at the same paths, so they must be "
+    "on a file system every node shares (needs pip install 'tito-rl[ray]')"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the audit as JSON (docs/audit.md, its schema)")
     parser.add_argument("--html", metavar="FILE", help="write the audit as one self-contained HTML page")
-    parser.add_argument(
+    spread = parser.add_mutually_exclusive_group()
+    spread.add_argument(
         "-j",
         "--jobs",
         type=int,
@@ -37,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cut into ranges that the workers read from its index, so one large cassette spreads over them as a "
         "run's folder does; the report is the same bytes for any N",
     )
+    spread.add_argument("--ray", metavar="ADDRESS", help=RAY_HELP)
     parser.add_argument(
         "--fail-on",
         default=",".join(DEFAULT_FAIL_ON),
@@ -49,14 +56,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tito_rl.replayer.audit.report import render_text, to_json
     from tito_rl.replayer.audit.runner import AuditInputError, audit, parse_rules
+    from tito_rl.replayer.workers import WorkersError
 
     if args.jobs < 1:
         print("tito audit: --jobs must be >= 1", file=sys.stderr)
         return EXIT_UNUSABLE
     bar = progress_bar(args.inputs)
     try:
-        report = audit(args.inputs, parse_rules(args.fail_on), bar.update if bar is not None else None, args.jobs)
-    except AuditInputError as exc:
+        report = audit(
+            args.inputs, parse_rules(args.fail_on), bar.update if bar is not None else None, args.jobs, args.ray
+        )
+    except (AuditInputError, WorkersError) as exc:
         print(f"tito audit: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     finally:

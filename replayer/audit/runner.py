@@ -16,6 +16,7 @@ from tito_rl.cassette.format.errors import CassetteError
 from tito_rl.cassette.format.index import SessionIndex
 from tito_rl.cassette.format.records import Header
 from tito_rl.cassette.reader import CassetteReader
+from tito_rl.replayer import workers
 from tito_rl.replayer.audit.allowlist import AllowlistError, read_allowlist
 from tito_rl.replayer.audit.coverage import Coverage
 from tito_rl.replayer.audit.prefix import PrefixBreak
@@ -23,7 +24,7 @@ from tito_rl.replayer.audit.protocol import DEFAULT_FAIL_ON, RULES, Findings, Ti
 from tito_rl.replayer.audit.replies import Replies
 from tito_rl.replayer.audit.requests import Requests
 from tito_rl.replayer.audit.traffic import Feed, RuleFamily, records_of, stream
-from tito_rl.replayer.units import Dispatch, FileStamp, WorkUnit, pool_dispatch, sessions_per_unit, split_cassette
+from tito_rl.replayer.units import Dispatch, FileStamp, WorkUnit, sessions_per_unit, split_cassette
 
 UNIT_MOST = 256  # sessions per unit at most: an audited session takes milliseconds, a unit's start about one
 
@@ -160,16 +161,21 @@ def audit(
     fail_on: tuple[str, ...] = DEFAULT_FAIL_ON,
     progress: Callable[[int], None] | None = None,
     jobs: int = 1,
+    ray: str | None = None,
     dispatch: Dispatch | None = None,
     unit_most: int | None = None,
 ) -> AuditReport:
     """Every cassette of `inputs`, in order; `progress(n)` hears n more bytes read (a bar over their sizes).
     `jobs` > 1: each cassette's sessions are cut into work units (module docstring), run by that many worker processes;
-    `dispatch`: run by it instead (a Ray cluster's tasks); `unit_most`: sessions per unit at most. The report is
-    the one `jobs=1` makes, byte for byte."""
+    `ray`: as tasks on that Ray cluster (an address, or `auto`; `replayer/workers.py`); `dispatch`: run by it
+    instead; `unit_most`: sessions per unit at most. The report is the one `jobs=1` makes, byte for byte;
+    `WorkersError` where the workers cannot run."""
     paths = cassette_paths(inputs)
-    if jobs > 1 or dispatch is not None:
-        return AuditReport(_audit_in_units(paths, dispatch or pool_dispatch(jobs), jobs, progress, unit_most), fail_on)
+    if dispatch is not None:
+        return AuditReport(_audit_in_units(paths, dispatch, jobs, progress, unit_most), fail_on)
+    if jobs > 1 or ray is not None:
+        with workers.running(workers.Backend(jobs, ray)) as (dispatching, slots):
+            return AuditReport(_audit_in_units(paths, dispatching, slots, progress, unit_most), fail_on)
     audits = []
     for path in paths:
         done = 0

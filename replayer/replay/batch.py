@@ -1,4 +1,5 @@
-"""`tito replay`'s work over many cassettes: in this process, or spread over worker processes (`-j N`).
+"""`tito replay`'s work over many cassettes: in this process, or spread over worker processes (`-j N`) or the tasks
+of a Ray cluster (`--ray`, `replayer/workers.py`).
 
 Outcomes come back in cassette order and, within a cassette, in session order, whichever finishes first: the
 output is the same bytes for any N. With `-j N` the sessions are cut into work units (`tito_rl.replayer.units`):
@@ -22,6 +23,7 @@ from tito_rl.cassette.format.errors import CassetteError
 from tito_rl.cassette.reader import Cassette, StoredSessions, exchange_count
 from tito_rl.recorder.targets import gateway_pool
 from tito_rl.recorder.targets.registry import TITO, same_target
+from tito_rl.replayer import workers
 from tito_rl.replayer.goldens.files import GoldenBook, golden_path
 from tito_rl.replayer.replay.cassette_replay import replay_each, run_sync
 from tito_rl.replayer.replay.loading import (
@@ -37,7 +39,7 @@ from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.replay.results import SessionResult
 from tito_rl.replayer.reporting import exports
 from tito_rl.replayer.reporting.terminal import session_details
-from tito_rl.replayer.units import Dispatch, FileStamp, WorkUnit, pool_dispatch, sessions_per_unit, split_cassette
+from tito_rl.replayer.units import Dispatch, FileStamp, WorkUnit, sessions_per_unit, split_cassette
 from tito_rl.trajectory.dialects.view import SGLANG
 
 UNIT_MOST = 16  # sessions per work unit at most: an adapter app per unit, a few units per worker
@@ -136,15 +138,16 @@ def total_exchanges(works: list[CassetteWork]) -> int:
 def replay_all(
     works: list[CassetteWork],
     job: Job,
-    processes: int,
+    backend: workers.Backend,
     emit: Callable[[SessionOutcome], None],
     dispatch: Dispatch | None = None,
     unit_most: int = UNIT_MOST,
 ) -> None:
-    """Every session replayed and handed to `emit` in order; `processes` > 1: as work units run by that many forked
-    workers; `dispatch`: run by it instead (a Ray cluster's tasks); `unit_most`: sessions per unit at most."""
+    """Every session replayed and handed to `emit` in order: in this process, or as work units run by `backend`'s
+    workers (forked processes, `-j N` > 1; Ray tasks, `--ray`); `dispatch`: run by it instead; `unit_most`:
+    sessions per unit at most. `WorkersError` where the workers cannot run."""
     sessions = sum(len(w.sessions) for w in works)
-    if dispatch is None and (processes <= 1 or sessions <= 1):
+    if dispatch is None and not backend.remote and (backend.jobs <= 1 or sessions <= 1):
 
         async def every_cassette() -> None:
             async with gateway_pool.pooled():  # a gateway is started once for the run, not once per cassette
@@ -154,10 +157,19 @@ def replay_all(
 
         run_sync(every_cassette())
         return
-    units = plan_units(works, processes, unit_most)
     replaying = ReplayUnits(replace(job, options=replace(job.options, on_total=None, on_exchange=None, on_plan=None)))
     replaying.cassettes = [cassette_settings(w, job.options) for w in works]
-    for outcomes in (dispatch or pool_dispatch(processes, lambda: preload(works)))(units, replaying):
+    if dispatch is not None:
+        _replay_units(plan_units(works, backend.jobs, unit_most), replaying, dispatch, emit)
+        return
+    with workers.running(backend, lambda: preload(works)) as (dispatching, slots):
+        _replay_units(plan_units(works, slots, unit_most), replaying, dispatching, emit)
+
+
+def _replay_units(
+    units: list[WorkUnit], replaying: ReplayUnits, dispatch: Dispatch, emit: Callable[[SessionOutcome], None]
+) -> None:
+    for outcomes in dispatch(units, replaying):
         for outcome in outcomes:
             emit(outcome)
 

@@ -1,5 +1,5 @@
-"""`tito replay CASSETTE... [--session NAME]... [--update-goldens] [-j N] [--shard I/N] [--junit-xml FILE]
-[--target TARGET]`: replay, verify, check goldens.
+"""`tito replay CASSETTE... [--session NAME]... [--update-goldens] [-j N | --ray ADDRESS] [--shard I/N]
+[--junit-xml FILE] [--target TARGET]`: replay, verify, check goldens.
 
 Prints one line per session (turns, side turns, samples, forks by reason, realigns, masked and trained
 tokens, coverage, result), the first difference of a failing session under it, and a summary (`-q`: failing
@@ -53,13 +53,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--export-live-samples", metavar="FILE", help="write the samples the live run stored, in the same shape"
     )
-    parser.add_argument(
+    spread = parser.add_mutually_exclusive_group()
+    spread.add_argument(
         "-j",
         "--jobs",
         type=int,
         default=1,
         metavar="N",
         help="worker processes replaying sessions in parallel (default 1: this process)",
+    )
+    spread.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="replay as tasks on the Ray cluster at ADDRESS (HOST:PORT; auto: the one RAY_ADDRESS names, else one "
+        "started on this machine), the output the same as -j's; the workers read the cassettes and goldens at the "
+        "same paths, so they must be on a file system every node shares (needs pip install 'tito-rl[ray]')",
     )
     parser.add_argument(
         "--shard",
@@ -99,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     # Loading the tokenizer and the parsers makes hundreds of thousands of objects that automatic collections
     # would walk again and again as they grow (a tenth of the start-up); none of them is garbage.
     gc.disable()
-    if args.jobs > 1:  # the workers load the parsers in the parent before they are forked (batch.preload)
+    if args.jobs > 1 or args.ray:  # forked workers get the parsers from the parent (batch.preload); Ray's load them
         parser_process.stop()
     # A replay makes many short-lived containers (each exchange's parsed request, messages, replies): a young
     # generation 30 times the default lets most die by their reference counts before a pass walks them.
@@ -119,6 +127,7 @@ def _replay(args: argparse.Namespace) -> int:
     from tito_rl.replayer.replay import batch
     from tito_rl.replayer.replay.loading import ReplayInputError
     from tito_rl.replayer.replay.options import ReplayOptions
+    from tito_rl.replayer.workers import Backend, WorkersError
 
     try:
         adapter, manager = whatif.overrides(lambda name: getattr(args, name))
@@ -143,7 +152,8 @@ def _replay(args: argparse.Namespace) -> int:
     if missing:
         return _unusable(f"no session {', '.join(map(repr, missing))} in {', '.join(cassettes)}")
 
-    batch.preload(works)
+    if args.ray is None:  # a Ray driver replays nothing itself
+        batch.preload(works)
     if getattr(args, "exits_at_once", False):
         gc.freeze()  # what loading made is no garbage, and outlives the replay: no later pass need walk it
     gc.enable()
@@ -153,7 +163,10 @@ def _replay(args: argparse.Namespace) -> int:
         options, args.update_goldens, bool(args.export_samples), bool(args.export_live_samples), verbosity, style
     )
     # A running gateway's engine leg is one port: one process serves it.
-    processes = 1 if any(w.target.startswith(("http://", "https://")) for w in works) else args.jobs
+    gateway = next((w.target for w in works if w.target.startswith(("http://", "https://"))), None)
+    if gateway is not None and args.ray:
+        return _unusable(f"--ray cannot replay through the running gateway {gateway}: its engine leg is one port here")
+    backend = Backend(1 if gateway is not None else args.jobs, args.ray)
     folders = [Path(p) for p in args.cassettes if Path(p).is_dir()]
     unused = unused_goldens(works, folders)  # before the replay: an update rewrites the goldens it checks
     report = Report(works, args, verbosity)
@@ -165,8 +178,8 @@ def _replay(args: argparse.Namespace) -> int:
         report.add(outcome)
 
     try:
-        batch.replay_all(works, job, processes, done)
-    except ReplayInputError as exc:
+        batch.replay_all(works, job, backend, done)
+    except (ReplayInputError, WorkersError) as exc:
         return _unusable(str(exc))
     finally:
         progress.close()
