@@ -12,7 +12,8 @@ from aiohttp import web
 from tito_rl.fake_engine.app import EngineOptions, create_app
 from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, parse_scenario
 from tito_rl.recorder.scripted.script import ClientScript, parse_client_script
-from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetFinish
+from tito_rl.recorder.targets import slime_env
+from tito_rl.recorder.targets.base import ROUTING_HEADER, TargetError, TargetFinish
 from tito_rl.replayer.pytest_plugin.fixtures import ThreadedServer
 from tito_rl.trajectory.records import Sample
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
@@ -210,3 +211,12 @@ def reply_payloads(raw: bytes, content_type: str) -> list[Any]:
         if line.startswith("data:") and line[5:].strip() != "[DONE]":
             out.append(json.loads(line[5:]))
     return out
+
+
+def slime_missing() -> str | None:
+    """Why slime's adapters cannot run here (its checkout not found), or None: the reason its tests skip with."""
+    try:
+        slime_env.locate()
+    except TargetError as exc:
+        return str(exc)
+    return None

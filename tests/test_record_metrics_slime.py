@@ -29,23 +29,14 @@ import pytest
 import yaml
 
 from tests.process_helpers import ROOT
+from tests.target_support import slime_missing
 from tests.test_record_metrics import samples
 from tests.test_record_run import record_run, tito_cmd
 from tito_rl.recorder.metrics import RecordMetrics
-from tito_rl.recorder.targets import slime_env
-from tito_rl.recorder.targets.base import TargetError
 
 SLIME_RETRY = ROOT / "cassettes" / "targets" / "scenarios" / "slime_retry.yaml"
 Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 RETRY = {"retries": 10, "retry_delay_ms": 200.0}  # the restart lasts 0.4 s: re-sends outlast it
-
-
-def slime_missing() -> str | None:
-    try:
-        slime_env.locate()
-    except TargetError as exc:
-        return str(exc)
-    return None
 
 
 def _loop(k: int, last: str) -> list[dict[str, Any]]:

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from tests.process_helpers import ROOT, free_port, tito
+from tests.target_support import slime_missing
 from tests.test_targets_record_replay import WORDS, grpo_scenario, record
 from tito_rl.cassette.reader import read_cassette
 from tito_rl.recorder.simulate import simulate
 from tito_rl.recorder.targets import slime_env
-from tito_rl.recorder.targets.base import TargetError
 from tito_rl.replayer.replay.cassette_replay import replay_cassette_async
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
@@ -38,14 +38,6 @@ def run_tito(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     return subprocess.run(
         [sys.executable, "-m", "tito_rl", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env
     )
-
-
-def slime_missing() -> str | None:
-    try:
-        slime_env.locate()
-    except TargetError as exc:
-        return str(exc)
-    return None
 
 
 pytestmark = pytest.mark.skipif(slime_missing() is not None, reason=f"needs slime: {slime_missing()}")

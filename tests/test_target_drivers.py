@@ -33,6 +33,7 @@ from tests.target_support import (
     reply_payloads,
     samples_of,
     session_id,
+    slime_missing,
     start_logged_engine,
     system_prompt,
 )
@@ -47,14 +48,6 @@ ROOT = Path(__file__).resolve().parent.parent
 WIRES = [("anthropic", True), ("anthropic", False), ("chat", True), ("chat", False)]
 DROPPED = "gone-anthropic-sse"
 DOUBLE = "tests.gateway_double:create"
-
-
-def slime_missing() -> str | None:
-    try:
-        slime_env.locate()
-    except TargetError as exc:
-        return str(exc)
-    return None
 
 
 needs_slime = pytest.mark.skipif(slime_missing() is not None, reason=f"needs slime: {slime_missing()}")
