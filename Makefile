@@ -94,7 +94,7 @@ corpus-table: install
 # Then the live table: the scenario corpus recorded through every target present (tito; slime with TITO_SLIME_PATH;
 # rllm where rllm-model-gateway is installed; miles with TITO_MILES_PATH and TITO_MILES_PYTHON; verifiers and Agent
 # Lightning in their own Pythons, docs/targets.md) into a temporary folder, each recording audited (tito audit
-# --json), gateways side by side (replayer/live_conformance.py; a few minutes: real CLIs, JOBS at once).
+# --json), gateways side by side (replayer/live_conformance.py; real CLIs, JOBS at once; with all six gateways about 21 minutes on two loaded cores).
 conformance: install
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/slime_mixed.tito
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/rllm_mixed.tito cassettes/targets/rllm_opencode_tool_loop.tito cassettes/targets/rllm_qwen_tool_loop.tito
