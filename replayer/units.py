@@ -116,17 +116,15 @@ def split_cassette(
     ]
 
 
-def pool_dispatch(processes: int, prepare: Callable[[], None] | None = None) -> Dispatch:
-    """Units run by `processes` worker processes (forked where the platform can, after `prepare()` loaded what
-    every worker needs, so none loads it again), their results in unit order; 1: in this process."""
+def pool_dispatch(processes: int) -> Dispatch:
+    """Units run by `processes` worker processes (forked where the platform can: what the caller loaded before,
+    e.g. `tito replay`'s `batch.preload`, is theirs at no cost), their results in unit order; 1: in this process."""
 
     def dispatch(units: Sequence[WorkUnit], job: UnitJob) -> Iterator[Any]:
         if processes <= 1 or len(units) <= 1:
             for unit in units:
                 yield run_unit(job, unit)
             return
-        if prepare is not None:
-            prepare()
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         with context.Pool(min(processes, len(units)), initializer=_start_worker, initargs=(job,)) as pool:

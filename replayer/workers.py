@@ -59,13 +59,13 @@ class Backend:
 
 
 @contextmanager
-def running(backend: Backend, prepare: Callable[[], None] | None = None) -> Iterator[tuple[Dispatch, int]]:
+def running(backend: Backend) -> Iterator[tuple[Dispatch, int]]:
     """The backend ready to take units, as (a dispatcher, how many units it runs at once): `-j`'s forked processes
-    (`prepare()` loads what they share before they are forked), or this process connected to the Ray cluster as a
+    (what this process loaded is theirs), or this process connected to the Ray cluster as a
     driver, disconnected at the end (the cluster goes on). `WorkersError` where Ray is not installed or its cluster
     cannot be reached."""
     if backend.ray is None:
-        yield pool_dispatch(backend.jobs, prepare), max(1, backend.jobs)
+        yield pool_dispatch(backend.jobs), max(1, backend.jobs)
         return
     cluster = RayWorkers(backend.ray)
     try:

@@ -162,7 +162,7 @@ def replay_all(
     if dispatch is not None:
         _replay_units(plan_units(works, backend.jobs, unit_most), replaying, dispatch, emit)
         return
-    with workers.running(backend, lambda: preload(works)) as (dispatching, slots):
+    with workers.running(backend) as (dispatching, slots):
         _replay_units(plan_units(works, slots, unit_most), replaying, dispatching, emit)
 
 
