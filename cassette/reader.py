@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from tito_rl.cassette.format.errors import (
     TruncatedHeaderError,
 )
 from tito_rl.cassette.format.extensions import decode_ext
+from tito_rl.cassette.format.fastzlib import crc32
 from tito_rl.cassette.format.frames import FRAME_HEADER, MAGIC, decode_frame_header, decode_payload, located
 from tito_rl.cassette.format.index import INDEX, INDEX_AT, INDEX_AT_BYTES, SessionIndex, decode_index, decode_index_at
 from tito_rl.cassette.format.records import (
@@ -229,7 +229,7 @@ class CassetteReader:
             length, _, crc = decode_frame_header(head, offset)
             if not checksums:
                 self._file.seek(length, os.SEEK_CUR)
-            elif zlib.crc32(self._file.read(length)) != crc:
+            elif crc32(self._file.read(length)) != crc:
                 raise CorruptCassetteError(f"corrupt cassette: checksum mismatch in the record at byte {offset}")
         if index is not None and sorted(o for e in index.values() for o in e.frames) != starts:
             raise CorruptCassetteError("corrupt cassette: its index does not match its records")

@@ -28,6 +28,9 @@ from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE, VLLM_
 @dataclass
 class _SessionState:
     context: bytes = b""  # last engine prompt followed by its output ids, packed
+    # Reading: the last output, not yet joined to `context` (the next prompt's delta joins both in one copy: a
+    # long session's context is copied once per call, not twice)
+    context_out: bytes = b""
     agent_body: bytes = b""
     messages: bytes = b""  # the JSON of the session's last OpenAI-style engine request (its prompt ids aside)
     seq: int = 0
@@ -83,7 +86,7 @@ class SessionCodec:
             # The session ended: its delta bases (a long session's context and last body, ~1 MB) are let go, so a
             # recorder running for days holds only what its live sessions need. A record of the session after
             # this one is stored whole (a delta on an empty base), which any reader resolves as before.
-            state.context, state.agent_body, state.messages = b"", b"", b""
+            state.context, state.context_out, state.agent_body, state.messages = b"", b"", b"", b""
         return data
 
     def release(self, session: str) -> None:
@@ -93,11 +96,13 @@ class SessionCodec:
         `SamplesRecord` or `DropRecord` of the session (cassettes/FORMAT.md)."""
         state = self._sessions.get(session)
         if state is not None:
-            state.context, state.agent_body, state.messages = b"", b"", b""
+            state.context, state.context_out, state.agent_body, state.messages = b"", b"", b"", b""
 
     def held_bytes(self) -> int:
         """The delta bases held for all sessions, in bytes."""
-        return sum(len(s.context) + len(s.agent_body) + len(s.messages) for s in self._sessions.values())
+        return sum(
+            len(s.context) + len(s.context_out) + len(s.agent_body) + len(s.messages) for s in self._sessions.values()
+        )
 
     @staticmethod
     def _encode_engine(state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:
@@ -149,7 +154,7 @@ class SessionCodec:
         elif isinstance(record, SamplesRecord) and isinstance(record.samples, list):
             for sample in record.samples:
                 if isinstance(sample, dict) and isinstance(sample.get("tokens"), TokenDelta):
-                    packed = self._spent(sample["tokens"].apply(state.context), "a sample")
+                    packed = self._spent(sample["tokens"].apply(state.context, state.context_out), "a sample")
                     sample["tokens"] = PackedIds(packed) if self.packed_samples else self._built(unpack_u32(packed))
         check_fields(record, data["t"], self.budget.built if self.budget is not None else None)
         return record
@@ -165,7 +170,8 @@ class SessionCodec:
     def _decode_engine(self, state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:
         resolved = False
         if isinstance(request, dict) and isinstance(request.get("input_ids"), TokenDelta):
-            state.context = self._spent(request["input_ids"].apply(state.context), "a prompt")
+            state.context = self._spent(request["input_ids"].apply(state.context, state.context_out), "a prompt")
+            state.context_out = b""
             request["input_ids"] = (
                 PackedIds(state.context) if self.packed_prompts else self._built(unpack_u32(state.context))
             )
@@ -174,7 +180,7 @@ class SessionCodec:
         packed_out = packed_token_list(response.get("output_ids")) if isinstance(response, dict) else None
         if packed_out is not None:
             if resolved:
-                state.context = state.context + packed_out
+                state.context_out = packed_out
             meta = response.get("meta_info")
             if isinstance(meta, dict) and isinstance(meta.get("output_token_logprobs"), LogprobColumn):
                 triples = meta["output_token_logprobs"].apply(response["output_ids"])
@@ -194,12 +200,12 @@ class SessionCodec:
             if not isinstance(request, dict):
                 raise CorruptCassetteError("corrupt cassette: an engine request is not a JSON object")
             if isinstance(ids, TokenDelta) and isinstance(key, str) and key in request:
-                state.context = self._spent(ids.apply(state.context), "a prompt")
+                state.context = self._spent(ids.apply(_joined(state)), "a prompt")
                 request[key] = self._built(unpack_u32(state.context))
                 prompt_set = True
         for holder in _prompt_holders(response):
             if isinstance(holder.get("prompt_token_ids"), TokenDelta):
-                state.context = self._spent(holder["prompt_token_ids"].apply(state.context), "a prompt")
+                state.context = self._spent(holder["prompt_token_ids"].apply(_joined(state)), "a prompt")
                 holder["prompt_token_ids"] = self._built(unpack_u32(state.context))
                 prompt_set = True
                 break
@@ -207,6 +213,13 @@ class SessionCodec:
         if prompt_set and output is not None:
             state.context = state.context + output
         return request, response
+
+
+def _joined(state: _SessionState) -> bytes:
+    """A reading session's context with its last output joined (`context_out`)."""
+    if state.context_out:
+        state.context, state.context_out = state.context + state.context_out, b""
+    return state.context
 
 
 # Engine dialects whose records `_encode_openai` stores (SGLang's /generate keeps `_encode_engine`).

@@ -17,10 +17,17 @@ class TokenDelta:
     prefix: int
     tail: bytes
 
-    def apply(self, base: bytes) -> bytes:
-        if 4 * self.prefix > len(base):
-            raise CorruptCassetteError(f"token delta keeps {self.prefix} tokens of a {len(base) // 4}-token context")
-        return base[: 4 * self.prefix] + self.tail
+    def apply(self, base: bytes, more: bytes = b"") -> bytes:
+        """The array; its base is `base` followed by `more` (a reader's context and its last output, not joined:
+        each is copied once, into the result)."""
+        keep = 4 * self.prefix
+        if keep > len(base) + len(more):
+            raise CorruptCassetteError(
+                f"token delta keeps {self.prefix} tokens of a {(len(base) + len(more)) // 4}-token context"
+            )
+        if keep <= len(base):
+            return b"".join((memoryview(base)[:keep], self.tail))
+        return b"".join((base, memoryview(more)[: keep - len(base)], self.tail))
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,8 @@ class BytesDelta:
     def apply(self, base: bytes) -> bytes:
         if self.prefix + self.suffix > len(base):
             raise CorruptCassetteError("bytes delta keeps more than its base holds")
-        return base[: self.prefix] + self.middle + base[len(base) - self.suffix :]
+        view = memoryview(base)
+        return b"".join((view[: self.prefix], self.middle, view[len(base) - self.suffix :]))  # one copy, not three
 
 
 @dataclass(frozen=True)

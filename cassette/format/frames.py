@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import struct
 import zlib
-from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -15,14 +14,7 @@ import msgpack
 from tito_rl.cassette.format.budget import DecodeBudget
 from tito_rl.cassette.format.errors import CorruptCassetteError
 from tito_rl.cassette.format.extensions import decode_ext, encode_ext
-
-_decompressobj: Callable[[], Any]
-try:  # Intel's ISA-L inflates zlib streams about 2.5x as fast as zlib itself, with zlib's API: the same bytes out
-    from isal import isal_zlib
-
-    _decompressobj = isal_zlib.decompressobj
-except ImportError:  # pragma: no cover - a platform without its wheel
-    _decompressobj = zlib.decompressobj
+from tito_rl.cassette.format.fastzlib import crc32, decompressobj
 
 MAGIC = b"TITOCAS\n"
 # Frame header: payload length (u32), flags (u8), header check (u16), payload CRC32 (u32), little-endian.
@@ -48,7 +40,7 @@ def encode_frame(record: dict[str, Any]) -> bytes:
             payload, flags = packed, FLAG_ZLIB
     if len(payload) > MAX_FRAME_BYTES:
         raise ValueError(f"record of {len(payload)} bytes exceeds the {MAX_FRAME_BYTES}-byte frame limit")
-    return FRAME_HEADER.pack(len(payload), flags, _header_check(len(payload), flags), zlib.crc32(payload)) + payload
+    return FRAME_HEADER.pack(len(payload), flags, _header_check(len(payload), flags), crc32(payload)) + payload
 
 
 def decode_frame_header(data: bytes, offset: int) -> tuple[int, int, int]:
@@ -70,7 +62,7 @@ def decode_payload(
     """The record map of one frame. `budget` bounds what it decodes to (a reader's, over all it has read; without
     one, this frame's own): a zlib bomb fails as it passes the budget, never inflated whole. `ext_hook`: how to
     decode extension values (default: this format's, into lists and deltas)."""
-    if zlib.crc32(payload) != crc:
+    if crc32(payload) != crc:
         raise CorruptCassetteError(f"corrupt cassette: checksum mismatch in the record at byte {offset}")
     if budget is None:
         budget = DecodeBudget()
@@ -102,7 +94,7 @@ def inflate(payload: bytes | bytearray, budget: DecodeBudget) -> bytes | bytearr
     a bomb fails one chunk past what the budget had left, in memory the budget bounds, however far it would
     inflate. So the writer may compress any record by any ratio. A record of one chunk (most are) is returned as
     zlib made it; a longer one is gathered in one buffer, never joined from pieces (twice its size)."""
-    inflater = _decompressobj()
+    inflater = decompressobj()
     piece: bytes = inflater.decompress(payload, INFLATE_CHUNK)
     budget.spend(len(piece), "a compressed record")  # past the budget: raises
     if inflater.eof:

@@ -48,7 +48,7 @@ class Coverage(RuleFamily):
     def call(self, state: SessionState, call: Call, prompt: np.ndarray | None) -> None:
         if not call.generated:
             return
-        missing = len(call.output) if call.logprobs is None else int(np.isnan(call.logprobs).sum())
+        missing = len(call.output) if call.logprobs is None else int(np.count_nonzero(np.isnan(call.logprobs)))
         if missing:
             example = None
             if self.findings.wants_example("missing-logprobs"):
@@ -116,14 +116,14 @@ class Coverage(RuleFamily):
         # the longest match owns a position; between equal ones (a re-send generated again with the same tokens,
         # as a deterministic engine does) the call trained least so far, so each generation is traced to a sample
         # of its own, as distinct outputs would be, not one generation to both and the other to none
-        matches = [(n, -int(trained[i].sum()), -i, i, p) for n, _, i, p in found]
+        matches = [(n, -int(np.add.reduce(trained[i])), -i, i, p) for n, _, i, p in found]
         for n, _, _, i, p in sorted(matches, reverse=True):
             free = owner[p : p + n] == -1
             owner[p : p + n][free] = i
         trained_at = np.zeros(len(tokens), dtype=bool)
         trained_at[start:] = mask == 1
-        for _, _, _, i, p in matches:
-            mine = np.flatnonzero(owner == i)
+        for n, _, _, i, p in matches:
+            mine = p + np.flatnonzero(owner[p : p + n] == i)  # a match owns positions in its own span only
             if not len(mine):
                 continue
             offsets = mine - p

@@ -11,7 +11,6 @@ lists: a sample spans its session's whole response), through the reader's public
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from tito_rl.cassette.format.fastzlib import crc32
 from tito_rl.cassette.format.index import SessionIndex
 from tito_rl.cassette.format.packing import PackedColumn, PackedIds
 from tito_rl.cassette.format.records import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
@@ -36,7 +36,7 @@ def digest(ids: np.ndarray, start: int = 0) -> int:
     """A prompt's identity (CRC-32 of its packed ids), so a sample can be checked to start with it without the
     prompt being kept; `start`: the CRC of the ids before these, to go on from. Only a call whose output also
     matches the sample there is checked, so a 32-bit checksum cannot be fooled by chance in practice."""
-    return zlib.crc32(np.ascontiguousarray(ids, dtype=U32).data, start)  # the array's buffer: no copy
+    return crc32(np.ascontiguousarray(ids, dtype=U32).data, start)  # the array's buffer: no copy
 
 
 def as_ids(ids: Any) -> np.ndarray:
@@ -68,9 +68,9 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     m = min(len(a), len(b))
     if m == 0:
         return 0
-    if np.array_equal(a[:m], b[:m]):
-        return m
-    return int(np.flatnonzero(a[:m] != b[:m])[0])
+    same = a[:m] == b[:m]
+    first = int(same.argmin())  # the first mismatch, or 0 where there is none (argmin: C, no numpy wrapper)
+    return m if same[first] else first
 
 
 @dataclass(eq=False)  # compared by identity: it holds arrays
