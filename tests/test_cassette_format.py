@@ -305,3 +305,24 @@ def test_a_packed_mask_is_bounded_by_the_budget_as_a_built_one_is() -> None:
         PackedColumn("f64", b"\x00" * 9)
     mask = PackedColumn("mask", mask_rle([0, 0, 1, 1, 1, 0]))
     assert mask == [0, 0, 1, 1, 1, 0] and mask.runs() == (0, [2, 3, 1]) and len(mask) == 6
+
+
+@given(
+    st.lists(st.integers(0, 2**32 - 1), max_size=40),
+    st.lists(st.integers(0, 2**32 - 1), max_size=40),
+    st.lists(st.integers(0, 2**32 - 1), max_size=40),
+)
+def test_a_token_delta_applies_to_a_context_held_in_two_parts_as_to_it_joined(
+    context: list[int], output: list[int], tokens: list[int]
+) -> None:
+    """A reader keeps its context and the last output apart (`context_out`) and joins them in the next prompt's
+    copy: the same prompt as on the joined context, and the same error past its end."""
+    base, more = pack_u32(context), pack_u32(output)
+    delta = token_delta(base + more, pack_u32(tokens))
+    assert delta.apply(base, more) == delta.apply(base + more) == pack_u32(tokens)
+    for prefix in (len(context), len(context) + len(output)):
+        cut = type(delta)(prefix, b"")
+        assert cut.apply(base, more) == (base + more)[: 4 * prefix]
+    too_long = type(delta)(len(context) + len(output) + 1, b"")
+    with pytest.raises(CorruptCassetteError, match="token delta keeps"):
+        too_long.apply(base, more)

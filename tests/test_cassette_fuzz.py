@@ -207,6 +207,15 @@ def test_a_mask_of_2_to_the_40_entries_is_refused_before_it_is_built() -> None:
         ("started_s", float("nan"), "engine record field 'started_s' is not a time (nan)"),
         ("status", 1000, "engine record status 1000 is not an HTTP status"),
         ("session", "a\x1b[2Jb", "a session name holds control characters: 'a\\x1b[2Jb'"),
+        # the checks by type set (the fast paths) against what each would let through
+        ("status", True, "engine record field 'status': expected int, got bool True"),
+        ("headers", {"x-a": "1", "x\n": "2"}, "engine record field 'headers': 'x\\n' is not an HTTP header"),
+        ("headers", {"x-a": "1", "": "2"}, "engine record field 'headers': '' is not an HTTP header"),
+        ("headers", {"x": ["a", "b\r\nc"]}, "engine record field 'headers': 'x' is not an HTTP header"),
+        ("headers", {"x": ["a", 1]}, "engine record field 'headers': expected dict[str, str | list[str]], got dict"),
+        ("method", "POST\n", "engine record field 'method': not an HTTP method: 'POST\\n'"),
+        ("extra", {"a": [1, {"b": {2: 3}}]}, "engine record field 'extra': expected dict[str, Any], got dict"),
+        ("extra", {"a": [1.5, [2, [None, {3: 4}]]]}, "engine record field 'extra': expected dict[str, Any], got dict"),
     ],
 )
 def test_a_field_of_another_type_or_value_is_one_error_naming_it(field: str, value: object, message: str) -> None:

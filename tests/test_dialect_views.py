@@ -10,10 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tito_rl.trajectory.dialects.fields import FIELDS, Field
 from tito_rl.trajectory.dialects.openai_compat import logprob_token_ids
 from tito_rl.trajectory.dialects.registry import detect_dialect, endpoint_of, view_of
+from tito_rl.trajectory.dialects.sglang import generate_view
 from tito_rl.trajectory.dialects.streams import merged_chunks
 from tito_rl.trajectory.dialects.view import DIALECTS, SGLANG, SGLANG_OPENAI, VLLM_GENERATE, VLLM_OPENAI
 
@@ -1108,3 +1111,23 @@ def test_each_field_feeds_the_view_alone() -> None:
     body = sglang_chat_body(meta=False)
     del body["choices"][0]["response_token_ids"]
     assert view_of(None, "/v1/chat/completions", SGLANG_CHAT_REQUEST, body).output_ids is None
+
+
+_ENTRY = st.one_of(
+    st.lists(st.one_of(st.floats(allow_nan=False), st.integers(), st.booleans(), st.none(), st.text()), max_size=3),
+    st.tuples(st.floats(allow_nan=False), st.integers()),
+    st.none(),
+    st.integers(),
+)
+
+
+@given(st.lists(_ENTRY, max_size=6))
+def test_sglang_logprob_entries_read_as_each_was_read_one_by_one(triples: list) -> None:
+    """The view reads `output_token_logprobs` by the set of its entries' types first (a reply holds thousands):
+    the same logprobs as reading each entry, empty entries, bools and non-numbers included."""
+    expected = None
+    if all(isinstance(t, list | tuple) and t for t in triples):
+        expected = [t[0] if isinstance(t[0], int | float) else None for t in triples]
+    view = generate_view({"input_ids": [1]}, {"output_ids": [2], "meta_info": {"output_token_logprobs": triples}})
+    assert view.logprobs == expected
+    assert [type(v) for v in view.logprobs or []] == [type(v) for v in expected or []]
