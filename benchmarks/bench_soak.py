@@ -64,6 +64,8 @@ from tito_rl.cassette.reader import CassetteReader, StoredSessions, open_cassett
 from tito_rl.recorder.scripted.client import SessionRunner  # noqa: E402
 from tito_rl.recorder.scripted.script import RETRY_STATUSES, ClientSession, parse_client_script  # noqa: E402
 from tito_rl.trajectory.adapters.session import session_digest  # noqa: E402
+from tito_rl.trajectory.runtime.allocator import TRIM_ENV  # noqa: E402
+from tito_rl.trajectory.runtime.allocator import trim_every_s as trim_period  # noqa: E402
 
 TEMPLATES = 2048  # bench_production's sessions, played in turn with fresh ids
 RESTART_EVERY = 1500  # engine calls between restarts
@@ -235,7 +237,7 @@ def alive(pid: int) -> bool:
 class Recorder:
     """A `tito record` process (the proxy) and its writer child; stderr kept, read on a thread."""
 
-    def __init__(self, engine: str, out: Path, target: str, max_bytes: int) -> None:
+    def __init__(self, engine: str, out: Path, target: str, max_bytes: int, env: dict[str, str] | None = None) -> None:
         self.port, self.metrics_port = free_port(), free_port()
         args = [
             "record",
@@ -262,7 +264,9 @@ class Recorder:
         cmd = tito_cmd(*args)
         if os.environ.get("SOAK_WRAP"):  # a diagnostic wrapper in place of `-m tito_rl`
             cmd[1:3] = [os.environ["SOAK_WRAP"]]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+        )
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -529,6 +533,43 @@ def phase_soak(engine: str, work: Path, tmpl: list[dict[str, Any]], seconds: flo
     return checks
 
 
+def phase_rounds(
+    engine: str, work: Path, tmpl: list[dict[str, Any]], rounds: int, seconds: float, target: str
+) -> Checks:
+    """What the proxy keeps once its sessions have ended: `rounds` rounds of `seconds` of traffic, each drained
+    (every session begun runs to its end), then a pause past the trim period, and the proxy's resident memory
+    taken; once with malloc's free memory trimmed (`trajectory/runtime/allocator.py`, the default) and once with
+    `TITO_MALLOC_TRIM_S=0` in the same run, the baseline."""
+    checks, host = Checks(), Host()
+    settle = trim_period() + 5.0
+    after: dict[str, list[int]] = {}
+    for label, env in (("not trimmed", {TRIM_ENV: "0"}), ("trimmed", {})):
+        rec = Recorder(engine, work / f"rounds-{label.replace(' ', '-')}", target, SOAK_MAX_BYTES, env)
+        start = rec.memory()[0]
+        series = after[label] = []
+        for r in range(rounds):
+            counts = ClientCounts()
+            run_client(rec.url, tmpl, f"round{r}-{label[:3]}", counts, seconds, lambda: None)
+            checks.check(not counts.failed, f"{label}, round {r + 1}: no client session failed")
+            time.sleep(settle)
+            series.append(rec.memory()[0])
+        rec.stop()
+        shown = ", ".join(f"{v / 2**20:.0f}" for v in series)
+        print(
+            f"rounds, {label}: proxy RSS {start / 2**20:.0f} MiB at start; after each of {rounds} drained rounds of "
+            f"{seconds:.0f} s ({settle:.0f} s after the drain): {shown} MiB; last / first "
+            f"{series[-1] / series[0]:.2f}; {host.line()}"
+        )
+    trimmed, kept = after["trimmed"], after["not trimmed"]
+    print(
+        f"  after the last round, trimmed / not trimmed: {trimmed[-1] / kept[-1]:.2f}; growth from the first round "
+        f"to the last: {(trimmed[-1] - trimmed[0]) / 2**20:+.0f} MiB trimmed, {(kept[-1] - kept[0]) / 2**20:+.0f} "
+        "MiB not"
+    )
+    checks.check(trimmed[-1] < kept[-1], "a trimmed proxy holds less after its sessions end than one not trimmed")
+    return checks
+
+
 def phase_cap(engine: str, work: Path, tmpl: list[dict[str, Any]], seconds: float, target: str) -> Checks:
     checks, host = Checks(), Host()
     folder = work / "cap"
@@ -649,6 +690,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=40, help="picks the kill moments")
     parser.add_argument("--target", choices=("tito", "double"), default="tito")
     parser.add_argument("--keep", type=Path, help="write the run folders here (default: a temp folder, removed)")
+    parser.add_argument("--rounds", type=int, default=0, help="drained rounds, trimmed and not (default 0: none)")
+    parser.add_argument("--round-s", type=float, default=60.0, help="seconds of traffic in a round (default 60)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     spec = engine_script()
@@ -667,6 +710,8 @@ def main() -> None:
         failures: list[str] = []
         try:
             d = args.duration
+            if args.rounds:
+                failures += phase_rounds(url, work, tmpl, args.rounds, args.round_s, args.target).failures
             failures += phase_soak(url, work, tmpl, 0.7 * d, args.target).failures
             failures += phase_cap(url, work, tmpl, max(30.0, 0.15 * d), args.target).failures
             kill_s = max(30.0, 0.075 * d)

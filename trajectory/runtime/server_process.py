@@ -17,9 +17,14 @@ import gc
 import os
 from typing import Any
 
+from aiohttp import web
+
+from tito_rl.trajectory.runtime.allocator import Trimmer
+
 # gen0's threshold in a server: a pass walks every request in flight (about 6k objects at 64 sessions, 1.5 ms
 # on the CI VM), however few objects the traffic has added since the last one, so passes are made rarer.
 SERVER_YOUNG_THRESHOLD = 10_000
+TRIMMER = web.AppKey("tito_trimmer", Trimmer)  # a served app's trimmer
 EVENT_LOOP_ENV = "TITO_EVENT_LOOP"  # "asyncio" forces the stdlib loop (comparisons, debugging)
 
 
@@ -123,14 +128,17 @@ class LoopCollector:
 def prepare_to_serve(app: Any) -> LoopCollector:
     """Call once everything long-lived is loaded, just before serving `app` (an aiohttp app) in a server
     process: freezes the startup objects and runs garbage collection from the app's loop while it serves
-    (automatic collection is off until the app stops)."""
+    (automatic collection is off until the app stops), and trims malloc's free memory periodically."""
     collector = LoopCollector(young_threshold=SERVER_YOUNG_THRESHOLD)
+    trimmer = app[TRIMMER] = Trimmer()  # freed memory back to the system (`allocator`): a recorder runs for days
 
     async def start(_app: Any) -> None:
         collector.start()
+        trimmer.start()
 
     async def stop(_app: Any) -> None:
         collector.stop()
+        await trimmer.stop()
 
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
