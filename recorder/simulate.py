@@ -82,6 +82,28 @@ def with_target(record_args: list[str], target: str | None, dialect: str | None)
     return args + (["--engine-dialect", dialect] if dialect else [])
 
 
+def driver_engine_args(record_args: list[str], given: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The fake engine's arguments the recorded target's driver asks for (`TargetInfo.fake_engine_args`: verifiers'
+    client reads vLLM 0.31's answers), those `given` already set left out; () for tito, an `http://` target, or a
+    driver that cannot be made here (recording it says why)."""
+    if "--target" not in record_args or record_args.index("--target") + 1 >= len(record_args):
+        return ()
+    from tito_rl.recorder.targets.base import TargetError, TargetOptions
+    from tito_rl.recorder.targets.registry import create_driver, parse_target
+
+    name = record_args[record_args.index("--target") + 1]
+    try:
+        if parse_target(name).kind != "driver":
+            return ()
+        wanted = tuple(getattr(create_driver(name, TargetOptions()).info, "fake_engine_args", ()))
+    except TargetError:  # TargetUnavailable included
+        return ()
+    flags = [a for a in wanted if a.startswith("--")]
+    if any(flag in given for flag in flags):  # a setting the caller gave wins: the driver's are left out
+        return ()
+    return wanted
+
+
 def simulate(
     scenario: Path,
     out: Path,
@@ -108,6 +130,7 @@ def simulate(
         record_args = with_target(list(check_scenario(scenario).record_args), target, dialect)
     except ScenarioError as exc:
         raise InvalidScenario(str(exc)) from None
+    engine_args = (*driver_engine_args(record_args, engine_args), *engine_args)
     try:
         install_clis(scenario, agent, task)
     except (OSError, ValueError, RuntimeError) as exc:

@@ -59,7 +59,6 @@ class Target:
     # it also finds a session by its bearer token: a scripted session with no `path_prefix` (rllm's gateway and
     # miles find sessions only in their URL; a CLI is handed the URL by the launchers, so CLIs run either way)
     bearer: bool = True
-    engine_args: tuple[str, ...] = ()  # added to the fake engine's command line
 
 
 TARGETS = (
@@ -69,10 +68,8 @@ TARGETS = (
     Target("rllm", frozenset({"chat"}), "vllm-openai", session_in_url=True, bearer=False),
     Target("miles", frozenset({"chat"}), "sglang-openai", session_in_url=True, bearer=False),  # its session server
     # verifiers' train client renders chat only (TrainClient refuses the other dialects); the session is the API key.
-    # Its generate client (renderers 0.1.12) reads logprob entries as vLLM 0.31 writes them (`token: "token_id:N"`);
-    # vLLM 0.32 writes `token_id: N` and every call fails (docs/conformance.md, verifiers' findings): the engine
-    # imitates 0.31.0 for it.
-    Target("verifiers", frozenset({"chat"}), "vllm-generate", engine_args=("--vllm-version", "0.31.0")),
+    # The fake engine imitates vLLM 0.31.0 for it: its driver says so (`TargetInfo.fake_engine_args`).
+    Target("verifiers", frozenset({"chat"}), "vllm-generate"),
     # Agent Lightning's proxy: chat, unstreamed, the rollout in its own URL (its profile creates it)
     Target(
         "agentlightning",
@@ -205,7 +202,6 @@ def record(scenario: Scenario, target: Target, folder: Path, timeout_s: float, r
             timeout_s=timeout_s,
             target=target.name,
             dialect=target.dialect,
-            engine_args=target.engine_args,
         )
     except (SimulateError, subprocess.TimeoutExpired) as exc:
         return Run(scenario.name, target.name, error=_why(str(exc)))

@@ -149,8 +149,7 @@ def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
         scenarios["verifiers_mixed"], miles
     )
     assert runs_through(scenarios["opencode_tool_loop"], miles) and runs_through(scenarios["opencode_tool_loop"], rllm)
-    # verifiers' generate client reads vLLM 0.31's logprob entries: the engine imitates that release for it
-    assert verifiers.engine_args == ("--vllm-version", "0.31.0") and not tito.engine_args
+
 
 
 def test_a_failed_recording_says_why_in_one_line() -> None:

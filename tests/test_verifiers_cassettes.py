@@ -109,3 +109,17 @@ def test_a_python_that_is_not_there_is_one_line(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("TITO_VERIFIERS_PYTHON", "/nonexistent/python")
     with pytest.raises(TargetError, match="TITO_VERIFIERS_PYTHON=/nonexistent/python is not an executable"):
         verifiers.create(TargetOptions())
+
+
+def test_the_fake_engine_plays_the_vllm_release_verifiers_reads_wherever_it_is_recorded() -> None:
+    """verifiers' generate client reads vLLM 0.31's logprob entries; its driver says so, and `tito simulate` (so
+    `make corpus` and the live conformance run) starts the fake engine imitating that release for it, unless the
+    caller named a release itself. Other targets get the fake engine's default."""
+    from tito_rl.recorder.simulate import driver_engine_args
+
+    around = ["--target", "verifiers", "--engine-dialect", "vllm-generate"]
+    assert driver_engine_args(around) == ("--vllm-version", "0.31.0")
+    assert driver_engine_args(around, ("--vllm-version", "0.32.0")) == ()
+    assert driver_engine_args(["--target", "tito"]) == driver_engine_args([]) == ()
+    assert driver_engine_args(["--target", "http://127.0.0.1:9"]) == driver_engine_args(["--target"]) == ()
+    assert driver_engine_args(["--target", "no_such_module:create"]) == ()  # recording it says why

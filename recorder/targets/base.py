@@ -54,6 +54,10 @@ class TargetInfo:
     # credentials, and a `/sessions/<sid>/` URL), `header:NAME`, `cookie:NAME` or `path:PREFIX` with `{sid}`
     # (`path:/proxy/rollout/{sid}`). A request that names none is no session's. `--session-from` sets it.
     session_from: str = "bearer"
+    # What tito's fake engine must be told to play this gateway's engine (`tito simulate`, `make corpus`, the live
+    # conformance run): a gateway whose client reads an older vLLM's answers names that release here
+    # (`--vllm-version 0.31.0`). Not the gateway's own setting: not in the header.
+    fake_engine_args: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out = {

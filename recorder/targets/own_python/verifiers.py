@@ -276,6 +276,10 @@ class VerifiersTarget:
                 "model": self.model,
                 "tokenizer_fingerprint": fingerprint(options.tokenizer_dir),
             },
+            # its generate client (renderers 0.1.12) reads logprob entries as vLLM 0.31 writes them
+            # (`token: "token_id:N"`); vLLM 0.32 writes `token_id: N` and every call fails (docs/conformance.md,
+            # verifiers' findings)
+            fake_engine_args=("--vllm-version", "0.31.0"),
         )
 
     async def start(self, engine_url: str) -> str:
