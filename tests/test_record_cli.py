@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -237,3 +239,19 @@ def test_a_dead_cassette_writer_stops_the_proxy_answering_with_the_reason(tmp_pa
         with pytest.raises(urllib.error.HTTPError) as health:
             urllib.request.urlopen(proxy + "/health", timeout=10)
         assert health.value.code == 503
+
+
+def test_fake_engine_refuses_a_cassette_whose_engine_leg_it_cannot_serve_in_one_line() -> None:
+    """`--cassette` answers SGLang /generate recordings; a recording around rllm (vLLM's OpenAI API) used to start
+    and refuse every request. Now it says why at once, and where such a cassette replays."""
+    cassette = Path(__file__).resolve().parent.parent / "cassettes" / "targets" / "rllm_mixed.tito"
+    done = subprocess.run(
+        [sys.executable, "-m", "tito_rl", "fake-engine", "--cassette", str(cassette), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "its engine leg is not SGLang's /generate (15 vllm-openai call(s))" in lines[0]
+    assert "tito replay" in lines[0]

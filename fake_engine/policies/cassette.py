@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tito_rl.cassette.format.records import EngineRecord
 from tito_rl.cassette.matching import EngineIndex, NoMatch, RecordedCall
 from tito_rl.cassette.reader import CassetteReader
 from tito_rl.fake_engine.policy import GenerateRequest, Generation, PolicyError, finish_kind
+from tito_rl.trajectory.dialects.view import SGLANG
 
 
 class CassettePolicy:
@@ -34,9 +36,19 @@ class CassettePolicy:
         tokenizer = load_tokenizer(tokenizer_path)
         expected = fingerprint(tokenizer_path) if check_tokenizer else None
         index = EngineIndex(decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
+        others: dict[str, int] = {}  # engine calls of other dialects, which this engine cannot answer from
         with CassetteReader(path, expected) as reader:
-            index.add_all(reader.records())
-            return cls(index, reader.truncated)
+            for record in reader.records():
+                if isinstance(record, EngineRecord) and not index.add(record) and record.dialect not in (None, SGLANG):
+                    others[record.dialect] = others.get(record.dialect, 0) + 1
+            truncated = reader.truncated
+        if others and not index.calls:
+            named = ", ".join(f"{n} {d}" for d, n in sorted(others.items()))
+            raise ValueError(
+                f"{path}: its engine leg is not SGLang's /generate ({named} call(s)): --cassette serves SGLang "
+                "recordings; replay the cassette with `tito replay`, which serves every dialect's engine leg"
+            )
+        return cls(index, truncated)
 
     def generate(self, req: GenerateRequest) -> Generation:
         found = self.index.match(req.input_ids, req.sampling_params, req.routing_key)
