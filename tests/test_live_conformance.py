@@ -151,7 +151,6 @@ def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
     assert runs_through(scenarios["opencode_tool_loop"], miles) and runs_through(scenarios["opencode_tool_loop"], rllm)
 
 
-
 def test_a_failed_recording_says_why_in_one_line() -> None:
     text = (
         'tito simulate: qwen.yaml: tito record exited with 1\n  stdout: ..."error":{"message":'
