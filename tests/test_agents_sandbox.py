@@ -64,9 +64,21 @@ def test_run_gets_exactly_the_given_env_in_the_workdir(sandbox: LocalSandbox) ->
     result = sandbox.run([sys.executable, "-c", code], ENV, timeout_s=60)
     assert result.exit_code == 0 and not result.timed_out
     seen = json.loads(result.stdout)
-    # Python itself may add LC_CTYPE on some platforms; nothing of ours may leak in.
-    assert {k: v for k, v in seen["env"].items() if k != "LC_CTYPE"} == ENV
+    # Python itself may add LC_CTYPE on some platforms; nothing of ours may leak in but the sandbox's temp folder.
+    assert {k: v for k, v in seen["env"].items() if k != "LC_CTYPE"} == {**ENV, "TMPDIR": sandbox.tmp}
     assert seen["cwd"] == sandbox.workdir
+
+
+def test_a_cli_s_temp_files_stay_in_the_sandbox_and_go_with_it(tmp_path: Path) -> None:
+    """opencode's binary unpacks a 5.5 MB library into its temp folder on every run and leaves it: TMPDIR is the
+    sandbox's own, removed at close (a TMPDIR the launcher gives wins)."""
+    code = "import tempfile; f = tempfile.NamedTemporaryFile(delete=False, suffix='.so'); print(f.name)"
+    with LocalSandbox(parent=tmp_path) as box:
+        left = box.run([sys.executable, "-c", code], ENV, timeout_s=60).stdout.strip()
+        assert Path(left).parent == Path(box.tmp) and Path(left).is_file()
+        own = box.run([sys.executable, "-c", code], {**ENV, "TMPDIR": str(tmp_path)}, timeout_s=60).stdout.strip()
+        assert Path(own).parent == tmp_path
+    assert not Path(left).exists() and not box.root.exists()
 
 
 def test_stdin_is_dev_null(sandbox: LocalSandbox) -> None:

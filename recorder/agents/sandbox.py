@@ -125,7 +125,10 @@ class LocalSandbox(Sandbox):
         self.home = str(self.root / "home")
         self.workdir = str(self.root / "work")
         self._logs = self.root / "logs"
-        for path in (self.home, self.workdir, self._logs):
+        # the CLIs' temp folder (TMPDIR), removed with the sandbox: opencode's binary unpacks a 5.5 MB library
+        # into it on every run and never removes it (two in /tmp per test suite before)
+        self.tmp = str(self.root / "tmp")
+        for path in (self.home, self.workdir, self._logs, self.tmp):
             Path(path).mkdir()
         self.base_path = os.environ.get("PATH") or SYSTEM_PATH
         self.tools_prefix = Path(tools_prefix)
@@ -162,7 +165,7 @@ class LocalSandbox(Sandbox):
             try:
                 proc = subprocess.Popen(
                     argv,
-                    env=dict(env),
+                    env={"TMPDIR": self.tmp, **env},
                     cwd=workdir,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
