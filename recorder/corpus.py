@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from tito_rl.recorder.simulate import SimulateError, simulate, write_goldens
+from tito_rl.recorder.simulate import SimulateError, simulate, target_of, write_goldens
 
 ROOT = Path(__file__).resolve().parent.parent
 CASSETTES = ROOT / "cassettes"
@@ -136,9 +136,9 @@ def target_missing(scenario: Path) -> str | None:
         args = list(check_scenario(scenario).record_args)
     except ScenarioError:
         return None  # recording it says what is wrong with the file, as a failure
-    if "--target" not in args or args.index("--target") + 1 >= len(args):
+    name = target_of(args)
+    if name is None:
         return None
-    name = args[args.index("--target") + 1]
     try:
         if parse_target(name).kind == "driver":
             create_driver(name, TargetOptions())

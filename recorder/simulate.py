@@ -82,16 +82,23 @@ def with_target(record_args: list[str], target: str | None, dialect: str | None)
     return args + (["--engine-dialect", dialect] if dialect else [])
 
 
+def target_of(record_args: list[str]) -> str | None:
+    """The `--target` a scenario's `record_args` name; None when they name none."""
+    if "--target" not in record_args or record_args.index("--target") + 1 >= len(record_args):
+        return None
+    return record_args[record_args.index("--target") + 1]
+
+
 def driver_engine_args(record_args: list[str], given: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The fake engine's arguments the recorded target's driver asks for (`TargetInfo.fake_engine_args`: verifiers'
     client reads vLLM 0.31's answers), those `given` already set left out; () for tito, an `http://` target, or a
     driver that cannot be made here (recording it says why)."""
-    if "--target" not in record_args or record_args.index("--target") + 1 >= len(record_args):
+    name = target_of(record_args)
+    if name is None:
         return ()
     from tito_rl.recorder.targets.base import TargetError, TargetOptions
     from tito_rl.recorder.targets.registry import create_driver, parse_target
 
-    name = record_args[record_args.index("--target") + 1]
     try:
         if parse_target(name).kind != "driver":
             return ()

@@ -170,10 +170,6 @@ def _checker(hint: Any) -> Check:
     if origin in (Union, types.UnionType):
         options = tuple(_checker(option) for option in args)
         return lambda v, d, b: any(fits(v, d, b) for fits in options)
-    if hint is type(None):
-        return lambda v, d, b: v is None
-    if hint is float:
-        return lambda v, d, b: type(v) is float or type(v) is int
     if hint is TokenId:
         return lambda v, d, b: type(v) is int and 0 <= v <= U32_MAX
     if origin is dict:
@@ -248,6 +244,7 @@ def _dict_checker(key_hint: Any, item_hint: Any) -> Check:
 
 
 _SCALARS = frozenset({str, int, float, bool, bytes, PackedIds, PackedColumn, type(None)})
+_STR = frozenset({str})
 
 
 def _is_data(value: Any, depth: int, built: Built) -> bool:
@@ -272,9 +269,6 @@ def _is_data(value: Any, depth: int, built: Built) -> bool:
     if set(map(type, items)) <= _SCALARS:
         return True
     return all(_is_data(v, depth + 1, built) for v in items if type(v) not in _SCALARS)
-
-
-_STR = frozenset({str})
 
 
 def _numbers(values: list[Any], item: Any) -> bool:

@@ -96,12 +96,13 @@ class Replies(RuleFamily):
     def __init__(self, findings: Findings) -> None:
         self.findings = findings
         self._specials: tuple[str, ...] | None = None
-        self._first_chars: frozenset[str] | None = None  # the specials' first characters
+        self._first_chars: frozenset[str] = frozenset()  # the specials' first characters, read with them
 
     @property
     def specials(self) -> tuple[str, ...]:
         if self._specials is None:
             self._specials = special_texts()
+            self._first_chars = frozenset(s[0] for s in self._specials if s)
         return self._specials
 
     def exchange(self, state: SessionState, exchange: Exchange) -> None:
@@ -152,11 +153,10 @@ class Replies(RuleFamily):
 
     def _leak(self, state: SessionState, exchange: Exchange, read: Meaning) -> None:
         shown = [read.text, read.reasoning, *(json.dumps(a, ensure_ascii=False) for _, a in read.tool_calls)]
-        if self._first_chars is None:
-            self._first_chars = frozenset(s[0] for s in self.specials if s)
+        specials = self.specials  # reads `_first_chars` with them
         if not any(c in text for c in self._first_chars for text in shown):  # most replies: one scan each
             return
-        found = [s for s in self.specials if any(s in text for text in shown)]
+        found = [s for s in specials if any(s in text for text in shown)]
         if not found:
             return
         example = None
