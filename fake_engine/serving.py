@@ -26,6 +26,14 @@ class Tracked:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     running: bool = False
     request: web.Request | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # set when its answer is written
+    versions: list[str] = field(default_factory=list)  # the weight version current when each output token was made
+    pause_at: int | None = None  # a `pause_after` fault: the engine pauses once this many tokens are made
+    exempt: bool = False  # in flight when vLLM's /pause?mode=wait came: runs to its end
+
+    @property
+    def produced(self) -> int:
+        return len(self.versions)
 
 
 @dataclass
