@@ -200,8 +200,9 @@ def run(args: argparse.Namespace) -> int:
         vllm_reasoning_parser=not args.no_reasoning_parser,
         weight_version=args.weight_version,
         return_routed_experts=args.enable_return_routed_experts,
-        **({"moe": moe} if moe is not None else {}),
     )
+    if moe is not None:
+        options.moe = moe
     print(
         f"tito fake-engine: {what} on http://{args.host}:{args.port} (SGLang {args.version_profile} "
         f"profile{', router mode' if args.router else ''})",

@@ -84,12 +84,14 @@ class AdminRoutes:
             return json_response({"success": True, "new_version": version})
         abort_all = body.get("abort_all_requests", True)
         self.engine.update_weight_version(version, abort_all=abort_all is not False)
-        return json_response({"success": True, "message": f"Weight version updated to {version}", "new_version": version})
+        return json_response(
+            {"success": True, "message": f"Weight version updated to {version}", "new_version": version}
+        )
 
     async def pause_generation(self, request: web.Request) -> web.Response:
         mode = (await _body(request)).get("mode", "abort")
         if mode not in SGLANG_PAUSE_MODES:
-            return json_response(parse_failure(f"body.mode: Input should be 'abort', 'retract' or 'in_place'").body, 400)
+            return json_response(parse_failure("body.mode: Input should be 'abort', 'retract' or 'in_place'").body, 400)
         if mode == "abort":
             await self._abort_in_flight()
         self.engine.pause()

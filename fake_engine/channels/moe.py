@@ -43,7 +43,9 @@ class MoeShape:
         try:
             layers, top_k, experts = (int(p) for p in parts)
         except ValueError:
-            raise ValueError(f"MoE shape {text!r}: expected LAYERS,TOP_K,EXPERTS (three integers, e.g. 2,2,8)") from None
+            raise ValueError(
+                f"MoE shape {text!r}: expected LAYERS,TOP_K,EXPERTS (three integers, e.g. 2,2,8)"
+            ) from None
         return cls(layers, top_k, experts)
 
     def __str__(self) -> str:
@@ -68,7 +70,8 @@ def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer, elementwise on uint64 (wrapping arithmetic)."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    out: np.ndarray = x ^ (x >> np.uint64(31))
+    return out
 
 
 def routes(ids: Sequence[int], shape: MoeShape) -> np.ndarray:
@@ -81,7 +84,7 @@ def routes(ids: Sequence[int], shape: MoeShape) -> np.ndarray:
     experts = np.arange(shape.experts, dtype=np.uint64) * _GOLDEN
     with np.errstate(over="ignore"):
         for layer in range(shape.layers):
-            salt = _mix(np.uint64(layer + 1) * np.uint64(0xD6E8FEB86659FD93) & _MASK)
+            salt = _mix(np.array([layer + 1], dtype=np.uint64) * np.uint64(0xD6E8FEB86659FD93) & _MASK)[0]
             scores = _mix(seeds[:, None] ^ salt ^ experts[None, :])
             # Highest scores first; ties broken by the expert id (stable), so every row is one fixed order.
             order = np.argsort(~scores, axis=1, kind="stable")[:, : shape.top_k]

@@ -369,7 +369,11 @@ class OpenAIRoutes:
 
         async def write(chunk: dict[str, Any]) -> None:
             nonlocal sent
-            await resp.write(b"data: " + dumps(self._with_channels(call, greq, chunk, ids[: tracked.produced], tracked, faults)) + b"\n\n")
+            await resp.write(
+                b"data: "
+                + dumps(self._with_channels(call, greq, chunk, ids[: tracked.produced], tracked, faults))
+                + b"\n\n"
+            )
             sent += 1
             if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
                 drop(request)
