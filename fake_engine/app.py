@@ -449,7 +449,7 @@ class Engine:
                 self.pause()
             if done == n:
                 break
-            if not (self.running.is_set() or tracked.exempt) and not await self._until_running(tracked):
+            if not (self.running.is_set() or tracked.exempt.is_set()) and not await self._until_running(tracked):
                 break
             if tracked.aborted.is_set():
                 break
@@ -467,12 +467,11 @@ class Engine:
         return done
 
     async def _until_running(self, tracked: Tracked) -> bool:
-        """Wait out a pause; False if the request is aborted meanwhile."""
-        resumed = asyncio.ensure_future(self.running.wait())
-        aborted = asyncio.ensure_future(tracked.aborted.wait())
-        await asyncio.wait({resumed, aborted}, return_when=asyncio.FIRST_COMPLETED)
-        resumed.cancel()
-        aborted.cancel()
+        """Wait out a pause (or an exemption from it); False if the request is aborted meanwhile."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (self.running, tracked.exempt, tracked.aborted)]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
         return not tracked.aborted.is_set()
 
     async def _stream(

@@ -29,7 +29,7 @@ class Tracked:
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set when its answer is written
     versions: list[str] = field(default_factory=list)  # the weight version current when each output token was made
     pause_at: int | None = None  # a `pause_after` fault: the engine pauses once this many tokens are made
-    exempt: bool = False  # in flight when vLLM's /pause?mode=wait came: runs to its end
+    exempt: asyncio.Event = field(default_factory=asyncio.Event)  # in flight at vLLM's /pause?mode=wait: runs on
 
     @property
     def produced(self) -> int:

@@ -406,6 +406,33 @@ async def test_vllm_pause_resume_and_weight_versions_per_choice():
     assert aborted["choices"][0]["finish_reason"] == "abort" and len(aborted["choices"][0]["token_ids"]) == 2
 
 
+async def test_vllm_pause_wait_lets_what_is_in_flight_finish_and_holds_the_rest():
+    turn = {"text": "Let me look at the files first.", "faults": {"pause_after": 2}, "fault_attempts": 1}
+    async with serve({"turns": [turn]}, openai_dialect="vllm-openai") as (url, s, app):
+
+        async def post() -> dict[str, Any]:
+            async with s.post(url + TOKENS, json=vllm_generate(first_prompt())) as r:
+                return dict(await r.json())
+
+        in_flight = asyncio.ensure_future(post())
+        await _paused_after(app, in_flight)  # held at its 2nd token by the engine's own pause
+        async with s.post(url + "/pause?mode=wait") as p:  # answers once the request in flight has finished
+            assert await p.json() == {"status": "paused"}
+        assert in_flight.done()
+        finished = in_flight.result()["choices"][0]
+        held = asyncio.ensure_future(post())
+        for _ in range(100_000):  # yield until it is admitted (then held at its first token): no clock involved
+            if app[ENGINE_KEY].tracked:
+                break
+            await asyncio.sleep(0)
+        assert app[ENGINE_KEY].tracked and not held.done()
+        async with s.post(url + "/resume") as r:
+            assert r.status == 200
+        after = (await asyncio.wait_for(held, 30))["choices"][0]
+    assert finished["finish_reason"] == "stop" and after["finish_reason"] == "stop"
+    assert after["token_ids"] == finished["token_ids"]
+
+
 # ---- faults: each known bug's wrong shape ------------------------------------------------------------------
 
 

@@ -113,7 +113,7 @@ class AdminRoutes:
         elif mode == "wait":
             in_flight = list(self.engine.tracked.values())
             for t in in_flight:
-                t.exempt = True
+                t.exempt.set()
             self.engine.pause()
             await asyncio.gather(*(t.done.wait() for t in in_flight))
         else:
