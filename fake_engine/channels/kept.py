@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 from tito_rl.fake_engine.channels.moe import prefix_digests
 
 MAX_EXTRA = 3
+SEED = b"tito-top-p"
+
+
+@lru_cache(maxsize=64)
+def _after(prompt: tuple[int, ...]) -> bytes | None:
+    """The chain's digest through the prompt (cached: a stream asks again at every chunk), None for no prompt."""
+    digests = prefix_digests(prompt, seed=SEED)
+    return digests[-1] if digests else None
 
 
 def _greedy(sampling: dict[str, Any]) -> bool:
@@ -30,14 +39,14 @@ def kept_sets(
     if not output:
         return []
     greedy = _greedy(sampling)
-    ids = [*prompt, *output]
-    digests = prefix_digests(ids, seed=b"tito-top-p")
+    start = _after(tuple(prompt))
+    digests = [start, *prefix_digests(output, seed=SEED, state=start)]  # digests[i]: through the token before i
     sets: list[list[int]] = []
     for i, sampled in enumerate(output):
-        position = len(prompt) + i
         kept = [int(sampled)]
-        if not greedy and position > 0:
-            stream = hashlib.blake2b(digests[position - 1], digest_size=32).digest()  # the context before the token
+        context = digests[i]
+        if not greedy and context is not None:
+            stream = hashlib.blake2b(context, digest_size=32).digest()  # the context before the token
             extra = stream[0] % (MAX_EXTRA + 1)
             for j in range(extra):
                 candidate = int.from_bytes(stream[1 + 4 * j : 5 + 4 * j], "little") % vocab_size

@@ -56,10 +56,11 @@ class MoeShape:
 DEFAULT_MOE = MoeShape(2, 2, 8)
 
 
-def prefix_digests(ids: Sequence[int], seed: bytes = b"tito-moe") -> list[bytes]:
-    """Digest t covers ids[0..t] (a chain: each folds the previous one with the next id)."""
+def prefix_digests(ids: Sequence[int], seed: bytes = b"tito-moe", state: bytes | None = None) -> list[bytes]:
+    """Digest t covers ids[0..t] (a chain: each folds the previous one with the next id); `state`: continue a chain
+    from the digest of the ids before these."""
     out: list[bytes] = []
-    state = hashlib.blake2b(seed, digest_size=16).digest()
+    state = state or hashlib.blake2b(seed, digest_size=16).digest()
     for tid in ids:
         state = hashlib.blake2b(state + int(tid).to_bytes(8, "little", signed=True), digest_size=16).digest()
         out.append(state)
@@ -86,8 +87,10 @@ def routes(ids: Sequence[int], shape: MoeShape) -> np.ndarray:
         for layer in range(shape.layers):
             salt = _mix(np.array([layer + 1], dtype=np.uint64) * np.uint64(0xD6E8FEB86659FD93) & _MASK)[0]
             scores = _mix(seeds[:, None] ^ salt ^ experts[None, :])
-            # Highest scores first; ties broken by the expert id (stable), so every row is one fixed order.
-            order = np.argsort(~scores, axis=1, kind="stable")[:, : shape.top_k]
+            # The top-k scores, highest first (64-bit scores: ties are as good as impossible).
+            keys = ~scores  # ascending keys = descending scores
+            top = np.argpartition(keys, shape.top_k - 1, axis=1)[:, : shape.top_k]
+            order = np.take_along_axis(top, np.argsort(np.take_along_axis(keys, top, axis=1), axis=1), axis=1)
             out[:, layer, :] = order.astype(np.int32)
     return out
 
