@@ -11,7 +11,9 @@ The app owns everything a policy should not care about: validation (validation.p
 `/abort_request`, streaming, faults (faults.py) and response shapes (responses.py). A policy only maps a
 `GenerateRequest` to a `Generation`, or raises `PolicyError`. The OpenAI-compatible routes (`openai/handler.py`:
 SGLang's and vLLM's `/v1/chat/completions` and `/v1/completions`, vLLM's `/inference/v1/generate`) share the
-queue, aborts, faults and logprobs through `Engine.tracked_run` and `Engine.prepare`.
+queue, aborts, faults and logprobs through `Engine.tracked_run` and `Engine.prepare`. The per-token channels (expert
+routes, top-p kept sets, weight versions) and the weight-update admin routes are in `channels/`; `Engine.produce`
+notes the weight version of each token it makes and holds them while generation is paused.
 """
 
 from __future__ import annotations

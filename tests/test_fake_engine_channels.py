@@ -15,6 +15,7 @@ import asyncio
 import base64
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -529,3 +530,21 @@ def test_moe_shape_from_the_scenario_and_the_command_line():
     spec = fault_schedule(args).spec
     assert args.enable_return_routed_experts and MoeShape.parse(args.moe) == MoeShape(2, 2, 8)
     assert spec.routes_extra_rows == 2 and spec.stale_weight_version and not spec.routes_missing
+
+
+async def test_the_channels_tour_example_plays_each_fault_by_routing_key():
+    import yaml
+
+    tour = yaml.safe_load((Path(__file__).parent.parent / "fake_engine/examples/channels_tour.yaml").read_text())
+    prompt = first_prompt()
+    async with serve(tour, return_routed_experts=True) as (url, s, _):
+        answers = {}
+        for key in ("routes-missing", "not-cut", None):
+            headers = {"X-SMG-Routing-Key": key} if key else {}
+            async with s.post(url + "/generate", json=routed(gen_body(prompt)), headers=headers) as r:
+                answers[key] = await r.json()
+    assert "routed_experts" not in answers["routes-missing"]["meta_info"]
+    n = {key: len(prompt) + len(a["output_ids"]) - 1 for key, a in answers.items()}
+    assert len(sglang_rows(answers["not-cut"]["meta_info"]["routed_experts"], MoeShape(2, 2, 8))) == n["not-cut"] + 3
+    right = sglang_rows(answers[None]["meta_info"]["routed_experts"], MoeShape(2, 2, 8))
+    assert (right == routes(prompt + answers[None]["output_ids"], MoeShape(2, 2, 8))[:-1]).all()
