@@ -244,7 +244,7 @@ class Attribution:
             parts = [ids] if len(ids) <= HEAD_TOKENS + TAIL_TOKENS else [ids[:HEAD_TOKENS], ids[-TAIL_TOKENS:]]
             try:
                 return "\n".join(self.decode(part) for part in parts)
-            except (TypeError, ValueError, OverflowError):
+            except Exception:  # noqa: BLE001 - ids the tokenizer cannot read leave the call to the order rule
                 return None
         messages = body.get("messages")
         return "\n".join(request_lines({"messages": messages})) if isinstance(messages, list) else None
