@@ -3,7 +3,8 @@
 The agent leg goes to the target over HTTP; the engine leg is a server on loopback (`--engine-listen`, or a free
 port a driver's gateway is started with) that answers from the cassette. Its calls are attributed to the
 exchange being replayed as the recording tap attributed them (`tito_rl.recorder.taps.attribution`): by the routing key,
-then among that session's requests in flight; replay sends one session's requests in their recorded order and
+then among that session's requests in flight by the call's prompt (`attribute`; a twin the recording gave to an
+exchange not yet replayed is traded for, `_claim`); replay sends one session's requests in their recorded order and
 holds each generation until its recorded end, so the order the target saw live is the order it sees again.
 The checks are tito's: engine requests (first differing token, decoded), replies (the target's volatile fields
 masked, everything else compared), and samples at each finish where both sides have them: a session never
@@ -380,7 +381,28 @@ class TargetHarness(HarnessBase):
             nxt = next((r for r in leg.unserved if r.path == path), None) if leg else None
             if nxt is not None and wanted is not None and _call_key(path, nxt.request) == wanted:
                 return key
+        if wanted is not None and is_generation(path):
+            self._claim(candidates[0], path, wanted)
         return candidates[0]
+
+    def _claim(self, key: Key, path: str, wanted: Any) -> None:
+        """A generation whose recorded twin the recording gave to another exchange of the session, one not in
+        flight (a recorder that attributed a session's concurrent calls by their order, which a gateway's threads
+        may swap): the two exchanges trade those recorded calls, so each is served the answer to its own prompt."""
+        leg = self.transport.legs.get(key)
+        mine = next((i for i, r in enumerate(leg.unserved) if r.path == path), None) if leg else None
+        if leg is None or mine is None:
+            return
+        for other_key, other in self.transport.legs.items():
+            if other_key[0] != key[0] or other_key == key or other_key in self.inflight or other.arrived.is_set():
+                continue
+            theirs = next(
+                (i for i, r in enumerate(other.unserved) if r.path == path and _call_key(path, r.request) == wanted),
+                None,
+            )
+            if theirs is not None:
+                leg.unserved[mine], other.unserved[theirs] = other.unserved[theirs], leg.unserved[mine]
+                return
 
     def _extra_generation(self, path: str, headers: Mapping[str, str]) -> None:
         """A generation the recording has none left to answer with (a target that generates where the recorded one
