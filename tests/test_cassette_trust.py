@@ -83,7 +83,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     rewrite(root / "driver.tito", {**recorded, "ref": "evil_driver:create", "name": "evil", "settings": {}})
     (root / "evil_driver.py").write_text(
-        f"open({str(root / 'marker_import')!r}, 'w').close()\n\ndef create(options):\n    raise SystemExit(3)\n"
+        f"open({str(root / 'marker_import')!r}, 'w').close()\n\ndef create(options):\n    raise RuntimeError('ran')\n"
     )
     (root / "evil_samples.py").write_text(f"open({str(root / 'marker_function')!r}, 'w').close()\n")
     return root
@@ -197,19 +197,28 @@ def test_pytest_collecting_and_running_them_fails_each_item_in_one_line_and_runs
     (project / "pytest.ini").write_text("[pytest]\n")
     (project / "evil_driver.py").write_text((folder / "evil_driver.py").read_text())
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-q", "-rf"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+
+    def pytest_run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-q", *args],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+
+    run = pytest_run("-rf")
     assert markers(folder) == [] and markers(project) == []
     assert run.returncode == 1 and "8 failed" in run.stdout, run.stdout[-3000:]
     assert "passed" not in run.stdout and "skipped" not in run.stdout
     assert "--tito-target gw.yaml), or --tito-trust-cassette" in run.stdout
     assert ASKS_DRIVER in run.stdout and "--tito-target evil_driver:create" in run.stdout
+    # the user's word, in the ini file: the cassette's own driver is imported and called
+    (project / "pytest.ini").write_text("[pytest]\ntito_trust_cassette = true\n")
+    run = pytest_run("cassettes/driver.tito")
+    assert markers(folder) == ["marker_import"] and "RuntimeError: ran" in run.stdout, run.stdout[-3000:]
+    (folder / "marker_import").unlink()
 
 
 # ---- the user's word ----
@@ -218,7 +227,8 @@ def test_pytest_collecting_and_running_them_fails_each_item_in_one_line_and_runs
 @pytest.mark.slow
 def test_trusted_the_cassettes_target_runs(folder: Path) -> None:
     run = run_tito(folder, "replay", "driver.tito", "--trust-cassette")
-    assert markers(folder) == ["marker_import"], run.stderr  # imported, and its factory called (it exits 3)
+    assert markers(folder) == ["marker_import"] and run.returncode == 2, run.stderr  # imported, and called
+    assert "RuntimeError: ran" in run.stderr
     (folder / "marker_import").unlink()
     run = run_tito(folder, "replay", "profile.tito", "--trust-cassette")
     assert markers(folder) == ["marker_command"] and run.returncode == 2, run.stderr  # it exits: never ready
