@@ -70,7 +70,7 @@ def rewrite(to: Path, target: dict[str, Any]) -> Path:
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A stranger's cassettes beside the modules they name (a pull request can bring both)."""
     root = tmp_path_factory.mktemp("stranger")
-    recorded = read_header(BASE).target
+    recorded = read_header(BASE).target or {}
     profile = hostile_profile(root)
     rewrite(
         root / "profile.tito",
