@@ -192,9 +192,14 @@ def simulate(
 
 
 def write_goldens(cassettes: list[Path]) -> str:
-    """The cassettes' goldens, from one replay process (one start-up); its report."""
+    """The goldens of cassettes this process just recorded, from one replay process (one start-up); its report.
+    Their targets are the ones the user's scenarios and options named (a profile file, `module:attribute`): the
+    replay trusts them (`--trust-cassette`), as it would never trust a cassette from elsewhere."""
     proc = subprocess.run(
-        tito("replay", *map(str, cassettes), "--update-goldens"), cwd=ROOT, capture_output=True, text=True
+        tito("replay", *map(str, cassettes), "--update-goldens", "--trust-cassette"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         raise SimulateError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,7 @@ from tito_rl.replayer.comparison.differences import Difference
 from tito_rl.replayer.replay.agent_leg import REPLAY_HEADER, request_headers, request_target
 from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE, CassetteTransport
 from tito_rl.replayer.replay.harness import HarnessBase
+from tito_rl.replayer.replay.loading import replay_choice
 from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.replay.plan import Drop, Finish, PlannedExchange, SessionPlan
 from tito_rl.replayer.replay.results import FinishResult
@@ -53,6 +55,7 @@ ENGINE_BASE = "http://tito-replay-engine"
 # moment later. Replay waits this long for such recorded calls before calling them missing.
 LATE_CALLS_S = 5.0
 Key = tuple[str, int]
+_NOTED: set[tuple[str, str]] = set()  # (cassette, note) said once per process: a run borrows a gateway per cassette
 
 
 def target_linearization(samples: list[dict[str, Any]], stats: Mapping[str, Any]) -> Linearization:
@@ -205,10 +208,13 @@ class TargetHarness(HarnessBase):
         parsers = header.parsers or {}
         adapter = self.options.adapter
         manager = self.options.manager
-        recorded = (header.target or {}).get("settings") or {}
-        extra = {"profile": recorded["profile"]} if isinstance(recorded.get("profile"), dict) else {}
+        # the profile to run is the user's (or, trusted, the cassette's copy): never the header's by itself
+        choice = replay_choice(header, self.options.target, self.path, self.options.trust_cassette)
+        if choice.note is not None and (self.path, choice.note) not in _NOTED:
+            _NOTED.add((self.path, choice.note))
+            print(f"tito: note: {self.path}: {choice.note}", file=sys.stderr)
         return TargetOptions(
-            extra=extra,
+            extra={"profile": choice.profile} if choice.profile is not None else {},
             tokenizer_dir=self.tokenizer_dir,
             reasoning_parser=adapter.get("reasoning_parser", parsers.get("reasoning", "qwen3")),
             tool_parser=adapter.get("tool_parser", parsers.get("tool_call", "qwen25")),
