@@ -207,7 +207,7 @@ def test_update_goldens_plain_jobs_ray_and_pytest_agree_ten_times_in_a_row(recor
     folder.mkdir()
     copy = folder / recorded.name
     shutil.copy(recorded, copy)
-    written = replay(str(copy), "--update-goldens")
+    written = replay(str(copy), "--update-goldens", "--target", THREADED)
     assert written.returncode == 0 and "1 ok" in written.stdout, written.stdout + written.stderr
     assert "warning" not in written.stdout and "differs" not in written.stdout, written.stdout  # nothing noted
     outputs: set[str] = set()
@@ -221,12 +221,12 @@ def test_update_goldens_plain_jobs_ray_and_pytest_agree_ten_times_in_a_row(recor
             modes.append(("--ray", stack.enter_context(local_cluster(cpus=2))))
         for _ in range(ROUNDS):
             for mode in modes:
-                run = replay(str(copy), *mode)
+                run = replay(str(copy), "--target", THREADED, *mode)
                 assert run.returncode == 0 and "1 session(s): 1 ok" in run.stdout, run.stdout + run.stderr
                 outputs.add(run.stdout)
     assert len(outputs) == 1
     # the pytest plugin: ROUNDS copies of the cassette and its golden, one item each, in one pytest run
-    (tmp_path / "pytest.ini").write_text(INI)
+    (tmp_path / "pytest.ini").write_text(INI + f"tito_target = {THREADED}\n")  # the user names the gateway
     for i in range(1, ROUNDS):
         shutil.copy(copy, folder / f"copy{i}.tito")
         shutil.copy(copy.with_suffix(".golden"), folder / f"copy{i}.golden")
@@ -270,14 +270,14 @@ def test_a_recording_whose_concurrent_calls_were_swapped_replays_each_call_again
         if agent_of(tokenizer.decode(e.engine[0].request["input_ids"])) != agent_of(e.record.body.decode())
     ]
     assert len(wrong) == 2  # as the recorder wrote them then
-    written = replay(str(out), "--update-goldens")
+    written = replay(str(out), "--update-goldens", "--target", THREADED)
     assert written.returncode == 0 and "differs" not in written.stdout, written.stdout
     for mode in ((), ("--jobs", "2")):
-        run = replay(str(out), *mode)
+        run = replay(str(out), "--target", THREADED, *mode)
         assert run.returncode == 0 and "1 ok" in run.stdout, run.stdout + run.stderr
     # each exchange was answered as live: the samples are the right recording's, line for line
     right = tmp_path / "right.tito"
     shutil.copy(recorded, right)
-    assert replay(str(right), "--update-goldens").returncode == 0
+    assert replay(str(right), "--update-goldens", "--target", THREADED).returncode == 0
     golden = out.with_suffix(".golden").read_text().replace("swapped.tito", "right.tito")
     assert golden == right.with_suffix(".golden").read_text()
