@@ -7,6 +7,7 @@ layers take a fraction of a second."""
 from __future__ import annotations
 
 import base64
+import functools
 import io
 from dataclasses import dataclass
 from typing import Any
@@ -49,17 +50,24 @@ def prefix_digests(tokens: list[int] | np.ndarray) -> np.ndarray:
 
 
 def route_rows(tokens: list[int] | np.ndarray, shape: MoeShape) -> np.ndarray:
-    """`[len(tokens), layers, top_k]` expert ids: row t picks top_k distinct experts per layer from tokens[0..t]."""
+    """`[len(tokens), layers, top_k]` expert ids: row t picks top_k distinct experts per layer, as a router's top
+    scores would be (no order or pattern zlib could find), from a hash of tokens[0..t] and the layer: top_k
+    consecutive entries, from a hashed offset, of one of 4096 fixed random permutations of the experts."""
     digest = prefix_digests(tokens)
-    units = np.array([s for s in range(1, shape.experts) if np.gcd(s, shape.experts) == 1] or [1], dtype=np.uint64)
+    perms = _permutations(shape.experts)
     layer = np.arange(shape.layers, dtype=np.uint64) * np.uint64(0x632BE59BD9B4E019)
     with np.errstate(over="ignore"):
         key = _mix(digest[:, None] + layer[None, :])  # [t, layer]
-        first = key % np.uint64(shape.experts)
-        step = units[(key >> np.uint64(32)) % np.uint64(units.size)]
-        k = np.arange(shape.top_k, dtype=np.uint64)
-        rows = (first[:, :, None] + step[:, :, None] * k[None, None, :]) % np.uint64(shape.experts)
-    return rows.astype(np.int32)
+    table = (key % np.uint64(perms.shape[0])).astype(np.intp)
+    offset = ((key >> np.uint64(32)) % np.uint64(shape.experts)).astype(np.intp)
+    column = (offset[:, :, None] + np.arange(min(shape.top_k, shape.experts))) % shape.experts
+    return perms[table[:, :, None], column].astype(np.int32)
+
+
+@functools.cache
+def _permutations(experts: int, count: int = 4096) -> np.ndarray:
+    rng = np.random.default_rng(experts)
+    return rng.permuted(np.tile(np.arange(experts, dtype=np.int32), (count, 1)), axis=1)
 
 
 def sglang_routes(tokens: list[int], shape: MoeShape, start: int = 0, rows: np.ndarray | None = None) -> str:

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 # chunk the same way.
 ROUTE_KEYS = ("routed_experts",)
 KEPT_KEYS = ("top_p_token_ids", "top_p_token_offsets", "top_p_kept_token_ids", "top_p_kept_token_offsets")
+CHANNEL_KEYS = frozenset((*ROUTE_KEYS, *KEPT_KEYS))
+_BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 MIN_CHARS = 8  # shorter strings are stored as they are: nothing to win
 ITEM_SIZES = (1, 2, 4, 8)
 _HEAD = struct.Struct("<BBBIII")  # flags, itemsize, width, at, keep, header length
@@ -97,6 +99,11 @@ class RouteContext:
 
     def clear(self) -> None:
         self.values = None
+
+
+def is_base64_text(value: Any) -> bool:
+    """Whether `value` is a str of the base64 alphabet alone (at C speed: a route string is megabytes)."""
+    return isinstance(value, str) and value.isascii() and not value.encode("ascii").translate(None, _BASE64_ALPHABET)
 
 
 # writing
