@@ -10,15 +10,17 @@ on disk and in the recorder, each figure against a baseline measured in this run
     of its final sequence's routes compressed (`zlib` of their uint8 rows, printed as `one copy`), however many
     turns re-sent them. Routes are the CHANNELS.md rule's (a token's row depends only on its prefix;
     `tests/route_channels.py`), near-random as a router's top-k are. The sessions' tokens are scaled by `--scale`
-    (default 0.02): at full size the plain cassette of even 8 sessions is 12 GB of base64 text, which zlib takes
-    hours over on a 2-core host; the ratios depend on the turn counts, which are the scenario's. The writer's time
-    per engine call (its p50 and p99, in-process: the recorder's writer process does this work) is printed for each.
+    (default 0.01): at full size the plain cassette of even 8 sessions is 12 GB of base64 text, which zlib takes
+    hours over on a 2-core host; the ratios depend on the turn counts, which are the scenario's (`--scale 1
+    --skip-plain`: full size, without the plain cassette). The writer's time per engine call (its p50 and p99,
+    in-process: the recorder's writer process does this work) is printed for each, and the most the writer held
+    for a session (its delta bases: the route context is a byte an expert id of the session's rows so far).
 (b) recorder p99 (`bench_recorder.py`'s method: 64 sessions of 16 turns direct and through `tito record` side by
     side, the agent load): once against the fake engine, once against the same engine behind a front that adds
     routes to every `/generate` answer (both copies get them); `--latency-runs` runs each (default 1).
 
-    .venv/bin/python benchmarks/bench_cassette_routes.py [--sessions 8] [--scale 0.02] [--latency-runs 1]
-        [--skip-latency]
+    .venv/bin/python benchmarks/bench_cassette_routes.py [--sessions 8] [--scale 0.01] [--latency-runs 1]
+        [--skip-latency] [--skip-plain]
 Last line: `routes: cassette <R>x the size without routes (plain base64: <P>x), codec / plain <C>, routes / one
 copy <O>; recorder p99 added <X> ms with routes, <Y> ms without`
 """
@@ -76,7 +78,7 @@ def production_sessions(count: int, scale: float) -> list[Session]:
         rng = random.Random(i)
         prompt = [rng.randrange(151_000) for _ in range(max(8, round(SYSTEM_TOKENS * scale)))]
         calls = []
-        for turn in range(turns):
+        for _ in range(turns):
             output = [rng.randrange(151_000) for _ in range(OUTPUT_TOKENS - 1)] + [EOS]
             calls.append((prompt, output))
             prompt = prompt + output + [rng.randrange(151_000) for _ in range(tool_tokens)]
@@ -113,6 +115,7 @@ def exchange(prompt: list[int], output: list[int], turn: int, routes: str | None
 class Written:
     size: int = 0
     call_s: list[float] = field(default_factory=list)  # the writer's time per engine call
+    held: int = 0  # the most delta bases the writer held for one session (its last call, before the finish)
 
 
 @contextmanager
@@ -140,6 +143,7 @@ def write(sessions: list[Session], routes: bool) -> Written:
             started = time.perf_counter()
             writer.engine_exchange(session.name, "bearer", call)
             written.call_s.append(time.perf_counter() - started)
+        written.held = max(written.held, writer._codec.held_bytes())  # one session at a time: its own
         if session.dropped:
             writer.session_dropped(session.name, "bearer")
         else:
@@ -158,7 +162,7 @@ def percentiles_ms(values: list[float]) -> str:
     )
 
 
-def sizes(count: int, scale: float) -> tuple[float, float, float, float]:
+def sizes(count: int, scale: float, skip_plain: bool = False) -> tuple[float, float, float, float]:
     sessions = production_sessions(count, scale)
     for session in sessions:
         prompt, output = session.calls[-1]
@@ -184,8 +188,11 @@ def sizes(count: int, scale: float) -> tuple[float, float, float, float]:
     print(
         f"(a) routes, codec: {coded.size} bytes, {coded.size / bare.size:.1f}x; the routes' own "
         f"{coded.size - bare.size} bytes are {(coded.size - bare.size) / one_copy:.2f}x one copy; writer per call "
-        f"{percentiles_ms(coded.call_s)}; steal {steal[-1]:.1f}%"
+        f"{percentiles_ms(coded.call_s)}; steal {steal[-1]:.1f}%; the writer held at most {coded.held} bytes for a "
+        f"session ({bare.held} without routes): its route context, a byte an expert id"
     )
+    if skip_plain:
+        return coded.size / bare.size, float("nan"), float("nan"), (coded.size - bare.size) / one_copy
     with steal_watch(steal), codec_off():
         plain = write(sessions, routes=True)
     print(
@@ -264,12 +271,13 @@ def latency(runs: int) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=8, help="the production scenario's first N sessions")
-    parser.add_argument("--scale", type=float, default=0.02, help="their tokens scaled by this (1: full size)")
+    parser.add_argument("--scale", type=float, default=0.01, help="their tokens scaled by this (1: full size)")
     parser.add_argument("--latency-runs", type=int, default=1)
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--skip-plain", action="store_true", help="no plain base64 cassette (for full-size runs)")
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {time.strftime('%Y-%m-%d %H:%M')}")
-    ratio, plain, codec_plain, copies = sizes(args.sessions, args.scale)
+    ratio, plain, codec_plain, copies = sizes(args.sessions, args.scale, args.skip_plain)
     line = (
         f"routes: cassette {ratio:.1f}x the size without routes (plain base64: {plain:.1f}x), codec / plain "
         f"{codec_plain:.3f}, routes / one copy {copies:.2f}"
