@@ -123,12 +123,12 @@ def codec_off() -> Iterator[None]:
     """The channel codec turned off: routes stay base64 text in the body (format 4's way)."""
     from tito_rl.cassette.format import codec
 
-    kept = codec.encode_channels
-    codec.encode_channels = lambda context, request, original, response: response  # type: ignore[assignment]
+    kept = codec.__dict__["encode_channels"]
+    codec.__dict__["encode_channels"] = lambda context, request, original, response: response
     try:
         yield
     finally:
-        codec.encode_channels = kept
+        codec.__dict__["encode_channels"] = kept
 
 
 def write(sessions: list[Session], routes: bool) -> Written:
@@ -214,8 +214,9 @@ import json, sys
 sys.path.insert(0, %(root)r)
 import aiohttp
 from aiohttp import web
-from tests.route_channels import MoeShape, sglang_routes
+from tests.route_channels import MoeShape, RowCache, sglang_routes
 SHAPE = MoeShape(%(layers)d, %(top_k)d, %(experts)d)
+CACHE = RowCache(SHAPE)  # each session's prefix routed once, as an engine would keep it
 port, engine = int(sys.argv[1]), f"http://127.0.0.1:{sys.argv[2]}"
 
 async def forward(request):
@@ -228,7 +229,8 @@ async def forward(request):
             answer = json.loads(data)
             ids = json.loads(body).get("input_ids") or []
             if isinstance(answer, dict) and isinstance(ids, list):
-                answer.setdefault("meta_info", {})["routed_experts"] = sglang_routes(ids + answer["output_ids"], SHAPE)
+                seq = ids + answer["output_ids"]
+                answer.setdefault("meta_info", {})["routed_experts"] = sglang_routes(seq, SHAPE, 0, CACHE.rows(seq))
                 data = json.dumps(answer).encode()
         return web.Response(body=data, status=r.status, content_type=kind.split(";")[0])
 

@@ -53,7 +53,11 @@ def route_rows(tokens: list[int] | np.ndarray, shape: MoeShape) -> np.ndarray:
     """`[len(tokens), layers, top_k]` expert ids: row t picks top_k distinct experts per layer, as a router's top
     scores would be (no order or pattern zlib could find), from a hash of tokens[0..t] and the layer: top_k
     consecutive entries, from a hashed offset, of one of 4096 fixed random permutations of the experts."""
-    digest = prefix_digests(tokens)
+    return rows_of_digests(prefix_digests(tokens), shape)
+
+
+def rows_of_digests(digest: np.ndarray, shape: MoeShape) -> np.ndarray:
+    """`route_rows` from the tokens' prefix digests (a caller routing a growing sequence computes only new rows)."""
     perms = _permutations(shape.experts)
     layer = np.arange(shape.layers, dtype=np.uint64) * np.uint64(0x632BE59BD9B4E019)
     with np.errstate(over="ignore"):
@@ -116,3 +120,21 @@ def decoded_routes(text: str, shape: MoeShape) -> np.ndarray:
 def with_routes(response: dict[str, Any], text: str) -> dict[str, Any]:
     """A /generate answer with `meta_info.routed_experts` set."""
     return {**response, "meta_info": {**response.get("meta_info", {}), "routed_experts": text}}
+
+
+class RowCache:
+    """Routes of growing sequences (an engine's sessions), each call computing only the rows it adds: the rows of
+    every sequence routed so far, by the digest of its last token's prefix."""
+
+    def __init__(self, shape: MoeShape) -> None:
+        self.shape = shape
+        self._rows: dict[int, np.ndarray] = {}
+
+    def rows(self, tokens: list[int]) -> np.ndarray:
+        digest = prefix_digests(tokens)
+        known = next((j for j in range(digest.size - 1, -1, -1) if int(digest[j]) in self._rows), -1)
+        head = self._rows[int(digest[known])] if known >= 0 else np.empty((0, self.shape.layers, self.shape.top_k))
+        rows = np.concatenate((head.astype(np.int32), rows_of_digests(digest[known + 1 :], self.shape)))
+        if digest.size:
+            self._rows[int(digest[-1])] = rows
+        return rows
