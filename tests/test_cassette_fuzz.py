@@ -502,6 +502,8 @@ def test_a_start_len_answer_is_placed_at_its_start_row() -> None:
     "text",
     [
         "AAAAAAAAAAAAAAAAAB==",  # 13 zero bytes with non-canonical padding bits
+        "AAAAAAB=",  # 5 zero bytes, the same
+        "AA==AAAA",  # padding inside
         "AAAAAAAAAAAAAAAA\n",  # a line break
         "AAAA-_AAAAAAAAAA",  # the URL-safe alphabet
         "AAAAAAAAAAAAAA",  # not a whole number of groups

@@ -160,13 +160,13 @@ class SessionCodec:
             record.request, record.response = self._decode_openai(state, record.request, record.response)
         elif isinstance(record, EngineRecord):
             record.request, record.response = self._decode_engine(state, record.request, record.response)
-        if isinstance(record, EngineRecord):
-            record.response = decode_channels(state.routes, record.response, self._spend)
-        if isinstance(record, SamplesRecord) and isinstance(record.samples, list):
+        elif isinstance(record, SamplesRecord) and isinstance(record.samples, list):
             for sample in record.samples:
                 if isinstance(sample, dict) and isinstance(sample.get("tokens"), TokenDelta):
                     packed = self._spent(sample["tokens"].apply(state.context, state.context_out), "a sample")
                     sample["tokens"] = PackedIds(packed) if self.packed_samples else self._built(unpack_u32(packed))
+        if isinstance(record, EngineRecord):  # per-token channels back to the engine's exact strings
+            record.response = decode_channels(state.routes, record.response, self._spend)
         check_fields(record, data["t"], self.budget.built if self.budget is not None else None)
         return record
 

@@ -3,8 +3,8 @@ as base64 text, and routes as a delta on the rows the session already stored.
 
 Engines send them as base64 strings: SGLang's `meta_info.routed_experts` (raw int32, `[seqlen - 1, layers, top_k]`,
 every turn the whole prefix again unless `routed_experts_start_len` cut it), vLLM's `routed_experts` (a `.npy` file,
-uint8 or uint16), the kept sets' `top_p_token_ids` / `top_p_token_offsets` (raw int32). A 40-turn session re-sends
-its first turn's rows 40 times, a third larger than the bytes and packed 4 bytes an expert id. Here each string is
+uint8 or uint16), the kept sets' `top_p_token_ids` / `top_p_token_offsets` (raw int32): text a third larger than
+its bytes, 4 bytes an expert id, and a 40-turn session's first rows sent 40 times. Here each string is
 stored as `B64Ints` (`cassettes/FORMAT.md`, extension 7): its `.npy` header as sent (none for raw int32), then its
 items, the first `keep` of them taken from the session's route context at element `at` (a model routes a prefix
 the same in every later turn) and the rest packed as narrow as their values allow. A string whose base64 or items
@@ -111,8 +111,8 @@ def is_base64_text(value: Any) -> bool:
 
 def encode_channels(context: RouteContext, request: Any, original: Any, response: Any) -> Any:
     """`response` (the engine answer as the codec stores it so far) with its channel strings as `B64Ints`, the
-    dicts on the way copied (the caller's record stays as it was). `request` and `original` (the call as recorded)
-    place a `routed_experts_start_len` answer's rows in the session's context."""
+    dicts on the way copied (the caller's record stays as it was). `request` and `original` (the call's request and
+    answer as recorded) place a `routed_experts_start_len` answer's rows in the session's context."""
     if not _has_channels(response):
         return response
     response = _copied(response)
