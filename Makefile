@@ -5,13 +5,27 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tito-installed
 RAY_STAMP := $(VENV)/.tito-ray
 
-.PHONY: install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
+.PHONY: FORCE install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
 	test-real-engine \
 	engine-contract engine-contract-live real-vllm-cassettes
 
-$(STAMP): pyproject.toml requirements-parsers.txt Makefile
+# The editable install is setuptools' strict mode: a tree of links to tito's files in build/, on a static path that
+# mypy, pyright and editors follow from any folder (a user's project, docs/install.md); the default mode's import hook
+# runs only when Python imports. Its links are per file, so the list of tito's files is a prerequisite: a module added
+# or removed reinstalls at the next make (FILES is rewritten only when the list changed).
+EDITABLE_MODE := strict
+FILES := $(VENV)/.tito-files
+PACKAGE_FOLDERS := tito_rl trajectory cassette fake_engine recorder replayer
+
+$(FILES): FORCE
+	@mkdir -p $(VENV); find -L $(PACKAGE_FOLDERS) -name __pycache__ -prune -o -type f \( -name '*.py' -o -name '*.json' \
+	  -o -name '*.yaml' -o -name py.typed \) -print | sort >$@.new; if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+
+FORCE:
+
+$(STAMP): pyproject.toml requirements-parsers.txt Makefile $(FILES)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]' --config-settings editable_mode=$(EDITABLE_MODE)
 	# sglang and xgrammar for their parsers only: without their dependencies (sglang's serving runtime).
 	# Installed last, so that pip has no later install to report their missing dependencies on.
 	$(BIN)/pip install -q --no-deps -r requirements-parsers.txt
