@@ -56,13 +56,17 @@ test: install
 	# once first, so that a fresh clone's first processes do not all compile the same modules at once.
 	# verifiers and Agent Lightning run in Pythons of their own (docs/targets.md): their environments are made once
 	# and cached in ~/.cache/tito (a stat afterwards; on a fresh machine about 2 minutes of pip, made meanwhile
-	# ruff and compileall run); where no Python new enough is found their tests skip, saying so. Ray (`make ray`, the
+	# ruff and compileall run); where no Python new enough is found their tests skip, saying so. The pinned agent CLIs
+	# the real-CLI tests run are installed meanwhile too (npm into .tools/npm, pip into ~/.cache/tito), here rather
+	# than at a test's first use, where pytest's capture would hide the lines that say so: each one-time build prints a
+	# line when it starts and one with its size and time when done (recorder/one_time_build.py). Ray (`make ray`, the
 	# `--ray` tests' extra) is installed meanwhile too; mypy reads it as Any either way (pyproject.toml).
 	$(BIN)/python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning & envs=$$!; \
+	  $(BIN)/python -m tito_rl.recorder.agents.install & clis=$$!; \
 	  $(MAKE) --no-print-directory ray & ray=$$!; \
 	  $(MAKE) --no-print-directory style && \
 	  PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 0 trajectory cassette fake_engine recorder replayer tito_rl tests; \
-	  status=$$?; wait $$envs; wait $$ray || status=1; exit $$status
+	  status=$$?; wait $$envs; wait $$clis; wait $$ray || status=1; exit $$status
 	# `make lint`'s type check runs beside pytest (a fresh clone's mypy has no cache: a minute of one core, which
 	# pytest's waiting workers leave free), its output printed after pytest's; either failing fails `make test`.
 	types=$$(mktemp); $(MAKE) --no-print-directory types >$$types 2>&1 & mypy=$$!; \
