@@ -392,13 +392,16 @@ class Engine:
     async def produce(self, tracked: Tracked, n: int, delay_ms: float) -> int:
         """Pretend to decode n tokens; an abort stops it early. Returns how many were produced."""
         if delay_ms <= 0:
-            return 0 if tracked.aborted.is_set() else n
+            if tracked.aborted.is_set():
+                return 0
+            tracked.produced += n
+            return n
         for i in range(n):
             try:
                 await asyncio.wait_for(tracked.aborted.wait(), delay_ms / 1000)
                 return i
             except TimeoutError:
-                continue
+                tracked.produced += 1
         return n
 
     async def _stream(

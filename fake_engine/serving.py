@@ -26,6 +26,7 @@ class Tracked:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     running: bool = False
     request: web.Request | None = None
+    produced: int = 0  # tokens decoded so far: what a test waits on before it aborts mid-generation
 
 
 @dataclass
