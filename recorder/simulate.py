@@ -55,17 +55,14 @@ def tito(*args: str) -> list[str]:
 def install_clis(scenario: Path, agent: str | None, task: str | None) -> list[str]:
     """The pinned CLIs the recording will run, installed first (a cached install is a stat)."""
     from tito_rl.recorder.agents.cli_script import SCRIPTED, client_agent, load_cli_script
-    from tito_rl.recorder.agents.install import ensure_installed, install_note, is_installed
+    from tito_rl.recorder.agents.install import ensure_installed
     from tito_rl.recorder.agents.pins import pin_for
 
     if agent in (None, SCRIPTED) and client_agent(scenario) == SCRIPTED:
         return []  # the scripted client: nothing to install
     script = load_cli_script(scenario, agent, task)  # no client: section and no --agent/--task: refused here
     for name in script.agents:
-        pin = pin_for(name)
-        if not is_installed(pin):
-            print(f"tito simulate: installing {pin.spec} {install_note(pin)}", file=sys.stderr, flush=True)
-        ensure_installed(pin)
+        ensure_installed(pin_for(name))  # a first install says so, in a line when it starts and one when done
     return script.agents
 
 
