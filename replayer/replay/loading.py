@@ -127,6 +127,23 @@ def recorded_engine_model(cassette: Cassette) -> str | None:
     return None
 
 
+def recorded_channels(cassette: Cassette) -> dict[str, bool]:
+    """What the recording's SGLang calls asked besides the ids: expert routes, top-p kept sets. A replay asks the
+    same (`AdapterSettings.engine_routes`, `engine_kept_sets`), never the engine's `/get_server_info`, which no
+    recording holds; a recording from before the channels asked neither."""
+    routes = kept = False
+    for name in cassette.sessions:
+        for record in cassette.sessions[name].engine:
+            request = record.request if isinstance(record.request, dict) else {}
+            routes = routes or request.get("return_routed_experts") is True
+            params = request.get("sampling_params")
+            custom = params.get("custom_params") if isinstance(params, dict) else None
+            kept = kept or (isinstance(custom, dict) and custom.get("return_top_p_token_ids") is True)
+            if routes and kept:
+                break
+    return {"engine_routes": routes, "engine_kept_sets": kept}
+
+
 def select_sessions(cassette: Cassette, path: str, names: Iterable[str] | None, missing_ok: bool = False) -> list[str]:
     """The sessions to replay, in cassette order; `missing_ok` skips names this cassette lacks."""
     available = list(cassette.sessions)

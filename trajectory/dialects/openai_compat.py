@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tito_rl.trajectory.dialects.channel_reads import read_openai
 from tito_rl.trajectory.dialects.sglang import _ids
 from tito_rl.trajectory.dialects.streams import merged_chunks
 from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE, EngineView, object_at, sampling_view
@@ -138,6 +139,7 @@ def openai_view(dialect: str, endpoint: str, request: dict[str, Any], response: 
         view.tool_calls = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else None
     elif isinstance(choice.get("text"), str):
         view.text = choice["text"]
+    read_openai(view, request, body, choice)
     return view
 
 
