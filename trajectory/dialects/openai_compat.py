@@ -75,6 +75,7 @@ NOT_SAMPLING = frozenset(
         "return_output_ids_in_sglext",
         "return_hidden_states",
         "return_routed_experts",
+        "routed_experts_start_len",
     }
 )
 KEPT_FLAGS = frozenset({"skip_special_tokens", "include_stop_str_in_output", "no_stop_trim", "ignore_eos"})
