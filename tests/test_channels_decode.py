@@ -14,6 +14,7 @@ import pytest
 from tests.channel_support import LAYERS, TOP_K, b64_int32, b64_npy, expert_rows
 from tito_rl.trajectory.adapters.engine import vllm
 from tito_rl.trajectory.adapters.engine.generate import EngineError, parse_generation
+from tito_rl.trajectory.adapters.engine.served_model import routes_top_k
 from tito_rl.trajectory.channels import (
     ChannelError,
     VersionSpan,
@@ -222,3 +223,19 @@ def test_the_sglang_openai_view_reads_sgl_ext_routes() -> None:
     view = view_of(None, "/v1/completions", request, answer)
     assert view.routes_asked and view.routes is not None and np.array_equal(view.routes.rows, rows)
     assert view.weight_versions == (VersionSpan("v5", 0, 3),)
+
+
+def test_the_models_config_splits_sglangs_flat_rows_into_layers(tmp_path) -> None:
+    assert routes_top_k(None) is None and routes_top_k(str(tmp_path)) is None
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe", "num_experts_per_tok": 2}')
+    assert routes_top_k(str(tmp_path)) == TOP_K
+    (tmp_path / "config.json").write_text('{"text_config": {"num_experts_per_tok": 8}}')
+    assert routes_top_k(str(tmp_path)) == 8
+    (tmp_path / "config.json").write_text("{not json")
+    assert routes_top_k(str(tmp_path)) is None
+    rows = expert_rows(PROMPT + OUTPUT)[:-1]
+    request, answer = _generate({"routed_experts": b64_int32(rows)}, {"return_routed_experts": True})
+    split = parse_generation("r", answer, request, TOP_K).routes
+    assert split is not None and (split.layers, split.top_k) == (LAYERS, TOP_K)
+    flat = parse_generation("r", answer, request, 4).routes  # 6 ids a row do not split by 4: kept flat
+    assert flat is not None and flat.layers is None

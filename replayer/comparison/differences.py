@@ -302,7 +302,7 @@ def _channel_difference(
     for name in CHANNEL_FIELDS:
         if a.get(name) is None and not (both_ways and b.get(name) is not None):
             continue
-        va, vb = (_plain(v.get(name)) for v in (a, b))
+        va, vb = (_plain(v.get(name), name == "rollout_routed_experts") for v in (a, b))
         if va == vb:
             continue
         if name == "rollout_routed_experts" and isinstance(va, list) and isinstance(vb, list):
@@ -320,8 +320,13 @@ def _channel_difference(
     return None
 
 
-def _plain(value: Any) -> Any:
-    return value.tolist() if hasattr(value, "tolist") else value
+def _plain(value: Any, rows: bool = False) -> Any:
+    """Plain lists; route rows flattened (`rows`): the split of a row into layers x top_k depends on what the
+    replaying adapter knows of the model (`served_model.routes_top_k`), the ids do not."""
+    value = value.tolist() if hasattr(value, "tolist") else value
+    if rows and isinstance(value, list):
+        return [[e for layer in row for e in layer] if isinstance(row, list) else row for row in value]
+    return value
 
 
 def turn_locator(spans: Sequence[Sequence[Any]]) -> Callable[[int, int], int | None]:

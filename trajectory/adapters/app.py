@@ -32,6 +32,7 @@ from tito_rl.trajectory.adapters.canonical import EchoMemory, fold_system_messag
 from tito_rl.trajectory.adapters.disconnects import DisconnectWatcher
 from tito_rl.trajectory.adapters.engine import fast_json
 from tito_rl.trajectory.adapters.engine.generate import EngineClient, EngineError, Generation, new_rid, sampling_params
+from tito_rl.trajectory.adapters.engine.served_model import routes_top_k
 from tito_rl.trajectory.adapters.engine.transport import EngineTransport
 from tito_rl.trajectory.adapters.parsing.output_parser import OutputParser
 from tito_rl.trajectory.adapters.parsing.sglang_parsers import ParsedOutput
@@ -156,6 +157,7 @@ class Adapter:
             settings.engine_model,
             settings.engine_routes,
             settings.engine_kept_sets,
+            routes_top_k(settings.tokenizer_dir),
         )
         self.sessions: dict[str, SessionState] = {}
         self.disconnects = DisconnectWatcher(settings.disconnect_poll_s)

@@ -95,6 +95,7 @@ class EngineClient:
         model: str | None = None,
         routes: bool | None = None,
         kept_sets: bool = True,
+        routes_top_k: int | None = None,
     ) -> None:
         if dialect not in ADAPTER_DIALECTS:
             raise ValueError(f"tito's adapter calls the engine in {', '.join(ADAPTER_DIALECTS)}, not {dialect!r}")
@@ -106,6 +107,7 @@ class EngineClient:
         self.model = model
         self.routes = routes if dialect == SGLANG else False
         self.kept_sets = kept_sets and dialect == SGLANG
+        self.routes_top_k = routes_top_k  # splits SGLang's flat route rows into layers x top_k (None: unknown)
         self._learning: asyncio.Lock | None = None
 
     async def close(self) -> None:
@@ -198,7 +200,7 @@ class EngineClient:
             answer = await self._call("POST", "/generate", body, headers, on_exchange, t0)
             if answer.status != 200:
                 raise failed_call("/generate", answer.status, _error_text(answer.body))
-            generation = parse_generation(rid, answer.body, body)
+            generation = parse_generation(rid, answer.body, body, self.routes_top_k)
         else:
             model = await self.served_model(t0)
             path, body = vllm.request(self.dialect, rid, input_ids, params, model)
@@ -263,8 +265,11 @@ def _error_text(data: Any) -> str:
     return str(data)[:500]
 
 
-def parse_generation(rid: str, data: Any, request: dict[str, Any] | None = None) -> Generation:
-    """`request`: the body sent (its prompt ids and `routed_experts_start_len` place the answer's routes)."""
+def parse_generation(
+    rid: str, data: Any, request: dict[str, Any] | None = None, routes_top_k: int | None = None
+) -> Generation:
+    """`request`: the body sent (its prompt ids and `routed_experts_start_len` place the answer's routes);
+    `routes_top_k`: the model's experts per token, which split the routes' flat rows into layers."""
     if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
         raise EngineError(502, f"engine /generate returned a malformed body: {str(data)[:200]!r}")
     meta = data["meta_info"]
@@ -295,5 +300,6 @@ def parse_generation(rid: str, data: Any, request: dict[str, Any] | None = None)
     if view.channel_error:
         raise EngineError(502, f"engine /generate returned a malformed channel: {view.channel_error}")
     generation = Generation(rid, output_ids, logprobs, finish, prompt_tokens, cached_tokens, data)
-    generation.routes, generation.kept, generation.weight_versions = view.routes, view.kept, view.weight_versions
+    routes = view.routes.with_split(routes_top_k) if view.routes is not None else None
+    generation.routes, generation.kept, generation.weight_versions = routes, view.kept, view.weight_versions
     return generation
