@@ -1,6 +1,6 @@
 """Per-token channels an engine sends beside the ids: expert routes, top-p kept sets, weight versions.
 
-The wire forms (`/work/wt/CHANNELS.md`, `docs/per-token-channels.md`) are decoded here once, into compact numpy
+The wire forms (`docs/engine-dialects.md`, `docs/adapters.md`) are decoded here once, into compact numpy
 arrays: routes are large (layers x top_k ids for every token of every turn), so they never become Python lists
 until a sample is exported. Every decoder raises `ChannelError` with a one-line reason on malformed input.
 
