@@ -29,7 +29,6 @@ from tito_rl.replayer.replay.cassette_replay import replay_each, run_sync
 from tito_rl.replayer.replay.loading import (
     adapter_settings,
     load_cassette,
-    recorded_channels,
     recorded_engine_model,
     recorded_target,
     replay_target,
@@ -198,19 +197,16 @@ class CassetteSettings:
     tokenizer: str | None
     goldens_apply: bool
     engine_model: str | None = None
-    channels: dict[str, bool] = field(default_factory=dict)  # what the recording asked (`recorded_channels`)
 
 
 def cassette_settings(work: CassetteWork, options: ReplayOptions) -> CassetteSettings:
     cassette, tokenizer = _cassette(work.path, work.tokenizer)
     model = None
-    channels: dict[str, bool] = {}
     if replay_target(cassette.header, options.target, work.path).kind == TITO:
         settings = adapter_settings(cassette.header, tokenizer, options.adapter)
         if settings.engine_dialect != SGLANG and not settings.engine_model:
             model = recorded_engine_model(cassette)
-        channels = {k: v for k, v in recorded_channels(cassette).items() if k not in options.adapter}
-    return CassetteSettings(work.path, tokenizer, work.goldens_apply, model, channels)
+    return CassetteSettings(work.path, tokenizer, work.goldens_apply, model)
 
 
 @dataclass
@@ -235,8 +231,6 @@ class ReplayUnits:
         options = self.job.options
         if settings.engine_model is not None:
             options = replace(options, adapter={**options.adapter, "engine_model": settings.engine_model})
-        if settings.channels:
-            options = replace(options, adapter={**options.adapter, **settings.channels})
         done: list[SessionOutcome] = []
         run_sync(_replay_unit(cassette, settings, unit.names, replace(self.job, options=options), done.append))
         return done

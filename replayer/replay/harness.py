@@ -37,7 +37,6 @@ from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE, CassetteTranspo
 from tito_rl.replayer.replay.loading import (
     ReplayInputError,
     adapter_settings,
-    recorded_channels,
     recorded_engine_model,
     recorded_target,
     replay_target,
@@ -206,9 +205,6 @@ class Harness(HarnessBase):
         self.settings = adapter_settings(cassette.header, tokenizer, options.adapter)
         if self.settings.engine_dialect != SGLANG and not self.settings.engine_model:
             self.settings.engine_model = recorded_engine_model(cassette)
-        for key, value in recorded_channels(cassette).items():
-            if key not in options.adapter:
-                setattr(self.settings, key, value)
         self.settings.clock = self._created
         self.manager = CapturingManager(**{**(cassette.header.adapter.get("manager") or {}), **options.manager})
         self.tap = ReplayTap()

@@ -20,6 +20,9 @@ from tito_rl.trajectory.adapters.app import AdapterSettings
 from tito_rl.trajectory.manager import TrajectoryManager
 from tito_rl.trajectory.tokens.tokenizer import fingerprint
 
+# A recording from before the adapter asked for kept sets never asked for them (whether it asks for routes, a replay
+# learns from the recording's own engine calls: `engine_leg.CassetteTransport` answers `/get_server_info`).
+ABSENT_CHANNEL_SETTINGS: dict[str, Any] = {"engine_kept_sets": False}
 LOCAL_SETTINGS = frozenset({"client_session_factory", "rid_factory", "clock", "disconnect_poll_s"})
 
 
@@ -106,7 +109,11 @@ def settings_problem(header: Header) -> str | None:
 
 def adapter_settings(header: Header, tokenizer: str | None, overrides: dict[str, Any]) -> AdapterSettings:
     known = {f.name for f in fields(AdapterSettings)} - LOCAL_SETTINGS
-    values = {**ABSENT_ADAPTER_SETTINGS, **{k: v for k, v in header.adapter.items() if k in known}}
+    values = {
+        **ABSENT_ADAPTER_SETTINGS,
+        **ABSENT_CHANNEL_SETTINGS,
+        **{k: v for k, v in header.adapter.items() if k in known},
+    }
     if "tool_call" in header.parsers:
         values["tool_parser"] = header.parsers["tool_call"]
     if "reasoning" in header.parsers:
@@ -125,23 +132,6 @@ def recorded_engine_model(cassette: Cassette) -> str | None:
             if isinstance(model, str) and model:
                 return model
     return None
-
-
-def recorded_channels(cassette: Cassette) -> dict[str, bool]:
-    """What the recording's SGLang calls asked besides the ids: expert routes, top-p kept sets. A replay asks the
-    same (`AdapterSettings.engine_routes`, `engine_kept_sets`), never the engine's `/get_server_info`, which no
-    recording holds; a recording from before the channels asked neither."""
-    routes = kept = False
-    for name in cassette.sessions:
-        for record in cassette.sessions[name].engine:
-            request = record.request if isinstance(record.request, dict) else {}
-            routes = routes or request.get("return_routed_experts") is True
-            params = request.get("sampling_params")
-            custom = params.get("custom_params") if isinstance(params, dict) else None
-            kept = kept or (isinstance(custom, dict) and custom.get("return_top_p_token_ids") is True)
-            if routes and kept:
-                break
-    return {"engine_routes": routes, "engine_kept_sets": kept}
 
 
 def select_sessions(cassette: Cassette, path: str, names: Iterable[str] | None, missing_ok: bool = False) -> list[str]:
