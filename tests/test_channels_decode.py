@@ -112,6 +112,7 @@ def test_weight_version_spans() -> None:
     assert version_spans(spans, "v2", 3) == (VersionSpan("v1", 0, 2), VersionSpan("v2", 2, 3))
     assert version_spans(None, "v7", 3) == (VersionSpan("v7", 0, 3),)
     assert version_spans(None, None, 3) == ()
+    assert version_spans([], "v2", 0) == (VersionSpan("v2", 0, 0),)  # aborted before its first token
     for bad, message in [
         ([{"version": "v1", "start": 1, "end": 3}], "does not continue at 0"),
         ([{"version": "v1", "start": 0, "end": 2}], "cover 2 of 3"),
@@ -200,6 +201,23 @@ def test_the_vllm_views_read_npy_routes_and_versions_from_the_choice() -> None:
     generation = vllm.parse_answer("vllm-generate", "/inference/v1/generate", "r", body, {"choices": [choice]})
     assert generation.routes is not None and generation.routes.end == len(PROMPT + OUTPUT) - 1
     assert generation.weight_versions == (VersionSpan("7", 0, 3),)
+    chunks = [
+        {"choices": [{**choice, "routed_experts": None, "weight_versions": None, "finish_reason": None}]},
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": [],
+                    "routed_experts": choice["routed_experts"],
+                    "finish_reason": "stop",
+                    "weight_versions": choice["weight_versions"],
+                }
+            ]
+        },
+    ]
+    streamed = view_of(None, "/inference/v1/generate", {**body, "stream": True}, chunks)
+    assert streamed.routes is not None and streamed.routes.end == len(PROMPT + OUTPUT) - 1
+    assert streamed.weight_versions == (VersionSpan("7", 0, 3),)
     aborted = {**choice, "routed_experts": None}
     assert (
         vllm.parse_answer("vllm-generate", "/inference/v1/generate", "r", body, {"choices": [aborted]}).routes is None

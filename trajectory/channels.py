@@ -190,6 +190,8 @@ def version_spans(spans: Any, version: Any, output_len: int) -> tuple[VersionSpa
         at = end
     if at != output_len:
         raise ChannelError(f"weight_versions: spans cover {at} of {output_len} output tokens")
+    if not out and isinstance(version, str):  # no output (aborted before its first token): the version still says
+        return (VersionSpan(version, 0, 0),)
     return tuple(out)
 
 
