@@ -6,11 +6,25 @@ their own tokens. (The fake engine gains the same channels in its own change; th
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from aiohttp import web
 
-from tests.channel_support import LAYERS, TOP_K, ChannelEngine, expected_rows, script, stack, tool_loop
+from tests.adapter_double import EOS
+from tests.channel_support import (
+    LAYERS,
+    TOP_K,
+    ChannelEngine,
+    b64_npy,
+    expected_rows,
+    expert_rows,
+    script,
+    stack,
+    tool_loop,
+)
+from tito_rl.trajectory.manager import TrajectoryManager
 
 
 async def test_the_adapter_asks_for_routes_from_the_spliced_prefix_and_samples_hold_them(qwen_tokenizer: Any) -> None:
@@ -67,3 +81,63 @@ async def test_routes_told_by_the_settings_are_never_learned(qwen_tokenizer: Any
         np.asarray(sample["rollout_routed_experts"]).reshape(len(sample["tokens"]) - 1, -1),
         expected_rows(sample["tokens"]),
     )
+
+
+@dataclass
+class VllmChannelEngine:
+    """vLLM's `/inference/v1/generate` started with `--enable-return-routed-experts`: every answer carries the
+    routes of all its tokens but the last, as base64 `.npy` (uint8), sent unasked; and its weight versions."""
+
+    tokenizer: Any
+    script: list[str]
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/inference/v1/generate", self.generate)
+        app.router.add_get("/v1/models", self.models)
+        return app
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        output = self.tokenizer.encode(self.script.pop(0), add_special_tokens=False) + [EOS]
+        ids = body["token_ids"] + output
+        routes = expert_rows(ids)[:-1].reshape(-1, LAYERS, TOP_K).astype(np.uint8)
+        choice = {
+            "index": 0,
+            "token_ids": output,
+            "logprobs": {"content": [{"token_id": t, "logprob": -0.5, "rank": 1} for t in output]},
+            "finish_reason": "stop",
+            "routed_experts": b64_npy(routes),
+            "weight_versions": [{"version": "3", "start": 0, "end": len(output)}],
+        }
+        return web.json_response({"request_id": body["request_id"], "choices": [choice]})
+
+
+async def test_vllm_routes_come_unasked_and_each_turn_keeps_only_the_rows_it_adds(qwen_tokenizer: Any) -> None:
+    engine = VllmChannelEngine(qwen_tokenizer, script())
+    manager = TrajectoryManager()
+    async with stack(engine, None, manager, engine_dialect="vllm-generate", engine_model="m") as url:  # type: ignore[arg-type]
+        records = []
+        original = manager.record_turn
+
+        def keep(sid: str, messages: Any, reply: Any, turn: Any) -> int:
+            records.append(turn)
+            return original(sid, messages, reply, turn)
+
+        manager.record_turn = keep  # type: ignore[method-assign]
+        [sample] = await tool_loop(url, "vllm")
+    assert not any("return_routed_experts" in r for r in engine.requests)  # vLLM is never asked
+    tokens = sample["tokens"]
+    routes = np.asarray(sample["rollout_routed_experts"])
+    assert routes.shape == (len(tokens) - 1, LAYERS, TOP_K)  # the .npy says layers x top_k
+    assert np.array_equal(routes.reshape(len(tokens) - 1, -1), expected_rows(tokens))
+    assert sample["weight_versions"] == ["3", "3", "3"]
+    # The engine sent every row each turn; a spliced turn keeps only those past the turn it continues.
+    for earlier, later in zip(records, records[1:], strict=False):
+        assert later.routes.start == len(earlier.prompt_ids) + len(earlier.output_ids) - 1
+        assert later.routes.end == len(later.prompt_ids) + len(later.output_ids) - 1

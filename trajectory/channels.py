@@ -51,6 +51,13 @@ class Routes:
     def width(self) -> int:
         return int(self.rows.shape[1])
 
+    def from_row(self, start: int) -> Routes:
+        """Only the rows from `start` on (a copy, so the rest is freed): an engine that sends every row each turn
+        (vLLM) is kept to the rows the spliced prefix's earlier answers do not already hold."""
+        if start <= self.start:
+            return self
+        return Routes(start, self.rows[start - self.start :].copy(), self.layers, self.top_k)
+
     def with_split(self, top_k: int | None) -> Routes:
         """The same rows with their split into layers x top_k where `top_k` divides the width."""
         if self.layers is not None or not top_k or self.width % top_k:

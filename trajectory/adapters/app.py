@@ -330,7 +330,7 @@ class Adapter:
             parsed.ill_formed,
             label=f"{route} exchange {state.reported}",
             unspliced=prompt.splice.refused,
-            **_channels(gen),
+            **_channels(gen, prompt.splice.routes_from),
         )
         return await self._send_turn(request, ref, state, wire, turn, reply, record, prompt, body, started, digest)
 
@@ -666,9 +666,11 @@ class Adapter:
         await self.engine.close()
 
 
-def _channels(gen: Generation) -> dict[str, Any]:
-    """A generation's per-token channels as `TurnRecord` takes them."""
-    return {"routes": gen.routes, "kept": gen.kept, "weight_versions": gen.weight_versions}
+def _channels(gen: Generation, routes_from: int = 0) -> dict[str, Any]:
+    """A generation's per-token channels as `TurnRecord` takes them; routes from `routes_from` on (the spliced
+    prefix's rows came with the turn spliced onto: an engine that sends them again, vLLM, is not kept twice)."""
+    routes = gen.routes.from_row(routes_from) if gen.routes is not None else None
+    return {"routes": routes, "kept": gen.kept, "weight_versions": gen.weight_versions}
 
 
 def _json_bytes(data: dict[str, Any] | list[Any]) -> bytes:
