@@ -72,7 +72,7 @@ def test_a_recording_with_channels_replays_with_them_and_the_golden_pins_them(
         str(live_file),
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "1 ok" in run.stdout
+    assert "1 ok" in run.stdout and "differs" not in run.stdout  # asked for routes and kept sets as recorded
     # The replayed samples, channels included, are the live ones byte for byte.
     assert exported.read_bytes() == live_file.read_bytes()
     [row] = [json.loads(line) for line in exported.read_text().splitlines()]
@@ -124,3 +124,31 @@ def test_the_tooltip_names_unknown_rows_and_says_nothing_without_channels() -> N
     assert channel_tip(sample, 0, None, False) == ["experts: unknown (no engine answer covered this token)"]
     assert channel_tip(sample, 1, None, False) == ["experts L0: 4,5"]
     assert channel_tip(Sample(**base), 1, 0, True) == []
+
+
+def test_a_recording_from_before_kept_sets_replays_without_asking_for_them(tmp_path: Path) -> None:
+    """An older cassette's header has no `engine_kept_sets`, and its adapter never asked for kept sets though the
+    agent sampled with top_p < 1: the replay asks as it did, so its engine requests match."""
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
+
+    path = tmp_path / "old.tito"
+    engine = ChannelEngine(load_tokenizer(), script(), serves_routes=False)
+
+    async def main() -> None:
+        manager = TrajectoryManager()
+        settings = AdapterSettings(engine_kept_sets=False)
+        header = build_header(settings, None, {"client": "test"}, manager=manager)
+        del header.adapter["engine_kept_sets"], header.adapter["engine_routes"]
+        writer = CassetteWriter(path, header)
+        try:
+            async with stack(engine, writer, manager, engine_kept_sets=False) as url:
+                await tool_loop(url, "old-session-token-0001", top_p=0.9)
+        finally:
+            writer.close()
+
+    asyncio.run(main())
+    assert not any("custom_params" in r["sampling_params"] for r in engine.requests)
+    for args in (["--update-goldens"], []):
+        run = tito("replay", str(path), *args)
+        assert run.returncode == 0 and "1 ok" in run.stdout, run.stdout + run.stderr
+        assert "differs" not in run.stdout  # the replayed /generate asked what the recorded one asked
