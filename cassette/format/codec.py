@@ -82,6 +82,8 @@ class SessionCodec:
                 del data["dialect"]
         elif isinstance(record, SamplesRecord):
             data["samples"] = [self._encode_sample(state, s) for s in record.samples]
+        if isinstance(record, EngineRecord) and record.wire is None:  # no bytes kept: the record as before wires
+            del data["wire"]
         if isinstance(record, SamplesRecord | DropRecord):
             # The session ended: its delta bases (a long session's context and last body, ~1 MB) are let go, so a
             # recorder running for days holds only what its live sessions need. A record of the session after

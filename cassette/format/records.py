@@ -104,6 +104,9 @@ class EngineRecord:
     # The engine API the call speaks (`tito_rl.trajectory.dialects`); None: a cassette from before dialects,
     # whose calls are SGLang's /generate. A streamed OpenAI-style answer's `response` is its chunks, in order.
     dialect: str | None = None
+    # How to write `response` again as the bytes the engine sent (`tito_rl.cassette.answer_bytes`): a replay serves
+    # them to a target that passes them on. None: not kept (before it existed; tito's own adapter's calls).
+    wire: dict[str, Any] | None = None
 
 
 @dataclass

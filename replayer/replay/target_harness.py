@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from tito_rl.cassette.answer_bytes import answer_bytes
 from tito_rl.cassette.reader import Cassette
 from tito_rl.recorder.taps.agent_tap import HOP_HEADERS, SSE, forwarded, split_events
 from tito_rl.recorder.taps.around import samples_of, serve
@@ -346,6 +347,12 @@ class TargetHarness(HarnessBase):
             return web.json_response({"error": {"message": f"tito: the engine did not answer: {exc.text}"}}, status=502)
         finally:
             CURRENT_EXCHANGE.reset(token)
+        recorded = answer_bytes(answer.wire, answer.body)
+        if recorded is not None:  # the engine's own bytes: a target passing them on sends what it sent live
+            content_type = (answer.wire or {}).get("content_type")
+            headers = {"Content-Type": content_type} if content_type else None
+            return web.Response(status=answer.status, body=recorded, headers=headers)
+        # Re-encoded: a recording that kept no bytes (before they were kept), or a call answered in another dialect.
         if isinstance(data, dict) and data.get("stream") and answer.status == 200:
             # An OpenAI-style stream was recorded chunk by chunk; SGLang's /generate as its last, cumulative chunk.
             chunks = answer.body if isinstance(answer.body, list) else [answer.body]
