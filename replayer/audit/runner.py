@@ -203,8 +203,8 @@ def audit(
     """Every cassette of `inputs`, in order; `progress(n)` hears n more bytes read (a bar over their sizes).
     `jobs` > 1: each cassette's sessions are cut into work units (module docstring), run by that many worker processes;
     `ray`: as tasks on that Ray cluster (an address, or `auto`; `replayer/workers.py`); `dispatch`: run by it
-    instead; `unit_most`: sessions per unit at most; `options`: the rules' (`AuditOptions`). The report is the one `jobs=1` makes, byte for byte;
-    `WorkersError` where the workers cannot run."""
+    instead; `unit_most`: sessions per unit at most; `options`: the rules' (`AuditOptions`). The report is the
+    one `jobs=1` makes, byte for byte; `WorkersError` where the workers cannot run."""
     paths = cassette_paths(inputs)
     if dispatch is not None:
         return AuditReport(_audit_in_units(paths, dispatch, jobs, progress, unit_most, options), fail_on)

@@ -88,13 +88,23 @@ class KeptRules(RuleFamily):
         if ids is None or offsets is None or len(offsets) != length + 1:
             got = "missing" if offsets is None or ids is None else f"{len(offsets)} entries"
             self._add(
-                state, None, seq, None, 1, "offsets",
+                state,
+                None,
+                seq,
+                None,
+                1,
+                "offsets",
                 f"sample {number}: kept-set offsets {got} for response length {length} (needs {length + 1})",
             )
             return
         if offsets[0] != 0 or int(offsets[-1]) != len(ids) or (np.diff(offsets) < 0).any():
             self._add(
-                state, None, seq, None, 1, "offsets",
+                state,
+                None,
+                seq,
+                None,
+                1,
+                "offsets",
                 f"sample {number}: kept-set offsets do not rise from 0 to the {len(ids)} ids",
             )
             return
@@ -108,7 +118,12 @@ class KeptRules(RuleFamily):
             if where.any():
                 at = int(np.flatnonzero(where)[0])
                 self._add(
-                    state, None, seq, len(tokens) - length + at, int(where.sum()), kind,
+                    state,
+                    None,
+                    seq,
+                    len(tokens) - length + at,
+                    int(where.sum()),
+                    kind,
                     f"sample {number}: {int(where.sum())} trained token(s) "
                     + ("with an empty kept set" if kind == "empty" else "outside their kept set")
                     + f", first response token {at}",

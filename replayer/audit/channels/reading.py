@@ -132,15 +132,15 @@ def bad_rows(rows: np.ndarray, top_k: int | None, experts: int | None) -> dict[s
     if not rows.size:
         return {}
     out: dict[str, np.ndarray] = {}
-    low = (rows < -1).any(axis=1)
+    low = np.asarray((rows < -1).any(axis=1), dtype=bool)
     if experts is not None:
-        low |= (rows >= experts).any(axis=1)
-    zero = (rows == 0).all(axis=1) if rows.shape[1] > 1 else np.zeros(len(rows), dtype=bool)
+        low |= np.asarray((rows >= experts).any(axis=1), dtype=bool)
+    zero = np.asarray((rows == 0).all(axis=1), dtype=bool) if rows.shape[1] > 1 else np.zeros(len(rows), dtype=bool)
     repeated = np.zeros(len(rows), dtype=bool)
     if top_k and top_k > 1 and rows.shape[1] % top_k == 0:
         groups = np.sort(rows.reshape(len(rows), -1, top_k), axis=2)
         same = (groups[:, :, 1:] == groups[:, :, :-1]) & (groups[:, :, 1:] != -1)
-        repeated = same.any(axis=(1, 2))
+        repeated = np.asarray(same.any(axis=(1, 2)), dtype=bool)
     for kind, mask in (("out of range", low), ("zero padding", zero & ~low), ("repeated", repeated & ~zero & ~low)):
         if mask.any():
             out[kind] = mask

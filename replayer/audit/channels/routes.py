@@ -35,7 +35,6 @@ from tito_rl.replayer.audit.traffic import Call, Finish, RuleFamily, SessionStat
 from tito_rl.trajectory.channels import ChannelError, int32_array
 from tito_rl.trajectory.dialects.view import SGLANG, VLLM_GENERATE, VLLM_OPENAI
 
-
 UNASKED = "routes-unasked"  # `SessionState.notes` key: generations that did not ask, until the engine is known
 
 
@@ -77,11 +76,11 @@ class RouteRules(RuleFamily):
             if routes_error:
                 self._misaligned_engine(state, call)
             elif not call.failed and not view.channel_error and not (call.aborted and not len(call.output)):
-                rows = (call.prompt_len or 0) + len(call.output) - 1 - _start(call)
+                expected = (call.prompt_len or 0) + len(call.output) - 1 - _start(call)
                 self.findings.add(
                     "routes-missing",
                     state.name,
-                    max(rows, 1),
+                    max(expected, 1),
                     "engine",
                     self._call_example("routes-missing", state, call, "routes asked, the engine's answer has none"),
                 )
@@ -164,8 +163,15 @@ class RouteRules(RuleFamily):
         return True
 
     def _check_rows(
-        self, state: SessionState, call: Call | None, rows: np.ndarray, top_k: int | None, start: int, where: str,
-        seq: int | None = None, exchange: int | None = None,
+        self,
+        state: SessionState,
+        call: Call | None,
+        rows: np.ndarray,
+        top_k: int | None,
+        start: int,
+        where: str,
+        seq: int | None = None,
+        exchange: int | None = None,
     ) -> None:
         for kind, mask in bad_rows(rows, top_k, self.experts).items():
             at = int(np.flatnonzero(mask)[0])
@@ -252,7 +258,10 @@ class RouteRules(RuleFamily):
         if len(rows) != n_rows:
             more = "more: not cut with the tokens" if len(rows) > n_rows else "fewer"
             self._sample_misaligned(
-                state, seq, number, f"{len(rows)} route rows for {len(tokens)} tokens (len(tokens) - 1 = {n_rows}; {more})"
+                state,
+                seq,
+                number,
+                f"{len(rows)} route rows for {len(tokens)} tokens (len(tokens) - 1 = {n_rows}; {more})",
             )
         m = min(len(rows), n_rows)
         if width and rows.shape[1] not in (width, 0) and m:
@@ -310,7 +319,9 @@ class RouteRules(RuleFamily):
             kinds.setdefault(kind, []).append(t)
         for kind, where in kinds.items():
             at = where[0]
-            detail = f"sample {number}: {len(where)} route row(s) other than the engine's ({kind}), first for token {at}"
+            detail = (
+                f"sample {number}: {len(where)} route row(s) other than the engine's ({kind}), first for token {at}"
+            )
             if kind == "shifted":
                 detail += f", the engine's row for token {known[rows[at].tobytes()]}"
             elif kind == "last row":

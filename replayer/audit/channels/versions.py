@@ -18,7 +18,7 @@ import numpy as np
 from tito_rl.replayer.audit.channels.reading import generated, notes, sample_tokens, traced
 from tito_rl.replayer.audit.protocol import Example, Findings, Side
 from tito_rl.replayer.audit.traffic import Call, Finish, RuleFamily, SessionState
-from tito_rl.trajectory.dialects.view import SGLANG, SGLANG_OPENAI, VLLM_GENERATE, VLLM_OPENAI
+from tito_rl.trajectory.dialects.view import SGLANG, VLLM_GENERATE, VLLM_OPENAI
 
 ABORT_PATHS = ("/abort_request", "/abort_requests")
 VERSION = "weight-version"  # `SessionState.notes` key: the first version the session's calls named
@@ -136,9 +136,7 @@ class VersionRules(RuleFamily):
             return
         if path.endswith("/update_weight_version"):
             aborts = request.get("abort_all_requests", True) is not False and not mine.vllm
-        elif path.endswith("/pause_generation"):
-            aborts = request.get("mode", "abort") == "abort"
-        elif path.endswith("/pause"):
+        elif path.endswith("/pause_generation") or path.endswith("/pause"):
             aborts = request.get("mode", "abort") == "abort"
         else:
             return
