@@ -424,3 +424,72 @@ def test_live_metrics_count_what_the_audit_counts(tmp_path: Path) -> None:
         value = metrics.registry.get_sample_value("tito_audit_findings_total", {"target": "t", "rule": rule})
         assert value == audited.findings.rules[rule].total, rule
     assert audited.findings.rules["routes-differ"].total == 1 and audited.findings.rules["routes-never-asked"].total
+
+
+# ---- slime's recording, and where the recording keeps the engine's start arguments ----
+
+SLIME = Path(__file__).resolve().parent.parent / "cassettes" / "targets" / "slime_mixed.tito"
+
+
+def test_slimes_adapters_never_ask_an_engine_that_serves_routes(tmp_path: Path) -> None:
+    """slime_mixed's own traffic (slime's agent adapters around the fake engine), its header saying what a recording
+    of an engine started with `--enable-return-routed-experts` says: every generation asked `return_logprob` only."""
+    from dataclasses import replace
+
+    from tito_rl.cassette.writer import CassetteWriter
+
+    copy = tmp_path / "slime_routes.tito"
+    with CassetteReader(SLIME) as reader:
+        header = replace(reader.header, extra={"engine_server_info": {"enable_return_routed_experts": True}})
+        with CassetteWriter(copy, header) as writer:
+            for record in reader.records():
+                writer.append_redacted(record)
+    generations = 0
+    with CassetteReader(SLIME) as reader:
+        for record in reader.records():
+            if isinstance(record, EngineRecord) and record.path == "/generate" and record.status == 200:
+                assert "return_routed_experts" not in record.request and record.request["return_logprob"] is True
+                generations += 1
+    assert generations == 15  # 17 calls, 2 answered 529
+    result = audit_cassette(copy)
+    assert result.findings.rules["routes-never-asked"].total == generations
+    assert len(result.findings.rules["routes-never-asked"].sessions) == 4
+    assert (
+        "engine info says enable_return_routed_experts"
+        in result.findings.rules["routes-never-asked"].examples[0].detail
+    )
+    assert audit_cassette(SLIME).findings.rules["routes-never-asked"].total == 0  # its engine did not serve them
+
+
+def test_the_recorder_keeps_the_engines_routes_flag(tmp_path: Path) -> None:
+    """`tito record` asks the engine's /server_info (SGLang's start arguments) and keeps the routes flag, only when it
+    is set: a recording of an engine without routes has the header it had before."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from tito_rl.recorder.taps.proxy import fetch_server_args
+
+    async def asked(info: dict[str, Any] | None, path: str = "/server_info") -> dict[str, Any]:
+        async def answer(request: web.Request) -> web.Response:
+            return web.json_response(info)
+
+        app = web.Application()
+        if info is not None:
+            app.router.add_get(path, answer)
+        server = TestServer(app)
+        await server.start_server()
+        try:
+            return await fetch_server_args(str(server.make_url("")))
+        finally:
+            await server.close()
+
+    assert asyncio.run(asked({"enable_return_routed_experts": True, "tp_size": 1})) == {
+        "enable_return_routed_experts": True
+    }
+    assert asyncio.run(asked({"enable_return_routed_experts": True}, "/get_server_info")) == {
+        "enable_return_routed_experts": True
+    }
+    assert asyncio.run(asked({"enable_return_routed_experts": False})) == {}
+    assert asyncio.run(asked(None)) == {}  # no such route (vLLM)
