@@ -251,6 +251,27 @@ def test_routes_invalid_ids_repeats_and_zero_padding(tmp_path: Path) -> None:
     assert dummy.findings.rules["routes-invalid"].examples[0].token == BOUNDARY
 
 
+def test_engine_answers_with_padding_negative_or_repeated_ids(tmp_path: Path) -> None:
+    """The fake engine's route faults as the audit sees them: a padding row of expert 0 for the never-forwarded last
+    token (one row too many), an id below -1 (the decoder refuses it), a layer naming one expert twice."""
+    answer = expert_rows(P1 + O1)[BOUNDARY : len(P1) + len(O1) - 1]
+    padded = np.concatenate([answer, np.zeros((1, LAYERS * TOP_K), dtype=answer.dtype)])
+    result = audit_cassette(two_turns(tmp_path / "padded.tito", second={"routes": padded}, **SERVES))
+    assert result.findings.rules["routes-misaligned"].kinds == {"engine rows": 1}
+    assert result.findings.rules["routes-invalid"].kinds == {"zero padding": 1}
+    assert result.findings.rules["routes-invalid"].examples[0].token == len(P1) + len(O1) - 1
+    negative = answer.copy()
+    negative[1, 0] = -3
+    result = audit_cassette(two_turns(tmp_path / "negative.tito", second={"routes": negative}, **SERVES))
+    assert fired(result) == {"routes-invalid": 1}
+    assert result.findings.rules["routes-invalid"].kinds == {"out of range": 1}
+    assert result.findings.rules["routes-invalid"].examples[0].token == BOUNDARY + 1
+    twice = answer.copy()
+    twice[1, 1] = twice[1, 0]
+    result = audit_cassette(two_turns(tmp_path / "twice.tito", second={"routes": twice}, **SERVES))
+    assert result.findings.rules["routes-invalid"].kinds == {"repeated": 1}  # top_k 2 from the header's moe shape
+
+
 def test_vllm_routes_sent_unasked_and_lost_by_the_gateway(tmp_path: Path) -> None:
     """vLLM sends routes with every answer (`.npy`): an engine that does so serves them; a sample without is missing
     them."""

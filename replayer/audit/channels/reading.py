@@ -11,6 +11,7 @@ import numpy as np
 
 from tito_rl.cassette.format.records import Header
 from tito_rl.replayer.audit.traffic import Call, SessionState, as_ids, traced_calls
+from tito_rl.trajectory.adapters.engine.served_model import TOP_K_KEYS
 from tito_rl.trajectory.dialects.view import SGLANG, SGLANG_OPENAI
 
 NO_ROW = -2  # a position no engine answer routed (a sample's unknown row is -1)
@@ -66,20 +67,30 @@ def header_serves_routes(header: Header) -> bool:
     return any(place.get(ROUTES_FLAG) is True for place in _places(header))
 
 
-def experts_of(header: Header) -> int | None:
-    """The model's expert count where the recording says it (engine info, settings, the fake's `moe` shape)."""
+def _model_number(header: Header, keys: tuple[str, ...], moe_part: int) -> int | None:
     for place in _places(header):
-        for key in EXPERT_KEYS:
+        for key in keys:
             value = place.get(key)
             if type(value) is int and value > 0:
                 return value
         moe = place.get("moe")
         if isinstance(moe, str) and moe.count(",") == 2:
             try:
-                return int(moe.split(",")[2])
+                return int(moe.split(",")[moe_part])
             except ValueError:
                 continue
     return None
+
+
+def experts_of(header: Header) -> int | None:
+    """The model's expert count where the recording says it (engine info, settings, the fake's `moe` shape
+    `LAYERS,TOP_K,EXPERTS`)."""
+    return _model_number(header, EXPERT_KEYS, 2)
+
+
+def top_k_of(header: Header) -> int | None:
+    """The model's experts per token where the recording says it (its config's names, or the fake's `moe`)."""
+    return _model_number(header, TOP_K_KEYS, 1)
 
 
 def sample_routes(value: Any) -> tuple[np.ndarray, int | None] | None:

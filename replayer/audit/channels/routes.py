@@ -28,6 +28,7 @@ from tito_rl.replayer.audit.channels.reading import (
     placed_rows,
     sample_routes,
     sample_tokens,
+    top_k_of,
     traced,
 )
 from tito_rl.replayer.audit.protocol import Example, Findings, Side
@@ -49,6 +50,7 @@ class RouteRules(RuleFamily):
         self.findings = findings
         self.header_known: bool | None = None
         self.experts: int | None = None
+        self.top_k: int | None = None  # the model's experts per token, where the header says it
 
     # ---- engine calls ----
 
@@ -56,7 +58,7 @@ class RouteRules(RuleFamily):
         view = call.view
         if self.header_known is None:
             self.header_known = header_serves_routes(state.header)
-            self.experts = experts_of(state.header)
+            self.experts, self.top_k = experts_of(state.header), top_k_of(state.header)
         if not call.generates:
             if call.path.endswith(SERVER_INFO_PATHS) and call.record is not None:
                 info = call.record.response
@@ -73,7 +75,9 @@ class RouteRules(RuleFamily):
         if view.routes is not None and not view.routes_asked and view.dialect in (VLLM_GENERATE, VLLM_OPENAI):
             self._serves(state, f"it answered routes unasked (seq {call.seq})")
         if view.routes is None:
-            if routes_error:
+            if "negative expert id" in view.channel_error:
+                self._negative(state, call)
+            elif routes_error:
                 self._misaligned_engine(state, call)
             elif not call.failed and not view.channel_error and not (call.aborted and not len(call.output)):
                 expected = (call.prompt_len or 0) + len(call.output) - 1 - _start(call)
@@ -91,7 +95,7 @@ class RouteRules(RuleFamily):
             mine.width = routes.width
         elif routes.width != mine.width and self._misaligned_engine(state, call):
             return
-        self._check_rows(state, call, rows, routes.top_k, routes.start, "engine")
+        self._check_rows(state, call, rows, routes.top_k or self.top_k, routes.start, "engine")
         mine.rows[call.index] = EngineRows(routes.start, rows, routes.top_k)
 
     def _serves(self, state: SessionState, why: str) -> None:
@@ -150,7 +154,25 @@ class RouteRules(RuleFamily):
                 mine.rows[call.index] = EngineRows(0, flat.reshape(got, mine.width).astype(np.int64), None)
             else:
                 detail = f"{got} rows where the call's tokens from {start} call for {expected}"
+                if got > expected:  # rows past the tokens: padding for the never-forwarded last token, or uncut
+                    self._check_rows(
+                        state,
+                        call,
+                        flat.reshape(got, mine.width)[expected:].astype(np.int64),
+                        self.top_k,
+                        start + expected,
+                        "engine",
+                    )
         return self._add_misaligned(state, call, kind, detail)
+
+    def _negative(self, state: SessionState, call: Call) -> None:
+        """An answer with an id below 0 (the decoder refuses it): its rows out of range, where they can be told."""
+        flat, width = _raw_flat(call), notes(state).width
+        if flat is not None and width and flat.size % width == 0:
+            self._check_rows(state, call, flat.reshape(-1, width).astype(np.int64), self.top_k, _start(call), "engine")
+            return
+        example = self._call_example("routes-invalid", state, call, f"engine: {call.view.channel_error}")
+        self.findings.add("routes-invalid", state.name, 1, "out of range", example)
 
     def _add_misaligned(self, state: SessionState, call: Call, kind: str, detail: str) -> bool:
         self.findings.add(
@@ -268,7 +290,7 @@ class RouteRules(RuleFamily):
             self._sample_misaligned(state, seq, number, f"{rows.shape[1]} ids a row where the engine sent {width}")
             return
         rows = rows[:m]
-        self._check_rows(state, None, rows, top_k or self._top_k(rows_of), 0, f"sample {number}", seq)
+        self._check_rows(state, None, rows, top_k or self._top_k(rows_of) or self.top_k, 0, f"sample {number}", seq)
         if placed is None or not m:
             return
         engine, routed = placed[:m], routed[:m]
