@@ -514,3 +514,50 @@ def test_the_recorder_keeps_the_engines_routes_flag(tmp_path: Path) -> None:
     }
     assert asyncio.run(asked({"enable_return_routed_experts": False})) == {}
     assert asyncio.run(asked(None)) == {}  # no such route (vLLM)
+
+
+def test_titos_adapter_in_front_of_an_engine_serving_channels_audits_clean(tmp_path: Path) -> None:
+    """A recording made in-process through tito's adapter and the cassette writer, in front of the SGLang double that
+    serves routes, kept sets and versions (tests/channel_support.py): the samples tito made carry the engine's rows
+    through three spliced turns, so no channel rule fires, and the report lists them."""
+    import asyncio
+
+    from tests.channel_support import ChannelEngine, script, stack, tool_loop
+    from tito_rl.cassette.writer import CassetteWriter
+    from tito_rl.recorder.taps.proxy import build_header
+    from tito_rl.trajectory.adapters.app import AdapterSettings
+    from tito_rl.trajectory.manager import TrajectoryManager
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
+
+    path = tmp_path / "routed.tito"
+    engine = ChannelEngine(load_tokenizer(), script())
+
+    async def record() -> list[dict[str, Any]]:
+        manager = TrajectoryManager()
+        writer = CassetteWriter(path, build_header(AdapterSettings(), None, {"client": "test"}, manager=manager))
+        try:
+            async with stack(engine, writer, manager) as url:
+                return await tool_loop(url, "routed-session-token-0001", top_p=0.9)
+        finally:
+            writer.close()
+
+    samples = asyncio.run(record())
+    assert samples and all("rollout_routed_experts" in s for s in samples)
+    result = audit_cassette(path, options=AuditOptions(max_staleness=0))
+    assert result.findings.channels and fired(result) == {} and result.coverage == 1.0
+    # the same traffic, its sample's row of the first turn's last token left as the previous token's (a stale row)
+    from tito_rl.cassette.format.records import SamplesRecord
+
+    stale = tmp_path / "stale_row.tito"
+    with CassetteReader(path) as reader, CassetteWriter(stale, reader.header) as writer:
+        first = None
+        for record in reader.records():
+            if isinstance(record, EngineRecord) and first is None and record.path == "/generate":
+                first = len(record.request["input_ids"]) + len(record.response["output_ids"]) - 1
+            if isinstance(record, SamplesRecord):
+                routes = record.samples[0]["rollout_routed_experts"]
+                assert first is not None and routes[first] != routes[first - 1]
+                routes[first] = routes[first - 1]
+            writer.append_redacted(record)
+    result = audit_cassette(stale)
+    assert fired(result) == {"routes-differ": 1} and result.findings.rules["routes-differ"].kinds == {"last row": 1}
