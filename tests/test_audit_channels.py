@@ -475,10 +475,9 @@ def test_slimes_adapters_never_ask_an_engine_that_serves_routes(tmp_path: Path) 
     result = audit_cassette(copy)
     assert result.findings.rules["routes-never-asked"].total == generations
     assert len(result.findings.rules["routes-never-asked"].sessions) == 4
-    assert (
-        "engine info says enable_return_routed_experts"
-        in result.findings.rules["routes-never-asked"].examples[0].detail
-    )
+    example = result.findings.rules["routes-never-asked"].examples[0]
+    assert "engine info says enable_return_routed_experts" in example.detail
+    assert example.sides[0].text == "return_logprob"  # all slime's adapter asked beside the tokens
     assert audit_cassette(SLIME).findings.rules["routes-never-asked"].total == 0  # its engine did not serve them
 
 

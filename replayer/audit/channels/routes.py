@@ -103,21 +103,22 @@ class RouteRules(RuleFamily):
         mine = notes(state)
         if mine.serves_routes is None:
             mine.serves_routes = why
-            for call in state.notes.pop(UNASKED, ()):
-                self._never_asked(state, call, why)
+            for call, asked in state.notes.pop(UNASKED, ()):
+                self._never_asked(state, call, why, asked)
 
     def _unasked(self, state: SessionState, call: Call) -> None:
+        asked = _asked(call)
         if self.header_known:
             self.findings.channels = True
-            self._never_asked(state, call, "the recording's engine info says " + ROUTES_FLAG)
+            self._never_asked(state, call, "the recording's engine info says " + ROUTES_FLAG, asked)
             return
         mine = state.channels
         if mine is not None and mine.serves_routes is not None:
-            self._never_asked(state, call, mine.serves_routes)
+            self._never_asked(state, call, mine.serves_routes, asked)
         else:  # in the session's notes, let go at its finish with its calls
-            state.notes.setdefault(UNASKED, []).append(call)
+            state.notes.setdefault(UNASKED, []).append((call, asked))
 
-    def _never_asked(self, state: SessionState, call: Call, why: str) -> None:
+    def _never_asked(self, state: SessionState, call: Call, why: str, asked: str) -> None:
         example = None
         if self.findings.wants_example("routes-never-asked"):
             example = Example(
@@ -126,7 +127,7 @@ class RouteRules(RuleFamily):
                 call.seq,
                 None,
                 f"engine call seq {call.seq} did not ask return_routed_experts; the engine serves routes ({why})",
-                [Side("asked", "return_logprob" if call.logprobs is not None else "(no channel)")],
+                [Side("asked", asked)],
             )
             call.examples.append(example)
         self.findings.add("routes-never-asked", state.name, 1, None, example)
@@ -382,6 +383,13 @@ class RouteRules(RuleFamily):
     @staticmethod
     def _top_k(rows_of: dict[int, Any]) -> int | None:
         return next((r.top_k for r in rows_of.values() if r.top_k), None)
+
+
+def _asked(call: Call) -> str:
+    """What the request asked the engine to return beside the tokens (its top-level `return_*` flags set)."""
+    request = call.record.request if call.record is not None else None
+    flags = [k for k, v in request.items() if k.startswith("return_") and v] if isinstance(request, dict) else []
+    return ", ".join(flags) or "(nothing beside the tokens)"
 
 
 def _start(call: Call) -> int:
