@@ -12,14 +12,15 @@ RAY_STAMP := $(VENV)/.tito-ray
 # The editable install is setuptools' strict mode: a tree of links to tito's files in build/, on a static path that
 # mypy, pyright and editors follow from any folder (a user's project, docs/install.md); the default mode's import hook
 # runs only when Python imports. Its links are per file, so the list of tito's files is a prerequisite: a module added
-# or removed reinstalls at the next make (FILES is rewritten only when the list changed).
+# or removed reinstalls at the next make (FILES is rewritten only when the list changed; its draft is named by the
+# shell's pid, as `make test` runs sub-makes at once that each check it).
 EDITABLE_MODE := strict
 FILES := $(VENV)/.tito-files
 PACKAGE_FOLDERS := tito_rl trajectory cassette fake_engine recorder replayer
 
 $(FILES): FORCE
 	@mkdir -p $(VENV); find -L $(PACKAGE_FOLDERS) -name __pycache__ -prune -o -type f \( -name '*.py' -o -name '*.json' \
-	  -o -name '*.yaml' -o -name py.typed \) -print | sort >$@.new; if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+	  -o -name '*.yaml' -o -name py.typed \) -print | sort >$@.$$$$; if cmp -s $@.$$$$ $@; then rm $@.$$$$; else mv $@.$$$$ $@; fi
 
 FORCE:
 
