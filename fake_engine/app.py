@@ -23,7 +23,8 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -38,6 +39,7 @@ from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
 from tito_rl.fake_engine.openai.calls import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, vllm_error
 from tito_rl.fake_engine.openai.handler import OpenAIRoutes
 from tito_rl.fake_engine.openai.tokenize_routes import TokenizeRoutes
+from tito_rl.fake_engine.openai.tokens import visible_text
 from tito_rl.fake_engine.openai.vllm_bodies import models_list as vllm_models_list
 from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION
 from tito_rl.fake_engine.policy import FinishKind, GenerateRequest, Generation, Policy, PolicyError
@@ -228,7 +230,31 @@ class Engine:
                 )
             )
 
+        n = int(sp.get("n") or 1)
+        if n > 1:
+            return await self._parallel(request, greq, n, start, queued)
         return await self.tracked_run(request, rid, lambda tracked: self._run(request, greq, tracked, start), queued)
+
+    async def _parallel(
+        self,
+        request: web.Request,
+        greq: GenerateRequest,
+        n: int,
+        start: float,
+        queued: Callable[[], web.StreamResponse],
+    ) -> web.StreamResponse:
+        """SGLang's parallel sampling (`n > 1`): a list of n answers under rids `<rid>_<i>`, each choice its own
+        draws (`GenerateRequest.choice_index`); the first error answers for all. Not streamed by the fake engine."""
+        if greq.stream:
+            raise EngineHTTPError(400, {"error": {"message": "n > 1 with stream: not served by the fake engine"}})
+        bodies = []
+        for i in range(n):
+            sub = replace(greq, rid=f"{greq.rid}_{i}", choice_index=i)
+            answer = await self.tracked_run(request, sub.rid, partial(self._run, request, sub, start=start), queued)
+            if not isinstance(answer, web.Response) or answer.status != 200 or not isinstance(answer.body, bytes):
+                return answer
+            bodies.append(json.loads(answer.body))
+        return json_response(bodies)
 
     async def tracked_run(
         self,
@@ -319,15 +345,20 @@ class Engine:
             return finish_length(n)
         return finish_abort()
 
-    def _text(self, ids: list[int], sp: dict[str, Any], trim_stop: bool) -> str | None:
+    def _text(self, ids: list[int], sp: dict[str, Any], trim_stop: bool, matched: Any = None) -> str | None:
         tok = self.options.tokenizer
         if tok is None:
             return None
-        if trim_stop and not sp.get("no_stop_trim", False):
-            ids = ids[:-1]
         skip = sp.get("skip_special_tokens")
-        text: str = tok.decode(ids, skip_special_tokens=True if skip is None else bool(skip))
-        return text
+        return visible_text(
+            tok,
+            ids,
+            "stop" if trim_stop else None,
+            matched,
+            skip_special_tokens=True if skip is None else bool(skip),
+            sglang=True,
+            keep_stop=bool(sp.get("no_stop_trim", False)),
+        )
 
     def _body(
         self,
@@ -344,6 +375,7 @@ class Engine:
         full: list[int] | None = None,
         tracked: Tracked | None = None,
         faults: FaultSpec | None = None,
+        matched: Any = None,
     ) -> dict[str, Any]:
         """One response body; `ids` may be a streaming delta while `n_total` counts all output so far (`full`: all of
         it, for the channels; a finished answer has a finish reason)."""
@@ -367,7 +399,7 @@ class Engine:
             weight_versions=spans,
             channels=channels,
         )
-        return generate_body(self._text(ids, greq.sampling_params, trim_stop), ids, meta)
+        return generate_body(self._text(ids, greq.sampling_params, trim_stop, matched), ids, meta)
 
     async def prepare(
         self, request: web.Request, greq: GenerateRequest, error_body: Callable[[int, str], Any] | None = None
@@ -435,6 +467,7 @@ class Engine:
             sent_ts=time.time(),
             tracked=tracked,
             faults=faults,
+            matched=matched,
         )
         return json_response(body)
 
@@ -538,6 +571,7 @@ class Engine:
             full=ids,
             tracked=tracked,
             faults=faults,
+            matched=matched,
         )
         await resp.write(b"data: " + dumps(final) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")

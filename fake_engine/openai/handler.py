@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from functools import partial
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -31,7 +33,7 @@ from tito_rl.fake_engine.openai.calls import (
 )
 from tito_rl.fake_engine.openai.parse import sglang_chat, vllm_chat, vllm_chat_deltas
 from tito_rl.fake_engine.openai.render import render_chat
-from tito_rl.fake_engine.openai.tokens import text_pieces
+from tito_rl.fake_engine.openai.tokens import clip_deltas, clip_pieces, text_pieces, visible_text
 from tito_rl.fake_engine.openai.vllm_versions import vllm_profile
 from tito_rl.fake_engine.policy import GenerateRequest
 from tito_rl.fake_engine.serving import Dropped, Prepared, Tracked, drop, dumps, json_response
@@ -160,14 +162,40 @@ class OpenAIRoutes:
             turn_index=turn_index(prompt),
             return_routed_experts=routes_asked,
             routed_experts_start_len=call.routed_experts_start_len,
+            dialect=call.dialect,
         )
         start = time.perf_counter()
+        n = int(call.sampling.get("n") or 1)
+        if n > 1:
+            return await self._parallel(request, call, greq, n, start)
         return await engine.tracked_run(
             request,
             call.rid,
             lambda tracked: self._run(request, call, greq, tracked, start),
             lambda: json_response(self._body(call, greq, [], [], "abort", None, 0, start, queued=True)),
         )
+
+    async def _parallel(
+        self, request: web.Request, call: OpenAICall, greq: GenerateRequest, n: int, start: float
+    ) -> web.StreamResponse:
+        """`n > 1`: each choice run as a request of its own (tracked as `<rid>_<i>`, its own draws:
+        `GenerateRequest.choice_index`), then one answer with the n choices; the first error answers for all. Not
+        streamed by the fake engine."""
+        if call.stream:
+            raise bad_request(call.dialect, "n > 1 with stream: not served by the fake engine", "n")
+        bodies = []
+        for i in range(n):
+            sub = replace(greq, choice_index=i)
+            answer = await self.engine.tracked_run(
+                request,
+                f"{call.rid}_{i}",
+                partial(self._run, request, call, sub, start=start),
+                lambda: json_response(self._body(call, greq, [], [], "abort", None, 0, start, queued=True)),
+            )
+            if not isinstance(answer, web.Response) or answer.status != 200 or not isinstance(answer.body, bytes):
+                return answer
+            bodies.append(json.loads(answer.body))
+        return json_response(merge_choices(bodies))
 
     async def _run(
         self, request: web.Request, call: OpenAICall, greq: GenerateRequest, tracked: Tracked, start: float
@@ -209,11 +237,20 @@ class OpenAIRoutes:
     def _seed(self, greq: GenerateRequest) -> str:
         return f"{greq.session_key}|{greq.turn_index}"
 
-    def _text(self, call: OpenAICall, ids: list[int], finish: str) -> str:
-        """The output text: the stop token never in it (special, and vLLM/SGLang trim a matched stop)."""
-        keep = ids[:-1] if finish == "stop" and ids and not call.body.get("no_stop_trim") else ids
-        text: str = self.tokenizer.decode(keep, skip_special_tokens=call.skip_special_tokens)
-        return text
+    def _text(self, call: OpenAICall, ids: list[int], finish: str, matched: Any = None) -> str:
+        """The output text as the engine shows it: a matched stop token or string trimmed (`tokens.visible_text`)."""
+        sglang = call.dialect == SGLANG_OPENAI
+        return visible_text(
+            self.tokenizer,
+            ids,
+            finish,
+            matched,
+            skip_special_tokens=call.skip_special_tokens,
+            sglang=sglang,
+            keep_stop=bool(
+                call.body.get("no_stop_trim") if sglang else call.sampling.get("include_stop_str_in_output")
+            ),
+        )
 
     def _body(
         self,
@@ -251,7 +288,7 @@ class OpenAIRoutes:
                 routed_experts=None if routes is vllm_bodies.UNSET else routes,
             )
         if call.endpoint == "completions":
-            pieces = text_pieces(tok, ids, call.skip_special_tokens)
+            pieces = self._pieces(call, ids, finish, matched)
             body = vllm_bodies.completion_body(tok, call, prompt, ids, lps, finish, pieces, created, matched, routes)
             if call.dialect == SGLANG_OPENAI and not queued:
                 body.update(self._sglext(greq, ids, faults))
@@ -259,7 +296,7 @@ class OpenAIRoutes:
         if call.dialect == SGLANG_OPENAI:
             return self._sglang_body(call, greq, ids, lps, finish, matched, cached, start, created, made or [], faults)
         parsed = vllm_chat(
-            self._text(call, ids, finish),
+            self._text(call, ids, finish, matched),
             thinking=call.thinking,
             tool_parsing=call.tool_parsing,
             seed=self._seed(greq),
@@ -281,6 +318,13 @@ class OpenAIRoutes:
             sum(self._reasoning_at(call, greq, ids, finish)),
             routes,
         )
+
+    def _pieces(self, call: OpenAICall, ids: list[int], finish: str, matched: Any) -> list[str]:
+        """Completions' text, one piece per token, adding up to the text the engine shows (a stop trimmed)."""
+        pieces = text_pieces(self.tokenizer, ids, call.skip_special_tokens)
+        if finish != "stop":
+            return pieces
+        return clip_pieces(pieces, len(self._text(call, ids, finish, matched)))
 
     def _sglext(self, greq: GenerateRequest, ids: list[int], faults: FaultSpec) -> dict[str, Any]:
         """SGLang's OpenAI answers carry the routes at the root, `sglext.routed_experts` (0.5.23), when asked."""
@@ -345,7 +389,7 @@ class OpenAIRoutes:
             channels=sglang_channels(self.engine.channels, greq, ids, faults, final=True),
         )
         parsed, _ = sglang_chat(
-            self._text(call, ids, finish), call.tools, tool_parsing=call.tool_parsing, seed=self._seed(greq)
+            self._text(call, ids, finish, matched), call.tools, tool_parsing=call.tool_parsing, seed=self._seed(greq)
         )
         body = sglang_bodies.chat_body(self.tokenizer, call, greq.input_ids, ids, lps, fin, parsed, meta, created)
         if not call.return_meta_info:  # with it, the routes are in the choice's meta_info instead
@@ -445,7 +489,7 @@ class OpenAIRoutes:
                 out.append((0, vllm_bodies.generate_body(tok, call, [], [], finish, prompt, matched, chunk=True)))
             return out
         if call.endpoint == "completions":
-            pieces = text_pieces(tok, ids, call.skip_special_tokens)
+            pieces = self._pieces(call, ids, finish, matched)
             offset = 0
             for i in range(n):
                 out.append(
@@ -474,7 +518,8 @@ class OpenAIRoutes:
                 return out
             return vllm_bodies.with_stream_usage(call, out, len(prompt), [False] * n)
         sglang = call.dialect == SGLANG_OPENAI
-        stream_ids = ids[:-1] if finish == "stop" and ids and not call.body.get("no_stop_trim") and sglang else ids
+        trim_id = finish == "stop" and not isinstance(matched, str) and not call.body.get("no_stop_trim")
+        stream_ids = ids[:-1] if trim_id and ids and sglang else ids
         if sglang:
             deltas = vllm_chat_deltas(
                 tok,
@@ -488,6 +533,8 @@ class OpenAIRoutes:
             deltas = self._deltas(call, greq, stream_ids)
             if finish == "stop" and n and not isinstance(matched, str) and len(deltas) == n:
                 deltas[-1] = {}  # a stop id's text is never sent (vLLM 0.32: its chunk's delta is empty)
+        if finish == "stop" and isinstance(matched, str):  # the text stops where the engine cut it
+            deltas = clip_deltas(deltas, len(self._text(call, ids, finish, matched)))
         deltas += [{}] * (n - len(deltas))
         called = any("tool_calls" in d for d in deltas)
         final = vllm_bodies.finish_reason(finish, called)
@@ -574,6 +621,22 @@ class OpenAIRoutes:
             }
         name = "text_completion" if call.endpoint == "completions" else "chat.completion.chunk"
         return vllm_bodies.usage_chunk(call, prompt, completion, created, name, reasoned)
+
+
+def merge_choices(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """One answer from the answers of its n choices: the first's envelope, every choice at its index, the usage
+    counting every choice's tokens (the prompt once)."""
+    merged = dict(bodies[0])
+    merged["choices"] = [{**c, "index": i} for i, body in enumerate(bodies) for c in body.get("choices") or []]
+    usage = merged.get("usage")
+    if isinstance(usage, dict):
+        completion = sum(int((b.get("usage") or {}).get("completion_tokens") or 0) for b in bodies)
+        merged["usage"] = {
+            **usage,
+            "completion_tokens": completion,
+            "total_tokens": usage["prompt_tokens"] + completion,
+        }
+    return merged
 
 
 def forwarded_bearer(headers: Any) -> str | None:

@@ -1,0 +1,117 @@
+"""`RandomPolicy`: tokens sampled from the pseudo-model (`model.py`) the way an engine's sampler draws them.
+
+What it honours, as vLLM and SGLang do:
+- `max_new_tokens`/`max_tokens` (finish `length`); none: up to the context length.
+- `min_new_tokens`/`min_tokens`: the stop tokens are banned while the output is shorter, and nothing stops it
+  before that many tokens.
+- stop tokens: `stop_token_ids`, and the end tokens `<|im_end|>`/`<|endoftext|>` unless `ignore_eos` (then they
+  may still be drawn, and generation goes on); `matched` is the id.
+- stop strings (`stop`): checked on the decoded text where the newest token's text may complete one (vLLM's
+  detokenizer's window); `matched` is the string, the ids keep the token that completed it. The text each engine
+  then shows (cut before it, after it, or not) is the app's (`openai/tokens.stop_cut`).
+- `logit_bias` (token id -> added logit; -100 or less bans), `temperature` (0: greedy, the argmax; ties to the
+  model's first), `seed`/`sampling_seed`: one request and seed give the same tokens on every start; without one the
+  draws come from the server's `--seed` stream, so a server start sent the same requests in the same order repeats.
+  Each of `n` choices (`GenerateRequest.choice_index`) is its own stream.
+- Logprobs: the sampled token's under the distribution, as each engine reports it by default: vLLM's raw (before
+  `logit_bias`, bans and temperature), SGLang's after them (greedy: after the bias and bans only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from tito_rl.fake_engine.policies.sampler.model import END_IDS, Distribution, PseudoModel
+from tito_rl.fake_engine.policies.sampler.params import SamplerParams, read_params
+from tito_rl.fake_engine.policy import GenerateRequest, Generation, PolicyError
+from tito_rl.trajectory.dialects.view import VLLM_GENERATE, VLLM_OPENAI
+
+RAW_LOGPROB_DIALECTS = (VLLM_OPENAI, VLLM_GENERATE)
+
+
+def _uniform(stream: str, position: int) -> float:
+    digest = hashlib.blake2b(f"{stream}|{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def _draw(dist: Distribution, temperature: float, u: float, fallback: np.ndarray) -> int:
+    """Inverse CDF over the named tokens, then the floor's rest (a pool token by `u`)."""
+    scaled = dist.logits / temperature
+    log_z = dist.log_normalizer(temperature)
+    probs = np.exp(scaled - log_z)
+    cdf = np.cumsum(probs)
+    i = int(np.searchsorted(cdf, u, side="right"))
+    if i < len(dist.ids):
+        return int(dist.ids[i])
+    return int(fallback[int(u * 2**32) % len(fallback)])
+
+
+class RandomPolicy:
+    def __init__(self, tokenizer: Any, seed: int = 0, context_length: int = 40960) -> None:
+        self.tokenizer = tokenizer
+        self.model = PseudoModel(tokenizer)
+        self.seed = seed
+        self.context_length = context_length
+        self.unseeded = 0  # requests served from the server's stream so far
+
+    def _stream(self, params: SamplerParams, choice: int) -> str:
+        if params.seed is not None:
+            return f"seed|{params.seed}|{choice}"
+        self.unseeded += 1
+        return f"server|{self.seed}|{self.unseeded}"
+
+    def generate(self, req: GenerateRequest) -> Generation:
+        try:
+            params = read_params(req.sampling_params)
+        except ValueError as exc:
+            raise PolicyError(str(exc)) from None
+        stream = self._stream(params, req.choice_index)
+        limit = params.max_new_tokens
+        if limit is None:
+            limit = max(0, self.context_length - len(req.input_ids))
+        stop_ids = params.stop_token_ids | (frozenset() if params.ignore_eos else frozenset(END_IDS))
+        raw = req.dialect in RAW_LOGPROB_DIALECTS
+        digest = self.model.prompt_digest(req.input_ids)
+        ids: list[int] = []
+        lps: list[float] = []
+        text = ""
+        while len(ids) < limit:
+            pos = len(ids)
+            dist = self.model.distribution(digest, pos)
+            banned = stop_ids if pos < params.min_new_tokens else frozenset()
+            used = dist.adjusted(params.logit_bias, banned)
+            if params.greedy:
+                token = int(used.ids[int(np.argmax(used.logits))])
+                if float(np.max(used.logits)) < -1e30:
+                    raise PolicyError("every token is banned (logit_bias and min tokens)")
+                lp = dist.logprob(token) if raw else used.logprob(token)
+            else:
+                token = _draw(used, params.temperature, _uniform(stream, pos), self.model.pool)
+                lp = dist.logprob(token) if raw else used.logprob(token, params.temperature)
+            ids.append(token)
+            lps.append(round(max(lp, -9999.0), 6))
+            digest = self.model.next_digest(digest, token)
+            if pos + 1 < params.min_new_tokens:
+                continue
+            if token in stop_ids:
+                return Generation(ids, lps, "stop", token)
+            if params.stop:
+                before = len(text)
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                hit = _stop_hit(text, before, params.stop)
+                if hit is not None:
+                    return Generation(ids, lps, "stop", hit)
+        return Generation(ids, lps, "length")
+
+
+def _stop_hit(text: str, before: int, stops: tuple[str, ...]) -> str | None:
+    """The first stop string the newest text completes (vLLM's window: it may start up to len-1 chars back)."""
+    found: tuple[int, str] | None = None
+    for stop in stops:
+        at = text.find(stop, max(0, before - len(stop) + 1))
+        if at >= 0 and (found is None or at < found[0]):
+            found = (at, stop)
+    return None if found is None else found[1]
