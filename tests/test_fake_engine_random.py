@@ -412,3 +412,59 @@ def test_the_command_line_chooses_the_policy() -> None:
     assert (args.policy, args.seed) == ("random", 3)
     with pytest.raises(SystemExit):
         parser.parse_args(["--policy", "random", "--demo"])
+
+
+async def test_where_the_engines_differ_each_answers_as_its_source_does() -> None:
+    """SGLang checks the length before the stop ids, turns every stop id off with ignore_eos and looks for stop
+    strings during min_new_tokens; vLLM checks stop ids first, keeps `stop_token_ids` under ignore_eos and looks
+    for stop strings only once the output is longer than min_tokens."""
+    force_end, force_comma = {str(IM_END): 100}, {str(COMMA): 100}
+    async with random_engine() as (url, s, _):
+        sglang_last = await post(s, url, GENERATE, generate(logit_bias=force_end, max_new_tokens=1))
+        vllm_last = await post(
+            s,
+            url,
+            VLLM_GENERATE,
+            {"token_ids": prompt(), "sampling_params": {"logit_bias": force_end, "max_tokens": 1}},
+        )
+        sglang_ignored = await post(
+            s,
+            url,
+            GENERATE,
+            generate(logit_bias=force_comma, stop_token_ids=[COMMA], ignore_eos=True, max_new_tokens=3),
+        )
+        vllm_kept = await post(
+            s,
+            url,
+            VLLM_GENERATE,
+            {
+                "token_ids": prompt(),
+                "sampling_params": {"logit_bias": force_comma, "stop_token_ids": [COMMA], "ignore_eos": True},
+            },
+        )
+        held: dict[str, Any] = {"seed": 6, "max_tokens": 24, "min_tokens": 20, "ignore_eos": True}
+        base = await post(s, url, VLLM_GENERATE, {"token_ids": prompt(), "sampling_params": held})
+        ids = base["choices"][0]["token_ids"]
+        tok = tokenizer()
+        k = next(i for i in range(3, 18) if len(tok.decode([ids[i]])) >= 2 and len(tok.decode([ids[i - 1]])) >= 2)
+        stop, _ = _stop_string(ids, k)
+        sglang_stop = await post(
+            s,
+            url,
+            GENERATE,
+            generate(sampling_seed=6, max_new_tokens=24, min_new_tokens=20, ignore_eos=True, stop=[stop]),
+        )
+        vllm_stop = await post(
+            s, url, VLLM_GENERATE, {"token_ids": prompt(), "sampling_params": {**held, "stop": [stop]}}
+        )
+    assert sglang_last["output_ids"] == [IM_END] and sglang_last["meta_info"]["finish_reason"]["type"] == "length"
+    last = vllm_last["choices"][0]
+    assert (last["token_ids"], last["finish_reason"], last["stop_reason"]) == ([IM_END], "stop", None)
+    assert sglang_ignored["output_ids"] == [COMMA] * 3
+    assert sglang_ignored["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+    kept = vllm_kept["choices"][0]
+    assert (kept["token_ids"], kept["finish_reason"], kept["stop_reason"]) == ([COMMA], "stop", COMMA)
+    assert sglang_stop["output_ids"] == ids[: k + 1]
+    assert sglang_stop["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    held_ids = vllm_stop["choices"][0]["token_ids"]
+    assert held_ids[: k + 1] == ids[: k + 1] and len(held_ids) > 20

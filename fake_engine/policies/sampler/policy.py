@@ -1,20 +1,22 @@
 """`RandomPolicy`: tokens sampled from the pseudo-model (`model.py`) the way an engine's sampler draws them.
 
-What it honours, as vLLM and SGLang do:
-- `max_new_tokens`/`max_tokens` (finish `length`); none: up to the context length.
-- `min_new_tokens`/`min_tokens`: the stop tokens are banned while the output is shorter, and nothing stops it
-  before that many tokens.
-- stop tokens: `stop_token_ids`, and the end tokens `<|im_end|>`/`<|endoftext|>` unless `ignore_eos` (then they
-  may still be drawn, and generation goes on); `matched` is the id.
-- stop strings (`stop`): checked on the decoded text where the newest token's text may complete one (vLLM's
-  detokenizer's window); `matched` is the string, the ids keep the token that completed it. The text each engine
-  then shows (cut before it, after it, or not) is the app's (`openai/tokens.stop_cut`).
-- `logit_bias` (token id -> added logit; -100 or less bans), `temperature` (0: greedy, the argmax; ties to the
-  model's first), `seed`/`sampling_seed`: one request and seed give the same tokens on every start; without one the
-  draws come from the server's `--seed` stream, so a server start sent the same requests in the same order repeats.
-  Each of `n` choices (`GenerateRequest.choice_index`) is its own stream.
+What it honours, as each engine does (`GenerateRequest.dialect` tells vLLM's routes from SGLang's):
+- `max_new_tokens`/`max_tokens` (finish `length`); none: up to the context length. SGLang checks the length
+  before the stop ids (a stop token drawn last finishes `length`), vLLM after them.
+- `min_new_tokens`/`min_tokens`: the stop ids and both end tokens are banned while the output is shorter; vLLM
+  also looks for stop strings only once the output is longer (SGLang at every token).
+- stop ids: `stop_token_ids` and the end tokens `<|im_end|>`/`<|endoftext|>`; `matched` is the id. `ignore_eos`:
+  the end tokens may still be drawn and generation goes on; in SGLang it turns off `stop_token_ids` too.
+- stop strings (`stop`): found where the newest token's text completes one (vLLM's detokenizer window; SGLang
+  stops at the same token); `matched` is the string, the ids keep the token that completed it. The text each
+  engine then shows (cut before it, after it, or not) is the app's (`openai/tokens.visible_text`).
+- `logit_bias` (token id -> added logit; -100 or less bans), `temperature` (0: greedy, the argmax),
+  `seed`/`sampling_seed`: one request and seed give the same tokens on every start and in every dialect; without
+  one the draws come from the server's `--seed` stream, so a server start sent the same requests in the same order
+  repeats. Each of `n` choices (`GenerateRequest.choice_index`) is its own stream.
 - Logprobs: the sampled token's under the distribution, as each engine reports it by default: vLLM's raw (before
   `logit_bias`, bans and temperature), SGLang's after them (greedy: after the bias and bans only).
+- Not honoured: `top_p`, `top_k`, `min_p`, the penalties, grammars (accepted, without effect).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from tito_rl.fake_engine.policies.sampler.params import SamplerParams, read_para
 from tito_rl.fake_engine.policy import GenerateRequest, Generation, PolicyError
 from tito_rl.trajectory.dialects.view import VLLM_GENERATE, VLLM_OPENAI
 
-RAW_LOGPROB_DIALECTS = (VLLM_OPENAI, VLLM_GENERATE)
+VLLM_DIALECTS = (VLLM_OPENAI, VLLM_GENERATE)  # the rest are SGLang's
 
 
 def _uniform(stream: str, position: int) -> float:
@@ -72,8 +74,10 @@ class RandomPolicy:
         limit = params.max_new_tokens
         if limit is None:
             limit = max(0, self.context_length - len(req.input_ids))
-        stop_ids = params.stop_token_ids | (frozenset() if params.ignore_eos else frozenset(END_IDS))
-        raw = req.dialect in RAW_LOGPROB_DIALECTS
+        vllm = req.dialect in VLLM_DIALECTS
+        held = params.stop_token_ids | frozenset(END_IDS)  # banned while the output is shorter than min tokens
+        # ignore_eos: in vLLM only the end tokens stop no more; in SGLang no stop id does.
+        stop_ids = held if not params.ignore_eos else params.stop_token_ids if vllm else frozenset()
         digest = self.model.prompt_digest(req.input_ids)
         ids: list[int] = []
         lps: list[float] = []
@@ -81,27 +85,27 @@ class RandomPolicy:
         while len(ids) < limit:
             pos = len(ids)
             dist = self.model.distribution(digest, pos)
-            banned = stop_ids if pos < params.min_new_tokens else frozenset()
-            used = dist.adjusted(params.logit_bias, banned)
+            used = dist.adjusted(params.logit_bias, held if pos < params.min_new_tokens else frozenset())
             if params.greedy:
-                token = int(used.ids[int(np.argmax(used.logits))])
                 if float(np.max(used.logits)) < -1e30:
                     raise PolicyError("every token is banned (logit_bias and min tokens)")
-                lp = dist.logprob(token) if raw else used.logprob(token)
+                token = int(used.ids[int(np.argmax(used.logits))])
+                lp = dist.logprob(token) if vllm else used.logprob(token)
             else:
                 token = _draw(used, params.temperature, _uniform(stream, pos), self.model.pool)
-                lp = dist.logprob(token) if raw else used.logprob(token, params.temperature)
+                lp = dist.logprob(token) if vllm else used.logprob(token, params.temperature)
             ids.append(token)
             lps.append(round(max(lp, -9999.0), 6))
             digest = self.model.next_digest(digest, token)
-            if pos + 1 < params.min_new_tokens:
-                continue
-            if token in stop_ids:
+            if not vllm and len(ids) >= limit:
+                break  # SGLang checks the length first: a stop token drawn last still finishes `length`
+            if len(ids) >= params.min_new_tokens and token in stop_ids:
                 return Generation(ids, lps, "stop", token)
             if params.stop:
                 before = len(text)
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                hit = _stop_hit(text, before, params.stop)
+                # vLLM looks for stop strings once the output is longer than min tokens; SGLang at every token.
+                hit = _stop_hit(text, before, params.stop) if not vllm or len(ids) > params.min_new_tokens else None
                 if hit is not None:
                     return Generation(ids, lps, "stop", hit)
         return Generation(ids, lps, "length")
