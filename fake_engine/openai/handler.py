@@ -165,7 +165,9 @@ class OpenAIRoutes:
             dialect=call.dialect,
         )
         start = time.perf_counter()
-        n = int(call.sampling.get("n") or 1)
+        n = call.sampling.get("n", 1)
+        if type(n) is not int or n < 1:
+            raise bad_request(call.dialect, f"n must be a positive integer, got {n!r}", "n")
         if n > 1:
             return await self._parallel(request, call, greq, n, start)
         return await engine.tracked_run(

@@ -73,7 +73,8 @@ class Distribution:
     def adjusted(self, bias: Mapping[int, float], banned: frozenset[int]) -> Distribution:
         """The logits a sampler uses: `logit_bias` added (a token it names but the model did not joins at the
         floor), `banned` tokens (and a bias of -100 or less) at minus infinity."""
-        extra = [t for t in bias if t not in set(self.ids.tolist())]
+        named = set(self.ids.tolist())
+        extra = [t for t in bias if t not in named]
         ids = np.concatenate([self.ids, np.asarray(extra, dtype=np.int64)])
         logits = np.concatenate([self.logits, np.full(len(extra), FLOOR_LOGIT)])
         for i, tid in enumerate(ids.tolist()):

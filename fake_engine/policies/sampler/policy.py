@@ -65,6 +65,25 @@ class RandomPolicy:
         self.unseeded += 1
         return f"server|{self.seed}|{self.unseeded}"
 
+    def _stop_hit(self, ids: list[int], stops: tuple[str, ...]) -> str | None:
+        """The stop string the newest token's text completes (vLLM's detokenizer window: it may start up to
+        len(stop) - 1 characters before that text), the earliest-starting one if several. Only the output's tail is
+        decoded, as many tokens as hold the longest stop string's length in text before the newest one."""
+        longest, size = max(map(len, stops)), max(map(len, stops)) + 2
+        while True:
+            tail = ids[-size:]
+            before = len(self.tokenizer.decode(tail[:-1], skip_special_tokens=True))
+            if before >= longest or size >= len(ids):
+                break
+            size *= 2
+        text = self.tokenizer.decode(tail, skip_special_tokens=True)
+        found: tuple[int, str] | None = None
+        for stop in stops:
+            at = text.find(stop, max(0, before - len(stop) + 1))
+            if at >= 0 and (found is None or at < found[0]):
+                found = (at, stop)
+        return None if found is None else found[1]
+
     def generate(self, req: GenerateRequest) -> Generation:
         try:
             params = read_params(req.sampling_params)
@@ -81,7 +100,6 @@ class RandomPolicy:
         digest = self.model.prompt_digest(req.input_ids)
         ids: list[int] = []
         lps: list[float] = []
-        text = ""
         while len(ids) < limit:
             pos = len(ids)
             dist = self.model.distribution(digest, pos)
@@ -101,21 +119,9 @@ class RandomPolicy:
                 break  # SGLang checks the length first: a stop token drawn last still finishes `length`
             if len(ids) >= params.min_new_tokens and token in stop_ids:
                 return Generation(ids, lps, "stop", token)
-            if params.stop:
-                before = len(text)
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                # vLLM looks for stop strings once the output is longer than min tokens; SGLang at every token.
-                hit = _stop_hit(text, before, params.stop) if not vllm or len(ids) > params.min_new_tokens else None
+            # vLLM looks for stop strings once the output is longer than min tokens; SGLang at every token.
+            if params.stop and (not vllm or len(ids) > params.min_new_tokens):
+                hit = self._stop_hit(ids, params.stop)
                 if hit is not None:
                     return Generation(ids, lps, "stop", hit)
         return Generation(ids, lps, "length")
-
-
-def _stop_hit(text: str, before: int, stops: tuple[str, ...]) -> str | None:
-    """The first stop string the newest text completes (vLLM's window: it may start up to len-1 chars back)."""
-    found: tuple[int, str] | None = None
-    for stop in stops:
-        at = text.find(stop, max(0, before - len(stop) + 1))
-        if at >= 0 and (found is None or at < found[0]):
-            found = (at, stop)
-    return None if found is None else found[1]
