@@ -381,7 +381,26 @@ async def test_n_choices_each_their_own_stream() -> None:
             s, url, COMPLETIONS, {"prompt": prompt(), "seed": 8, "max_tokens": 10, "n": 3, "return_token_ids": True}
         )
         sglang = await post(s, url, GENERATE, {**generate(sampling_seed=8, max_new_tokens=10, n=2), "rid": "abc"})
-        async with s.post(url + CHAT, json={"messages": MESSAGES, "n": 2, "stream": True}) as resp:
+        streamed = await stream(
+            s,
+            url,
+            CHAT,
+            {
+                "messages": MESSAGES,
+                "seed": 8,
+                "max_tokens": 10,
+                "n": 3,
+                "return_token_ids": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
+        comp_streamed = await stream(
+            s, url, COMPLETIONS, {"prompt": prompt(), "seed": 8, "max_tokens": 10, "n": 3, "return_token_ids": True}
+        )
+        async with s.post(
+            url + VLLM_GENERATE,
+            json={"token_ids": prompt(), "sampling_params": {"n": 2}, "stream": True},
+        ) as resp:
             refused = resp.status
     choices = three["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2]
@@ -392,6 +411,20 @@ async def test_n_choices_each_their_own_stream() -> None:
     assert three["usage"]["completion_tokens"] == sum(len(o) for o in outputs)
     assert isinstance(sglang, list) and [b["meta_info"]["id"] for b in sglang] == ["abc_0", "abc_1"]
     assert [b["output_ids"] for b in sglang] == outputs[:2]
+    per_index: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    order = []
+    for event in streamed:
+        for c in event["choices"]:
+            per_index[c["index"]] += c.get("token_ids") or []
+            order.append(c["index"])
+    assert [per_index[i] for i in range(3)] == outputs
+    assert order[:3] == [0, 1, 2]  # interleaved, as the engine sends them
+    assert streamed[-1]["usage"]["completion_tokens"] == sum(len(o) for o in outputs)
+    texts = {i: "" for i in range(3)}
+    for event in comp_streamed:
+        for c in event["choices"]:
+            texts[c["index"]] += c["text"]
+    assert [texts[i] for i in range(3)] == [c["text"] for c in comp["choices"]]
     assert refused == 400
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from functools import partial
@@ -181,10 +182,17 @@ class OpenAIRoutes:
         self, request: web.Request, call: OpenAICall, greq: GenerateRequest, n: int, start: float
     ) -> web.StreamResponse:
         """`n > 1`: each choice run as a request of its own (tracked as `<rid>_<i>`, its own draws:
-        `GenerateRequest.choice_index`), then one answer with the n choices; the first error answers for all. Not
-        streamed by the fake engine."""
+        `GenerateRequest.choice_index`), then one answer with the n choices; the first error answers for all.
+        Streamed: the choices' chunks interleaved in one stream (not on /inference/v1/generate)."""
         if call.stream:
-            raise bad_request(call.dialect, "n > 1 with stream: not served by the fake engine", "n")
+            if call.dialect == VLLM_GENERATE:
+                raise bad_request(call.dialect, "n > 1 streamed on /inference/v1/generate: not served", "n")
+            return await self.engine.tracked_run(
+                request,
+                call.rid,
+                partial(self._run_choices, request, call, [replace(greq, choice_index=i) for i in range(n)]),
+                lambda: json_response(self._body(call, greq, [], [], "abort", None, 0, start, queued=True)),
+            )
         bodies = []
         for i in range(n):
             sub = replace(greq, choice_index=i)
@@ -199,6 +207,19 @@ class OpenAIRoutes:
             bodies.append(json.loads(answer.body))
         return json_response(merge_choices(bodies))
 
+    async def _run_choices(
+        self, request: web.Request, call: OpenAICall, greqs: list[GenerateRequest], tracked: Tracked
+    ) -> web.StreamResponse:
+        """A streamed `n > 1`: every choice's output prepared (the policy asked, the faults applied), then one
+        stream."""
+        prepared = []
+        for greq in greqs:
+            answer = await self.engine.prepare(request, greq, lambda status, m: error_body(call.dialect, status, m))
+            if isinstance(answer, web.Response):
+                return answer
+            prepared.append(answer)
+        return await self._stream(request, call, greqs, tracked, prepared)
+
     async def _run(
         self, request: web.Request, call: OpenAICall, greq: GenerateRequest, tracked: Tracked, start: float
     ) -> web.StreamResponse:
@@ -206,7 +227,7 @@ class OpenAIRoutes:
         if isinstance(prepared, web.Response):
             return prepared
         if call.stream:
-            return await self._stream(request, call, greq, tracked, prepared)
+            return await self._stream(request, call, [greq], tracked, [prepared])
         ids, lps, finish, faults = prepared.ids, prepared.logprobs, prepared.finish, prepared.faults
         produced = await self.engine.produce(tracked, len(ids), faults.token_delay_ms, faults.pause_after)
         if produced < len(ids) or tracked.aborted.is_set():
@@ -400,43 +421,65 @@ class OpenAIRoutes:
 
     # ---- streams -----------------------------------------------------------------------------------
     async def _stream(
-        self, request: web.Request, call: OpenAICall, greq: GenerateRequest, tracked: Tracked, prepared: Prepared
+        self,
+        request: web.Request,
+        call: OpenAICall,
+        greqs: list[GenerateRequest],
+        tracked: Tracked,
+        prepared: list[Prepared],
     ) -> web.StreamResponse:
         """One chunk per token at the fault's pace; an abort ends the stream with finish_reason `abort`, a cut
-        closes the socket after N data events."""
+        closes the socket after N data events. `n > 1`: one choice per request and answer, their chunks
+        interleaved one at a time (each carries its `index`), the usage counting all of them."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
-        ids, lps, finish, faults = prepared.ids, prepared.logprobs, prepared.finish, prepared.faults
         created = int(time.time())
-        events = self._chunks(call, greq, ids, lps, finish, prepared.matched, created)
+        many = len(prepared) > 1
+        queues = [
+            deque(self._chunks(call, g, p.ids, p.logprobs, p.finish, p.matched, created))
+            for g, p in zip(greqs, prepared, strict=True)
+        ]
+        cut = prepared[0].faults.cut_stream_after
         sent = 0
-        produced = 0
+        produced = [0] * len(prepared)
         aborted = False
 
-        async def write(chunk: dict[str, Any]) -> None:
+        async def write(chunk: dict[str, Any], i: int = 0) -> None:
             nonlocal sent
-            await resp.write(
-                b"data: "
-                + dumps(self._with_channels(call, greq, chunk, ids[: tracked.produced], tracked, faults))
-                + b"\n\n"
-            )
+            ids, faults = prepared[i].ids, prepared[i].faults
+            chunk = self._with_channels(call, greqs[i], chunk, ids[: tracked.produced], tracked, faults)
+            if many and chunk.get("choices"):
+                chunk = {**chunk, "choices": [{**c, "index": i} for c in chunk["choices"]]}
+            await resp.write(b"data: " + dumps(chunk) + b"\n\n")
             sent += 1
-            if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
+            if cut is not None and sent >= cut:
                 drop(request)
 
-        for n_tokens, chunk in events:
-            if n_tokens:
-                if (
-                    await self.engine.produce(tracked, n_tokens, faults.token_delay_ms, faults.pause_after) < n_tokens
-                    or tracked.aborted.is_set()
-                ):
-                    await write(self._abort_chunk(call, created))
-                    aborted = True
-                    break
-                produced += n_tokens
-            if chunk:  # an empty one: tokens decoded, nothing sent for them
-                await write(chunk)
-        sglext = self._sglext(greq, ids, faults) if call.dialect == SGLANG_OPENAI and not aborted else {}
+        while not aborted and any(queues):
+            for i, queue in enumerate(queues):
+                if not queue:
+                    continue
+                n_tokens, chunk = queue.popleft()
+                faults = prepared[i].faults
+                if n_tokens:
+                    if (
+                        await self.engine.produce(tracked, n_tokens, faults.token_delay_ms, faults.pause_after)
+                        < n_tokens
+                        or tracked.aborted.is_set()
+                    ):
+                        for j in (j for j, q in enumerate(queues) if q or j == i):  # every unfinished choice
+                            await write(self._abort_chunk(call, created), j)
+                        aborted = True
+                        break
+                    produced[i] += n_tokens
+                if chunk:  # an empty one: tokens decoded, nothing sent for them
+                    await write(chunk, i)
+        greq, first = greqs[0], prepared[0]
+        sglext = (
+            self._sglext(greq, first.ids, first.faults)
+            if call.dialect == SGLANG_OPENAI and not aborted and not many
+            else {}
+        )
         if sglext:  # SGLang 0.5.23: a chunk of its own after the finish, `choices` empty
             await write(
                 {
@@ -450,8 +493,11 @@ class OpenAIRoutes:
                 }
             )
         if call.include_usage:
-            reasoned = sum(self._reasoning_at(call, greq, ids[:produced], finish))
-            await write(self._usage_chunk(call, len(greq.input_ids), produced, created, reasoned))
+            reasoned = sum(
+                sum(self._reasoning_at(call, g, p.ids[:made], p.finish))
+                for g, p, made in zip(greqs, prepared, produced, strict=True)
+            )
+            await write(self._usage_chunk(call, len(greq.input_ids), sum(produced), created, reasoned))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
