@@ -333,6 +333,22 @@ async def test_stop_strings_trimmed_as_each_engine_trims() -> None:
         comp = await post(s, url, COMPLETIONS, {"prompt": prompt(), "stop": [stop], **base})
         comp_events = await stream(s, url, COMPLETIONS, {"prompt": prompt(), "stop": [stop], **base})
         chat_events = await stream(s, url, CHAT, {"messages": MESSAGES, "stop": [stop], **base})
+        sglang_events = await stream(
+            s, url, GENERATE, generate(sampling_seed=6, max_new_tokens=24, ignore_eos=True, stop=[stop])
+        )
+        sglang_chat_events = await stream(
+            s,
+            url,
+            CHAT,
+            {
+                "messages": MESSAGES,
+                "input_ids": prompt(),
+                "stop": [stop],
+                "seed": 6,
+                "max_tokens": 24,
+                "ignore_eos": True,
+            },
+        )
         tokens = await post(
             s,
             url,
@@ -366,6 +382,10 @@ async def test_stop_strings_trimmed_as_each_engine_trims() -> None:
     assert streamed == kept[:start]
     last = [e for e in chat_events if e["choices"]][-1]["choices"][0]
     assert (last["finish_reason"], last["stop_reason"]) == ("stop", stop)
+    assert sglang_events[-1]["text"] == kept[:start] and sglang_events[-1]["output_ids"] == ids[: k + 1]
+    sglang_streamed = "".join(e["choices"][0]["delta"].get("content") or "" for e in sglang_chat_events if e["choices"])
+    assert sglang_streamed == kept[:start]
+    assert sglang_chat_events[-1]["choices"][0]["matched_stop"] == stop
 
 
 async def test_n_choices_each_their_own_stream() -> None:
