@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
@@ -160,7 +161,7 @@ async def test_logprobs_are_the_models_as_each_engine_reports_them() -> None:
 
 
 async def test_greedy_is_the_argmax_whatever_the_seed() -> None:
-    async with random_engine(seed=1) as (url, s, _):
+    async with random_engine(seed=1) as (url, s, policy):
         one = await post(s, url, GENERATE, generate(temperature=0, max_new_tokens=20, sampling_seed=1))
         two = await post(s, url, GENERATE, generate(temperature=0, max_new_tokens=20, sampling_seed=2))
         chat = await post(
@@ -169,8 +170,11 @@ async def test_greedy_is_the_argmax_whatever_the_seed() -> None:
     async with random_engine(seed=9) as (url, s, _):
         unseeded = await post(s, url, GENERATE, generate(temperature=0, max_new_tokens=20))
     assert one["output_ids"] == two["output_ids"] == unseeded["output_ids"] == chat["choices"][0]["token_ids"]
-    sampled = lps_of(one)
-    assert all(lp > -3.0 for lp in sampled)  # the favourite each time, never a tail token
+    digest = policy.model.prompt_digest(prompt())
+    for pos, token in enumerate(one["output_ids"]):  # the model's most likely token at every position
+        dist = policy.model.distribution(digest, pos)
+        assert token == int(dist.ids[int(np.argmax(dist.logits))])
+        digest = policy.model.next_digest(digest, token)
 
 
 async def test_max_tokens_finish_length_in_every_dialect() -> None:
@@ -521,3 +525,22 @@ async def test_where_the_engines_differ_each_answers_as_its_source_does() -> Non
     assert sglang_stop["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     held_ids = vllm_stop["choices"][0]["token_ids"]
     assert held_ids[: k + 1] == ids[: k + 1] and len(held_ids) > 20
+
+
+def test_the_pytest_fixture_serves_a_policy_object() -> None:
+    """`tito_fake_engine(policy)` (the plugin's `start_fake_engine`) answers with the policy it is given."""
+    import json
+    import urllib.request
+
+    from tito_rl.replayer.pytest_plugin.fixtures import start_fake_engine
+
+    server = start_fake_engine(RandomPolicy(tokenizer(), seed=5))
+    try:
+        body = json.dumps(generate(sampling_seed=9, max_new_tokens=6, ignore_eos=True)).encode()
+        request = urllib.request.Request(server.url + GENERATE, data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            answer = json.loads(resp.read())
+    finally:
+        server.stop()
+    assert len(answer["output_ids"]) == 6
+    assert answer["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
