@@ -244,9 +244,12 @@ class Engine:
         queued: Callable[[], web.StreamResponse],
     ) -> web.StreamResponse:
         """SGLang's parallel sampling (`n > 1`): a list of n answers under rids `<rid>_<i>`, each choice its own
-        draws (`GenerateRequest.choice_index`); the first error answers for all. Not streamed by the fake engine."""
+        draws (`GenerateRequest.choice_index`); the first error answers for all. Streamed: each choice's events in
+        turn, each carrying its `index` (SGLang sends them as they come; one after the other is one such order)."""
         if greq.stream:
-            raise EngineHTTPError(400, {"error": {"message": "n > 1 with stream: not served by the fake engine"}})
+            return await self.tracked_run(
+                request, greq.rid, partial(self._stream_choices, request, greq, n, start), queued
+            )
         bodies = []
         for i in range(n):
             sub = replace(greq, rid=f"{greq.rid}_{i}", choice_index=i)
@@ -509,6 +512,38 @@ class Engine:
             w.cancel()
         return not tracked.aborted.is_set()
 
+    async def _stream_choices(
+        self, request: web.Request, greq: GenerateRequest, n: int, start: float, tracked: Tracked
+    ) -> web.StreamResponse:
+        """A streamed `n > 1`: every choice's output prepared (a status fault answers for all), then one stream."""
+        choices = [replace(greq, rid=f"{greq.rid}_{i}", choice_index=i) for i in range(n)]
+        prepared = []
+        for choice in choices:
+            answer = await self.prepare(request, choice)
+            if isinstance(answer, web.Response):
+                return answer
+            prepared.append(answer)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        for i, (choice, p) in enumerate(zip(choices, prepared, strict=True)):
+            part = Tracked(rid=choice.rid, aborted=tracked.aborted, request=request, exempt=tracked.exempt)
+            await self._stream(
+                request,
+                choice,
+                part,
+                p.ids,
+                p.logprobs,
+                p.finish,
+                p.matched,
+                p.cached_tokens,
+                p.faults,
+                start,
+                resp=resp,
+                index=i,
+                last=i == n - 1,
+            )
+        return resp
+
     async def _stream(
         self,
         request: web.Request,
@@ -521,11 +556,20 @@ class Engine:
         cached: int,
         faults: FaultSpec,
         start: float,
+        resp: web.StreamResponse | None = None,
+        index: int | None = None,
+        last: bool = True,
     ) -> web.StreamResponse:
         """Cumulative chunks by default (each repeats all output so far), deltas in incremental mode;
-        the last event is the full body, then `[DONE]`."""
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await resp.prepare(request)
+        the last event is the full body, then `[DONE]`. One choice of `n` (`index`) writes to the shared `resp`,
+        each event with its `index`; the `last` one ends the stream."""
+        if resp is None:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+            await resp.prepare(request)
+
+        def event(body: dict[str, Any]) -> bytes:
+            return b"data: " + dumps(body if index is None else {**body, "index": index}) + b"\n\n"
+
         interval = max(1, int(greq.sampling_params.get("stream_interval") or 1))
         incremental = self.options.incremental_streaming
         prev, sent = 0, 0
@@ -550,7 +594,7 @@ class Engine:
                 tracked=tracked,
                 faults=faults,
             )
-            await resp.write(b"data: " + dumps(chunk) + b"\n\n")
+            await resp.write(event(chunk))
             sent += 1
             prev += step
             if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
@@ -573,9 +617,10 @@ class Engine:
             faults=faults,
             matched=matched,
         )
-        await resp.write(b"data: " + dumps(final) + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        await resp.write(event(final))
+        if last:
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
         return resp
 
     # ---- other endpoints ---------------------------------------------------------------------------

@@ -405,6 +405,9 @@ async def test_n_choices_each_their_own_stream() -> None:
             s, url, COMPLETIONS, {"prompt": prompt(), "seed": 8, "max_tokens": 10, "n": 3, "return_token_ids": True}
         )
         sglang = await post(s, url, GENERATE, {**generate(sampling_seed=8, max_new_tokens=10, n=2), "rid": "abc"})
+        sglang_events = await stream(
+            s, url, GENERATE, {**generate(sampling_seed=8, max_new_tokens=10, n=2), "rid": "x"}
+        )
         streamed = await stream(
             s,
             url,
@@ -435,6 +438,9 @@ async def test_n_choices_each_their_own_stream() -> None:
     assert three["usage"]["completion_tokens"] == sum(len(o) for o in outputs)
     assert isinstance(sglang, list) and [b["meta_info"]["id"] for b in sglang] == ["abc_0", "abc_1"]
     assert [b["output_ids"] for b in sglang] == outputs[:2]
+    finals = {e["index"]: e for e in sglang_events if e["meta_info"]["finish_reason"] is not None}
+    assert [finals[i]["output_ids"] for i in range(2)] == outputs[:2]
+    assert [finals[i]["meta_info"]["id"] for i in range(2)] == ["x_0", "x_1"]
     per_index: dict[int, list[int]] = {0: [], 1: [], 2: []}
     order = []
     for event in streamed:
