@@ -23,7 +23,8 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -38,6 +39,7 @@ from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
 from tito_rl.fake_engine.openai.calls import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, vllm_error
 from tito_rl.fake_engine.openai.handler import OpenAIRoutes
 from tito_rl.fake_engine.openai.tokenize_routes import TokenizeRoutes
+from tito_rl.fake_engine.openai.tokens import visible_text
 from tito_rl.fake_engine.openai.vllm_bodies import models_list as vllm_models_list
 from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION
 from tito_rl.fake_engine.policy import FinishKind, GenerateRequest, Generation, Policy, PolicyError
@@ -228,7 +230,34 @@ class Engine:
                 )
             )
 
+        n = int(sp.get("n") or 1)
+        if n > 1:
+            return await self._parallel(request, greq, n, start, queued)
         return await self.tracked_run(request, rid, lambda tracked: self._run(request, greq, tracked, start), queued)
+
+    async def _parallel(
+        self,
+        request: web.Request,
+        greq: GenerateRequest,
+        n: int,
+        start: float,
+        queued: Callable[[], web.StreamResponse],
+    ) -> web.StreamResponse:
+        """SGLang's parallel sampling (`n > 1`): a list of n answers under rids `<rid>_<i>`, each choice its own
+        draws (`GenerateRequest.choice_index`); the first error answers for all. Streamed: each choice's events in
+        turn, each carrying its `index` (SGLang sends them as they come; one after the other is one such order)."""
+        if greq.stream:
+            return await self.tracked_run(
+                request, greq.rid, partial(self._stream_choices, request, greq, n, start), queued
+            )
+        bodies = []
+        for i in range(n):
+            sub = replace(greq, rid=f"{greq.rid}_{i}", choice_index=i)
+            answer = await self.tracked_run(request, sub.rid, partial(self._run, request, sub, start=start), queued)
+            if not isinstance(answer, web.Response) or answer.status != 200 or not isinstance(answer.body, bytes):
+                return answer
+            bodies.append(json.loads(answer.body))
+        return json_response(bodies)
 
     async def tracked_run(
         self,
@@ -319,15 +348,20 @@ class Engine:
             return finish_length(n)
         return finish_abort()
 
-    def _text(self, ids: list[int], sp: dict[str, Any], trim_stop: bool) -> str | None:
+    def _text(self, ids: list[int], sp: dict[str, Any], trim_stop: bool, matched: Any = None) -> str | None:
         tok = self.options.tokenizer
         if tok is None:
             return None
-        if trim_stop and not sp.get("no_stop_trim", False):
-            ids = ids[:-1]
         skip = sp.get("skip_special_tokens")
-        text: str = tok.decode(ids, skip_special_tokens=True if skip is None else bool(skip))
-        return text
+        return visible_text(
+            tok,
+            ids,
+            "stop" if trim_stop else None,
+            matched,
+            skip_special_tokens=True if skip is None else bool(skip),
+            sglang=True,
+            keep_stop=bool(sp.get("no_stop_trim", False)),
+        )
 
     def _body(
         self,
@@ -344,6 +378,7 @@ class Engine:
         full: list[int] | None = None,
         tracked: Tracked | None = None,
         faults: FaultSpec | None = None,
+        matched: Any = None,
     ) -> dict[str, Any]:
         """One response body; `ids` may be a streaming delta while `n_total` counts all output so far (`full`: all of
         it, for the channels; a finished answer has a finish reason)."""
@@ -367,7 +402,7 @@ class Engine:
             weight_versions=spans,
             channels=channels,
         )
-        return generate_body(self._text(ids, greq.sampling_params, trim_stop), ids, meta)
+        return generate_body(self._text(ids, greq.sampling_params, trim_stop, matched), ids, meta)
 
     async def prepare(
         self, request: web.Request, greq: GenerateRequest, error_body: Callable[[int, str], Any] | None = None
@@ -435,6 +470,7 @@ class Engine:
             sent_ts=time.time(),
             tracked=tracked,
             faults=faults,
+            matched=matched,
         )
         return json_response(body)
 
@@ -476,6 +512,38 @@ class Engine:
             w.cancel()
         return not tracked.aborted.is_set()
 
+    async def _stream_choices(
+        self, request: web.Request, greq: GenerateRequest, n: int, start: float, tracked: Tracked
+    ) -> web.StreamResponse:
+        """A streamed `n > 1`: every choice's output prepared (a status fault answers for all), then one stream."""
+        choices = [replace(greq, rid=f"{greq.rid}_{i}", choice_index=i) for i in range(n)]
+        prepared = []
+        for choice in choices:
+            answer = await self.prepare(request, choice)
+            if isinstance(answer, web.Response):
+                return answer
+            prepared.append(answer)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        for i, (choice, p) in enumerate(zip(choices, prepared, strict=True)):
+            part = Tracked(rid=choice.rid, aborted=tracked.aborted, request=request, exempt=tracked.exempt)
+            await self._stream(
+                request,
+                choice,
+                part,
+                p.ids,
+                p.logprobs,
+                p.finish,
+                p.matched,
+                p.cached_tokens,
+                p.faults,
+                start,
+                resp=resp,
+                index=i,
+                last=i == n - 1,
+            )
+        return resp
+
     async def _stream(
         self,
         request: web.Request,
@@ -488,11 +556,20 @@ class Engine:
         cached: int,
         faults: FaultSpec,
         start: float,
+        resp: web.StreamResponse | None = None,
+        index: int | None = None,
+        last: bool = True,
     ) -> web.StreamResponse:
         """Cumulative chunks by default (each repeats all output so far), deltas in incremental mode;
-        the last event is the full body, then `[DONE]`."""
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await resp.prepare(request)
+        the last event is the full body, then `[DONE]`. One choice of `n` (`index`) writes to the shared `resp`,
+        each event with its `index`; the `last` one ends the stream."""
+        if resp is None:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+            await resp.prepare(request)
+
+        def event(body: dict[str, Any]) -> bytes:
+            return b"data: " + dumps(body if index is None else {**body, "index": index}) + b"\n\n"
+
         interval = max(1, int(greq.sampling_params.get("stream_interval") or 1))
         incremental = self.options.incremental_streaming
         prev, sent = 0, 0
@@ -517,7 +594,7 @@ class Engine:
                 tracked=tracked,
                 faults=faults,
             )
-            await resp.write(b"data: " + dumps(chunk) + b"\n\n")
+            await resp.write(event(chunk))
             sent += 1
             prev += step
             if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
@@ -538,10 +615,12 @@ class Engine:
             full=ids,
             tracked=tracked,
             faults=faults,
+            matched=matched,
         )
-        await resp.write(b"data: " + dumps(final) + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        await resp.write(event(final))
+        if last:
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
         return resp
 
     # ---- other endpoints ---------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 tito fake-engine --demo
 tito fake-engine --script fake_engine/examples/claude_tool_loop.yaml --port 30000
+tito fake-engine --policy random --seed 7
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--demo", action="store_true", help="answer every /generate with a short scripted reply")
     src.add_argument("--script", metavar="FILE", help="scenario file (YAML or JSON) for the scripted policy")
     src.add_argument("--cassette", metavar="FILE", help="serve the engine leg recorded in a cassette")
+    src.add_argument(
+        "--policy",
+        choices=("random",),
+        help="random: sample seeded tokens over the real vocabulary, honouring the sampling parameters",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="--policy random: the sampler's stream for requests without a seed"
+    )
     parser.add_argument(
         "--listen",
         metavar="HOST:PORT",
@@ -144,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from tito_rl.fake_engine.app import EngineOptions, create_app
     from tito_rl.fake_engine.policies.cassette import CassettePolicy
     from tito_rl.fake_engine.policies.demo import demo_policy
+    from tito_rl.fake_engine.policies.sampler.policy import RandomPolicy
     from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, load_scenario
     from tito_rl.fake_engine.policy import Policy
     from tito_rl.trajectory.adapters.serve import parse_listen
@@ -174,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
             what = f"cassette {args.cassette}"
         elif args.demo:
             policy, what = demo_policy(tokenizer), "demo scenario"
+        elif args.policy == "random":
+            policy = RandomPolicy(tokenizer, seed=args.seed, context_length=args.context_length)
+            what = f"random policy (seed {args.seed})"
         else:
             assert scenario is not None  # the source group is required: --script when not --demo or --cassette
             policy, what = ScriptedPolicy(scenario, tokenizer), f"scenario {scenario.name!r}"

@@ -1,7 +1,8 @@
 """The Policy interface: what the fake engine asks "the model" for, and what it gets back.
 
 The app owns HTTP, validation, queues, aborts and faults; a policy only maps a request to token ids.
-Policies shipped: `scripted.ScriptedPolicy` (scenario files, the demo). A cassette-backed policy plugs in
+Policies shipped: `scripted.ScriptedPolicy` (scenario files, the demo), `sampler.policy.RandomPolicy` (samples
+like a model). A cassette-backed policy plugs in
 the same way: implement `generate`, raise `PolicyError` for "no match"-style failures.
 """
 
@@ -39,6 +40,8 @@ class GenerateRequest:
     return_routed_experts: bool = False
     routed_experts_start_len: int = 0
     return_top_p: bool = False
+    choice_index: int = 0  # which of the request's `n` choices (a sampling policy draws each its own stream)
+    dialect: str = "sglang"  # the API it came in on (trajectory/dialects/view.py), for engine-specific sampling
 
     @property
     def max_new_tokens(self) -> int | None:

@@ -204,6 +204,10 @@ def _sampling(body: dict[str, Any], call: OpenAICall) -> dict[str, Any]:
         "ignore_eos",
         "no_stop_trim",
         "skip_special_tokens",
+        "min_tokens",
+        "logit_bias",
+        "n",
+        "include_stop_str_in_output",
     )
     out = {k: body[k] for k in keys if body.get(k) is not None}
     out["max_new_tokens"] = call.max_tokens

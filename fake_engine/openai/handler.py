@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from functools import partial
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -31,7 +34,7 @@ from tito_rl.fake_engine.openai.calls import (
 )
 from tito_rl.fake_engine.openai.parse import sglang_chat, vllm_chat, vllm_chat_deltas
 from tito_rl.fake_engine.openai.render import render_chat
-from tito_rl.fake_engine.openai.tokens import text_pieces
+from tito_rl.fake_engine.openai.tokens import clip_deltas, clip_pieces, text_pieces, visible_text
 from tito_rl.fake_engine.openai.vllm_versions import vllm_profile
 from tito_rl.fake_engine.policy import GenerateRequest
 from tito_rl.fake_engine.serving import Dropped, Prepared, Tracked, drop, dumps, json_response
@@ -160,14 +163,62 @@ class OpenAIRoutes:
             turn_index=turn_index(prompt),
             return_routed_experts=routes_asked,
             routed_experts_start_len=call.routed_experts_start_len,
+            dialect=call.dialect,
         )
         start = time.perf_counter()
+        n = call.sampling.get("n", 1)
+        if type(n) is not int or n < 1:
+            raise bad_request(call.dialect, f"n must be a positive integer, got {n!r}", "n")
+        if n > 1:
+            return await self._parallel(request, call, greq, n, start)
         return await engine.tracked_run(
             request,
             call.rid,
             lambda tracked: self._run(request, call, greq, tracked, start),
             lambda: json_response(self._body(call, greq, [], [], "abort", None, 0, start, queued=True)),
         )
+
+    async def _parallel(
+        self, request: web.Request, call: OpenAICall, greq: GenerateRequest, n: int, start: float
+    ) -> web.StreamResponse:
+        """`n > 1`: each choice run as a request of its own (tracked as `<rid>_<i>`, its own draws:
+        `GenerateRequest.choice_index`), then one answer with the n choices; the first error answers for all.
+        Streamed: the choices' chunks interleaved in one stream (not on /inference/v1/generate)."""
+        if call.stream:
+            if call.dialect == VLLM_GENERATE:
+                raise bad_request(call.dialect, "n > 1 streamed on /inference/v1/generate: not served", "n")
+            return await self.engine.tracked_run(
+                request,
+                call.rid,
+                partial(self._run_choices, request, call, [replace(greq, choice_index=i) for i in range(n)]),
+                lambda: json_response(self._body(call, greq, [], [], "abort", None, 0, start, queued=True)),
+            )
+        bodies = []
+        for i in range(n):
+            sub = replace(greq, choice_index=i)
+            answer = await self.engine.tracked_run(
+                request,
+                f"{call.rid}_{i}",
+                partial(self._run, request, call, sub, start=start),
+                lambda: json_response(self._body(call, greq, [], [], "abort", None, 0, start, queued=True)),
+            )
+            if not isinstance(answer, web.Response) or answer.status != 200 or not isinstance(answer.body, bytes):
+                return answer
+            bodies.append(json.loads(answer.body))
+        return json_response(merge_choices(bodies))
+
+    async def _run_choices(
+        self, request: web.Request, call: OpenAICall, greqs: list[GenerateRequest], tracked: Tracked
+    ) -> web.StreamResponse:
+        """A streamed `n > 1`: every choice's output prepared (the policy asked, the faults applied), then one
+        stream."""
+        prepared = []
+        for greq in greqs:
+            answer = await self.engine.prepare(request, greq, lambda status, m: error_body(call.dialect, status, m))
+            if isinstance(answer, web.Response):
+                return answer
+            prepared.append(answer)
+        return await self._stream(request, call, greqs, tracked, prepared)
 
     async def _run(
         self, request: web.Request, call: OpenAICall, greq: GenerateRequest, tracked: Tracked, start: float
@@ -176,7 +227,7 @@ class OpenAIRoutes:
         if isinstance(prepared, web.Response):
             return prepared
         if call.stream:
-            return await self._stream(request, call, greq, tracked, prepared)
+            return await self._stream(request, call, [greq], tracked, [prepared])
         ids, lps, finish, faults = prepared.ids, prepared.logprobs, prepared.finish, prepared.faults
         produced = await self.engine.produce(tracked, len(ids), faults.token_delay_ms, faults.pause_after)
         if produced < len(ids) or tracked.aborted.is_set():
@@ -209,11 +260,20 @@ class OpenAIRoutes:
     def _seed(self, greq: GenerateRequest) -> str:
         return f"{greq.session_key}|{greq.turn_index}"
 
-    def _text(self, call: OpenAICall, ids: list[int], finish: str) -> str:
-        """The output text: the stop token never in it (special, and vLLM/SGLang trim a matched stop)."""
-        keep = ids[:-1] if finish == "stop" and ids and not call.body.get("no_stop_trim") else ids
-        text: str = self.tokenizer.decode(keep, skip_special_tokens=call.skip_special_tokens)
-        return text
+    def _text(self, call: OpenAICall, ids: list[int], finish: str, matched: Any = None) -> str:
+        """The output text as the engine shows it: a matched stop token or string trimmed (`tokens.visible_text`)."""
+        sglang = call.dialect == SGLANG_OPENAI
+        return visible_text(
+            self.tokenizer,
+            ids,
+            finish,
+            matched,
+            skip_special_tokens=call.skip_special_tokens,
+            sglang=sglang,
+            keep_stop=bool(
+                call.body.get("no_stop_trim") if sglang else call.sampling.get("include_stop_str_in_output")
+            ),
+        )
 
     def _body(
         self,
@@ -251,7 +311,7 @@ class OpenAIRoutes:
                 routed_experts=None if routes is vllm_bodies.UNSET else routes,
             )
         if call.endpoint == "completions":
-            pieces = text_pieces(tok, ids, call.skip_special_tokens)
+            pieces = self._pieces(call, ids, finish, matched)
             body = vllm_bodies.completion_body(tok, call, prompt, ids, lps, finish, pieces, created, matched, routes)
             if call.dialect == SGLANG_OPENAI and not queued:
                 body.update(self._sglext(greq, ids, faults))
@@ -259,7 +319,7 @@ class OpenAIRoutes:
         if call.dialect == SGLANG_OPENAI:
             return self._sglang_body(call, greq, ids, lps, finish, matched, cached, start, created, made or [], faults)
         parsed = vllm_chat(
-            self._text(call, ids, finish),
+            self._text(call, ids, finish, matched),
             thinking=call.thinking,
             tool_parsing=call.tool_parsing,
             seed=self._seed(greq),
@@ -281,6 +341,13 @@ class OpenAIRoutes:
             sum(self._reasoning_at(call, greq, ids, finish)),
             routes,
         )
+
+    def _pieces(self, call: OpenAICall, ids: list[int], finish: str, matched: Any) -> list[str]:
+        """Completions' text, one piece per token, adding up to the text the engine shows (a stop trimmed)."""
+        pieces = text_pieces(self.tokenizer, ids, call.skip_special_tokens)
+        if finish != "stop":
+            return pieces
+        return clip_pieces(pieces, len(self._text(call, ids, finish, matched)))
 
     def _sglext(self, greq: GenerateRequest, ids: list[int], faults: FaultSpec) -> dict[str, Any]:
         """SGLang's OpenAI answers carry the routes at the root, `sglext.routed_experts` (0.5.23), when asked."""
@@ -345,7 +412,7 @@ class OpenAIRoutes:
             channels=sglang_channels(self.engine.channels, greq, ids, faults, final=True),
         )
         parsed, _ = sglang_chat(
-            self._text(call, ids, finish), call.tools, tool_parsing=call.tool_parsing, seed=self._seed(greq)
+            self._text(call, ids, finish, matched), call.tools, tool_parsing=call.tool_parsing, seed=self._seed(greq)
         )
         body = sglang_bodies.chat_body(self.tokenizer, call, greq.input_ids, ids, lps, fin, parsed, meta, created)
         if not call.return_meta_info:  # with it, the routes are in the choice's meta_info instead
@@ -354,43 +421,65 @@ class OpenAIRoutes:
 
     # ---- streams -----------------------------------------------------------------------------------
     async def _stream(
-        self, request: web.Request, call: OpenAICall, greq: GenerateRequest, tracked: Tracked, prepared: Prepared
+        self,
+        request: web.Request,
+        call: OpenAICall,
+        greqs: list[GenerateRequest],
+        tracked: Tracked,
+        prepared: list[Prepared],
     ) -> web.StreamResponse:
         """One chunk per token at the fault's pace; an abort ends the stream with finish_reason `abort`, a cut
-        closes the socket after N data events."""
+        closes the socket after N data events. `n > 1`: one choice per request and answer, their chunks
+        interleaved one at a time (each carries its `index`), the usage counting all of them."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
-        ids, lps, finish, faults = prepared.ids, prepared.logprobs, prepared.finish, prepared.faults
         created = int(time.time())
-        events = self._chunks(call, greq, ids, lps, finish, prepared.matched, created)
+        many = len(prepared) > 1
+        queues = [
+            deque(self._chunks(call, g, p.ids, p.logprobs, p.finish, p.matched, created))
+            for g, p in zip(greqs, prepared, strict=True)
+        ]
+        cut = prepared[0].faults.cut_stream_after
         sent = 0
-        produced = 0
+        produced = [0] * len(prepared)
         aborted = False
 
-        async def write(chunk: dict[str, Any]) -> None:
+        async def write(chunk: dict[str, Any], i: int = 0) -> None:
             nonlocal sent
-            await resp.write(
-                b"data: "
-                + dumps(self._with_channels(call, greq, chunk, ids[: tracked.produced], tracked, faults))
-                + b"\n\n"
-            )
+            ids, faults = prepared[i].ids, prepared[i].faults
+            chunk = self._with_channels(call, greqs[i], chunk, ids[: tracked.produced], tracked, faults)
+            if many and chunk.get("choices"):
+                chunk = {**chunk, "choices": [{**c, "index": i} for c in chunk["choices"]]}
+            await resp.write(b"data: " + dumps(chunk) + b"\n\n")
             sent += 1
-            if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
+            if cut is not None and sent >= cut:
                 drop(request)
 
-        for n_tokens, chunk in events:
-            if n_tokens:
-                if (
-                    await self.engine.produce(tracked, n_tokens, faults.token_delay_ms, faults.pause_after) < n_tokens
-                    or tracked.aborted.is_set()
-                ):
-                    await write(self._abort_chunk(call, created))
-                    aborted = True
-                    break
-                produced += n_tokens
-            if chunk:  # an empty one: tokens decoded, nothing sent for them
-                await write(chunk)
-        sglext = self._sglext(greq, ids, faults) if call.dialect == SGLANG_OPENAI and not aborted else {}
+        while not aborted and any(queues):
+            for i, queue in enumerate(queues):
+                if not queue:
+                    continue
+                n_tokens, chunk = queue.popleft()
+                faults = prepared[i].faults
+                if n_tokens:
+                    if (
+                        await self.engine.produce(tracked, n_tokens, faults.token_delay_ms, faults.pause_after)
+                        < n_tokens
+                        or tracked.aborted.is_set()
+                    ):
+                        for j in (j for j, q in enumerate(queues) if q or j == i):  # every unfinished choice
+                            await write(self._abort_chunk(call, created), j)
+                        aborted = True
+                        break
+                    produced[i] += n_tokens
+                if chunk:  # an empty one: tokens decoded, nothing sent for them
+                    await write(chunk, i)
+        greq, first = greqs[0], prepared[0]
+        sglext = (
+            self._sglext(greq, first.ids, first.faults)
+            if call.dialect == SGLANG_OPENAI and not aborted and not many
+            else {}
+        )
         if sglext:  # SGLang 0.5.23: a chunk of its own after the finish, `choices` empty
             await write(
                 {
@@ -404,8 +493,11 @@ class OpenAIRoutes:
                 }
             )
         if call.include_usage:
-            reasoned = sum(self._reasoning_at(call, greq, ids[:produced], finish))
-            await write(self._usage_chunk(call, len(greq.input_ids), produced, created, reasoned))
+            reasoned = sum(
+                sum(self._reasoning_at(call, g, p.ids[:made], p.finish))
+                for g, p, made in zip(greqs, prepared, produced, strict=True)
+            )
+            await write(self._usage_chunk(call, len(greq.input_ids), sum(produced), created, reasoned))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -445,7 +537,7 @@ class OpenAIRoutes:
                 out.append((0, vllm_bodies.generate_body(tok, call, [], [], finish, prompt, matched, chunk=True)))
             return out
         if call.endpoint == "completions":
-            pieces = text_pieces(tok, ids, call.skip_special_tokens)
+            pieces = self._pieces(call, ids, finish, matched)
             offset = 0
             for i in range(n):
                 out.append(
@@ -474,7 +566,8 @@ class OpenAIRoutes:
                 return out
             return vllm_bodies.with_stream_usage(call, out, len(prompt), [False] * n)
         sglang = call.dialect == SGLANG_OPENAI
-        stream_ids = ids[:-1] if finish == "stop" and ids and not call.body.get("no_stop_trim") and sglang else ids
+        trim_id = finish == "stop" and not isinstance(matched, str) and not call.body.get("no_stop_trim")
+        stream_ids = ids[:-1] if trim_id and ids and sglang else ids
         if sglang:
             deltas = vllm_chat_deltas(
                 tok,
@@ -488,6 +581,8 @@ class OpenAIRoutes:
             deltas = self._deltas(call, greq, stream_ids)
             if finish == "stop" and n and not isinstance(matched, str) and len(deltas) == n:
                 deltas[-1] = {}  # a stop id's text is never sent (vLLM 0.32: its chunk's delta is empty)
+        if finish == "stop" and isinstance(matched, str):  # the text stops where the engine cut it
+            deltas = clip_deltas(deltas, len(self._text(call, ids, finish, matched)))
         deltas += [{}] * (n - len(deltas))
         called = any("tool_calls" in d for d in deltas)
         final = vllm_bodies.finish_reason(finish, called)
@@ -574,6 +669,22 @@ class OpenAIRoutes:
             }
         name = "text_completion" if call.endpoint == "completions" else "chat.completion.chunk"
         return vllm_bodies.usage_chunk(call, prompt, completion, created, name, reasoned)
+
+
+def merge_choices(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """One answer from the answers of its n choices: the first's envelope, every choice at its index, the usage
+    counting every choice's tokens (the prompt once)."""
+    merged = dict(bodies[0])
+    merged["choices"] = [{**c, "index": i} for i, body in enumerate(bodies) for c in body.get("choices") or []]
+    usage = merged.get("usage")
+    if isinstance(usage, dict):
+        completion = sum(int((b.get("usage") or {}).get("completion_tokens") or 0) for b in bodies)
+        merged["usage"] = {
+            **usage,
+            "completion_tokens": completion,
+            "total_tokens": usage["prompt_tokens"] + completion,
+        }
+    return merged
 
 
 def forwarded_bearer(headers: Any) -> str | None:

@@ -17,21 +17,25 @@ from typing import Any
 
 from tito_rl.fake_engine.openai.calls import OpenAICall
 from tito_rl.fake_engine.openai.parse import ParsedChat
-from tito_rl.fake_engine.openai.tokens import token_bytes, token_text
+from tito_rl.fake_engine.openai.tokens import token_bytes, token_text, visible_text
 from tito_rl.trajectory.dialects.view import SGLANG_OPENAI
 
 REASONING_KEYS = ("reasoning", "reasoning_content")  # the 0.11.1-0.15.1 message; `call.vllm.reasoning_keys`
 WEIGHT_VERSION = "default"
+ENDOFTEXT = 151643  # Qwen3's <|endoftext|>: an eos of its generation config, which vLLM reports as a stop id
 UNSET = object()  # `routed_experts` not given: the key stays out (an engine started without the flag)
 
 
 def stop_reason(call: OpenAICall, finish: str | None, matched: Any) -> int | str | None:
-    """What a stop matched: a stop string, or a stop id the request asked for; null for the end-of-text token."""
+    """What a stop matched: a stop string, or a stop id the request asked for (or `<|endoftext|>`, which vLLM
+    adds to them from the generation config unless `ignore_eos`); null for the tokenizer's eos, `<|im_end|>`."""
     if finish != "stop" or matched is None:
         return None
     if isinstance(matched, str):
         return matched
-    stops = call.sampling.get("stop_token_ids") or []
+    stops = list(call.sampling.get("stop_token_ids") or [])
+    if not call.sampling.get("ignore_eos"):
+        stops.append(ENDOFTEXT)  # vLLM adds the generation config's other eos ids to the stop ids
     return matched if isinstance(matched, int) and matched in stops else None
 
 
@@ -379,9 +383,8 @@ def generate_body(
         "weight_versions": versions,
     }
     if text_mode:
-        choice["text"] = tokenizer.decode(
-            ids[:-1] if finish == "stop" and matched is not None and not isinstance(matched, str) else ids,
-            skip_special_tokens=True,
+        choice["text"] = visible_text(
+            tokenizer, ids, finish, matched, keep_stop=bool(call.sampling.get("include_stop_str_in_output"))
         )
         choice["logprobs"] = chat_logprobs(tokenizer, call, ids, lps, sampled_in_top=True)
     else:

@@ -58,19 +58,25 @@ class ThreadedServer:
 
 
 def start_fake_engine(scenario: Any, **options: Any) -> ThreadedServer:
-    """A fake engine playing `scenario` (a scenario file's path, its parsed dict, or a `Scenario`)."""
+    """A fake engine playing `scenario` (a scenario file's path, its parsed dict, or a `Scenario`), or answering
+    with any policy object (`RandomPolicy(tokenizer, seed=N)`: sampling like a model)."""
     from tito_rl.fake_engine.app import EngineOptions, create_app
     from tito_rl.fake_engine.policies.scripted import Scenario, ScriptedPolicy, load_scenario, parse_scenario
+    from tito_rl.fake_engine.policy import Policy
     from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
-    if isinstance(scenario, str | Path):
-        scenario = load_scenario(scenario)
-    elif isinstance(scenario, dict):
-        scenario = parse_scenario(scenario)
-    if not isinstance(scenario, Scenario):
-        raise TypeError(f"a scenario is a path, a dict or a Scenario, not {type(scenario).__name__}")
     tokenizer = load_tokenizer()
-    policy = ScriptedPolicy(scenario, tokenizer)
+    policy: Policy
+    if isinstance(scenario, Policy):
+        policy = scenario
+    else:
+        if isinstance(scenario, str | Path):
+            scenario = load_scenario(scenario)
+        elif isinstance(scenario, dict):
+            scenario = parse_scenario(scenario)
+        if not isinstance(scenario, Scenario):
+            raise TypeError(f"a scenario is a path, a dict, a Scenario or a policy, not {type(scenario).__name__}")
+        policy = ScriptedPolicy(scenario, tokenizer)
     server = ThreadedServer(lambda: create_app(policy, EngineOptions(tokenizer=tokenizer, **options)))
     server.start()
     return server
