@@ -6,7 +6,7 @@ STAMP := $(VENV)/.tito-installed
 RAY_STAMP := $(VENV)/.tito-ray
 
 .PHONY: install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
-	test-real-engine \
+	test-real-engine real-sglang test-real-sglang \
 	engine-contract engine-contract-live real-vllm-cassettes
 
 $(STAMP): pyproject.toml requirements-parsers.txt Makefile
@@ -111,6 +111,16 @@ real-engine: install
 # The tests marked real_engine, against that engine (one server at a time, 1-3 minutes per start): not in `make test`.
 test-real-engine: real-engine
 	TITO_REAL_ENGINE=1 $(BIN)/python -m pytest -q -rs -n 0 -m real_engine $(or $(TESTS),tests)
+
+# A real SGLang on the CPU (docs/real-engine.md): PyPI's sglang 0.5.23 with tito's stand-in for its compiled CPU ops
+# (recorder/real_engine/sgl_kernel_standin/) and two tiny random Qwen3 models (dense, MoE), built once outside the
+# repository (TITO_REAL_SGLANG_HOME, default ~/.cache/tito/real-sglang; about 6.4 GB, ten minutes or more the first time).
+real-sglang: install
+	$(BIN)/python -m tito_rl.recorder.real_engine.sglang_build
+
+# The real_engine tests of SGLang, against it (one server at a time, about a minute per start).
+test-real-sglang: real-sglang
+	TITO_REAL_ENGINE=1 $(BIN)/python -m pytest -q -rs -n 0 -m real_engine tests/test_real_sglang.py
 
 # cassettes/real_vllm/ re-recorded live against that engine (tito's adapter in both vLLM dialects, rllm's gateway), seeded,
 # with their goldens (recorder/real_engine/cassettes.py). `make test` replays the committed ones with no engine.
