@@ -89,11 +89,7 @@ GPU_PACKAGES = {
 
 def standin() -> ModuleType:
     """The stand-in as tito's Python reads it (no torch here: the op is not registered, the arithmetic is there)."""
-    spec = importlib.util.spec_from_file_location("sgl_kernel_standin_under_test", STANDIN_FILE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("tito_rl.recorder.real_engine.sgl_kernel_standin.sgl_kernel")
 
 
 def sglang_source() -> Path:
