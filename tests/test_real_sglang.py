@@ -408,4 +408,4 @@ def test_the_moe_model_rebuilds_byte_for_byte_from_its_seed(tmp_path):
     )
     assert weights_digest(tmp_path) == ready.model_sha256["moe"]
     config = json.loads((tmp_path / "config.json").read_text())
-    assert (config["num_experts"], config["num_experts_per_tok"], config["num_hidden_layers"]) == (8, 2, 2)
+    assert (config["num_local_experts"], config["num_experts_per_tok"], config["num_hidden_layers"]) == (8, 2, 2)

@@ -104,7 +104,7 @@ class ReadySglang:
     """What READY says: enough to start either model from any tool, tito's or not."""
 
     python: str
-    standin: str  # the folder holding sgl_kernel.py, for PYTHONPATH
+    standin: str  # the folder holding sgl_kernel.py when it was built (start_command's PYTHONPATH)
     models: dict[str, str]  # kind -> folder
     model_sha256: dict[str, str]
     sglang_version: str
@@ -122,8 +122,7 @@ def read_ready(home: Path | None = None) -> ReadySglang | None:
         ready = ReadySglang(**json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError):
         return None
-    complete = Path(ready.python).is_file() and (Path(ready.standin) / "sgl_kernel.py").is_file()
-    if not complete or sorted(ready.models) != sorted(MODEL_KINDS):
+    if not Path(ready.python).is_file() or sorted(ready.models) != sorted(MODEL_KINDS):
         return None
     if not all((Path(folder) / "config.json").is_file() for folder in ready.models.values()):
         return None
@@ -131,8 +130,9 @@ def read_ready(home: Path | None = None) -> ReadySglang | None:
 
 
 def server_env(ready: ReadySglang) -> dict[str, str]:
-    """The server's environment on top of the caller's: the stand-in first on PYTHONPATH."""
-    return {**SERVER_ENV, **ready.env, "PYTHONPATH": ready.standin}
+    """The server's environment on top of the caller's: this checkout's stand-in alone on PYTHONPATH (not the one
+    READY names: the build may have run from another checkout)."""
+    return {**SERVER_ENV, **ready.env, "PYTHONPATH": str(STANDIN)}
 
 
 def server_command(ready: ReadySglang, port: int, start: SglangStart = SglangStart()) -> list[str]:

@@ -47,6 +47,9 @@ def moe_config_values(vocab_size: int) -> dict[str, Any]:
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
         "norm_topk_prob": True,
+        # SGLang's Qwen3-MoE has no tied head (real Qwen3-MoE models tie none): tied, its lm_head stays unloaded
+        # and answers garbage with null logprobs.
+        "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     }
 
