@@ -6,7 +6,7 @@ STAMP := $(VENV)/.tito-installed
 RAY_STAMP := $(VENV)/.tito-ray
 
 .PHONY: install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
-	test-real-engine real-sglang test-real-sglang \
+	test-real-engine real-sglang test-real-sglang real-sglang-answers \
 	engine-contract engine-contract-live real-vllm-cassettes
 
 $(STAMP): pyproject.toml requirements-parsers.txt Makefile
@@ -121,6 +121,11 @@ real-sglang: install
 # The real_engine tests of SGLang, against it (one server at a time, about a minute per start).
 test-real-sglang: real-sglang
 	TITO_REAL_ENGINE=1 $(BIN)/python -m pytest -q -rs -n 0 -m real_engine tests/test_real_sglang.py
+
+# recorder/engine_contract/answers/sglang-0.5.23-routes.json re-recorded: the tiny MoE's answers with expert routes,
+# through tito's engine tap (recorder/real_engine/sglang_answers.py).
+real-sglang-answers: real-sglang
+	$(BIN)/python -m tito_rl.recorder.real_engine.sglang_answers
 
 # cassettes/real_vllm/ re-recorded live against that engine (tito's adapter in both vLLM dialects, rllm's gateway), seeded,
 # with their goldens (recorder/real_engine/cassettes.py). `make test` replays the committed ones with no engine.
