@@ -26,14 +26,19 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tests.real_engine_support import RealEngines
+from tito_rl.recorder.engine_contract.answers import Recording, load_recording
 from tito_rl.recorder.engine_contract.check import check_engine
 from tito_rl.recorder.engine_contract.exchange import send
+from tito_rl.recorder.engine_contract.runner import drift
 from tito_rl.recorder.real_engine import sglang_build
 from tito_rl.recorder.real_engine.build import weights_digest
 from tito_rl.recorder.real_engine.server import RealEngineError
+from tito_rl.recorder.real_engine.sglang_answers import NEW_TOKENS, RANDOM_SEED, ROUTES, ROUTES_VERSION, route_requests
+from tito_rl.recorder.real_engine.sglang_answers import record as record_routes
 from tito_rl.recorder.real_engine.sglang_paths import (
     HOME_ENV,
     REQUIREMENTS,
+    ROUTED_EXPERTS_FLAG,
     SERVED_NAMES,
     SGLANG_VERSION,
     STANDIN,
@@ -49,6 +54,7 @@ from tito_rl.recorder.real_engine.sglang_paths import (
     venv_dir,
 )
 from tito_rl.recorder.real_engine.sglang_server import RealSglangServer
+from tito_rl.trajectory.dialects.view import SGLANG
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
 STANDIN_FILE = STANDIN / "sgl_kernel.py"
@@ -409,3 +415,46 @@ def test_the_moe_model_rebuilds_byte_for_byte_from_its_seed(tmp_path):
     assert weights_digest(tmp_path) == ready.model_sha256["moe"]
     config = json.loads((tmp_path / "config.json").read_text())
     assert (config["num_local_experts"], config["num_experts_per_tok"], config["num_hidden_layers"]) == (8, 2, 2)
+
+
+def routes_answers() -> Recording:
+    return load_recording(SGLANG, ROUTES_VERSION)
+
+
+def test_the_committed_route_answers_are_what_sglang_sent():
+    """The committed answers (make real-sglang-answers) as the fake engine's routes will be held to them: every
+    request answered 200 through tito's tap, routes of the documented shape where asked, none where not."""
+    recording = routes_answers()
+    assert [e.request.name for e in recording.exchanges] == [r.name for r in route_requests()]
+    assert all(e.answer.status == 200 for e in recording.exchanges)
+    assert ROUTED_EXPERTS_FLAG in recording.start_flags[ROUTES]
+    by_name = {e.request.name: e.answer for e in recording.exchanges}
+    prompt = recording.values["$prompt_ids"]
+    full = routes_of(by_name["generate routes"].body)
+    assert len(full) == len(prompt) + NEW_TOKENS - 1
+    assert routes_of(by_name["generate routes from 3"].body) == full[3:]
+    assert routes_of(by_name["generate routes longer prompt"].body)[: len(prompt)] == full[: len(prompt)]
+    chunks = by_name["generate routes sse"].chunks
+    assert chunks[-1] == "[DONE]" and routes_of(chunks[-2]) == full
+    # Streamed, only the last chunk carries the routes (not cumulatively in every chunk, as the other fields are).
+    assert not any("routed_experts" in chunk["meta_info"] for chunk in chunks[:-2])
+    assert "routed_experts" not in by_name["generate routes not asked"].body["meta_info"]
+    # The OpenAI route: at the answer's root, `sglext.routed_experts`, over the rendered chat prompt and the output.
+    chat = by_name["chat routes"].body
+    rows = routes_of({"meta_info": chat["sglext"]})
+    assert len(rows) == chat["usage"]["prompt_tokens"] + chat["usage"]["completion_tokens"] - 1
+
+
+@pytest.mark.real_engine
+def test_the_committed_route_answers_repeat_live(real_engines):
+    """Re-recorded live, the MoE answers as committed: the same structure, token ids and routes."""
+    server = real_engines.sglang(SglangStart(moe=True, random_seed=RANDOM_SEED))
+    committed = routes_answers()
+    live = record_routes(server.url)
+    assert drift(committed, live) == []
+    for old, new in zip(committed.exchanges, live.exchanges, strict=True):
+        if isinstance(old.answer.body, dict) and "meta_info" in old.answer.body:
+            assert new.answer.body["output_ids"] == old.answer.body["output_ids"], old.request.name
+            assert new.answer.body["meta_info"].get("routed_experts") == old.answer.body["meta_info"].get(
+                "routed_experts"
+            ), old.request.name

@@ -87,7 +87,7 @@ def record(url: str, progress: Callable[[str], None] = lambda line: None) -> Rec
     values[LONGER] = values["$prompt_ids"] + list(tokenizer.encode(MORE_TEXT, add_special_tokens=False))
     flags = [*BASE_FLAGS, "--random-seed", str(RANDOM_SEED), ROUTED_EXPERTS_FLAG]
     recording = Recording(engine=SGLANG, version=ROUTES_VERSION, start_flags={ROUTES: flags}, values=values)
-    recording.exchanges = record_live(url, route_requests(), values, progress, SGLANG)
+    recording.exchanges = record_live(url, route_requests(), values, progress, SGLANG_OPENAI)
     return recording
 
 
