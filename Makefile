@@ -122,10 +122,12 @@ real-sglang: install
 test-real-sglang: real-sglang
 	TITO_REAL_ENGINE=1 $(BIN)/python -m pytest -q -rs -n 0 -m real_engine tests/test_real_sglang.py
 
-# recorder/engine_contract/answers/sglang-0.5.23-routes.json re-recorded: the tiny MoE's answers with expert routes,
-# through tito's engine tap (recorder/real_engine/sglang_answers.py).
+# recorder/engine_contract/answers/sglang-0.5.23-routes.json and sglang-0.5.23.json re-recorded through tito's engine
+# tap (recorder/real_engine/sglang_answers.py): the tiny MoE's answers with expert routes, and the engine contract's
+# SGLang requests to the dense model (one server start each).
 real-sglang-answers: real-sglang
 	$(BIN)/python -m tito_rl.recorder.real_engine.sglang_answers
+	$(BIN)/python -m tito_rl.recorder.real_engine.sglang_answers --contract
 
 # cassettes/real_vllm/ re-recorded live against that engine (tito's adapter in both vLLM dialects, rllm's gateway), seeded,
 # with their goldens (recorder/real_engine/cassettes.py). `make test` replays the committed ones with no engine.
