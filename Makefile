@@ -6,7 +6,7 @@ STAMP := $(VENV)/.tito-installed
 RAY_STAMP := $(VENV)/.tito-ray
 
 .PHONY: FORCE install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
-	test-real-engine \
+	test-real-engine real-sglang test-real-sglang real-sglang-answers \
 	engine-contract engine-contract-live real-vllm-cassettes
 
 # The editable install is setuptools' strict mode: a tree of links to tito's files in build/, on a static path that
@@ -130,6 +130,23 @@ real-engine: install
 # The tests marked real_engine, against that engine (one server at a time, 1-3 minutes per start): not in `make test`.
 test-real-engine: real-engine
 	TITO_REAL_ENGINE=1 $(BIN)/python -m pytest -q -rs -n 0 -m real_engine $(or $(TESTS),tests)
+
+# A real SGLang on the CPU (docs/real-engine.md): PyPI's sglang 0.5.23 with tito's stand-in for its compiled CPU ops
+# (recorder/real_engine/sgl_kernel_standin/) and two tiny random Qwen3 models (dense, MoE), built once outside the
+# repository (TITO_REAL_SGLANG_HOME, default ~/.cache/tito/real-sglang; about 6.4 GB, ten minutes or more the first time).
+real-sglang: install
+	$(BIN)/python -m tito_rl.recorder.real_engine.sglang_build
+
+# The real_engine tests of SGLang, against it (one server at a time, about a minute per start).
+test-real-sglang: real-sglang
+	TITO_REAL_ENGINE=1 $(BIN)/python -m pytest -q -rs -n 0 -m real_engine tests/test_real_sglang.py
+
+# recorder/engine_contract/answers/sglang-0.5.23-routes.json and sglang-0.5.23.json re-recorded through tito's engine
+# tap (recorder/real_engine/sglang_answers.py): the tiny MoE's answers with expert routes, and the engine contract's
+# SGLang requests to the dense model (one server start each).
+real-sglang-answers: real-sglang
+	$(BIN)/python -m tito_rl.recorder.real_engine.sglang_answers
+	$(BIN)/python -m tito_rl.recorder.real_engine.sglang_answers --contract
 
 # cassettes/real_vllm/ re-recorded live against that engine (tito's adapter in both vLLM dialects, rllm's gateway), seeded,
 # with their goldens (recorder/real_engine/cassettes.py). `make test` replays the committed ones with no engine.

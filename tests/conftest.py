@@ -29,24 +29,27 @@ def pytest_collection_modifyitems(config, items):
     skip_real_engine(items)
 
 
-# ---- the real vLLM (tests marked real_engine; docs/real-engine.md) -----------------------------------------
+# ---- the real vLLM and SGLang (tests marked real_engine; docs/real-engine.md) -------------------------------
 def skip_real_engine(items):
-    """Tests marked real_engine need the real vLLM and minutes per server: only `make test-real-engine` runs them."""
+    """Tests marked real_engine need a real engine and minutes per server: only `make test-real-engine` (or
+    `make test-real-sglang` for SGLang's) runs them."""
     import os
 
     from tests.real_engine_support import REAL_ENGINE_ENV
 
     if os.environ.get(REAL_ENGINE_ENV) == "1":
         return
-    skip = pytest.mark.skip(reason="needs the real vLLM: `make test-real-engine` runs it")
+    vllm = pytest.mark.skip(reason="needs the real vLLM: `make test-real-engine` runs it")
+    sglang = pytest.mark.skip(reason="needs the real SGLang: `make test-real-sglang` runs it")
     for item in items:
         if "real_engine" in item.keywords:
-            item.add_marker(skip)
+            item.add_marker(sglang if "sglang" in item.path.name else vllm)
 
 
 @pytest.fixture(scope="session")
 def real_engines():
-    """`real_engines.get(StartFlags(...))`: a running real vLLM with those start flags (one at a time)."""
+    """`real_engines.get(StartFlags(...))`: a running real vLLM with those start flags; `real_engines.sglang(
+    SglangStart(...))`: a running real SGLang (one server at a time)."""
     from tests.real_engine_support import RealEngines
 
     engines = RealEngines()

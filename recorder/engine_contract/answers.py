@@ -1,6 +1,7 @@
 """The real engine's recorded answers to the contract, committed so CI holds the fake engine to them with no vLLM.
 
-One JSON file per engine and version (`answers/vllm-0.32.0.json`): the start flags of each mode, the values the
+One JSON file per engine and version (`answers/vllm-0.32.0.json`; from the real SGLang on the CPU, `sglang-0.5.23.json`
+and the MoE's `sglang-0.5.23-routes.json`, docs/real-engine.md): the start flags of each mode, the values the
 requests' placeholders took (the model's name, the prompt ids, the stop id and string the seeded answer gave),
 and each request as sent (placeholders kept) with the status and body, or the data events of its stream.
 """

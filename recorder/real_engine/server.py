@@ -22,6 +22,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from tito_rl.recorder.real_engine.paths import (
     BASE_FLAGS,
@@ -123,35 +124,34 @@ def require_ready(home: Path | None = None) -> ReadyEngine:
     return ready
 
 
-class RealVllmServer:
-    """One running real vLLM: `with RealVllmServer(StartFlags(...)) as server: server.url`."""
+class EngineProcess:
+    """One engine server process on a loopback port: started in its own session, ready when `/health` answers 200,
+    stopped with SIGTERM and then its whole process group killed. Subclasses say what to run (`command`, `env`)."""
 
-    def __init__(
-        self,
-        flags: StartFlags = StartFlags(),
-        port: int | None = None,
-        home: Path | None = None,
-        start_timeout_s: float = START_TIMEOUT_S,
-    ) -> None:
-        self.flags = flags
-        self.home = home or real_vllm_home()
-        self.ready = require_ready(self.home)
+    engine_name = "engine"
+
+    def __init__(self, port: int | None, log_path: Path, start_timeout_s: float) -> None:
         self.port = port or free_port()
+        self.log_path = log_path
         self.start_timeout_s = start_timeout_s
-        self.log_path = self.home / "logs" / f"server-{self.flags.label()}-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> RealVllmServer:
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def start(self) -> Self:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **SERVER_ENV, **self.ready.env}
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                server_command(self.ready, self.port, self.flags),
-                env=env,
+                self.command(),
+                env=self.env(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -170,14 +170,15 @@ class RealVllmServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RealEngineError(
-                    f"the real vLLM exited with {self.process.returncode} while starting: "
+                    f"the real {self.engine_name} exited with {self.process.returncode} while starting: "
                     f"{self.last_log_line()} (log: {self.log_path})"
                 )
             if health_ok(self.url):
                 return
             time.sleep(1.0)
         raise RealEngineError(
-            f"the real vLLM did not answer /health within {self.start_timeout_s:.0f} s (log: {self.log_path})"
+            f"the real {self.engine_name} did not answer /health within {self.start_timeout_s:.0f} s "
+            f"(log: {self.log_path})"
         )
 
     def last_log_line(self) -> str:
@@ -187,6 +188,9 @@ class RealVllmServer:
             return "no log"
         return lines[-1].strip() if lines else "empty log"
 
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def stop(self, timeout_s: float = 30.0) -> None:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
@@ -194,18 +198,43 @@ class RealVllmServer:
         process.send_signal(signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=timeout_s)
-        # The engine core and worker are children in the same session: none may outlive the server.
+        # The engine's other processes are children in the same session: none may outlive the server.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
-    def __enter__(self) -> RealVllmServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class RealVllmServer(EngineProcess):
+    """One running real vLLM: `with RealVllmServer(StartFlags(...)) as server: server.url`."""
+
+    engine_name = "vLLM"
+
+    def __init__(
+        self,
+        flags: StartFlags = StartFlags(),
+        port: int | None = None,
+        home: Path | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        self.flags = flags
+        self.home = home or real_vllm_home()
+        self.ready = require_ready(self.home)
+        port = port or free_port()
+        super().__init__(port, self.home / "logs" / f"server-{self.flags.label()}-{port}.log", start_timeout_s)
+
+    def command(self) -> list[str]:
+        return server_command(self.ready, self.port, self.flags)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, **SERVER_ENV, **self.ready.env}
 
 
 def health_ok(url: str, timeout_s: float = 2.0) -> bool:

@@ -1,9 +1,10 @@
 """Build the tiny random-weights Qwen3 the real engine serves; run by the engine venv's Python, not tito's.
 
-`python tiny_qwen3.py OUT_DIR TOKENIZER_DIR SEED`. Standalone on purpose: the engine's venv has torch and
-transformers but not tito, and tito's has no torch. The weights come from a fixed seed, so the same seed
+`python tiny_qwen3.py OUT_DIR TOKENIZER_DIR SEED [dense|moe]`. Standalone on purpose: the engine's venv has torch
+and transformers but not tito, and tito's has no torch. The weights come from a fixed seed, so the same seed
 gives byte-identical files; the tokenizer files are the embedded Qwen3 ones (the chat template renders as
-Qwen3's). The dimensions are the smallest the CPU attention kernels accept (head_dim 32).
+Qwen3's). The dimensions are the smallest the CPU attention kernels accept (head_dim 32). `moe` builds a
+Qwen3-MoE of the same size (8 experts, 2 per token, bf16) for the real SGLang's expert routes.
 """
 
 from __future__ import annotations
@@ -37,16 +38,37 @@ def config_values(vocab_size: int) -> dict[str, Any]:
     }
 
 
-def build(out: Path, tokenizer_dir: Path, seed: int) -> None:
+def moe_config_values(vocab_size: int) -> dict[str, Any]:
+    """A Qwen3-MoE as small as the dense one: every layer sparse, 8 experts of width 32, top 2."""
+    return config_values(vocab_size) | {
+        "moe_intermediate_size": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        # SGLang's Qwen3-MoE has no tied head (real Qwen3-MoE models tie none): tied, its lm_head stays unloaded
+        # and answers garbage with null logprobs.
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def build(out: Path, tokenizer_dir: Path, seed: int, kind: str = "dense") -> None:
     torch = importlib.import_module("torch")
     transformers = importlib.import_module("transformers")
     out.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         shutil.copyfile(tokenizer_dir / name, out / name)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
-    config = transformers.Qwen3Config(**config_values(len(tokenizer)))
-    torch.manual_seed(seed)
-    model = transformers.Qwen3ForCausalLM(config).to(torch.float32)
+    if kind == "moe":
+        config = transformers.Qwen3MoeConfig(**moe_config_values(len(tokenizer)))
+        torch.manual_seed(seed)
+        model = transformers.Qwen3MoeForCausalLM(config).to(torch.bfloat16)
+    else:
+        config = transformers.Qwen3Config(**config_values(len(tokenizer)))
+        torch.manual_seed(seed)
+        model = transformers.Qwen3ForCausalLM(config).to(torch.float32)
     model.eval()
     model.save_pretrained(str(out), safe_serialization=True)
     # vLLM applies generation_config.json's sampling values as request defaults: only the special ids here.
@@ -56,10 +78,10 @@ def build(out: Path, tokenizer_dir: Path, seed: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
-        print("usage: tiny_qwen3.py OUT_DIR TOKENIZER_DIR SEED", file=sys.stderr)
+    if len(argv) not in (3, 4) or argv[3:] not in ([], ["dense"], ["moe"]):
+        print("usage: tiny_qwen3.py OUT_DIR TOKENIZER_DIR SEED [dense|moe]", file=sys.stderr)
         return 2
-    build(Path(argv[0]), Path(argv[1]), int(argv[2]))
+    build(Path(argv[0]), Path(argv[1]), int(argv[2]), *argv[3:])
     return 0
 
 
