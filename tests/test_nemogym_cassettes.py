@@ -38,7 +38,7 @@ def _build(items: list[dict[str, Any]], mask: bool, **metrics: Any) -> dict[str,
 
 
 def test_a_delivered_build_is_one_sample_its_new_prompt_tokens_masked_its_generations_trained() -> None:
-    items = [
+    items: list[dict[str, Any]] = [
         {"prompt_token_ids": [1, 2], "generation_token_ids": [3, 4], "generation_log_probs": [-0.1, -0.2]},
         {"type": "function_call_output"},  # no token fields: not a call
         {"prompt_token_ids": [1, 2, 3, 4, 5], "generation_token_ids": [6], "generation_log_probs": [-0.3]},
@@ -100,6 +100,28 @@ def test_its_engine_calls_are_tied_to_their_sessions_with_no_routing_key() -> No
     tokenize = attribution.owner("/tokenize", {}, {"model": "m", "messages": gym("B")})
     assert tokenize is not None and tokenize.flight is newer and tokenize.session == "b"
     assert attribution.owner("/tokenize", {}, {"prompt": "text"}) is None and older.engine == []
+
+
+def test_its_python_is_made_with_what_pip_is_told_and_a_stamp_saying_so_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nemo-gym 0.7.0 asks Python >= 3.13.14: installed on an older 3.13 with `--ignore-requires-python`, `uv` beside
+    it (as the environment made by hand); a stamp written for another spec is not taken."""
+    from tito_rl.recorder.targets.own_python import envs
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("TITO_NEMOGYM_PYTHON", raising=False)
+    env = envs.ENVS["nemogym"]
+    assert env.min_python == (3, 13) and env.stamp_text == "nemo-gym==0.7.0 --ignore-requires-python uv\n"
+    assert envs.ENVS["verifiers"].stamp_text == "verifiers==0.4.0\n"  # the stamps written before read the same
+    env.python.parent.mkdir(parents=True)
+    env.python.write_text("#!/bin/sh\n")
+    env.python.chmod(0o755)
+    env.stamp.write_text("nemo-gym==0.6.0\n")
+    monkeypatch.setattr(envs, "base_python", lambda minimum: None)  # nothing to make it with: said, not made
+    assert envs.ensure("nemogym", quiet=True) is None and env.python.is_file()
+    env.stamp.write_text(env.stamp_text)
+    assert envs.ensure("nemogym", quiet=True) == str(env.python)
 
 
 def _nemogym() -> None:
