@@ -55,14 +55,14 @@ test: install
 	# PYTHONDONTWRITEBYTECODE emptied: the suite starts ~200 Python processes (tito subcommands, servers, pytest runs),
 	# each compiling tito's modules and pytest rewriting them again wherever no bytecode cache may be written. Compiled
 	# once first, so that a fresh clone's first processes do not all compile the same modules at once.
-	# verifiers and Agent Lightning run in Pythons of their own (docs/targets.md): their environments are made once
-	# and cached in ~/.cache/tito (a stat afterwards; on a fresh machine about 2 minutes of pip, made meanwhile
+	# verifiers, Agent Lightning and NeMo Gym run in Pythons of their own (docs/targets.md): their environments are made
+	# once and cached in ~/.cache/tito (a stat afterwards; on a fresh machine about 4 minutes of pip, made meanwhile
 	# ruff and compileall run); where no Python new enough is found their tests skip, saying so. The pinned agent CLIs
 	# the real-CLI tests run are installed meanwhile too (npm into .tools/npm, pip into ~/.cache/tito), here rather
 	# than at a test's first use, where pytest's capture would hide the lines that say so: each one-time build prints a
 	# line when it starts and one with its size and time when done (recorder/one_time_build.py). Ray (`make ray`, the
 	# `--ray` tests' extra) is installed meanwhile too; mypy reads it as Any either way (pyproject.toml).
-	$(BIN)/python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning & envs=$$!; \
+	$(BIN)/python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning nemogym & envs=$$!; \
 	  $(BIN)/python -m tito_rl.recorder.agents.install & clis=$$!; \
 	  $(MAKE) --no-print-directory ray & ray=$$!; \
 	  $(MAKE) --no-print-directory style && \
@@ -119,6 +119,7 @@ conformance: install
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/rllm_mixed.tito cassettes/targets/rllm_opencode_tool_loop.tito cassettes/targets/rllm_qwen_tool_loop.tito
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/verifiers_mixed.tito cassettes/targets/verifiers_opencode_tool_loop.tito cassettes/targets/verifiers_qwen_tool_loop.tito
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/agentlightning_mini_tool_loop.tito cassettes/targets/agentlightning_mixed.tito
+	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/nemogym_mixed.tito cassettes/targets/nemogym_opencode_tool_loop.tito
 	@if [ -z "$$TITO_SLIME_PATH" ]; then echo "make conformance: the slime table needs TITO_SLIME_PATH=/path/to/slime (a checkout of https://github.com/THUDM/slime); not rewritten"; else $(BIN)/python -m tito_rl.replayer.conformance --target slime cassettes/; fi
 	$(BIN)/python -m tito_rl.replayer.live_conformance --jobs $(JOBS)
 

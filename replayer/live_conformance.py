@@ -79,6 +79,9 @@ TARGETS = (
         url_prefix="/proxy/rollout/",
         streams=False,
     ),
+    # NeMo Gym's model server: chat (JSON, and SSE it synthesizes), the rollout in its own URL
+    # (`/ng-rollout/<id>/training-token-capture`); Responses requests with `include` are refused
+    Target("nemogym", frozenset({"chat"}), "vllm-openai", session_in_url=True, url_prefix="/ng-rollout/"),
 )
 
 
@@ -410,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--targets",
-        help="comma-separated (default: every one present: tito, slime, rllm, miles, verifiers, agentlightning)",
+        help="comma-separated (default: every one present: tito, slime, rllm, miles, verifiers, agentlightning, "
+        "nemogym)",
     )
     parser.add_argument("--scenarios", nargs="*", metavar="NAME", help="only these scenarios (file stems)")
     parser.add_argument("--jobs", type=int, default=2, help="recordings at once (default 2)")

@@ -360,6 +360,13 @@ VLLM_CHAT_REQUEST = {
 }
 
 
+def vllm_chat_text_logprobs() -> dict[str, Any]:
+    """A vLLM chat answer with neither `return_token_ids` nor `return_tokens_as_token_ids`: its logprobs name text."""
+    body = vllm_chat_body(token_ids=False)
+    body["choices"][0]["logprobs"] = chat_logprobs(OUTPUT, LOGPROBS, as_ids=False)
+    return body
+
+
 def vllm_chat_body(
     reasoning_keys: tuple[str, ...] = ("reasoning",), token_ids: bool = True, content: str | None = None
 ) -> dict[str, Any]:
@@ -880,12 +887,26 @@ CASES = [
         vllm_chat_body((), content="Let me list the files."),
         {**VIEW_OF_CALL, "text": "Let me list the files.", "reasoning": None, "tool_calls": [CALL]},
     ),
-    Case(
+    Case(  # NeMo Gym's call: the output named by the logprobs' `token_id:N` (the prompt by a `/tokenize` after it)
         "vllm-openai chat, ids not asked",
         VLLM_OPENAI,
         "/v1/chat/completions",
         {k: v for k, v in VLLM_CHAT_REQUEST.items() if k != "return_token_ids"},
         vllm_chat_body(token_ids=False),
+        {
+            "prompt_ids": None,
+            "output_ids": OUTPUT,
+            "logprobs": LOGPROBS,
+            "messages_in": True,
+            "prompt_ids_asked": False,
+        },
+    ),
+    Case(
+        "vllm-openai chat, no ids at all",
+        VLLM_OPENAI,
+        "/v1/chat/completions",
+        {k: v for k, v in VLLM_CHAT_REQUEST.items() if k not in ("return_token_ids", "return_tokens_as_token_ids")},
+        vllm_chat_text_logprobs(),
         {"prompt_ids": None, "output_ids": None, "logprobs": LOGPROBS, "messages_in": True, "prompt_ids_asked": False},
     ),
     Case(

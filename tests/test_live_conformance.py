@@ -117,7 +117,7 @@ def test_the_table_goes_between_its_markers_and_the_rest_of_the_page_is_kept() -
 
 def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
     scenarios = {p.stem: read_scenario(p) for folder in live.SCENARIOS for p in folder.glob("*.yaml")}
-    tito, slime, rllm, miles, verifiers, agentlightning = live.TARGETS
+    tito, slime, rllm, miles, verifiers, agentlightning, nemogym = live.TARGETS
     assert scenarios["tool_loop"].wires == {"anthropic"}  # a scripted session's default wire
     assert scenarios["mixed_concurrent"].wires == {"anthropic", "responses", "gemini", "chat"}
     assert [t.name for t in live.TARGETS if runs_through(scenarios["qwen_tool_loop"], t)] == [
@@ -126,6 +126,7 @@ def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
         "rllm",
         "miles",
         "verifiers",
+        "nemogym",
     ]
     assert not runs_through(scenarios["codex_tool_loop"], slime) and runs_through(scenarios["codex_tool_loop"], tito)
     assert not runs_through(scenarios["claude_tool_loop"], rllm)
@@ -136,7 +137,7 @@ def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
     assert [t.name for t in live.TARGETS if runs_through(scenarios["agentlightning_mixed"], t)] == ["agentlightning"]
     assert not runs_through(scenarios["rllm_mixed"], agentlightning) and not runs_through(scenarios["rllm_mixed"], tito)
     assert not runs_through(scenarios["opencode_tool_loop"], agentlightning)
-    # ... but mini-swe-agent's unstreamed chat, its base URL given the target's session path, goes through all six
+    # ... but mini-swe-agent's unstreamed chat, its base URL given the target's session path, goes through all seven
     mini = scenarios["agentlightning_mini_tool_loop"]
     assert mini.wires == {"chat"} and not mini.streams and mini.clis_only
     assert [t.name for t in live.TARGETS if runs_through(mini, t)] == [t.name for t in live.TARGETS]
@@ -149,6 +150,10 @@ def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
         scenarios["verifiers_mixed"], miles
     )
     assert runs_through(scenarios["opencode_tool_loop"], miles) and runs_through(scenarios["opencode_tool_loop"], rllm)
+    # NeMo Gym: its rollout in its own URL (/ng-rollout/<id>/...); it streams (synthesized SSE), so the CLIs go through
+    assert [t.name for t in live.TARGETS if runs_through(scenarios["nemogym_mixed"], t)] == ["nemogym"]
+    assert runs_through(scenarios["opencode_tool_loop"], nemogym) and not runs_through(scenarios["rllm_mixed"], nemogym)
+    assert not runs_through(scenarios["verifiers_mixed"], nemogym)
 
 
 def test_a_failed_recording_says_why_in_one_line() -> None:

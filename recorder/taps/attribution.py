@@ -14,16 +14,19 @@ tito's own adapter tells its tap exactly; a foreign gateway only forwards calls.
    `/inference/v1/generate`): first narrowed to the requests in flight whose agent sent the `Authorization`
    the engine call carries (gateways that forward the agent's headers, as rllm's does, tie a call to its
    session that way when each agent run has its own key); then, for a messages-in call, the request whose
-   body's `messages` the call carries unchanged (a gateway that forwards the agent's chat request); then, for
+   body's `messages` the call carries unchanged (a gateway that forwards the agent's chat request), else whose
+   system, user and tool messages it carries unchanged (a gateway that rewrites the assistant's); then, for
    a call with prompt ids, the session whose last engine context (prompt + output) the prompt extends
    furthest (within that session, by what the call carries, as in rule 1); then, among up to 16 requests in
    flight, the one whose text the call's prompt holds; then the oldest request in flight that has not had a
    generation yet. Concurrent sessions with identical first prompts and one shared key are told apart only by
    arrival order: a gateway that forwards a routing key never depends on it.
+4. No routing key, vLLM's `/tokenize` with chat `messages`: the request in flight that already had an engine call
+   carrying those messages (NeMo Gym asks the prompt's ids there after each chat call).
 Calls of no session (health checks, `/model_info`, `/v1/models`; without a routing key, anything but a
-generation and its abort) are forwarded and not recorded. An agent request that names no session (tracked
-under `NO_SESSION`) is never a candidate of rule 3 but by its messages: a generation whose messages are that
-request's, unchanged, is its, and is forwarded and not recorded.
+generation, its abort and such a `/tokenize`) are forwarded and not recorded. An agent request that names no
+session (tracked under `NO_SESSION`) is never a candidate of rule 3 but by its messages: a generation whose
+messages are that request's, unchanged, is its, and is forwarded and not recorded.
 
 Each agent exchange's engine calls are written just before it, as tito's adapter writes them, so a replay
 finds each call where the live run made it.
@@ -46,6 +49,7 @@ from tito_rl.trajectory.adapters.tap import EngineExchange
 from tito_rl.trajectory.dialects.registry import is_generation, view_of
 
 MAX_REMEMBERED_RIDS = 4096
+TOKENIZE_PATH = "/tokenize"  # vLLM's, at the server's root
 NO_SESSION = ""  # the flights of agent requests that name no session: never recorded
 # Where an agent request's text is, in any wire (Anthropic, OpenAI chat and Responses, Gemini), and what is left
 # out: reasoning (templates drop earlier turns' thinking), tool definitions (alike across requests), signatures.
@@ -96,6 +100,14 @@ class InFlight:
             head = min(HEAD_LINES, len(found))
             self._lines = found[:head] + found[max(head, len(found) - TAIL_LINES) :]
         return self._lines
+
+
+def said(messages: Any) -> list[tuple[Any, Any]]:
+    """The system, user and tool turns of chat messages (role and content): what a gateway that rewrites the
+    assistant's turns still forwards as the agent sent it."""
+    if not isinstance(messages, list | tuple):
+        return []
+    return [(m.get("role"), m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") != "assistant"]
 
 
 @dataclass
@@ -151,7 +163,9 @@ class Attribution:
             flight = self.by_content(path, body, flights) if len(flights) > 1 and is_generation(path) else None
             return Owner(session, self.sources.get(session, "bearer"), flight or self._pick(flights))
         if not is_generation(path):
-            return None  # without a routing key only a generation says whose it is
+            # without a routing key only a generation says whose it is, and vLLM's `/tokenize` of the messages a
+            # generation of the exchange just carried (NeMo Gym asks the prompt's ids there after its chat call)
+            return self._tokenize_owner(path, body)
         loose = self.flights.get(NO_SESSION, [])
         flights = [f for s, fs in self.flights.items() if s != NO_SESSION for f in fs]
         messages = body.get("messages") if isinstance(body, dict) else None
@@ -166,6 +180,8 @@ class Attribution:
         if isinstance(messages, list) and messages:
             same = [f for f in flights if f.messages() == messages]
             flight = self._pick(same)
+            if flight is None:  # a gateway that rewrites assistant turns (NeMo Gym moves <think> to reasoning fields)
+                flight = self._pick([f for f in flights if said(f.messages()) == said(messages)])
         if flight is None:
             prompt = view_of(None, path, body, None).prompt_ids if isinstance(body, dict) else None
             extended = self._by_context(prompt, flights) if prompt else None
@@ -178,6 +194,17 @@ class Attribution:
         if flight is None:
             return None
         return Owner(flight.session, flight.source, flight)
+
+    def _tokenize_owner(self, path: str, body: Any) -> Owner | None:
+        """A `/tokenize` of chat messages: the request in flight one of whose answered engine calls carried the same
+        messages (the newest such call's); None otherwise."""
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not path.rstrip("/").endswith(TOKENIZE_PATH) or not isinstance(messages, list) or not messages:
+            return None
+        for flight in (f for s, fs in self.flights.items() if s != NO_SESSION for f in fs):
+            if any(isinstance(e.request, dict) and e.request.get("messages") == messages for e in flight.engine):
+                return Owner(flight.session, flight.source, flight)
+        return None
 
     def generate_started(self, owner: Owner, body: Any) -> None:
         if owner.flight is not None:

@@ -21,6 +21,7 @@ BUILTIN = {
     "miles": "tito_rl.recorder.targets.miles:create",
     "verifiers": "tito_rl.recorder.targets.own_python.verifiers:create",
     "agentlightning": "tito_rl.recorder.targets.profiles.driver:agentlightning",
+    "nemogym": "tito_rl.recorder.targets.own_python.nemogym:create",
 }
 
 

@@ -258,6 +258,41 @@ def _call(record: EngineRecord, index: int) -> tuple[Call, np.ndarray | None]:
     return call, prompt
 
 
+HELD_CALL = "feed:held-chat-call"  # in `SessionState.notes`: a chat call waiting for its `/tokenize`
+TOKENIZE_PATH = "/tokenize"
+
+
+def awaits_tokenize(record: EngineRecord) -> bool:
+    """A chat call answered with no prompt ids, whose prompt the gateway asks next from vLLM's `/tokenize` (NeMo
+    Gym's default: `return_tokens_as_token_ids` names the output, `/tokenize` the prompt)."""
+    response, request = record.response, record.request
+    return (
+        record.path.rstrip("/").endswith("/chat/completions")
+        and record.status == 200
+        and isinstance(request, dict)
+        and isinstance(request.get("messages"), list)
+        and bool(request.get("return_tokens_as_token_ids"))
+        and isinstance(response, dict)
+        and response.get("prompt_token_ids") is None
+    )
+
+
+def tokenized_prompt(record: Any, held: EngineRecord) -> np.ndarray | None:
+    """The prompt ids `record` names for `held`: the answer of a `/tokenize` of the same messages, else None."""
+    if not (isinstance(record, EngineRecord) and record.path.rstrip("/").endswith(TOKENIZE_PATH)):
+        return None
+    request, response = record.request, record.response
+    if record.status != 200 or not isinstance(request, dict) or not isinstance(response, dict):
+        return None
+    tokens = response.get("tokens")
+    if request.get("messages") != (held.request or {}).get("messages") or not isinstance(tokens, list):
+        return None
+    try:
+        return np.asarray(tokens, dtype=U32)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 class Feed:
     """The rule families fed one cassette's records in file order (module docstring): by `stream` from a file, or
     by a recording as it writes them (`tito_rl.replayer.audit.live`), so both count the same findings."""
@@ -274,18 +309,33 @@ class Feed:
         return found
 
     def feed(self, record: Any) -> None:
+        state = self.states.get(getattr(record, "session", None) or "")
+        held = state.notes.pop(HELD_CALL, None) if state is not None else None
+        if held is not None:  # a chat call with no prompt ids: the `/tokenize` of its messages (next) names them
+            self._engine(held, tokenized_prompt(record, held))
+        if isinstance(record, EngineRecord) and awaits_tokenize(record):
+            self.state_of(record.session).notes[HELD_CALL] = record
+            return
+        self._feed(record)
+
+    def _engine(self, record: EngineRecord, tokenized: np.ndarray | None = None) -> None:
+        state = self.state_of(record.session)
+        call, prompt = _call(record, state.calls)
+        if prompt is None and tokenized is not None:
+            prompt, call.prompt_len, call.prompt_digest = tokenized, len(tokenized), digest(tokenized)
+        state.calls += 1
+        self.findings.figure(state.name).engine_calls += 1
+        call.record = record  # read by the channel rules while the call is fed (replayer/audit/channels)
+        for family in self.families:
+            family.call(state, call, prompt)
+        call.record = None
+        state.pending.append(call)
+        state.since_finish.append(call)
+
+    def _feed(self, record: Any) -> None:
         families, findings = self.families, self.findings
         if isinstance(record, EngineRecord):
-            state = self.state_of(record.session)
-            call, prompt = _call(record, state.calls)
-            state.calls += 1
-            findings.figure(state.name).engine_calls += 1
-            call.record = record
-            for family in families:
-                family.call(state, call, prompt)
-            call.record = None
-            state.pending.append(call)
-            state.since_finish.append(call)
+            self._engine(record)
         elif isinstance(record, AgentRecord):
             state = self.state_of(record.session)
             exchange = Exchange(state.exchanges, record, state.pending, seq=record.seq)
@@ -324,6 +374,10 @@ class Feed:
     def end(self, before: Callable[[SessionState], None] | None = None) -> None:
         """The cassette ended: each session's calls after its last finish go to the families' `end`; `before(state)`
         is told each session first."""
+        for state in list(self.states.values()):
+            held = state.notes.pop(HELD_CALL, None)
+            if held is not None:  # the cassette ended before its `/tokenize`
+                self._engine(held)
         for state in self.states.values():
             if before is not None:
                 before(state)

@@ -2,9 +2,10 @@
 
 tito's own adapter (and a gateway that takes the session from the agent's API key) reads it from the
 credentials (`bearer`, the default: `session.resolve_session`, and a gateway's `/sessions/<sid>/` URL). Other
-gateways keep it elsewhere: NeMo Gym in an `x-session-id` header or a cookie, Agent Lightning in the URL
-(`/proxy/rollout/{rollout_id}/attempt/...`). `SessionFrom.resolve` says which session a request names, or None
-for a request that names none (a health check, a model list): such a request is no session's.
+gateways keep it elsewhere: a header (`x-session-id`) or a cookie, or the URL: Agent Lightning
+(`/proxy/rollout/{rollout_id}/attempt/...`), NeMo Gym (`/ng-rollout/{rollout_id}/...`; its cookie only picks an
+engine). `SessionFrom.resolve` says which session a request names, or None for a request that names none (a health
+check, a model list): such a request is no session's.
 
 A session's *source* (what a cassette's `SessionStart` keeps) is the spec itself (`header:x-session-id`,
 `cookie:sid`, `path:/proxy/rollout/{sid}`), so a replay knows where to put the session back. An id taken from a

@@ -123,7 +123,11 @@ def openai_view(dialect: str, endpoint: str, request: dict[str, Any], response: 
             _ids(body.get("prompt_token_ids")), _ids(choice.get("prompt_token_ids")), _ids(sglext.get("input_ids"))
         )
     view.output_ids = _known(
-        _ids(choice.get("token_ids")), _ids(choice.get("response_token_ids")), _first(sglext), _meta_ids(choice)
+        _ids(choice.get("token_ids")),
+        _ids(choice.get("response_token_ids")),
+        _first(sglext),
+        _meta_ids(choice),
+        logprob_token_ids(choice),  # no ids asked, the logprobs' tokens as ids (NeMo Gym's chat calls)
     )
     view.finish_reason = choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None
     view.logprobs = _logprobs(choice)

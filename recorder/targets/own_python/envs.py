@@ -1,15 +1,16 @@
 """Gateways that run in a Python of their own, and the cached virtual environments tito's tests make for them.
 
-verifiers (`verifiers` 0.4.0, Python >= 3.11) and Agent Lightning (`agentlightning` 1.0.2, Python >= 3.12) are
-never dependencies of tito: a driver runs them with the Python its environment variable names
-(`TITO_VERIFIERS_PYTHON`, `TITO_AGENTLIGHTNING_PYTHON`), else the one in the cached environment this module makes
+verifiers (`verifiers` 0.4.0, Python >= 3.11), Agent Lightning (`agentlightning` 1.0.2, Python >= 3.12) and NeMo
+Gym (`nemo-gym` 0.7.0, Python >= 3.13; installed with `--ignore-requires-python`, as it asks 3.13.14) are never
+dependencies of tito: a driver runs them with the Python its environment variable names (`TITO_VERIFIERS_PYTHON`,
+`TITO_AGENTLIGHTNING_PYTHON`, `TITO_NEMOGYM_PYTHON`), else the one in the cached environment this module makes
 (`~/.cache/tito/<name>-venv`, or under `$XDG_CACHE_HOME`). `make test` runs
 
-    python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning
+    python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning nemogym
 
-which creates what is missing (a stat where it exists) with a Python new enough: `TITO_GATEWAY_BASE_PYTHON`, else
-`python3.12`/`python3.13`/`python3.14` on the PATH that runs, else a pyenv-installed one. Where none is found it
-says so in one line and exits 0: the tests of that gateway then skip, saying why.
+which creates what is missing (a stat where its stamp says what pip was told) with a Python new enough:
+`TITO_GATEWAY_BASE_PYTHON`, else `python3.12`/`python3.13`/`python3.14` on the PATH that runs, else a pyenv-installed
+one. Where none is found it says so in one line and exits 0: the tests of that gateway then skip, saying why.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class GatewayEnv:
     python_env: str  # the environment variable naming a Python that has it
     min_python: tuple[int, int]
     module: str  # imported to check the environment
+    # what else pip is told: NeMo Gym 0.7.0 asks Python >= 3.13.14 (`--ignore-requires-python` installs it on an
+    # older 3.13, which runs its model server here), and its own environment has `uv` beside it
+    pip_args: tuple[str, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -49,11 +53,24 @@ class GatewayEnv:
     def stamp(self) -> Path:
         return self.folder / ".tito-installed"
 
+    @property
+    def stamp_text(self) -> str:
+        """What the stamp says: what pip was told (an environment made by hand the same way may be stamped so)."""
+        return " ".join((self.spec, *self.pip_args)) + "\n"
+
 
 ENVS = {
     "verifiers": GatewayEnv("verifiers", "verifiers==0.4.0", "TITO_VERIFIERS_PYTHON", (3, 11), "verifiers.v1"),
     "agentlightning": GatewayEnv(
         "agentlightning", "agentlightning==1.0.2", "TITO_AGENTLIGHTNING_PYTHON", (3, 12), "agentlightning.server.app"
+    ),
+    "nemogym": GatewayEnv(
+        "nemogym",
+        "nemo-gym==0.7.0",
+        "TITO_NEMOGYM_PYTHON",
+        (3, 13),
+        "nemo_gym.token_id_capture.consumer",
+        ("--ignore-requires-python", "uv"),
     ),
 }
 BASE_ENV = "TITO_GATEWAY_BASE_PYTHON"
@@ -110,7 +127,9 @@ def base_python(minimum: tuple[int, int]) -> str | None:
 def ensure(name: str, quiet: bool = False) -> str | None:
     """Make gateway `name`'s cached environment where it is missing; its Python, or None (said in one line)."""
     env = ENVS[name]
-    if os.environ.get(env.python_env, "").strip() or env.stamp.is_file():
+    if os.environ.get(env.python_env, "").strip() or (
+        env.stamp.is_file() and env.stamp.read_text(encoding="utf-8") == env.stamp_text
+    ):
         return gateway_python(name)
     base = base_python(env.min_python)
     if base is None:
@@ -131,7 +150,7 @@ def _make(env: GatewayEnv, base: str) -> bool:
     env.folder.parent.mkdir(parents=True, exist_ok=True)
     steps = [
         [base, "-m", "venv", str(env.folder)],
-        [str(env.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", env.spec],
+        [str(env.python), "-m", "pip", "install", "-q", "--disable-pip-version-check", env.spec, *env.pip_args],
         [str(env.python), "-c", f"import {env.module}"],
     ]
     for step in steps:
@@ -143,7 +162,7 @@ def _make(env: GatewayEnv, base: str) -> bool:
                 file=sys.stderr,
             )
             return False
-    env.stamp.write_text(env.spec + "\n")
+    env.stamp.write_text(env.stamp_text)
     return True
 
 
