@@ -189,3 +189,18 @@ def test_the_audit_of_slime_before_the_real_sglang_shows_its_retokenized_random_
     fired = {rule for rule, result in audit.findings.rules.items() if result.fired}
     assert fired == {"coverage", "never-trained", "prefix-break"}
     assert audit.emitted == 2 * 2 * MAX_TOKENS and audit.coverage == 0.5
+
+
+def test_the_recorder_refuses_an_unknown_name_or_folder_in_one_line_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tito_rl.recorder.real_engine.sglang_cassettes import main
+
+    assert main(["tito_sglang_nope", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "real-sglang-cassettes: no cassette 'tito_sglang_nope'; known: tito_sglang_dense, tito_sglang_moe, "
+        "slime_sglang\n"
+    )
+    assert main(["--out", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err == f"real-sglang-cassettes: --out {tmp_path / 'missing'} is not a folder\n"
+    assert list(tmp_path.iterdir()) == []
