@@ -7,7 +7,7 @@ RAY_STAMP := $(VENV)/.tito-ray
 
 .PHONY: FORCE install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
 	test-real-engine real-sglang test-real-sglang real-sglang-answers \
-	engine-contract engine-contract-live real-vllm-cassettes
+	engine-contract engine-contract-live real-vllm-cassettes real-sglang-cassettes
 
 # The editable install is setuptools' strict mode: a tree of links to tito's files in build/, on a static path that
 # mypy, pyright and editors follow from any folder (a user's project, docs/install.md); the default mode's import hook
@@ -140,7 +140,7 @@ real-sglang: install
 
 # The real_engine tests of SGLang, against it (one server at a time, about a minute per start).
 test-real-sglang: real-sglang
-	TITO_REAL_ENGINE=1 $(BIN)/python -m pytest -q -rs -n 0 -m real_engine tests/test_real_sglang.py
+	TITO_REAL_ENGINE=1 $(BIN)/python -m pytest -q -rs -n 0 -m real_engine tests/test_real_sglang.py tests/test_real_sglang_cassettes.py
 
 # recorder/engine_contract/answers/sglang-0.5.23-routes.json and sglang-0.5.23.json re-recorded through tito's engine
 # tap (recorder/real_engine/sglang_answers.py): the tiny MoE's answers with expert routes, and the engine contract's
@@ -153,6 +153,12 @@ real-sglang-answers: real-sglang
 # with their goldens (recorder/real_engine/cassettes.py). `make test` replays the committed ones with no engine.
 real-vllm-cassettes: real-engine
 	$(BIN)/python -m tito_rl.recorder.real_engine.cassettes
+
+# cassettes/real_sglang/ re-recorded live against the real SGLang (tito's adapter before the dense model and before the
+# MoE with its expert routes, slime's adapters where TITO_SLIME_PATH points at slime), one seeded server start each,
+# with their goldens (recorder/real_engine/sglang_cassettes.py). `make test` replays the committed ones with no engine.
+real-sglang-cassettes: real-sglang
+	$(BIN)/python -m tito_rl.recorder.real_engine.sglang_cassettes
 
 # The fake engine held to the committed real answers (no vLLM; CI runs the same in `make test`).
 engine-contract: install

@@ -22,6 +22,7 @@ COMMITTED = (
     sorted((ROOT / "cassettes" / "scenarios").glob("*.yaml"))
     + sorted((ROOT / "fake_engine" / "examples").glob("*.yaml"))
     + sorted((ROOT / "cassettes" / "real_vllm" / "scenarios").glob("*.yaml"))
+    + sorted((ROOT / "cassettes" / "real_sglang" / "scenarios").glob("*.yaml"))
 )
 SCRIPTED = {"sessions": [{"id": "s-0", "wire": "chat", "steps": [{"prompt": "hi"}, {"finish": 1}]}]}
 CLI = {"agent": "codex", "task": "List the files."}
