@@ -5,13 +5,27 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tito-installed
 RAY_STAMP := $(VENV)/.tito-ray
 
-.PHONY: install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
+.PHONY: FORCE install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
 	test-real-engine real-sglang test-real-sglang real-sglang-answers \
 	engine-contract engine-contract-live real-vllm-cassettes
 
-$(STAMP): pyproject.toml requirements-parsers.txt Makefile
+# The editable install is setuptools' strict mode: a tree of links to tito's files in build/, on a static path that
+# mypy, pyright and editors follow from any folder (a user's project, docs/install.md); the default mode's import hook
+# runs only when Python imports. Its links are per file, so the list of tito's files is a prerequisite: a module added
+# or removed reinstalls at the next make (FILES is rewritten only when the list changed).
+EDITABLE_MODE := strict
+FILES := $(VENV)/.tito-files
+PACKAGE_FOLDERS := tito_rl trajectory cassette fake_engine recorder replayer
+
+$(FILES): FORCE
+	@mkdir -p $(VENV); find -L $(PACKAGE_FOLDERS) -name __pycache__ -prune -o -type f \( -name '*.py' -o -name '*.json' \
+	  -o -name '*.yaml' -o -name py.typed \) -print | sort >$@.new; if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+
+FORCE:
+
+$(STAMP): pyproject.toml requirements-parsers.txt Makefile $(FILES)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]' --config-settings editable_mode=$(EDITABLE_MODE)
 	# sglang and xgrammar for their parsers only: without their dependencies (sglang's serving runtime).
 	# Installed last, so that pip has no later install to report their missing dependencies on.
 	$(BIN)/pip install -q --no-deps -r requirements-parsers.txt
@@ -42,13 +56,17 @@ test: install
 	# once first, so that a fresh clone's first processes do not all compile the same modules at once.
 	# verifiers and Agent Lightning run in Pythons of their own (docs/targets.md): their environments are made once
 	# and cached in ~/.cache/tito (a stat afterwards; on a fresh machine about 2 minutes of pip, made meanwhile
-	# ruff and compileall run); where no Python new enough is found their tests skip, saying so. Ray (`make ray`, the
+	# ruff and compileall run); where no Python new enough is found their tests skip, saying so. The pinned agent CLIs
+	# the real-CLI tests run are installed meanwhile too (npm into .tools/npm, pip into ~/.cache/tito), here rather
+	# than at a test's first use, where pytest's capture would hide the lines that say so: each one-time build prints a
+	# line when it starts and one with its size and time when done (recorder/one_time_build.py). Ray (`make ray`, the
 	# `--ray` tests' extra) is installed meanwhile too; mypy reads it as Any either way (pyproject.toml).
 	$(BIN)/python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning & envs=$$!; \
+	  $(BIN)/python -m tito_rl.recorder.agents.install & clis=$$!; \
 	  $(MAKE) --no-print-directory ray & ray=$$!; \
 	  $(MAKE) --no-print-directory style && \
 	  PYTHONDONTWRITEBYTECODE= $(BIN)/python -m compileall -q -j 0 trajectory cassette fake_engine recorder replayer tito_rl tests; \
-	  status=$$?; wait $$envs; wait $$ray || status=1; exit $$status
+	  status=$$?; wait $$envs; wait $$clis; wait $$ray || status=1; exit $$status
 	# `make lint`'s type check runs beside pytest (a fresh clone's mypy has no cache: a minute of one core, which
 	# pytest's waiting workers leave free), its output printed after pytest's; either failing fails `make test`.
 	types=$$(mktemp); $(MAKE) --no-print-directory types >$$types 2>&1 & mypy=$$!; \

@@ -302,6 +302,11 @@ def _process(argv: list[str], cpus: set[int] | None) -> Iterator[subprocess.Pope
             proc.wait()
 
 
+@contextmanager
+def _no_process() -> Iterator[None]:
+    yield None
+
+
 def _wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 180.0) -> None:
     import urllib.request
 
@@ -409,8 +414,10 @@ def _placement() -> tuple[set[int] | None, set[int] | None, str]:
     return {cpus[0]}, set(cpus[1:]), f"proxy pinned to cpu {cpus[0]}, engine and driver on {cpus[1:]}"
 
 
-def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
-    """Part (a): the same sessions direct and through the proxy, in one run against one engine."""
+def measure_proxy_latency(generate_ms: float, tool_s: float, front: list[str] | None = None) -> Latency:
+    """Part (a): the same sessions direct and through the proxy, in one run against one engine. `front`: a command
+    serving in front of the engine (both copies call it), given its port and the engine's as its last two
+    arguments (`bench_cassette_routes.py`'s, which adds expert routes to every answer)."""
     import asyncio
     import tempfile
 
@@ -456,8 +463,9 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
     if other_cpus:
         os.sched_setaffinity(0, other_cpus)
     engine_port, proxy_port = _free_port(), _free_port()
+    inner_port = _free_port() if front else engine_port  # the engine's own, behind the front when there is one
     engine_url = f"http://127.0.0.1:{engine_port}"
-    engine_args = ["fake-engine", "--demo", "--port", str(engine_port)]
+    engine_args = ["fake-engine", "--demo", "--port", str(inner_port)]
     if generate_ms:
         engine_args += ["--fault-latency-ms", str(generate_ms)]  # generation time, without using the CPU
     tmp = tempfile.TemporaryDirectory()
@@ -465,6 +473,7 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
     try:
         with (
             _tito(engine_args, other_cpus) as engine,
+            _process([*front, str(engine_port), str(inner_port)], other_cpus) if front else _no_process() as fronted,
             _tito(
                 [
                     "record",
@@ -479,7 +488,9 @@ def measure_proxy_latency(generate_ms: float, tool_s: float) -> Latency:
                 proxy_cpus,
             ) as proxy,
         ):
-            _wait_healthy(engine_port, engine)
+            _wait_healthy(inner_port, engine)
+            if fronted is not None:
+                _wait_healthy(engine_port, fronted)
             _wait_healthy(proxy_port, proxy)  # both ready before the run: no startup work overlaps it
             cycle_s = generate_ms / 1000 + tool_s
             steal: list[float] = []

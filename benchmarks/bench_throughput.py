@@ -12,10 +12,19 @@ ratio measured in this run, with the host's steal beside it.
 - audit memory: its peak (PSS of the process and its workers, sampled every 50 ms) on the whole cassette against
   the first 512 sessions' cut: flat when about 1.0.
 
+- calibration (issue 46, point 6): this machine's speed, measured in the same run before and after the figures:
+  a fixed pure-Python workload (a loop of 4M additions, in millions per CPU second) and the tokenizer's encode rate
+  (a fixed 150k-token text through tito's Qwen3 tokenizer, in thousands of tokens per CPU second), best of 3 each.
+  Each per-core rate is printed divided by both, so figures from other machines compare: a host half as fast halves
+  the rate and the calibration alike.
+
 The replay runs on a cut of the cassette's first `--replay-sessions` sessions (default 512, their goldens sliced
 from the whole one's: a `-j 1` replay of all 2,048 takes minutes on a loaded 2-core host); the audit on the whole.
+`--sessions N` records (and caches) a production cassette of the scenario's first N sessions instead of 2,048: a
+smaller run, for a loaded host; `--calibration-only` prints the calibration alone.
 
     .venv/bin/python benchmarks/bench_throughput.py [--jobs 2] [--replay-sessions 512] [--skip-replay|--skip-audit]
+        [--sessions 2048] [--calibration-only]
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -45,6 +55,52 @@ class Run:
     cpu: float  # user + system seconds of the command and every process it waited for
     steal: float
     peak: int = 0  # bytes, when sampled
+
+
+@dataclass
+class Calibration:
+    """This machine's speed on fixed work: what per-core rates are divided by to compare across machines."""
+
+    python_mops: float  # millions of loop additions per CPU second
+    encode_ktps: float  # thousands of tokens the tokenizer encodes per CPU second
+
+    def __str__(self) -> str:
+        return f"pure Python {self.python_mops:.1f} M additions/s, tokenizer encode {self.encode_ktps:.0f} k tokens/s"
+
+    def per(self, rate: float) -> str:
+        """A rate divided by each calibration figure."""
+        return f"{rate / self.python_mops:.3f} per M additions/s, {rate / self.encode_ktps:.4f} per k tokens/s"
+
+
+CALIBRATION_LOOP = 4_000_000
+CALIBRATION_TEXT = "".join(
+    f"def part_{i}(x: int) -> int:\n    return x * {i} + len('part {i}')\n\n" for i in range(6000)
+)
+
+
+def calibration() -> Calibration:
+    """Best of 3 CPU times (this process's: what other jobs take from the core does not count) of each fixed work."""
+    from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
+
+    def loop() -> None:
+        x = 0
+        for i in range(CALIBRATION_LOOP):
+            x += i
+
+    tokenizer = load_tokenizer()
+    tokens = len(tokenizer.encode(CALIBRATION_TEXT))
+
+    def best(work: Any) -> float:
+        times = []
+        for _ in range(3):
+            started = time.process_time()
+            work()
+            times.append(time.process_time() - started)
+        return min(times)
+
+    python_s = best(loop)
+    encode_s = best(lambda: tokenizer.encode(CALIBRATION_TEXT))
+    return Calibration(CALIBRATION_LOOP / python_s / 1e6, tokens / encode_s / 1e3)
 
 
 def run(args: list[str], sample_memory: bool = False) -> Run:
@@ -68,7 +124,9 @@ def run(args: list[str], sample_memory: bool = False) -> Run:
     return Run(wall, usage.ru_utime + usage.ru_stime, steal[0], peak.total if peak is not None else 0)
 
 
-def scaling(name: str, command: list[str], sessions: int, jobs: int, memory: bool = False) -> tuple[Run, Run]:
+def scaling(
+    name: str, command: list[str], sessions: int, jobs: int, calibrated: Calibration, memory: bool = False
+) -> tuple[Run, Run]:
     """`-j 1` and `-j N` of one command, the host's capacity measured around `-j N`; prints the figures."""
     one = run([*command, "-j", "1"], sample_memory=memory)
     before = parallel_capacity(sys.executable, jobs)
@@ -80,6 +138,7 @@ def scaling(name: str, command: list[str], sessions: int, jobs: int, memory: boo
         f"per core (goal {GOALS[name]:g}; {sessions / one.wall:.1f}/s by the wall clock); host steal up to "
         f"{one.steal:.1f}%"
     )
+    print(f"{name} -j 1, calibrated: {calibrated.per(per_core)}")
     speedup = one.wall / many.wall
     capacity = (before + after) / 2
     print(
@@ -97,10 +156,18 @@ def main() -> None:
     parser.add_argument("--replay-sessions", type=int, default=512, help="replay the cassette's first N sessions")
     parser.add_argument("--skip-replay", action="store_true")
     parser.add_argument("--skip-audit", action="store_true")
+    parser.add_argument("--sessions", type=int, default=SESSIONS, help="the scenario's first N sessions (2,048)")
+    parser.add_argument("--calibration-only", action="store_true", help="print this machine's calibration alone")
     args = parser.parse_args()
     from tito_rl.cassette.reader import StoredSessions, open_cassette
 
-    spec = scenario(SESSIONS)
+    steal: list[float] = []
+    with steal_watch(steal):
+        calibrated = calibration()
+    print(f"calibration: {calibrated}; host steal up to {steal[-1]:.1f}%, load average {os.getloadavg()[0]:.2f}")
+    if args.calibration_only:
+        return
+    spec = scenario(args.sessions)
     folder = cache_dir(spec)
     cassette = record(folder, spec)
     sessions = open_cassette(cassette, verify=False).sessions
@@ -119,10 +186,10 @@ def main() -> None:
             if count == len(names)
             else cut_with_golden(cassette, folder / f"first-{count}.tito", names[:count])
         )
-        scaling("replay", ["replay", str(part), "-q"], count, args.jobs)
+        scaling("replay", ["replay", str(part), "-q"], count, args.jobs, calibrated)
     if not args.skip_audit:
         first = cut_with_golden(cassette, folder / "first-512.tito", names[:512])
-        whole, _ = scaling("audit", ["audit", str(cassette), "--json"], len(names), args.jobs, memory=True)
+        whole, _ = scaling("audit", ["audit", str(cassette), "--json"], len(names), args.jobs, calibrated, memory=True)
         small = run(["audit", str(first), "--json", "-j", "1"], sample_memory=True)
         print(
             f"audit memory: {whole.peak / 2**20:.0f} MiB for {len(names)} sessions "
@@ -130,7 +197,12 @@ def main() -> None:
             f"({first.stat().st_size / 2**20:.0f} MiB): ratio {whole.peak / small.peak:.2f} (flat: about 1.0); "
             f"host steal up to {small.steal:.1f}%"
         )
-    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    with steal_watch(steal):
+        after = calibration()
+    print(
+        f"calibration after: {after}; host steal up to {steal[-1]:.1f}%; load average at the end: "
+        f"{os.getloadavg()[0]:.2f}"
+    )
 
 
 if __name__ == "__main__":

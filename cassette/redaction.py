@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 from urllib.parse import parse_qsl, urlencode
 
+from tito_rl.cassette.format.routes import CHANNEL_KEYS, is_base64_text
 from tito_rl.trajectory.adapters.session import is_secret_source
 from tito_rl.trajectory.adapters.session import session_digest as session_digest  # the name sessions get here
 
@@ -224,12 +225,17 @@ class Redactor:
         return self.scrub_text(query, scope)
 
     def scrub_json(self, value: Any, scope: str | None = None) -> Any:
-        """Every string in a JSON-like value (keys included); token arrays pass through untouched."""
+        """Every string in a JSON-like value (keys included); token arrays pass through untouched, and so do the
+        per-token channels engines send as base64 (expert routes, kept sets: integer arrays too). Scrubbed, a
+        route string lost its bytes wherever the `AIza...` pattern matched inside the base64 (vLLM's uint8 routes
+        and SGLang's kept sets can spell it), and its megabytes took most of the writer's time per call."""
         if isinstance(value, str):
             return self.scrub_text(value, scope)
         if isinstance(value, dict):
             return {
-                self.scrub_text(k, scope) if isinstance(k, str) else k: self.scrub_json(v, scope)
+                self.scrub_text(k, scope) if isinstance(k, str) else k: v
+                if k in CHANNEL_KEYS and is_base64_text(v)
+                else self.scrub_json(v, scope)
                 for k, v in value.items()
             }
         if isinstance(value, list):

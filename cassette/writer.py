@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, overload
 
+from tito_rl.cassette.answer_bytes import answer_wire
 from tito_rl.cassette.format.codec import SessionCodec
 from tito_rl.cassette.format.frames import MAGIC, encode_frame
 from tito_rl.cassette.format.index import SessionIndex, encode_index
@@ -133,6 +134,7 @@ class CassetteWriter:
                 started_s=float(exchange.started_s),
                 duration_s=float(exchange.duration_s),
                 dialect=exchange.dialect,
+                wire=r.scrub_json(answer_wire(exchange.raw, exchange.response, exchange.content_type), name),
             ),
             redacted=True,
         )
@@ -161,6 +163,7 @@ class CassetteWriter:
             record.request, record.response = r.scrub_json(record.request, name), r.scrub_json(record.response, name)
             record.headers = self._headers(record.headers, name)
             record.extra = r.scrub_json(record.extra, name)
+            record.wire = r.scrub_json(record.wire, name)
         self._ensure_started(record.session, "named")
         record.seq = self._codec.next_seq(record.session)
         self._append(record)

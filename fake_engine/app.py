@@ -11,7 +11,9 @@ The app owns everything a policy should not care about: validation (validation.p
 `/abort_request`, streaming, faults (faults.py) and response shapes (responses.py). A policy only maps a
 `GenerateRequest` to a `Generation`, or raises `PolicyError`. The OpenAI-compatible routes (`openai/handler.py`:
 SGLang's and vLLM's `/v1/chat/completions` and `/v1/completions`, vLLM's `/inference/v1/generate`) share the
-queue, aborts, faults and logprobs through `Engine.tracked_run` and `Engine.prepare`.
+queue, aborts, faults and logprobs through `Engine.tracked_run` and `Engine.prepare`. The per-token channels (expert
+routes, top-p kept sets, weight versions) and the weight-update admin routes are in `channels/`; `Engine.produce`
+notes the weight version of each token it makes and holds them while generation is paused.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from typing import Any
 
 from aiohttp import web
 
+from tito_rl.fake_engine.channels.admin import add_admin_routes
+from tito_rl.fake_engine.channels.answer import ChannelSettings, sglang_channels, version_spans
+from tito_rl.fake_engine.channels.moe import DEFAULT_MOE, MoeShape
+from tito_rl.fake_engine.channels.versions import WeightVersions
 from tito_rl.fake_engine.drift import inject_splits
 from tito_rl.fake_engine.faults import FaultSchedule, FaultSpec
 from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
@@ -54,6 +60,7 @@ from tito_rl.fake_engine.sglang.responses import (
 from tito_rl.fake_engine.sglang.validation import (
     EngineHTTPError,
     check_context,
+    check_routes_start,
     parse_failure,
     parse_generate,
     verify_sampling,
@@ -100,6 +107,9 @@ class EngineOptions:
     vllm_scale_out: bool = True
     vllm_auto_tool_choice: bool = True
     vllm_reasoning_parser: bool = True
+    # `--enable-return-routed-experts` (both engines' start flag) and the model's MoE shape (`--moe L,K,E`).
+    return_routed_experts: bool = False
+    moe: MoeShape = DEFAULT_MOE
 
 
 class Engine:
@@ -113,6 +123,11 @@ class Engine:
         self.slots = asyncio.Semaphore(options.max_running_requests) if options.max_running_requests else None
         self.restarting_until = 0.0
         self.startup_time = time.time()
+        self.weights = WeightVersions(options.weight_version)
+        self.channels = ChannelSettings(options.return_routed_experts, options.moe, options.vocab_size)
+        self.running = asyncio.Event()  # clear while generation is paused
+        self.running.set()
+        self.paused = asyncio.Event()  # set while paused (tests wait on it)
 
     # ---- bookkeeping -------------------------------------------------------------------------------
     def abort(self, rid: str, abort_all: bool) -> int:
@@ -135,6 +150,21 @@ class Engine:
     @property
     def restarting(self) -> bool:
         return time.monotonic() < self.restarting_until
+
+    def pause(self) -> None:
+        """Hold every request at its next token until `resume` (SGLang's in-place pause, vLLM's `keep`)."""
+        self.running.clear()
+        self.paused.set()
+
+    def resume(self) -> None:
+        self.paused.clear()
+        self.running.set()
+
+    def update_weight_version(self, new_version: str, abort_all: bool) -> None:
+        """The tokens made from now on carry `new_version`; `abort_all` first aborts every request in flight."""
+        if abort_all:
+            self.abort("", True)
+        self.weights.update(new_version)
 
     # ---- /generate ---------------------------------------------------------------------------------
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
@@ -167,6 +197,8 @@ class Engine:
         sp = parsed.sampling_params
         check_context(len(input_ids), sp.get("max_new_tokens"), opts.context_length)
         verify_sampling(sp, opts.vocab_size)
+        if parsed.return_routed_experts:
+            check_routes_start(parsed.routed_experts_start_len, len(input_ids))
         rid = parsed.rid or uuid.uuid4().hex
         greq = GenerateRequest(
             input_ids=input_ids,
@@ -178,6 +210,9 @@ class Engine:
             headers=request.headers,
             session_key=session_key(input_ids, parsed.routing_key),
             turn_index=turn_index(input_ids),
+            return_routed_experts=parsed.return_routed_experts,
+            routed_experts_start_len=parsed.routed_experts_start_len,
+            return_top_p=parsed.return_top_p,
         )
         start = time.perf_counter()
 
@@ -185,7 +220,7 @@ class Engine:
             return json_response(
                 queued_abort_body(
                     rid=rid,
-                    weight_version=opts.weight_version,
+                    weight_version=self.weights.current,
                     with_logprobs=parsed.return_logprob,
                     e2e_latency=time.perf_counter() - start,
                     sent_ts=time.time(),
@@ -215,6 +250,7 @@ class Engine:
                 if self.slots is not None:
                     self.slots.release()
         finally:
+            tracked.done.set()
             if self.tracked.get(rid) is tracked:
                 del self.tracked[rid]
 
@@ -305,20 +341,31 @@ class Engine:
         trim_stop: bool = False,
         e2e: float | None = None,
         sent_ts: float | None = None,
+        full: list[int] | None = None,
+        tracked: Tracked | None = None,
+        faults: FaultSpec | None = None,
     ) -> dict[str, Any]:
-        """One response body; `ids` may be a streaming delta while `n_total` counts all output so far."""
+        """One response body; `ids` may be a streaming delta while `n_total` counts all output so far (`full`: all of
+        it, for the channels; a finished answer has a finish reason)."""
         entries = logprob_entries(ids, lps) if greq.return_logprob else None
+        faults = faults or FaultSpec()
+        version, spans = version_spans(self.weights, tracked.versions if tracked else [], n_total, faults)
+        channels = sglang_channels(
+            self.channels, greq, ids if full is None else full, faults, final=finish_reason is not None
+        )
         meta = meta_info(
             rid=greq.rid,
             finish_reason=finish_reason,
             prompt_tokens=len(greq.input_ids),
             n_output=n_total,
             profile=self.profile,
-            weight_version=self.options.weight_version,
+            weight_version=version,
             logprobs=entries,
             cached_tokens=cached,
             e2e_latency=e2e,
             sent_ts=sent_ts,
+            weight_versions=spans,
+            channels=channels,
         )
         return generate_body(self._text(ids, greq.sampling_params, trim_stop), ids, meta)
 
@@ -373,7 +420,7 @@ class Engine:
             return await self._stream(
                 request, greq, tracked, ids, lps, finish, matched, gen.cached_tokens, faults, start
             )
-        produced = await self.produce(tracked, len(ids), faults.token_delay_ms)
+        produced = await self.produce(tracked, len(ids), faults.token_delay_ms, faults.pause_after)
         if produced < len(ids) or tracked.aborted.is_set():
             ids, lps, finish = ids[:produced], lps[:produced], "abort"
         body = self._body(
@@ -386,20 +433,48 @@ class Engine:
             trim_stop=finish == "stop",
             e2e=time.perf_counter() - start,
             sent_ts=time.time(),
+            tracked=tracked,
+            faults=faults,
         )
         return json_response(body)
 
-    async def produce(self, tracked: Tracked, n: int, delay_ms: float) -> int:
-        """Pretend to decode n tokens; an abort stops it early. Returns how many were produced."""
-        if delay_ms <= 0:
-            return 0 if tracked.aborted.is_set() else n
-        for i in range(n):
-            try:
-                await asyncio.wait_for(tracked.aborted.wait(), delay_ms / 1000)
-                return i
-            except TimeoutError:
-                continue
-        return n
+    async def produce(self, tracked: Tracked, n: int, delay_ms: float, pause_after: int | None = None) -> int:
+        """Pretend to decode n tokens, each noted with the weight version current when it is made; a pause holds
+        them, an abort stops them. Returns how many were produced. `pause_after` (a fault): the engine pauses
+        itself once this request has made that many tokens."""
+        if pause_after is not None and tracked.pause_at is None and tracked.produced <= pause_after:
+            tracked.pause_at = pause_after
+        done = 0
+        while done < n or tracked.pause_at == tracked.produced:
+            if tracked.pause_at is not None and tracked.produced >= tracked.pause_at:
+                tracked.pause_at = None
+                self.pause()
+            if done == n:
+                break
+            if not (self.running.is_set() or tracked.exempt.is_set()) and not await self._until_running(tracked):
+                break
+            if tracked.aborted.is_set():
+                break
+            step = 1 if delay_ms > 0 else n - done
+            if tracked.pause_at is not None:
+                step = min(step, tracked.pause_at - tracked.produced)
+            if delay_ms > 0:
+                try:
+                    await asyncio.wait_for(tracked.aborted.wait(), delay_ms / 1000)
+                    break
+                except TimeoutError:
+                    pass
+            tracked.versions.extend([self.weights.current] * step)
+            done += step
+        return done
+
+    async def _until_running(self, tracked: Tracked) -> bool:
+        """Wait out a pause (or an exemption from it); False if the request is aborted meanwhile."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (self.running, tracked.exempt, tracked.aborted)]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        return not tracked.aborted.is_set()
 
     async def _stream(
         self,
@@ -423,7 +498,7 @@ class Engine:
         prev, sent = 0, 0
         while prev < len(ids):
             step = min(interval, len(ids) - prev)
-            produced = await self.produce(tracked, step, faults.token_delay_ms)
+            produced = await self.produce(tracked, step, faults.token_delay_ms, faults.pause_after)
             if produced < step or tracked.aborted.is_set():
                 ids, lps, finish = ids[: prev + produced], lps[: prev + produced], "abort"
                 break
@@ -438,6 +513,9 @@ class Engine:
                 cached,
                 n_total=prev + step,
                 sent_ts=time.time() if sent == 0 else None,
+                full=ids[: prev + step],
+                tracked=tracked,
+                faults=faults,
             )
             await resp.write(b"data: " + dumps(chunk) + b"\n\n")
             sent += 1
@@ -457,6 +535,9 @@ class Engine:
             trim_stop=finish == "stop",
             e2e=time.perf_counter() - start,
             sent_ts=time.time() if sent == 0 else None,
+            full=ids,
+            tracked=tracked,
+            faults=faults,
         )
         await resp.write(b"data: " + dumps(final) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
@@ -499,7 +580,7 @@ class Engine:
     async def handle_model_info(self, request: web.Request) -> web.Response:
         o = self.options
         return json_response(
-            model_info(model_path=o.model_path, served_model_name=o.model_name, weight_version=o.weight_version)
+            model_info(model_path=o.model_path, served_model_name=o.model_name, weight_version=self.weights.current)
         )
 
     async def handle_server_info(self, request: web.Request) -> web.Response:
@@ -514,6 +595,7 @@ class Engine:
                 incremental=o.incremental_streaming,
                 profile=self.profile,
                 startup_time=self.startup_time,
+                enable_return_routed_experts=o.return_routed_experts,
             )
         )
 
@@ -558,6 +640,7 @@ def _add_engine_routes(app: web.Application, engine: Engine, *, abort: bool) -> 
     r.add_route("GET", "/flush_cache", engine.handle_flush_cache)
     r.add_route("POST", "/flush_cache", engine.handle_flush_cache)
     r.add_get("/v1/models", engine.handle_models)
+    add_admin_routes(app, engine)
     openai = OpenAIRoutes(engine)
     for path in (CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, TOKENS_PATH):
         r.add_post(path, openai.handle)

@@ -11,6 +11,7 @@ import sys
 
 import msgspec
 
+from tito_rl.fake_engine.channels.moe import MoeShape
 from tito_rl.fake_engine.faults import ALLOWED_STATUSES, FaultSchedule, FaultSpec
 from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION, VLLM_PROFILES
 from tito_rl.fake_engine.scenario_model import ScenarioError, validate
@@ -77,6 +78,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="as vLLM started without --reasoning-parser: the message's reasoning stays null",
     )
+    c = parser.add_argument_group("per-token channels (docs/fake-engine.md)")
+    c.add_argument(
+        "--enable-return-routed-experts",
+        action="store_true",
+        help="as both engines' start flag: expert routes in answers (SGLang: when asked; vLLM: on every choice)",
+    )
+    c.add_argument(
+        "--moe",
+        metavar="LAYERS,TOP_K,EXPERTS",
+        default=None,
+        help="the model's MoE shape for the routes (default: the scenario's `moe:`, else 2,2,8)",
+    )
+    c.add_argument("--weight-version", default="default", help="the weight version at start (SGLang's flag)")
     f = parser.add_argument_group("faults (applied to every /generate unless --fault-first/--fault-every)")
     f.add_argument("--fault-latency-ms", type=float, default=0.0)
     f.add_argument("--fault-token-delay-ms", type=float, default=0.0)
@@ -94,6 +108,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --fault-drift: split N tokens, spread over the output",
     )
+    f.add_argument("--fault-routes-missing", action="store_true", help="routes asked and enabled: none sent")
+    f.add_argument("--fault-routes-ignore-start", action="store_true", help="every route row, start_len ignored")
+    f.add_argument("--fault-routes-dummy-row", action="store_true", help="the last generated token's row all 0")
+    f.add_argument("--fault-routes-zero-padding", action="store_true", help="a padding row of expert 0, not -1")
+    f.add_argument("--fault-routes-extra-rows", type=int, metavar="N", help="N route rows past the tokens")
+    f.add_argument("--fault-stale-weight-version", action="store_true", help="answer an older weight version")
+    f.add_argument("--fault-pause-after", type=int, metavar="N", help="pause the engine after N output tokens")
     f.add_argument("--fault-first", type=int, default=0, metavar="N", help="only the first N requests")
     f.add_argument("--fault-every", type=int, default=1, metavar="K", help="only every K-th request")
 
@@ -135,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
     try:  # the engine's script, checked before the tokenizer loads: the same errors as tito record and simulate
         faults = fault_schedule(args)
         scenario = load_scenario(args.script) if args.script else None
+        moe = MoeShape.parse(args.moe) if args.moe else scenario.moe_shape if scenario else None
     except (OSError, ValueError) as e:
         print(f"tito fake-engine: {e}", file=sys.stderr)
         return 2
@@ -176,7 +198,11 @@ def run(args: argparse.Namespace) -> int:
         vllm_scale_out=not args.no_scale_out,
         vllm_auto_tool_choice=not args.no_auto_tool_choice,
         vllm_reasoning_parser=not args.no_reasoning_parser,
+        weight_version=args.weight_version,
+        return_routed_experts=args.enable_return_routed_experts,
     )
+    if moe is not None:
+        options.moe = moe
     print(
         f"tito fake-engine: {what} on http://{args.host}:{args.port} (SGLang {args.version_profile} "
         f"profile{', router mode' if args.router else ''})",

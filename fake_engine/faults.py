@@ -32,6 +32,14 @@ class FaultSpec(FrozenStrict, frozen=True):
     restart_s: NonNegFloat | None = None  # engine restart: drop in-flight work, unhealthy for this long
     drift: bool = False  # emit one token as a non-canonical two-token split
     drift_splits: PosInt = 1  # with drift: split this many tokens, spread over the output (drift.py)
+    # The per-token channels' known bugs (channels/routes.py says each one's wrong shape).
+    routes_missing: bool = False  # routes asked of an engine started with them: none sent
+    routes_ignore_start: bool = False  # every row from 0, `routed_experts_start_len` ignored
+    routes_dummy_row: bool = False  # the last generated token's row of the turn before all 0
+    routes_zero_padding: bool = False  # a row for the never-forwarded last token, expert 0 where padding means -1
+    routes_extra_rows: PosInt | None = None  # N rows past the answer's tokens: routes not cut with the tokens
+    stale_weight_version: bool = False  # the weight version(s) answered one older than the engine's current one
+    pause_after: NonNegInt | None = None  # the engine pauses itself (in place) after N output tokens
 
     def merged(self, other: FaultSpec | None) -> FaultSpec:
         """`other`'s non-default fields win: a turn's faults refine the command-line ones."""

@@ -35,6 +35,10 @@ class GenerateRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     session_key: str = ""  # routing key, else a digest of the prompt's opening (see sessions.py)
     turn_index: int = 0  # assistant turns already in the prompt
+    # The per-token channels asked for (fake_engine/channels): routes from this absolute token index on, kept sets.
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
+    return_top_p: bool = False
 
     @property
     def max_new_tokens(self) -> int | None:

@@ -26,6 +26,14 @@ class Tracked:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     running: bool = False
     request: web.Request | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # set when its answer is written
+    versions: list[str] = field(default_factory=list)  # the weight version current when each output token was made
+    pause_at: int | None = None  # a `pause_after` fault: the engine pauses once this many tokens are made
+    exempt: asyncio.Event = field(default_factory=asyncio.Event)  # in flight at vLLM's /pause?mode=wait: runs on
+
+    @property
+    def produced(self) -> int:
+        return len(self.versions)
 
 
 @dataclass

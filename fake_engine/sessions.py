@@ -46,6 +46,17 @@ def last_user_start(input_ids: list[int]) -> int | None:
     return users[-1] if users else None
 
 
+def last_assistant_end(input_ids: list[int]) -> int | None:
+    """Index of the `<|im_end|>` that closes the prompt's last finished assistant message (the previous turn's last
+    generated token), or None when the prompt holds none."""
+    for start in reversed(_positions(input_ids, IM_START, ROLE_ASSISTANT)):
+        try:
+            return input_ids.index(IM_END, start)
+        except ValueError:
+            continue  # the open generation prompt
+    return None
+
+
 def assistant_turns_after(input_ids: list[int], start: int) -> int:
     """`turn_index` of the prompt from `start` on: the assistant turns that follow a given message."""
     return turn_index(input_ids[start:])

@@ -289,12 +289,18 @@ async def _start_around(
 ) -> tuple[Callable[[], Awaitable[None]], str]:
     """The taps around a foreign target: agents -> agent tap -> target -> engine tap -> engine."""
     from tito_rl.recorder.metrics import MetricsTap
-    from tito_rl.recorder.taps.around import TapsAround
+    from tito_rl.recorder.taps.around import TapsAround, tokenizer_decoder
     from tito_rl.recorder.taps.progress import ProgressTap
     from tito_rl.recorder.taps.proxy import recorded_tap
 
     counted = recorded_tap(tap, progress, args.sample_rate, _metrics_wrap(args, tap))
-    around = TapsAround(counted, target, settings.engine_url, getattr(args, "engine_dialect", None))
+    around = TapsAround(
+        counted,
+        target,
+        settings.engine_url,
+        getattr(args, "engine_dialect", None),
+        tokenizer_decoder(settings.tokenizer_dir),
+    )
     listen = serve.parse_listen(args.listen)
     engine_listen = serve.parse_listen(args.engine_listen) if args.engine_listen else ("127.0.0.1", 0)
     from tito_rl.trajectory.runtime.server_process import prepare_to_serve

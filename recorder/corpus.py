@@ -83,7 +83,7 @@ def install_clis(paths: list[Path]) -> dict[str, str]:
     """Every pinned CLI the real-CLI scenarios name, installed once up front (cached: a stat); the scenarios
     that can not run, with why."""
     from tito_rl.recorder.agents.cli_script import load_cli_script
-    from tito_rl.recorder.agents.install import ensure_installed, install_note, is_installed
+    from tito_rl.recorder.agents.install import ensure_installed
     from tito_rl.recorder.agents.pins import pin_for
 
     needs: dict[str, list[str]] = {}
@@ -96,9 +96,7 @@ def install_clis(paths: list[Path]) -> dict[str, str]:
             broken[path.stem] = str(exc).removeprefix(f"{path}: ")
     for agent, users in needs.items():
         pin = pin_for(agent)
-        if not is_installed(pin):
-            print(f"installing {pin.spec} {install_note(pin)}", flush=True)
-        try:
+        try:  # a first install says so, in a line when it starts and one when done
             ensure_installed(pin)
         except (OSError, RuntimeError) as exc:
             broken.update({name: f"{pin.spec} is not installed: {exc}" for name in users})

@@ -55,17 +55,14 @@ def tito(*args: str) -> list[str]:
 def install_clis(scenario: Path, agent: str | None, task: str | None) -> list[str]:
     """The pinned CLIs the recording will run, installed first (a cached install is a stat)."""
     from tito_rl.recorder.agents.cli_script import SCRIPTED, client_agent, load_cli_script
-    from tito_rl.recorder.agents.install import ensure_installed, install_note, is_installed
+    from tito_rl.recorder.agents.install import ensure_installed
     from tito_rl.recorder.agents.pins import pin_for
 
     if agent in (None, SCRIPTED) and client_agent(scenario) == SCRIPTED:
         return []  # the scripted client: nothing to install
     script = load_cli_script(scenario, agent, task)  # no client: section and no --agent/--task: refused here
     for name in script.agents:
-        pin = pin_for(name)
-        if not is_installed(pin):
-            print(f"tito simulate: installing {pin.spec} {install_note(pin)}", file=sys.stderr, flush=True)
-        ensure_installed(pin)
+        ensure_installed(pin_for(name))  # a first install says so, in a line when it starts and one when done
     return script.agents
 
 
@@ -192,9 +189,14 @@ def simulate(
 
 
 def write_goldens(cassettes: list[Path]) -> str:
-    """The cassettes' goldens, from one replay process (one start-up); its report."""
+    """The goldens of cassettes this process just recorded, from one replay process (one start-up); its report.
+    Their targets are the ones the user's scenarios and options named (a profile file, `module:attribute`): the
+    replay trusts them (`--trust-cassette`), as it would never trust a cassette from elsewhere."""
     proc = subprocess.run(
-        tito("replay", *map(str, cassettes), "--update-goldens"), cwd=ROOT, capture_output=True, text=True
+        tito("replay", *map(str, cassettes), "--update-goldens", "--trust-cassette"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         raise SimulateError(

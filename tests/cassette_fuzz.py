@@ -35,6 +35,7 @@ import msgpack
 from benchmarks.host_steal import steal_watch
 from tito_rl.cassette.format.errors import CassetteError
 from tito_rl.cassette.format.extensions import (
+    EXT_B64_INTS,
     EXT_BYTES_DELTA,
     EXT_F64,
     EXT_LOGPROB_COLUMN,
@@ -44,7 +45,9 @@ from tito_rl.cassette.format.extensions import (
 )
 from tito_rl.cassette.format.frames import FLAG_ZLIB, FRAME_HEADER, MAGIC
 from tito_rl.cassette.format.packing import pack_u32
+from tito_rl.cassette.format.records import EngineRecord
 from tito_rl.cassette.reader import CassetteReader
+from tito_rl.cassette.writer import CassetteWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 BASES = ("openai_wires", "client_abort", "drift_realign")  # every record type, both wires' shapes, an abort
@@ -151,6 +154,7 @@ def odd_values(rng: random.Random) -> list[Any]:
         msgpack.ExtType(EXT_TOKEN_DELTA, b"\0\0\0\0"),
         msgpack.ExtType(EXT_BYTES_DELTA, b"\0" * 8),
         msgpack.ExtType(EXT_LOGPROB_COLUMN, b"\0" * 8),
+        msgpack.ExtType(EXT_B64_INTS, bytes([1, 4, 1]) + struct.pack("<III", 0, 0, 0) + b"\1\2\3\4"),
         msgpack.ExtType(99, b""),
         [rng.random() for _ in range(3)],
     ]
@@ -355,9 +359,146 @@ def mutate_ext(rng: random.Random, name: str) -> bytes:
     frames = frames_of(name)
     target = rng.choice(frames[1:])
     key = rng.choice([k for k in target.record if k != "t"])
-    code = rng.choice([EXT_U32, EXT_F64, EXT_TOKEN_DELTA, EXT_BYTES_DELTA, EXT_MASK_RLE, EXT_LOGPROB_COLUMN, 0, 127])
+    code = rng.choice(
+        [EXT_U32, EXT_F64, EXT_TOKEN_DELTA, EXT_BYTES_DELTA, EXT_MASK_RLE, EXT_LOGPROB_COLUMN, EXT_B64_INTS, 0, 127]
+    )
     target.record[key] = msgpack.ExtType(code, rng.randbytes(rng.choice([0, 1, 3, 5, 7, 9, 33])))
     return assemble(frames)
+
+
+# --- per-token channels: engine answers with expert routes and kept sets (format version 5) -------------------
+
+CHANNEL_KINDS = ("random", "prefix", "start_len", "differing_row", "vllm", "vllm_wide", "openai_stream", "kept", "odd")
+
+
+def channel_records(rng: random.Random, session: str, kind: str, turns: int = 5) -> list[EngineRecord]:
+    """One session's engine calls whose answers carry per-token channels, as each engine sends them: `random`
+    (routes unrelated from turn to turn), `prefix` (SGLang, the whole prefix again each turn), `start_len` (only the
+    rows from `routed_experts_start_len`), `differing_row` (a prefix row that changed since the turn before), `vllm`
+    and `vllm_wide` (`.npy`, uint8 and uint16), `openai_stream` (SGLang's chat chunks, `sgl_ext`), `kept` (top-p kept
+    sets), `odd` (strings the format cannot store as integers: stored as they came)."""
+    import base64
+
+    import numpy as np
+
+    from tests.route_channels import MoeShape, kept_sets, route_rows, sglang_routes, vllm_routes
+
+    shape = MoeShape(3, 2, 300 if kind == "vllm_wide" else 16)
+    records, prompt, had = [], [rng.randrange(1000) for _ in range(rng.randint(1, 30))], 0
+    for turn in range(turns):
+        out = [rng.randrange(1000) for _ in range(rng.randint(1, 12))]
+        seq = prompt + out
+        rows = route_rows(seq, shape)
+        request: dict[str, Any] = {"input_ids": prompt, "return_routed_experts": True}
+        meta: dict[str, Any] = {"finish_reason": {"type": "stop"}}
+        dialect, response = None, None
+        if kind == "random":
+            raw = rng.randbytes(4 * shape.row * rng.randint(0, 20))
+            meta["routed_experts"] = base64.b64encode(raw).decode()
+        elif kind in ("prefix", "start_len"):
+            start = min(had, len(prompt)) if kind == "start_len" and turn else 0
+            if start:
+                request["routed_experts_start_len"] = start
+            meta["routed_experts"] = sglang_routes(seq, shape, start, rows)
+        elif kind == "differing_row":
+            changed = rows.copy()
+            if turn:
+                changed[rng.randrange(len(seq) - 1)] = (changed[0] + 1) % shape.experts
+            meta["routed_experts"] = sglang_routes(seq, shape, 0, changed)
+        elif kind in ("vllm", "vllm_wide"):
+            dialect = "vllm-generate"
+            request = {"prompt": prompt, "sampling_params": {"max_tokens": 16}}
+            choice = {"index": 0, "token_ids": out, "routed_experts": vllm_routes(seq, shape, rows)}
+            response = {"choices": [choice, {"index": 1, "token_ids": out, "routed_experts": None}]}
+        elif kind == "openai_stream":
+            dialect = "sglang-openai"
+            request = {"messages": [{"role": "user", "content": f"turn {turn}"}], "return_routed_experts": True}
+            response = [
+                {"choices": [{"index": 0, "delta": {"content": "x"}, "sgl_ext": {"routed_experts": routes}}]}
+                for routes in (sglang_routes(seq[: n + 2], shape, 0, rows) for n in range(len(seq) - 1))
+            ]
+        elif kind == "kept":
+            meta["top_p_token_ids"], meta["top_p_token_offsets"] = kept_sets(out, seed=rng.randrange(1 << 30))
+            meta["routed_experts"] = sglang_routes(seq, shape, 0, rows)
+        else:  # each a string the writer must keep as it is
+            good = sglang_routes(seq, shape, 0, rows)
+            meta["routed_experts"] = rng.choice(
+                [
+                    base64.b64encode(bytes(13)).decode()[:-3] + "B==",  # 13 zero bytes, non-canonical padding
+                    good + "\n",
+                    good.replace("+", "-").replace("/", "_"),
+                    good[:-2] if len(good) > 10 else good + "==",
+                    "   " + good,
+                    base64.b64encode(b"\x93NUMPY\x01\x00" + b"\xff" * 9).decode(),
+                    base64.b64encode(np.arange(7, dtype=">u2").tobytes()).decode(),
+                    "é" * 12,
+                ]
+            )
+            meta["top_p_token_ids"] = rng.choice([None, 5, ["a"], "short"])
+        if response is None:
+            response = {"text": "", "output_ids": out, "meta_info": meta}
+        records.append(EngineRecord(session, 0, "POST", "/generate", request, 200, response, dialect=dialect))
+        had = len(seq) - 1
+        prompt = seq + [rng.randrange(1000) for _ in range(rng.randint(0, 20))]
+    return records
+
+
+def channel_cassette(seed: int, sessions: int = 6) -> tuple[bytes, dict[str, list[EngineRecord]]]:
+    """A cassette of sessions of every channel kind, interleaved, one of them finished half way (its bases let go,
+    more calls after): its bytes, and each session's engine records as written."""
+    from tests.cassette_helpers import header
+
+    rng = random.Random(seed)
+    plan = {f"s{i}-{kind}": channel_records(rng, f"s{i}-{kind}", kind) for i, kind in enumerate(CHANNEL_KINDS)}
+    plan.update({f"r{i}": channel_records(rng, f"r{i}", rng.choice(CHANNEL_KINDS)) for i in range(sessions)})
+    out = io.BytesIO()
+    writer = CassetteWriter(out, header())
+    queue = [(name, i) for name, calls in plan.items() for i in range(len(calls))]
+    rng.shuffle(queue)
+    queue.sort(key=lambda item: item[1])  # each session's calls in order, sessions interleaved
+    for name, i in queue:
+        writer.write_engine(plan[name][i], redacted=True)
+        if i == 2 and name.startswith("r0"):
+            writer.session_finished(name, "named", 1.0, [])
+    return out.getvalue(), plan
+
+
+@cache
+def channel_base() -> tuple[Frame, ...]:
+    return tuple(parse(channel_cassette(SEED)[0]))
+
+
+def mutate_channels(rng: random.Random, name: str) -> bytes:
+    """A cassette with routes and kept sets, one of its B64_INTS values changed: its counts, sizes, flags or bytes."""
+    frames = [
+        Frame(msgpack.unpackb(pack(f.record), ext_hook=msgpack.ExtType, raw=False, strict_map_key=False), f.compress)
+        for f in channel_base()
+    ]
+    found = [(holder, key) for f in frames for holder, key in _ext_slots(f.record, EXT_B64_INTS)]
+    holder, key = rng.choice(found)
+    data = bytearray(holder[key].data)
+    choice = rng.randrange(5)
+    if choice == 0:  # at / keep past the context, or near the u32 limit
+        struct.pack_into("<II", data, 3, rng.choice([0, 1, 2**31, 2**32 - 1]), rng.choice([1, 2**20, 2**32 - 1]))
+    elif choice == 1:  # flags, itemsize, width
+        data[rng.randrange(3)] = rng.choice([0, 1, 2, 3, 5, 8, 9, 255])
+    elif choice == 2:  # header length
+        struct.pack_into("<I", data, 11, rng.choice([1, 2**16, 2**32 - 1]))
+    elif choice == 3:  # cut
+        del data[rng.randrange(len(data)) :]
+    else:
+        data[rng.randrange(len(data))] ^= rng.randint(1, 255)
+    holder[key] = msgpack.ExtType(EXT_B64_INTS, bytes(data))
+    return assemble(frames)
+
+
+def _ext_slots(value: Any, code: int) -> Iterator[tuple[Any, Any]]:
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(item, msgpack.ExtType) and item.code == code:
+            yield value, key
+        else:
+            yield from _ext_slots(item, code)
 
 
 MUTATIONS: dict[str, Callable[[random.Random, str], bytes]] = {
@@ -372,6 +513,7 @@ MUTATIONS: dict[str, Callable[[random.Random, str], bytes]] = {
     "bad value": mutate_bad_value,
     "frames": mutate_frames,
     "ext type": mutate_ext,
+    "channels": mutate_channels,
 }
 WEIGHTS = {"zlib bomb": 0.1, "delta bomb": 0.1}  # slower cases (each up to its budget), fewer of them
 

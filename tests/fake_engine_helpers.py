@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
-from tito_rl.fake_engine.app import EngineOptions, create_app
+from tito_rl.fake_engine.app import ENGINE_KEY, EngineOptions, create_app
 from tito_rl.fake_engine.policies.scripted import ScriptedPolicy, parse_scenario
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
@@ -108,3 +109,35 @@ async def sse_events(resp: Any) -> list[Any]:
             payload = line[len("data: ") :]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
+
+
+async def until_generating(app: Any, *rids: str, tokens: int = 0) -> None:
+    """Wait until the engine runs every request `rids` (out of its queue) and has decoded at least `tokens` of
+    each: what a test aborts mid-generation after, rather than after a fixed sleep that a loaded machine outlasts."""
+    engine = app[ENGINE_KEY]
+    for _ in range(12_000):  # a hang's bound (120 s), not a timing
+        found = [engine.tracked.get(rid) for rid in rids]
+        if all(t is not None and t.running and t.produced >= tokens for t in found):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the engine never ran {rids} to {tokens} token(s)")
+
+
+async def until_queued(app: Any, rid: str) -> None:
+    """Wait until the engine holds request `rid` in its queue (tracked, not running)."""
+    engine = app[ENGINE_KEY]
+    for _ in range(12_000):  # a hang's bound (120 s), not a timing
+        if rid in engine.tracked and not engine.tracked[rid].running:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the engine never queued {rid}")
+
+
+async def until_in_flight(app: Any, count: int = 1) -> None:
+    """Wait until the engine runs `count` requests at once, whatever their rids (an adapter's own)."""
+    engine = app[ENGINE_KEY]
+    for _ in range(12_000):  # a hang's bound (120 s), not a timing
+        if sum(t.running for t in engine.tracked.values()) >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the engine never ran {count} request(s) at once")

@@ -23,8 +23,12 @@ Two ways to run it: as a driver (`--target tests.gateway_double:create`, or `cre
 `create_vllm_completions`, `create_vllm_generate` for the other dialects; `TargetOptions.extra`, also read as a
 JSON object from $GATEWAY_DOUBLE_EXTRA so a `tito replay` can be given a gateway whose engine request changed:
 `routing_key: false` for a gateway that sends no routing key, `dialect`, `sampling` (extra sampling parameters on
-every engine call), `system_suffix` (appended to the system prompt before rendering)), or as a process for the
-`http://` target:
+every engine call), `system_suffix` (appended to the system prompt before rendering), `threaded: true` (or the
+factory `create_threaded`) for a gateway served from a thread and event loop of its own, so that it calls the engine
+from that thread, as slime's gateway does (`slime.agent.aiohttp_threaded.run_app_in_thread`), `overtake: TEXT` for
+a gateway whose engine calls overtake one another: the first request whose messages hold TEXT waits, and the next
+request of its session calls the engine first (a recording's knob only: it waits for that next request, which a
+replay sends only once the first reached the engine)), or as a process for the `http://` target:
 
     python -m tests.gateway_double --engine http://127.0.0.1:30000 --listen 127.0.0.1:8500 [--no-routing-key] \
         [--dialect vllm-generate] [--sessions-in header:x-session-id|cookie:sid|path:/proxy/rollout/{sid}] \
@@ -45,6 +49,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -530,8 +535,12 @@ class Gateway:
         system_suffix: str = "",
         sessions_in: str = "bearer",
         session_api: bool = True,
+        overtake: str = "",
     ) -> None:
         self.engine_url = engine_url.rstrip("/")
+        self.overtake = overtake  # the first request holding this text lets the session's next one call first
+        self.held: dict[str, asyncio.Future[None]] = {}  # session -> the waiting request's go-ahead
+        self.overtaken: set[str] = set()
         self.tokenizer = tokenizer
         self.routing_key = routing_key
         self.dialect = dialect
@@ -592,10 +601,19 @@ class Gateway:
         headers = {ROUTING_HEADER: sid} if self.routing_key else {}
         if self.http is None:
             self.http = aiohttp.ClientSession()
-        async with self.http.post(f"{self.engine_url}{call.path}", json=call.body, headers=headers) as resp:
-            if resp.status != 200:
-                return web.json_response({"error": {"message": f"engine answered {resp.status}"}}, status=502)
-            data = await stream_chunks(resp) if call.stream else await resp.json(content_type=None)
+        overtaken = self.held.pop(sid, None)
+        if overtaken is None and self.overtake and sid not in self.overtaken and self.overtake in json.dumps(messages):
+            self.overtaken.add(sid)
+            go = self.held[sid] = asyncio.get_running_loop().create_future()
+            await go  # the session's next request calls the engine first
+        try:
+            async with self.http.post(f"{self.engine_url}{call.path}", json=call.body, headers=headers) as resp:
+                if resp.status != 200:
+                    return web.json_response({"error": {"message": f"engine answered {resp.status}"}}, status=502)
+                data = await stream_chunks(resp) if call.stream else await resp.json(content_type=None)
+        finally:
+            if overtaken is not None:
+                overtaken.set_result(None)
         try:
             answer = generated(self.dialect, data)
         except (EngineAnswerError, KeyError, TypeError, ValueError, IndexError) as exc:
@@ -638,16 +656,20 @@ class GatewayDoubleTarget:
         self.dialect = str(settings.get("dialect", SGLANG))
         self.sampling: dict[str, Any] = dict(settings.get("sampling") or {})
         self.system_suffix = str(settings.get("system_suffix") or "")
+        self.threaded = bool(settings.get("threaded", False))
+        self.overtake = str(settings.get("overtake") or "")
         self.info = TargetInfo(
             name="gateway-double",
             volatile=VOLATILE,
             routing_header=ROUTING_HEADER if self.routing_key else None,
             settings={"routing_key": self.routing_key, "dialect": self.dialect}
             | ({"sampling": self.sampling} if self.sampling else {})
-            | ({"system_suffix": self.system_suffix} if self.system_suffix else {}),
+            | ({"system_suffix": self.system_suffix} if self.system_suffix else {})
+            | ({"threaded": True} if self.threaded else {}),
         )
         self.gateway: Gateway | None = None
         self.runner: web.AppRunner | None = None
+        self.thread: AppThread | None = None
 
     async def start(self, engine_url: str) -> str:
         self.gateway = Gateway(
@@ -657,7 +679,11 @@ class GatewayDoubleTarget:
             self.dialect,
             self.sampling,
             self.system_suffix,
+            overtake=self.overtake,
         )
+        if self.threaded:
+            self.thread = AppThread(self.gateway.app())
+            return f"http://127.0.0.1:{await asyncio.to_thread(self.thread.start)}"
         self.runner = web.AppRunner(self.gateway.app(), access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -665,17 +691,64 @@ class GatewayDoubleTarget:
         return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
 
     async def finish(self, session: str, reward: float) -> list[dict[str, Any]]:
-        assert self.gateway is not None, "not started"
-        return self.gateway.finish(session, reward)
+        gateway = self.gateway
+        assert gateway is not None, "not started"
+        if self.thread is not None:  # the sessions live on the gateway's own thread: read them there
+            return await self.thread.call(lambda: gateway.finish(session, reward))
+        return gateway.finish(session, reward)
 
     async def drop(self, session: str) -> None:
-        assert self.gateway is not None, "not started"
-        self.gateway.drop(session)
+        gateway = self.gateway
+        assert gateway is not None, "not started"
+        if self.thread is not None:
+            await self.thread.call(lambda: gateway.drop(session))
+        else:
+            gateway.drop(session)
 
     async def stop(self) -> None:
         runner, self.runner = self.runner, None
         if runner is not None:
             await runner.cleanup()
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            await asyncio.to_thread(thread.stop)
+
+
+class AppThread:
+    """An aiohttp app served from a daemon thread running an event loop of its own, as slime serves its gateway
+    (`run_app_in_thread`): every handler, and every engine call it makes, runs on that thread, beside tito's loop."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.loop = asyncio.new_event_loop()
+        self.runner = web.AppRunner(app, access_log=None)
+        self.thread = threading.Thread(target=self.loop.run_forever, name="gateway-double", daemon=True)
+
+    def start(self) -> int:
+        """Serve on a free loopback port (blocks until it listens); the port."""
+        self.thread.start()
+
+        async def listen() -> int:
+            await self.runner.setup()
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            await site.start()
+            return int(site._server.sockets[0].getsockname()[1])
+
+        return asyncio.run_coroutine_threadsafe(listen(), self.loop).result()
+
+    async def call(self, work: Any) -> Any:
+        """`work()` run on the gateway's thread, between its handlers; its result."""
+
+        async def run() -> Any:
+            return work()
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self.loop))
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
 
 
 def create(options: TargetOptions) -> GatewayDoubleTarget:
@@ -685,6 +758,11 @@ def create(options: TargetOptions) -> GatewayDoubleTarget:
 def _in_dialect(options: TargetOptions, dialect: str) -> GatewayDoubleTarget:
     """`--target module:attribute` passes no `extra`: a factory per dialect picks it (the factory's name wins)."""
     return GatewayDoubleTarget(dataclasses.replace(options, extra={**options.extra, "dialect": dialect}))
+
+
+def create_threaded(options: TargetOptions) -> GatewayDoubleTarget:
+    """The gateway served from a thread of its own (`AppThread`), calling the engine from there."""
+    return GatewayDoubleTarget(dataclasses.replace(options, extra={**options.extra, "threaded": True}))
 
 
 def create_sglang_openai(options: TargetOptions) -> GatewayDoubleTarget:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from tests.cassette_helpers import serve
 from tito_rl.cassette.writer import CassetteWriter
@@ -90,6 +91,8 @@ class Live:
 
     url: str
     http: aiohttp.ClientSession
+    engine: web.Application  # the fake engine's app: a test waits on its requests (tests/fake_engine_helpers.py)
+    manager: TrajectoryManager  # the adapter's: a test waits on its sessions' turns
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def conversation(self, sid: str, **kw: Any) -> Conversation:
@@ -124,7 +127,7 @@ async def recording(
         writer = CassetteWriter(path, build_header(adapter_settings, None, {"client": "test"}, manager=manager))
         try:
             async with serve(create_adapter(adapter_settings, manager, writer)) as url, aiohttp.ClientSession() as http:
-                yield Live(url, http)
+                yield Live(url, http, engine_app, manager)
         finally:
             writer.close()
 

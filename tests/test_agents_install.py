@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -17,7 +18,6 @@ from tito_rl.recorder.agents.install import (
     ensure_installed,
     install_command,
     install_dir,
-    install_note,
     is_installed,
     pip_install_command,
 )
@@ -61,14 +61,23 @@ def test_install_command_pins_the_exact_version() -> None:
     ]
 
 
-def test_installs_once_into_a_per_version_dir(tmp_path: Path, fake_npm: Path) -> None:
+def test_installs_once_into_a_per_version_dir(
+    tmp_path: Path, fake_npm: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     prefix = tmp_path / "tools"
     binary = ensure_installed(CODEX, prefix)
+    folder = prefix / "codex-0.169.0"
+    assert re.fullmatch(
+        f"tito: installing @openai/codex@0.169.0 into {folder} \\(once; cached\\)\n"
+        "tito: installed @openai/codex@0.169.0: 0 MB in [0-9]+ s\n",
+        capsys.readouterr().err,
+    )  # a first install says so when it starts and when it is done
     assert binary == prefix / "codex-0.169.0" / "node_modules" / ".bin" / "codex" == binary_path(CODEX, prefix)
     assert os.access(binary, os.X_OK)
     assert is_installed(CODEX, prefix)
     assert ensure_installed(CODEX, prefix) == binary
     assert len(fake_npm.read_text().splitlines()) == 1  # the second call found it installed
+    assert capsys.readouterr().err == ""  # and said nothing
     assert (prefix / ".gitignore").read_text() == "*\n"
     assert [p.name for p in prefix.iterdir() if p.name.startswith(".staging")] == []
 
@@ -133,13 +142,15 @@ def fake_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_pypi_pin_installs_once_into_its_own_cached_venv_with_the_libraries_pinned(
-    tmp_path: Path, fake_python: Path
+    tmp_path: Path, fake_python: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = tmp_path / "cache" / "tito" / "mini-swe-agent-2.4.6-venv"
     assert install_dir(MINI_SWE_AGENT, tmp_path / "npm") == folder  # the npm prefix does not apply
     assert not is_installed(MINI_SWE_AGENT)
-    assert install_note(MINI_SWE_AGENT) == f"with pip into {folder} (once; cached)"
     binary = ensure_installed(MINI_SWE_AGENT)
+    start, done = capsys.readouterr().err.splitlines()
+    assert start == f"tito: installing mini-swe-agent==2.4.6 into {folder} (once; cached)"
+    assert re.fullmatch(r"tito: installed mini-swe-agent==2\.4\.6: [0-9]+ MB in [0-9]+ s", done), done
     assert binary == folder / "bin" / "mini" == binary_path(MINI_SWE_AGENT) and os.access(binary, os.X_OK)
     assert pip_install_command(MINI_SWE_AGENT, str(folder)) == [
         f"{folder}/bin/python",

@@ -26,7 +26,7 @@ from tito_rl.cassette.format.errors import CorruptCassetteError
 from tito_rl.cassette.format.extensions import EXT_F64, EXT_MASK_RLE, EXT_TOKEN_DELTA, EXT_U32
 from tito_rl.cassette.format.frames import FLAG_ZLIB, INFLATE_CHUNK, encode_frame
 from tito_rl.cassette.format.packing import pack_u32
-from tito_rl.cassette.format.records import RECORD_TYPES, Header, SamplesRecord
+from tito_rl.cassette.format.records import RECORD_TYPES, EngineRecord, Header, SamplesRecord
 from tito_rl.cassette.reader import CassetteReader, read_cassette
 from tito_rl.cassette.writer import CassetteWriter
 from tito_rl.main import main
@@ -58,6 +58,7 @@ def test_the_seeded_fuzz_run_finds_nothing_in_bounded_time_and_memory() -> None:
         "bad value",
         "frames",
         "ext type",
+        "channels",
     ):  # each reaches a check that refuses it
         assert outcomes[kind].get("CorruptCassetteError", 0) > 0, (kind, outcomes[kind])
     assert outcomes["bad value"].get("read", 0) > 0  # a name like `../x` is data: read, then replayed below
@@ -407,3 +408,141 @@ def test_inspect_shows_an_engine_answer_of_any_shape() -> None:
         row = exchange_row(PlannedExchange(0, agent, [call]))
         assert (row.finish, row.output_tokens) == (finish, 2)
         assert row.prompt_tokens == (9 if finish else None)
+
+
+# --- per-token channels (routes, kept sets): stored as integers, read back byte for byte ----------------------
+
+
+def engine_responses(data: bytes) -> dict[str, list[object]]:
+    out: dict[str, list[object]] = {}
+    with CassetteReader(io.BytesIO(data)) as reader:
+        for record in reader.records():
+            if isinstance(record, EngineRecord):
+                out.setdefault(record.session, []).append(record.response)
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_engine_answers_with_channels_read_back_exactly(seed: int, tmp_path: Path) -> None:
+    """Sessions of every channel kind interleaved (random rows, prefix-extending, `routed_experts_start_len`, a row
+    that changed, vLLM's `.npy` in uint8 and uint16, SGLang's chat chunks, kept sets, strings that cannot be stored
+    as integers), one finished half way: each answer reads back equal, its strings byte for byte, by a scan, by the
+    index one session at a time, and after a copy through another writer (cut and merge's path)."""
+    data, plan = fuzz.channel_cassette(seed)
+    expected = {name: [r.response for r in records] for name, records in plan.items()}
+    assert engine_responses(data) == expected
+    path, copy = tmp_path / "channels.tito", tmp_path / "copy.tito"
+    path.write_bytes(data)
+    with CassetteReader(path) as reader, CassetteWriter(copy, reader.header, header_redacted=True) as writer:
+        for record in reader.records():
+            writer.append_redacted(record)
+    assert copy.read_bytes().startswith(data)  # the same records encode to the same bytes (the copy adds its index)
+    with CassetteReader(copy) as reader:
+        index = reader.stored_index()
+        assert index is not None and set(index) >= set(expected)
+        for name in expected:
+            assert [r.response for r in reader.read_session(index[name]).engine] == expected[name]
+
+
+def _codec_round_trip(responses: list[dict[str, object]], requests: list[dict[str, object]] | None = None) -> list:
+    """Each answer through a writer's codec and a reader's, as frames: the stored maps, and the answers read."""
+    from tito_rl.cassette.format.codec import SessionCodec
+    from tito_rl.cassette.format.frames import FRAME_HEADER, decode_payload
+
+    writer, reader, stored = SessionCodec(), SessionCodec(), []
+    for i, response in enumerate(responses):
+        request = requests[i] if requests else {}
+        record = EngineRecord("s", i + 1, "POST", "/generate", request, 200, response)
+        data = writer.encode(record)
+        stored.append(data["response"])
+        frame = encode_frame(data)
+        length, flags, _, crc = FRAME_HEADER.unpack(frame[: FRAME_HEADER.size])
+        back = reader.decode(decode_payload(frame[FRAME_HEADER.size :], flags, crc, 0))
+        assert back.response == response  # strings equal: byte for byte
+    return stored
+
+
+def test_a_route_row_that_differs_from_the_stored_one_ends_the_kept_prefix_there() -> None:
+    from tests.route_channels import MoeShape, route_rows, sglang_routes
+    from tito_rl.cassette.format.routes import B64Ints
+
+    shape = MoeShape(4, 2, 16)
+    tokens = list(range(100, 160))
+    rows = route_rows(tokens, shape)
+    changed = rows.copy()
+    changed[7, 2, 1] = (changed[7, 2, 1] + 1) % 16  # one expert of row 7 differs the next turn
+    first = {"meta_info": {"routed_experts": sglang_routes(tokens[:40], shape, 0, rows)}}
+    second = {"meta_info": {"routed_experts": sglang_routes(tokens, shape, 0, changed)}}
+    third = {"meta_info": {"routed_experts": sglang_routes(tokens, shape, 0, changed)}}
+    a, b, c = (s["meta_info"]["routed_experts"] for s in _codec_round_trip([first, second, third]))
+    assert isinstance(a, B64Ints) and isinstance(b, B64Ints) and isinstance(c, B64Ints)
+    assert (a.keep, a.width, a.itemsize) == (0, 1, 4)  # int32 ids under 16: a byte each
+    assert b.keep == 7 * shape.row + 2 * shape.top_k + 1  # up to the changed expert; the rest stored whole
+    assert c.keep == 59 * shape.row and c.tail == b""  # the changed rows are the session's now
+
+
+def test_a_start_len_answer_is_placed_at_its_start_row() -> None:
+    """`routed_experts_start_len` leaves rows out of the answer: its first row is the start row, kept from the rows
+    stored before, whichever way the prompt grew."""
+    from tests.route_channels import MoeShape, route_rows, sglang_routes
+
+    shape = MoeShape(4, 2, 16)
+    tokens = list(range(300, 400))
+    rows = route_rows(tokens, shape)
+    first = {"output_ids": tokens[30:40], "meta_info": {"routed_experts": sglang_routes(tokens[:40], shape, 0, rows)}}
+    second = {"output_ids": tokens[90:100], "meta_info": {"routed_experts": sglang_routes(tokens, shape, 39, rows)}}
+    requests = [{"input_ids": tokens[:30]}, {"input_ids": tokens[:90], "routed_experts_start_len": 39}]
+    _, stored = _codec_round_trip([first, second], requests)
+    routes = stored["meta_info"]["routed_experts"]
+    assert (routes.at, routes.keep) == (39 * shape.row, 0)  # nothing to keep: every row from 39 on is new
+    assert len(routes.tail) == (99 - 39) * shape.row
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "AAAAAAAAAAAAAAAAAB==",  # 13 zero bytes with non-canonical padding bits
+        "AAAAAAB=",  # 5 zero bytes, the same
+        "AA==AAAA",  # padding inside
+        "AAAAAAAAAAAAAAAA\n",  # a line break
+        "AAAA-_AAAAAAAAAA",  # the URL-safe alphabet
+        "AAAAAAAAAAAAAA",  # not a whole number of groups
+        "éééééééééé",
+        "AAAAAAAAAAAAAAAAAAA=",  # 14 bytes: not a whole number of int32 items
+    ],
+)
+def test_a_string_that_would_not_come_back_byte_for_byte_is_stored_as_it_came(text: str) -> None:
+    (stored,) = _codec_round_trip([{"meta_info": {"routed_experts": text, "top_p_token_ids": text}}])
+    assert stored["meta_info"] == {"routed_experts": text, "top_p_token_ids": text}
+
+
+def test_vllm_npy_routes_keep_their_header_and_dtype() -> None:
+    from tests.route_channels import MoeShape, route_rows, vllm_routes
+    from tito_rl.cassette.format.routes import B64Ints
+
+    for experts, itemsize in ((128, 1), (300, 2)):
+        shape = MoeShape(3, 2, experts)
+        tokens = list(range(50))
+        rows = route_rows(tokens, shape)
+        answers = [{"choices": [{"routed_experts": vllm_routes(tokens[:n], shape, rows)}]} for n in (20, 50)]
+        first, second = (s["choices"][0]["routed_experts"] for s in _codec_round_trip(answers))
+        assert isinstance(second, B64Ints) and second.header.startswith(b"\x93NUMPY")
+        assert (second.itemsize, second.keep) == (itemsize, 19 * shape.row)
+
+
+def test_kept_route_rows_past_the_context_are_corrupt_and_a_route_bomb_stops_at_the_budget() -> None:
+    from tito_rl.cassette.format.routes import B64Ints
+
+    def engine(seq: int, stored: B64Ints) -> bytes:
+        payload = msgpack.ExtType(fuzz.EXT_B64_INTS, stored.payload())
+        return fuzz.frame(
+            fuzz.pack(fuzz.engine_record(seq, {}) | {"response": {"meta_info": {"routed_experts": payload}}})
+        )
+
+    past = engine(1, B64Ints(True, 4, 1, 0, 5, b"", b""))
+    with pytest.raises(CorruptCassetteError, match=r"keep elements \[0, 5\) of a 0-element route context"):
+        read(cassette_of(past))
+    whole = engine(1, B64Ints(True, 4, 1, 0, 0, b"", bytes(400_000)))
+    again = [engine(n, B64Ints(True, 4, 1, 0, 400_000, b"", b"")) for n in range(2, 200)]  # 2 MB of text each
+    with pytest.raises(CorruptCassetteError, match=r"base64 integers decodes past 256x"):
+        read(cassette_of(whole, *again))

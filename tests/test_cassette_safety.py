@@ -133,6 +133,30 @@ def test_a_repeated_engine_header_is_scrubbed_value_by_value(tmp_path: Path) -> 
     assert record.headers == {"X-Trace": ["plain", f"t={REDACTED}"], "Accept": "*/*"}
 
 
+def test_per_token_channels_are_kept_as_sent_not_scrubbed(tmp_path: Path) -> None:
+    """Routes and kept sets are integer arrays in base64, like token arrays not inspected: the `AIza...` key pattern
+    matched inside one (vLLM's uint8 routes can spell any base64) and cut its bytes. Text under those keys that is
+    not base64 is still scrubbed."""
+    import base64
+
+    spelled = "AAAA/AIzaSyA12345678901234567890123456789012AAAA"  # 36 bytes: 9 int32 expert ids, or 36 uint8
+    assert base64.b64encode(base64.b64decode(spelled)).decode() == spelled
+    assert Redactor().scrub_text(spelled) == "AAAA/<redacted>AAAA"  # what scrubbing did to it
+    key = "sk-ant-" + "k3y" * 10
+    path = tmp_path / "channels.tito"
+    with CassetteWriter(path, header()) as writer:
+        meta = {"routed_experts": spelled, "top_p_token_ids": f"ids {key}", "note": spelled}
+        writer.write_engine(
+            EngineRecord("run-1", 0, "POST", "/generate", {"input_ids": [1, 2]}, 200, {"meta_info": meta})
+        )
+    (record,) = read_cassette(path).sessions["run-1"].engine
+    assert record.response["meta_info"] == {
+        "routed_experts": spelled,
+        "top_p_token_ids": f"ids {REDACTED}",
+        "note": Redactor().scrub_text(spelled),  # any other key's text: scrubbed as before
+    }
+
+
 def test_hand_truncated_tail_keeps_every_complete_record(recorded: Path, tmp_path: Path) -> None:
     full = read_cassette(recorded)
     n_records = len(next(iter(full.sessions.values())).records)

@@ -168,7 +168,7 @@ def test_replays_through_the_target_with_no_engine_twice_byte_identical(
     exports = []
     for n in (1, 2):
         out = tmp_path / f"samples{n}.jsonl"
-        run = replay(str(recorded[dialect]), "--export-samples", str(out))
+        run = replay(str(recorded[dialect]), "--target", target(dialect), "--export-samples", str(out))
         assert run.returncode == 0, run.stdout + run.stderr
         assert "2 session(s): 2 ok, 0 failed" in run.stdout, run.stdout
         exports.append(out.read_bytes())
@@ -186,7 +186,7 @@ def test_a_changed_sampling_parameter_fails_the_replay_naming_the_field(
 ) -> None:
     path = recorded[dialect]
     monkeypatch.setenv(EXTRA_ENV, json.dumps({"sampling": {"temperature": 0.5}}))
-    run = replay(str(path), "--session", json_session(read_cassette(path)))
+    run = replay(str(path), "--target", target(dialect), "--session", json_session(read_cassette(path)))
     assert run.returncode == 1, run.stdout + run.stderr
     if dialect == "sglang":
         assert "engine request differs: sampling params" in run.stdout, run.stdout
@@ -203,7 +203,7 @@ def test_a_changed_prompt_fails_the_replay_naming_the_first_differing_token(
 ) -> None:
     path = recorded[dialect]
     monkeypatch.setenv(EXTRA_ENV, json.dumps({"system_suffix": " Mind the time."}))
-    run = replay(str(path), "--session", json_session(read_cassette(path)))
+    run = replay(str(path), "--target", target(dialect), "--session", json_session(read_cassette(path)))
     assert run.returncode == 1, run.stdout + run.stderr
     ids = "input_ids" if dialect == "sglang" else "prompt ids"
     found = re.search(

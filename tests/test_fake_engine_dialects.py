@@ -14,7 +14,16 @@ from typing import Any
 
 import pytest
 
-from tests.fake_engine_helpers import BASH, TOOL_LOOP, first_prompt, gen_body, prompt_ids, serve, sse_events
+from tests.fake_engine_helpers import (
+    BASH,
+    TOOL_LOOP,
+    first_prompt,
+    gen_body,
+    prompt_ids,
+    serve,
+    sse_events,
+    until_generating,
+)
 from tito_rl.trajectory.dialects.fields import NOT_STREAMED, fields_of
 from tito_rl.trajectory.dialects.registry import detect_dialect, view_of
 from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE, VLLM_OPENAI
@@ -399,7 +408,7 @@ async def test_overload_in_vllms_envelope():
 
 
 async def test_abort_mid_generation_by_request_id():
-    async with serve(_faulty(token_delay_ms=20)) as (url, s, _):
+    async with serve(_faulty(token_delay_ms=20)) as (url, s, app):
         req = {
             "messages": MESSAGES,
             "tools": [BASH],
@@ -408,8 +417,9 @@ async def test_abort_mid_generation_by_request_id():
             "request_id": "gateway-1",
         }
         task = asyncio.ensure_future(_post(s, url, CHAT, req))
-        await asyncio.sleep(0.2)
-        await s.post(url + "/abort_request", json={"rid": "gateway-1"})
+        await until_generating(app, "gateway-1", tokens=1)  # a first token decoded: the abort lands mid-generation
+        async with s.post(url + "/abort_request", json={"rid": "gateway-1"}) as aborted:
+            assert aborted.status == 200
         chunks = await task
     assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
     view = view_of(None, CHAT, req, chunks)

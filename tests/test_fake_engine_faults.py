@@ -8,7 +8,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.fake_engine_helpers import first_prompt, gen_body, serve, sse_events
+from tests.fake_engine_helpers import first_prompt, gen_body, serve, sse_events, until_generating
 from tito_rl.fake_engine.faults import FaultSchedule, FaultSpec
 
 
@@ -78,13 +78,14 @@ async def test_max_new_tokens_caps_output():
 async def test_engine_restart_drops_in_flight_and_reports_unhealthy():
     scenario = {
         "sessions": [
-            {"match": {"routing_key": "restart"}, "turns": [{"text": "x", "faults": {"restart_s": 0.4}}]},
-            {"turns": [{"text": "a b c d e f g h i j", "faults": {"token_delay_ms": 40}}]},
+            # unhealthy for 2 s: the health check below comes a few requests after the restart, loaded machine or not
+            {"match": {"routing_key": "restart"}, "turns": [{"text": "x", "faults": {"restart_s": 2.0}}]},
+            {"turns": [{"text": " ".join("abcdefghij" * 4), "faults": {"token_delay_ms": 40}}]},
         ]
     }
-    async with serve(scenario) as (url, s, _):
+    async with serve(scenario) as (url, s, app):
         slow = asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid="slow")))
-        await asyncio.sleep(0.1)
+        await until_generating(app, "slow")  # in flight when the restart drops it
         with pytest.raises(aiohttp.ClientError):
             async with s.post(
                 url + "/generate", json=gen_body(first_prompt(), rid="boom"), headers={"X-SMG-Routing-Key": "restart"}
@@ -94,9 +95,12 @@ async def test_engine_restart_drops_in_flight_and_reports_unhealthy():
             await (await slow).read()
         async with s.get(url + "/health") as r:
             assert r.status == 503
-        await asyncio.sleep(0.45)
-        async with s.get(url + "/health") as r:
-            assert r.status == 200
+        for _ in range(12_000):  # healthy again once the restart is over: a hang's bound (120 s), not a timing
+            async with s.get(url + "/health") as r:
+                if r.status == 200:
+                    break
+            await asyncio.sleep(0.01)
+        assert r.status == 200
         async with s.post(url + "/generate", json=gen_body(first_prompt())) as r:
             assert r.status == 200
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.fake_engine_helpers import first_prompt, gen_body, serve, sse_events
+from tests.fake_engine_helpers import first_prompt, gen_body, serve, sse_events, until_generating, until_queued
 
 
 async def test_info_endpoints_and_health():
@@ -97,12 +97,10 @@ async def test_stream_incremental_deltas_concatenate():
 
 
 async def test_abort_running_request_returns_partial_output():
-    scenario = {
-        "turns": [{"text": "one two three four five six seven eight nine ten", "faults": {"token_delay_ms": 30}}]
-    }
-    async with serve(scenario) as (url, s, _):
+    scenario = {"turns": [{"text": " ".join(["step"] * 80), "faults": {"token_delay_ms": 30}}]}  # 2.4 s whole
+    async with serve(scenario) as (url, s, app):
         task = asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid="run-1")))
-        await asyncio.sleep(0.15)
+        await until_generating(app, "run-1", tokens=1)
         async with s.post(url + "/abort_request", json={"rid": "run-1"}) as r:
             assert r.status == 200 and await r.read() == b""
         resp = await task
@@ -114,18 +112,19 @@ async def test_abort_running_request_returns_partial_output():
         "status_code": None,
         "err_type": None,
     }
-    assert 0 < len(body["output_ids"]) < 12 and 151645 not in body["output_ids"]
+    assert 0 < len(body["output_ids"]) < 80 and 151645 not in body["output_ids"]
     assert len(body["meta_info"]["output_token_logprobs"]) == len(body["output_ids"])
 
 
 async def test_abort_prefix_all_and_unknown_rid():
-    scenario = {"turns": [{"text": "a b c d e f g h i j k l", "faults": {"token_delay_ms": 25}}]}
-    async with serve(scenario) as (url, s, _):
+    # 40 tokens of 25 ms: "other" runs to its end in 1 s, the aborts land long before the others' ends
+    scenario = {"turns": [{"text": " ".join("abcdefghij" * 4), "faults": {"token_delay_ms": 25}}]}
+    async with serve(scenario) as (url, s, app):
         tasks = {
             rid: asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid=rid)))
             for rid in ("job", "job-2", "other")
         }
-        await asyncio.sleep(0.1)
+        await until_generating(app, *tasks)
         async with s.post(url + "/abort_request", json={"rid": "nope"}) as r:
             assert r.status == 200  # unknown rid: 200, nothing aborted
         async with s.post(url + "/abort_request", json={"rid": "job"}) as r:
@@ -133,12 +132,12 @@ async def test_abort_prefix_all_and_unknown_rid():
         reasons = {rid: (await (await t).json())["meta_info"]["finish_reason"]["type"] for rid, t in tasks.items()}
     assert reasons == {"job": "abort", "job-2": "abort", "other": "stop"}
 
-    async with serve(scenario) as (url, s, _):
+    async with serve(scenario) as (url, s, app):
         posts = [
             asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid=f"r{i}")))
             for i in range(3)
         ]
-        await asyncio.sleep(0.1)
+        await until_generating(app, "r0", "r1", "r2")
         async with s.post(url + "/abort_request", json={"rid": "", "abort_all": True}) as r:
             assert r.status == 200
         kinds = [(await (await t).json())["meta_info"]["finish_reason"]["type"] for t in posts]
@@ -146,12 +145,13 @@ async def test_abort_prefix_all_and_unknown_rid():
 
 
 async def test_abort_queued_request_gives_waiting_queue_body():
-    scenario = {"turns": [{"text": "a b c d e f g h", "faults": {"token_delay_ms": 30}}]}
-    async with serve(scenario, max_running_requests=1) as (url, s, _):
+    # 30 tokens of 30 ms: the first request holds the one slot for 0.9 s, the second is aborted in the queue meanwhile
+    scenario = {"turns": [{"text": " ".join("abcdefghij" * 3), "faults": {"token_delay_ms": 30}}]}
+    async with serve(scenario, max_running_requests=1) as (url, s, app):
         running = asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid="first")))
-        await asyncio.sleep(0.05)
+        await until_generating(app, "first")
         queued = asyncio.ensure_future(s.post(url + "/generate", json=gen_body(first_prompt(), rid="second")))
-        await asyncio.sleep(0.05)
+        await until_queued(app, "second")
         async with s.post(url + "/abort_request", json={"rid": "second"}) as r:
             assert r.status == 200
         body = await (await queued).json()

@@ -82,7 +82,7 @@ def volatile_flags() -> list[str]:
 def around_driver(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
     out = tmp_path_factory.mktemp("double") / "tool_loop.tito"
     record(out, engine, TOOL_LOOP, "--target", DRIVER)
-    assert replay(str(out), "--update-goldens").returncode == 0
+    assert replay(str(out), "--target", DRIVER, "--update-goldens").returncode == 0
     return out
 
 
@@ -95,7 +95,10 @@ def test_a_driver_of_another_design_is_recorded_and_replayed_twice_byte_identica
     assert len(log.agent) == 7 and [s["metadata"] for s in log.samples] == [{"turns": 7}]
     golden = around_driver.with_suffix(".golden").read_text()
     assert f"stats (target {DRIVER}):" in golden and "masked 187), turns 7\n" in golden  # its metadata, as it is
-    first, second = replay(str(around_driver)), replay(str(around_driver), "--jobs", "2")
+    first, second = (
+        replay(str(around_driver), "--target", DRIVER),
+        replay(str(around_driver), "--target", DRIVER, "--jobs", "2"),
+    )
     assert first.returncode == second.returncode == 0, first.stdout + first.stderr
     assert first.stdout == second.stdout and "1 session(s): 1 ok" in first.stdout
     # its replies carry fresh uuid4 ids and times on every run: the volatile paths, and nothing else, differ
@@ -109,14 +112,14 @@ def test_session_export_and_engine_match_order_through_a_foreign_target(around_d
     cassette = read_cassette(around_driver)
     (name,) = cassette.sessions
     exported = tmp_path / "samples.jsonl"
-    run = replay(str(around_driver), "--session", name, "--export-samples", str(exported))
+    run = replay(str(around_driver), "--target", DRIVER, "--session", name, "--export-samples", str(exported))
     assert run.returncode == 0, run.stdout + run.stderr
     (row,) = [json.loads(line) for line in exported.read_text().splitlines()]
     (live,) = cassette.sessions[name].samples
     assert row["session"] == name and row["tokens"] == live["tokens"] and row["loss_mask"] == live["loss_mask"]
-    assert replay(str(around_driver), "--session", "sid-not-there").returncode == 2
+    assert replay(str(around_driver), "--target", DRIVER, "--session", "sid-not-there").returncode == 2
     # order: each exchange is served its recorded generation even where its prompt changed (here it did not)
-    run = replay(str(around_driver), "--engine-match", "order")
+    run = replay(str(around_driver), "--target", DRIVER, "--engine-match", "order")
     assert run.returncode == 0 and "1 ok" in run.stdout, run.stdout
     # tito's own recording through the double, as the conformance table does: prompts differ, order serves them
     run = replay(str(ROOT / "cassettes" / "tool_loop.tito"), "--target", DRIVER, "--engine-match", "order")

@@ -74,14 +74,20 @@ def homonym_wheels() -> list[Path]:
     return wheels
 
 
-def tito_wheel(tmp_path: Path) -> Path:
-    """The wheel `pip wheel .` builds, from a copy of what it needs (the checkout is left without build output)."""
+def source_copy(tmp_path: Path) -> Path:
+    """What a build of tito needs, copied from the checkout (which is left without build output)."""
     source = tmp_path / "source"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for folder in PACKAGE_FOLDERS:
         shutil.copytree(ROOT / folder, source / folder, ignore=ignore, symlinks=True)  # as a clone has them
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
+    return source
+
+
+def tito_wheel(tmp_path: Path) -> Path:
+    """The wheel `pip wheel .` builds, from a copy of what it needs."""
+    source = source_copy(tmp_path)
     out = tmp_path / "dist"
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(source)])
     (wheel,) = out.glob("tito_rl-*.whl")

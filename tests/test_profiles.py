@@ -135,7 +135,9 @@ def test_select_walks_dotted_paths_and_lists() -> None:
     assert select({"samples": [1, 2]}, "samples[*]") == [1, 2]
 
 
-def test_a_target_file_is_a_profile_and_its_copy_in_the_header_serves_a_replay_elsewhere(tmp_path: Path) -> None:
+def test_a_target_file_is_a_profile_and_its_copy_in_the_header_serves_a_trusted_replay_elsewhere(
+    tmp_path: Path,
+) -> None:
     path = double_profile(tmp_path)
     target = create_driver(str(path), TargetOptions())
     assert target.info.name == "double" and target.info.version == "test"
@@ -163,7 +165,7 @@ def test_a_new_gateway_is_recorded_replayed_twice_and_audited_with_one_profile(t
     outs = []
     for n in (1, 2):
         out = tmp_path / f"samples{n}.jsonl"
-        run = run_tito("replay", str(cassette), "--export-samples", str(out))
+        run = run_tito("replay", str(cassette), "--target", str(profile), "--export-samples", str(out))
         assert run.returncode == 0 and "4 session(s): 4 ok" in run.stdout, run.stdout[-2000:] + run.stderr[-1000:]
         outs.append(out.read_bytes())
     assert outs[0] == outs[1] and len(outs[0].splitlines()) >= 3

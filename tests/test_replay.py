@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.fake_engine_helpers import until_in_flight
 from tests.replay_support import WIRE, Live, record, tool_loop, tool_loop_scenario
 from tito_rl.replayer.goldens import files as goldens
 from tito_rl.replayer.pytest_plugin.fixtures import replay
@@ -203,9 +204,13 @@ def test_aborts_engine_failures_retries_probes_and_side_requests_replay_as_they_
         assert status == 529
         reply = await c.turn()  # the client's retry of the same body
         c.tool_results(reply)
+        side = live.manager.stats(MAIN).side_turns
         with pytest.raises(TimeoutError):
             await c.post(timeout_s=0.3)  # slow generation: the client hangs up, the adapter aborts
-        await asyncio.sleep(0.3)
+        for _ in range(12_000):  # the abort done and kept as a side turn, before the retry: a hang's bound (120 s)
+            if live.manager.stats(MAIN).side_turns > side:
+                break
+            await asyncio.sleep(0.01)
         await c.turn()
         await live.finish(MAIN, 1.0)
 
@@ -261,14 +266,16 @@ def test_drops_and_unfinished_sessions_replay_and_are_linearized_with_reward_0(t
 def test_overlapping_requests_of_one_session_replay_in_their_live_order(tmp_path: Path) -> None:
     """A sub-agent's request is sent while the main thread's second turn is in flight, and ends first."""
     path = tmp_path / "overlap.tito"
-    scenario = tool_loop_scenario(2, t1={"latency_ms": 400})
+    # the main thread's second turn is answered 1.5 s after it reaches the engine: the window the sub-agent's turn
+    # (tens of milliseconds, a few hundred on a loaded machine) is sent and answered in
+    scenario = tool_loop_scenario(2, t1={"latency_ms": 1500})
 
     async def drive(live: Live) -> None:
         main = live.conversation(MAIN)
         sub = live.conversation(MAIN, system="You are a sub-agent. Search quickly.")
         main.tool_results(await main.turn("Do the whole task."))
         main_turn = asyncio.ensure_future(main.turn())
-        await asyncio.sleep(0.1)
+        await until_in_flight(live.engine)  # the main thread's turn is at the engine
         await sub.turn("Search the code.")  # its first turn: answered at once
         await main_turn
         await live.finish(MAIN, 1.0)
@@ -294,12 +301,12 @@ def test_a_retry_sent_while_its_original_is_in_flight_replays_with_both_generati
         c.messages.append(WIRE.user("look around"))
         body = c.body()
         original = asyncio.ensure_future(c.post(body))
-        await asyncio.sleep(0.1)
+        await until_in_flight(live.engine)  # the original is at the engine, answered 1.5 s later
         assert (await c.post(body))[0] == 200
         assert (await original)[0] == 200
         await live.finish(MAIN, 1.0)
 
-    record(path, tool_loop_scenario(2, t0={"latency_ms": 300}), drive)
+    record(path, tool_loop_scenario(2, t0={"latency_ms": 1500}), drive)
     first, retry = _agent_records(path)
     assert retry.retry_of == 0  # the first exchange the session answered
     assert (first.side, retry.side) == (False, True) and retry.started_s < first.started_s + first.duration_s

@@ -329,14 +329,15 @@ class Bag:
 async def test_an_immediate_finish_keeps_the_last_trace(
     engine: StubEngine, gateway: Any, stream: bool, rule: str
 ) -> None:
-    """Trace writes are fire-and-forget tasks; slowed down here (as a sqlite store's are), a read right after the
-    last reply misses the last trace, and the driver's finish does not."""
+    """Trace writes are fire-and-forget tasks; held back here (as a sqlite store's are slow) until a read right after
+    the last reply has missed them, they are still missed by that read, and not by the driver's finish."""
     driver, base = gateway
     state = driver.app.state
     write = state.store.store_trace
+    naive_read_done = asyncio.Event()  # not a fixed delay: a loaded machine's read may come late
 
     async def slow_write(trace_id: str, session_id: str, data: dict[str, Any]) -> None:
-        await asyncio.sleep(0.3)
+        await naive_read_done.wait()
         await write(trace_id, session_id, data)
 
     state.store.store_trace = slow_write
@@ -345,6 +346,7 @@ async def test_an_immediate_finish_keeps_the_last_trace(
     await two_turns(base, "slow", stream)
     async with aiohttp.ClientSession() as http, http.get(f"{base}/sessions/slow/traces") as resp:
         assert len(await resp.json()) < 2  # what a naive read gets
+    naive_read_done.set()
     finished = await driver.finish("slow", 1.0)
     assert finished.stats["turns"] == 2 and finished.samples[0]["metadata"]["turns"] == [0, 1]
 

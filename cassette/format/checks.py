@@ -115,6 +115,24 @@ def _a_method(value: Any, kind: str, name: str) -> None:
         )
 
 
+SSE_SEPARATORS = ("\n\n", "\r\n\r\n")  # what ends an SSE event (the spec allows either line break)
+_WIRE_TYPES: dict[str, tuple[type, ...]] = {"content_type": (str,), "style": (str,), "raw": (bytes,), "done": (bool,)}
+
+
+def _a_wire(value: Any, kind: str, name: str) -> None:
+    """An engine answer's bytes (`tito_rl.cassette.answer_bytes`): a replay serves them, its content type as a
+    header, so each key holds what it says."""
+    if value is None:
+        return
+    wrong = [k for k, types_ in _WIRE_TYPES.items() if k in value and type(value[k]) not in types_]
+    if "sse" in value and value["sse"] not in SSE_SEPARATORS:
+        wrong.append("sse")
+    if not wrong and isinstance(value.get("content_type"), str) and _LINE_BREAK.search(value["content_type"]):
+        wrong.append("content_type")
+    if wrong:
+        raise CorruptCassetteError(f"corrupt cassette: {kind} record field {name!r}: bad {wrong[0]!r}")
+
+
 Rule = Callable[[Any, str, str], None]
 # The value rules, by field name, checked once the field's type is (FORMAT.md).
 RULES: dict[str, Rule] = {
@@ -125,6 +143,7 @@ RULES: dict[str, Rule] = {
     "headers": _headers,
     "reply_headers": _headers,
     "method": _a_method,
+    "wire": _a_wire,
 }
 
 

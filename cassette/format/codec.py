@@ -4,7 +4,7 @@ codec over the same records in the same order, so every delta resolves exactly."
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tito_rl.cassette.format.budget import DecodeBudget
@@ -22,6 +22,7 @@ from tito_rl.cassette.format.records import (
     SamplesRecord,
     record_from_dict,
 )
+from tito_rl.cassette.format.routes import RouteContext, decode_channels, encode_channels
 from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE, VLLM_OPENAI
 
 
@@ -33,7 +34,12 @@ class _SessionState:
     context_out: bytes = b""
     agent_body: bytes = b""
     messages: bytes = b""  # the JSON of the session's last OpenAI-style engine request (its prompt ids aside)
+    routes: RouteContext = field(default_factory=RouteContext)  # the session's expert routes so far (routes.py)
     seq: int = 0
+
+    def release(self) -> None:
+        self.context, self.context_out, self.agent_body, self.messages = b"", b"", b"", b""
+        self.routes.clear()
 
 
 class SessionCodec:
@@ -82,11 +88,15 @@ class SessionCodec:
                 del data["dialect"]
         elif isinstance(record, SamplesRecord):
             data["samples"] = [self._encode_sample(state, s) for s in record.samples]
+        if isinstance(record, EngineRecord) and record.wire is None:  # no bytes kept: the record as before wires
+            del data["wire"]
+        if isinstance(record, EngineRecord):  # per-token channels (routes, kept sets) as integers, routes as deltas
+            data["response"] = encode_channels(state.routes, record.request, record.response, data["response"])
         if isinstance(record, SamplesRecord | DropRecord):
             # The session ended: its delta bases (a long session's context and last body, ~1 MB) are let go, so a
             # recorder running for days holds only what its live sessions need. A record of the session after
             # this one is stored whole (a delta on an empty base), which any reader resolves as before.
-            state.context, state.context_out, state.agent_body, state.messages = b"", b"", b"", b""
+            state.release()
         return data
 
     def release(self, session: str) -> None:
@@ -96,12 +106,13 @@ class SessionCodec:
         `SamplesRecord` or `DropRecord` of the session (cassettes/FORMAT.md)."""
         state = self._sessions.get(session)
         if state is not None:
-            state.context, state.context_out, state.agent_body, state.messages = b"", b"", b"", b""
+            state.release()
 
     def held_bytes(self) -> int:
         """The delta bases held for all sessions, in bytes."""
         return sum(
-            len(s.context) + len(s.context_out) + len(s.agent_body) + len(s.messages) for s in self._sessions.values()
+            len(s.context) + len(s.context_out) + len(s.agent_body) + len(s.messages) + s.routes.nbytes
+            for s in self._sessions.values()
         )
 
     @staticmethod
@@ -156,8 +167,14 @@ class SessionCodec:
                 if isinstance(sample, dict) and isinstance(sample.get("tokens"), TokenDelta):
                     packed = self._spent(sample["tokens"].apply(state.context, state.context_out), "a sample")
                     sample["tokens"] = PackedIds(packed) if self.packed_samples else self._built(unpack_u32(packed))
+        if isinstance(record, EngineRecord):  # per-token channels back to the engine's exact strings
+            record.response = decode_channels(state.routes, record.response, self._spend)
         check_fields(record, data["t"], self.budget.built if self.budget is not None else None)
         return record
+
+    def _spend(self, n: int, what: str) -> None:
+        if self.budget is not None:
+            self.budget.spend(n, what)
 
     def _spent(self, data: bytes, what: str) -> bytes:
         if self.budget is not None:

@@ -13,6 +13,7 @@ from tito_rl.cassette.format.budget import DecodeBudget
 from tito_rl.cassette.format.deltas import BytesDelta, LogprobColumn, TokenDelta
 from tito_rl.cassette.format.errors import CorruptCassetteError
 from tito_rl.cassette.format.packing import PackedColumn, mask_rle, mask_unrle, pack_f64, unpack_f64, unpack_u32
+from tito_rl.cassette.format.routes import B64Ints
 
 # msgpack ext type codes.
 EXT_U32 = 1  # packed uint32 array -> list[int]
@@ -21,6 +22,7 @@ EXT_TOKEN_DELTA = 3  # u32 common-prefix length + packed uint32 tail, against th
 EXT_BYTES_DELTA = 4  # u32 prefix length + u32 suffix length + middle bytes, against the previous body
 EXT_MASK_RLE = 5  # u8 first value + packed uint32 run lengths of a 0/1 mask -> list[int]
 EXT_LOGPROB_COLUMN = 6  # packed float64 logprobs of `[[lp, output_ids[i], None], ...]`
+EXT_B64_INTS = 7  # a base64 string of integers (routes, kept sets) as its items; routes a delta on earlier ones
 
 
 def encode_ext(obj: Any) -> Any:
@@ -32,6 +34,8 @@ def encode_ext(obj: Any) -> Any:
         return msgpack.ExtType(EXT_LOGPROB_COLUMN, pack_f64(obj.values))
     if isinstance(obj, PackedExt):
         return msgpack.ExtType(obj.code, obj.data)
+    if isinstance(obj, B64Ints):
+        return msgpack.ExtType(EXT_B64_INTS, obj.payload())
     raise TypeError(f"cannot store {type(obj).__name__} in a cassette")
 
 
@@ -66,6 +70,8 @@ def decode_ext(code: int, data: bytes, budget: DecodeBudget | None = None, packe
         return BytesDelta(prefix, suffix, bytes(data[8:]))
     if code == EXT_LOGPROB_COLUMN:
         return LogprobColumn(unpack_f64(data))
+    if code == EXT_B64_INTS:
+        return B64Ints.from_payload(data)
     raise CorruptCassetteError(f"unknown msgpack ext type {code}")
 
 

@@ -11,12 +11,13 @@ from tito_rl.cassette.format.checks import check_fields
 from tito_rl.cassette.format.errors import CorruptCassetteError, UnsupportedVersionError
 from tito_rl.cassette.format.frames import encode_frame
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # 2 = 1 + the optional index at the end; 3 = 2 with records compressed by any ratio (version 2 readers refused a
 # record that inflated past 64x its stored size, so the version 2 writer stored those uncompressed); 4 = 3 + engine
 # dialects (an engine record's `dialect`, and the deltas of OpenAI-style engine calls, which a version 3 reader
-# would leave unresolved)
-READABLE_VERSIONS = (1, 2, 3, 4)
+# would leave unresolved); 5 = 4 + per-token channels (routes, kept sets) stored as integers, routes as deltas on
+# the session's earlier ones (extension 7, `routes.py`), which a version 4 reader does not know
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 
 def utc_now_iso() -> str:
@@ -104,6 +105,9 @@ class EngineRecord:
     # The engine API the call speaks (`tito_rl.trajectory.dialects`); None: a cassette from before dialects,
     # whose calls are SGLang's /generate. A streamed OpenAI-style answer's `response` is its chunks, in order.
     dialect: str | None = None
+    # How to write `response` again as the bytes the engine sent (`tito_rl.cassette.answer_bytes`): a replay serves
+    # them to a target that passes them on. None: not kept (before it existed; tito's own adapter's calls).
+    wire: dict[str, Any] | None = None
 
 
 @dataclass

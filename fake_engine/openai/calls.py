@@ -80,6 +80,8 @@ class OpenAICall:
     sampling: dict[str, Any] = field(default_factory=dict)  # as the policy sees them (SGLang's names)
     vllm: VllmProfile = field(default_factory=lambda: vllm_profile(VLLM_DEFAULT_VERSION))  # the release imitated
     reasoning_parser: bool = True  # vLLM started with `--reasoning-parser qwen3`
+    return_routed_experts: bool = False  # SGLang's routes ask (vLLM sends them unasked when started with them)
+    routed_experts_start_len: int = 0
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:
@@ -166,6 +168,8 @@ def parse_call(path: str, body: Any, headers: Mapping[str, str], model_name: str
         return_token_ids=_flag(body, "return_token_ids", dialect),
         return_prompt_token_ids=bool(body.get("return_prompt_token_ids")),
         return_meta_info=bool(body.get("return_meta_info")),
+        return_routed_experts=bool(body.get("return_routed_experts")),
+        routed_experts_start_len=_int(body, "routed_experts_start_len") or 0,
         tokens_as_ids=bool(body.get("return_tokens_as_token_ids")),
         max_tokens=_int(body, "max_completion_tokens", "max_tokens"),
         skip_special_tokens=body.get("skip_special_tokens", True) is not False,

@@ -16,6 +16,9 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from tito_rl.fake_engine.channels.answer import ChannelSettings, sglang_channels, version_spans, vllm_routes
+from tito_rl.fake_engine.channels.versions import WeightVersions
+from tito_rl.fake_engine.faults import FaultSpec
 from tito_rl.fake_engine.openai import sglang_bodies, vllm_bodies
 from tito_rl.fake_engine.openai.calls import (
     GENERATE_PATH,
@@ -41,7 +44,7 @@ from tito_rl.fake_engine.sglang.responses import (
     logprob_entries,
     meta_info,
 )
-from tito_rl.fake_engine.sglang.validation import EngineHTTPError, check_context
+from tito_rl.fake_engine.sglang.validation import EngineHTTPError, check_context, check_routes_start
 from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE, VLLM_OPENAI
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
@@ -54,6 +57,8 @@ class EngineCore(Protocol):
     """What the routes need of `app.Engine` (a Protocol: the app imports this module, not the reverse)."""
 
     options: Any
+    weights: WeightVersions
+    channels: ChannelSettings
 
     @property
     def restarting(self) -> bool: ...
@@ -70,7 +75,7 @@ class EngineCore(Protocol):
         queued_abort: Callable[[], web.StreamResponse],
     ) -> web.StreamResponse: ...
 
-    async def produce(self, tracked: Tracked, n: int, delay_ms: float) -> int: ...
+    async def produce(self, tracked: Tracked, n: int, delay_ms: float, pause_after: int | None = None) -> int: ...
 
 
 def _message_of(body: Any) -> str:
@@ -137,6 +142,12 @@ class OpenAIRoutes:
             param = None if call.dialect == VLLM_GENERATE else ("input_tokens" if over_prompt else "max_tokens")
             raise bad_request(call.dialect, _message_of(e.body), param) from None
         routing = request.headers.get(ROUTING_HEADER) or forwarded_bearer(request.headers)
+        routes_asked = call.dialect == SGLANG_OPENAI and call.return_routed_experts
+        if routes_asked:
+            try:
+                check_routes_start(call.routed_experts_start_len, len(prompt))
+            except EngineHTTPError as e:
+                raise bad_request(call.dialect, _message_of(e.body)) from None
         greq = GenerateRequest(
             input_ids=prompt,
             sampling_params=call.sampling,
@@ -147,13 +158,15 @@ class OpenAIRoutes:
             headers=request.headers,
             session_key=session_key(prompt, routing),
             turn_index=turn_index(prompt),
+            return_routed_experts=routes_asked,
+            routed_experts_start_len=call.routed_experts_start_len,
         )
         start = time.perf_counter()
         return await engine.tracked_run(
             request,
             call.rid,
             lambda tracked: self._run(request, call, greq, tracked, start),
-            lambda: json_response(self._body(call, greq, [], [], "abort", None, 0, start)),
+            lambda: json_response(self._body(call, greq, [], [], "abort", None, 0, start, queued=True)),
         )
 
     async def _run(
@@ -164,11 +177,14 @@ class OpenAIRoutes:
             return prepared
         if call.stream:
             return await self._stream(request, call, greq, tracked, prepared)
-        ids, lps, finish = prepared.ids, prepared.logprobs, prepared.finish
-        produced = await self.engine.produce(tracked, len(ids), prepared.faults.token_delay_ms)
+        ids, lps, finish, faults = prepared.ids, prepared.logprobs, prepared.finish, prepared.faults
+        produced = await self.engine.produce(tracked, len(ids), faults.token_delay_ms, faults.pause_after)
         if produced < len(ids) or tracked.aborted.is_set():
             ids, lps, finish = ids[:produced], lps[:produced], "abort"
-        return json_response(self._body(call, greq, ids, lps, finish, prepared.matched, prepared.cached_tokens, start))
+        body = self._body(
+            call, greq, ids, lps, finish, prepared.matched, prepared.cached_tokens, start, tracked.versions, faults
+        )
+        return json_response(body)
 
     def _as_started(self, call: OpenAICall, path: str) -> None:
         """The vLLM release and start flags the engine imitates (`EngineOptions.vllm_*`): the routes and options a
@@ -209,15 +225,39 @@ class OpenAIRoutes:
         matched: Any,
         cached: int,
         start: float,
+        made: list[str] | None = None,
+        faults: FaultSpec | None = None,
+        queued: bool = False,
     ) -> dict[str, Any]:
+        """A finished answer; `made`: the weight version each output token was made under; `queued`: aborted
+        before it ran (no forward pass: no routes)."""
         tok, created, prompt = self.tokenizer, int(time.time()), greq.input_ids
+        faults = faults or FaultSpec()
+        routes: Any = vllm_bodies.UNSET
+        if self.engine.channels.routes and call.dialect != SGLANG_OPENAI:
+            routes = None if queued else vllm_routes(self.engine.channels, prompt, ids, faults, finish)
         if call.dialect == VLLM_GENERATE:
-            return vllm_bodies.generate_body(tok, call, ids, lps, finish, prompt, matched, created=created)
+            _, spans = version_spans(self.engine.weights, made or [], len(ids), faults)
+            return vllm_bodies.generate_body(
+                tok,
+                call,
+                ids,
+                lps,
+                finish,
+                prompt,
+                matched,
+                created=created,
+                weight_versions=spans,
+                routed_experts=None if routes is vllm_bodies.UNSET else routes,
+            )
         if call.endpoint == "completions":
             pieces = text_pieces(tok, ids, call.skip_special_tokens)
-            return vllm_bodies.completion_body(tok, call, prompt, ids, lps, finish, pieces, created, matched)
+            body = vllm_bodies.completion_body(tok, call, prompt, ids, lps, finish, pieces, created, matched, routes)
+            if call.dialect == SGLANG_OPENAI and not queued:
+                body.update(self._sglext(greq, ids, faults))
+            return body
         if call.dialect == SGLANG_OPENAI:
-            return self._sglang_body(call, greq, ids, lps, finish, matched, cached, start, created)
+            return self._sglang_body(call, greq, ids, lps, finish, matched, cached, start, created, made or [], faults)
         parsed = vllm_chat(
             self._text(call, ids, finish),
             thinking=call.thinking,
@@ -239,7 +279,13 @@ class OpenAIRoutes:
             created,
             matched,
             sum(self._reasoning_at(call, greq, ids, finish)),
+            routes,
         )
+
+    def _sglext(self, greq: GenerateRequest, ids: list[int], faults: FaultSpec) -> dict[str, Any]:
+        """SGLang's OpenAI answers carry the routes at the root, `sglext.routed_experts` (0.5.23), when asked."""
+        found = sglang_channels(self.engine.channels, greq, ids, faults, final=True).get("routed_experts")
+        return {"sglext": {"routed_experts": found}} if found is not None else {}
 
     def _deltas(self, call: OpenAICall, greq: GenerateRequest, ids: list[int]) -> list[dict[str, Any]]:
         return vllm_chat_deltas(
@@ -276,27 +322,35 @@ class OpenAIRoutes:
         cached: int,
         start: float,
         created: int,
+        made: list[str],
+        faults: FaultSpec,
     ) -> dict[str, Any]:
         opts = self.engine.options
         fin = self._sglang_finish(finish, matched, ids)
         texts = [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
         entries = logprob_entries(ids, lps, texts) if call.logprobs else None
+        version, spans = version_spans(self.engine.weights, made, len(ids), faults)
         meta = meta_info(
             rid=call.rid,
             finish_reason=fin,
             prompt_tokens=len(greq.input_ids),
             n_output=len(ids),
             profile=get_profile(opts.version_profile),
-            weight_version=opts.weight_version,
+            weight_version=version,
             logprobs=entries,
             cached_tokens=cached,
             e2e_latency=time.perf_counter() - start,
             sent_ts=time.time(),
+            weight_versions=spans,
+            channels=sglang_channels(self.engine.channels, greq, ids, faults, final=True),
         )
         parsed, _ = sglang_chat(
             self._text(call, ids, finish), call.tools, tool_parsing=call.tool_parsing, seed=self._seed(greq)
         )
-        return sglang_bodies.chat_body(self.tokenizer, call, greq.input_ids, ids, lps, fin, parsed, meta, created)
+        body = sglang_bodies.chat_body(self.tokenizer, call, greq.input_ids, ids, lps, fin, parsed, meta, created)
+        if not call.return_meta_info:  # with it, the routes are in the choice's meta_info instead
+            body.update(self._sglext(greq, ids, faults))
+        return body
 
     # ---- streams -----------------------------------------------------------------------------------
     async def _stream(
@@ -311,10 +365,15 @@ class OpenAIRoutes:
         events = self._chunks(call, greq, ids, lps, finish, prepared.matched, created)
         sent = 0
         produced = 0
+        aborted = False
 
         async def write(chunk: dict[str, Any]) -> None:
             nonlocal sent
-            await resp.write(b"data: " + dumps(chunk) + b"\n\n")
+            await resp.write(
+                b"data: "
+                + dumps(self._with_channels(call, greq, chunk, ids[: tracked.produced], tracked, faults))
+                + b"\n\n"
+            )
             sent += 1
             if faults.cut_stream_after is not None and sent >= faults.cut_stream_after:
                 drop(request)
@@ -322,14 +381,28 @@ class OpenAIRoutes:
         for n_tokens, chunk in events:
             if n_tokens:
                 if (
-                    await self.engine.produce(tracked, n_tokens, faults.token_delay_ms) < n_tokens
+                    await self.engine.produce(tracked, n_tokens, faults.token_delay_ms, faults.pause_after) < n_tokens
                     or tracked.aborted.is_set()
                 ):
                     await write(self._abort_chunk(call, created))
+                    aborted = True
                     break
                 produced += n_tokens
             if chunk:  # an empty one: tokens decoded, nothing sent for them
                 await write(chunk)
+        sglext = self._sglext(greq, ids, faults) if call.dialect == SGLANG_OPENAI and not aborted else {}
+        if sglext:  # SGLang 0.5.23: a chunk of its own after the finish, `choices` empty
+            await write(
+                {
+                    "id": call.rid,
+                    "object": "chat.completion.chunk" if call.endpoint == "chat" else "text_completion",
+                    "created": created,
+                    "model": sglang_bodies.model_of(call),
+                    "choices": [],
+                    "usage": None,
+                    **sglext,
+                }
+            )
         if call.include_usage:
             reasoned = sum(self._reasoning_at(call, greq, ids[:produced], finish))
             await write(self._usage_chunk(call, len(greq.input_ids), produced, created, reasoned))
@@ -454,6 +527,28 @@ class OpenAIRoutes:
         if not n:
             out.append((0, vllm_bodies.chat_chunk(tok, call, {}, [], [], created, finish, matched)))
         return vllm_bodies.with_stream_usage(call, out, len(prompt), self._reasoning_at(call, greq, ids, finish))
+
+    def _with_channels(
+        self,
+        call: OpenAICall,
+        greq: GenerateRequest,
+        chunk: dict[str, Any],
+        output: list[int],
+        tracked: Tracked,
+        faults: FaultSpec,
+    ) -> dict[str, Any]:
+        """vLLM's /inference/v1/generate stream: its last chunk's `weight_versions` are the versions the tokens were
+        made under (known once they are made), and carries the routes of an engine started with them."""
+        choices = chunk.get("choices") or []
+        if call.dialect != VLLM_GENERATE or not choices or choices[0].get("weight_versions") is None:
+            return chunk
+        _, spans = version_spans(self.engine.weights, tracked.versions, tracked.produced, faults)
+        choice = {**choices[0], "weight_versions": spans}
+        if self.engine.channels.routes and "routed_experts" in choice:
+            choice["routed_experts"] = vllm_routes(
+                self.engine.channels, greq.input_ids, output, faults, choice.get("finish_reason")
+            )
+        return {**chunk, "choices": [choice]}
 
     def _abort_chunk(self, call: OpenAICall, created: int) -> dict[str, Any]:
         tok = self.tokenizer

@@ -22,6 +22,7 @@ from tito_rl.trajectory.dialects.view import SGLANG_OPENAI
 
 REASONING_KEYS = ("reasoning", "reasoning_content")  # the 0.11.1-0.15.1 message; `call.vllm.reasoning_keys`
 WEIGHT_VERSION = "default"
+UNSET = object()  # `routed_experts` not given: the key stays out (an engine started without the flag)
 
 
 def stop_reason(call: OpenAICall, finish: str | None, matched: Any) -> int | str | None:
@@ -111,7 +112,9 @@ def chat_body(
     created: int,
     matched: Any = None,
     reasoning_tokens: int = 0,
+    routed_experts: Any = UNSET,
 ) -> dict[str, Any]:
+    """`routed_experts`: the choice's (a `.npy` string, or None) when the engine was started with them."""
     message: dict[str, Any] = {
         "role": "assistant",
         "content": parsed.content,
@@ -132,6 +135,8 @@ def chat_body(
         "stop_reason": stop_reason(call, finish, matched),
         "token_ids": ids if call.return_token_ids else None,
     }
+    if routed_experts is not UNSET and call.vllm.routed_experts:
+        choice["routed_experts"] = routed_experts
     return {
         "id": f"chatcmpl-{call.rid}",
         "object": "chat.completion",
@@ -272,6 +277,7 @@ def completion_body(
     pieces: list[str],
     created: int,
     matched: Any = None,
+    routed_experts: Any = UNSET,
 ) -> dict[str, Any]:
     choice = {
         "index": 0,
@@ -283,6 +289,8 @@ def completion_body(
         "prompt_logprobs": None,
         "prompt_token_ids": prompt if call.return_token_ids else None,
     }
+    if routed_experts is not UNSET and call.vllm.routed_experts and call.dialect != SGLANG_OPENAI:
+        choice["routed_experts"] = routed_experts
     return {
         "id": f"cmpl-{call.rid}",
         "object": "text_completion",
@@ -338,10 +346,14 @@ def generate_body(
     chunk: bool = False,
     created: int = 0,
     total: int | None = None,
+    weight_versions: list[dict[str, Any]] | None = None,
+    routed_experts: str | None = None,
 ) -> dict[str, Any]:
     """`/inference/v1/generate`'s GenerateResponse: a body, or (`chunk`) one stream event with this step's ids;
     root `prompt_token_ids` with `return_token_ids` (vLLM 0.30; a stream's first chunk only). `total`: the output
-    so far (a stream's weight-version span). Before 0.32: `{request_id, choices}` with chat-style entries."""
+    so far (a stream's weight-version span); `weight_versions`: the spans the tokens were made under (default: all
+    of them "default"); `routed_experts`: the `.npy` string (finished answers). Before 0.32: `{request_id, choices}`
+    with chat-style entries."""
     text_mode = call.body.get("output_mode") == "text"
     if not call.vllm.generate_usage:
         old_choice = {
@@ -356,13 +368,13 @@ def generate_body(
         old.update({"prompt_logprobs": None, "kv_transfer_params": None})
         return old
     n = len(ids) if total is None else total
-    versions = [{"version": WEIGHT_VERSION, "start": 0, "end": n}] if finish is not None else None
+    versions = (weight_versions or [{"version": WEIGHT_VERSION, "start": 0, "end": n}]) if finish is not None else None
     choice: dict[str, Any] = {
         "index": 0,
         "finish_reason": finish,
         "stop_reason": stop_reason(call, finish, matched),
         "token_ids": ids,
-        "routed_experts": None,
+        "routed_experts": routed_experts if finish is not None else None,
         "sampling_mask": None,
         "weight_versions": versions,
     }

@@ -21,6 +21,9 @@ class VllmProfile:
     reasoning_content_alias: bool  # the message's `reasoning_content` beside `reasoning` (0.11.1 to 0.15.1)
     starts_in_reasoning: bool  # the qwen3 reasoning parser: all reasoning until `</think>` when thinking (0.32)
     usage_details: bool  # chat usage: `completion_tokens_details.reasoning_tokens`; `system_fingerprint` (0.32)
+    # chat and completions choices: `routed_experts` with --enable-return-routed-experts (0.22, PR #38939);
+    # /inference/v1/generate has it (and `weight_versions`) with its 0.32 shape (`generate_usage`)
+    routed_experts: bool
 
     @property
     def reasoning_keys(self) -> tuple[str, ...]:
@@ -35,6 +38,7 @@ VLLM_PROFILES = {
         reasoning_content_alias=False,
         starts_in_reasoning=True,
         usage_details=True,
+        routed_experts=True,
     ),
     "0.31.0": VllmProfile(
         "0.31.0",
@@ -43,6 +47,7 @@ VLLM_PROFILES = {
         reasoning_content_alias=False,
         starts_in_reasoning=False,
         usage_details=False,
+        routed_experts=True,
     ),
     "0.15.1": VllmProfile(
         "0.15.1",
@@ -51,6 +56,7 @@ VLLM_PROFILES = {
         reasoning_content_alias=True,
         starts_in_reasoning=False,
         usage_details=False,
+        routed_experts=False,
     ),
 }
 

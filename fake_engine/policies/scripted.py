@@ -36,6 +36,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from tito_rl.fake_engine.channels.moe import MoeShape
 from tito_rl.fake_engine.faults import FaultSpec
 from tito_rl.fake_engine.logprobs import logprobs_for
 from tito_rl.fake_engine.policies.prompt_tools import WORKDIR, offered_tools, resolve_call, with_workdir, workdir_of
@@ -94,8 +95,11 @@ class Scenario(Strict):
     sessions: Annotated[tuple[ScriptedSession, ...], msgspec.Meta(min_length=1)] | None = None
     turns: Turns | None = None  # shorthand for one session that matches every prompt
     client: dict[str, Any] | None = None  # the client's side of a corpus scenario: not the engine's
+    moe: str | None = None  # the model's MoE shape, `LAYERS,TOP_K,EXPERTS` (as --moe; the flag wins)
 
     def __post_init__(self) -> None:
+        if self.moe is not None:
+            MoeShape.parse(self.moe)  # a ValueError: reported at `moe`
         if self.turns is not None:
             if self.sessions is not None:
                 raise ValueError("either `sessions` or a top-level `turns` list, not both")
@@ -103,6 +107,10 @@ class Scenario(Strict):
         if self.sessions is None:
             raise ValueError("needs `sessions` (or a top-level `turns` list)")
         self.seed = self.seed or self.name
+
+    @property
+    def moe_shape(self) -> MoeShape | None:
+        return None if self.moe is None else MoeShape.parse(self.moe)
 
     @property
     def played(self) -> tuple[ScriptedSession, ...]:

@@ -228,6 +228,7 @@ _TOP_CHECKS: dict[str, Callable[[Any], None]] = {
     "session_id": _str,
     "priority": _int(),
     "max_thinking_tokens": _uint("u64"),
+    "routed_experts_start_len": _int(),
 }
 
 

@@ -71,7 +71,11 @@ def meta_info(
     cached_tokens: int,
     e2e_latency: float | None = None,
     sent_ts: float | None = None,
+    weight_versions: list[dict[str, Any]] | None = None,
+    channels: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`weight_versions`: the spans over the output (default: all of it `weight_version`'s); `channels`: the
+    per-token channels asked for (kept sets, routes), after the spans as the TokenizerManager adds them."""
     meta: dict[str, Any] = {
         "id": rid,
         "finish_reason": finish_reason,
@@ -87,7 +91,8 @@ def meta_info(
     meta["completion_tokens"] = n_output
     meta["cached_tokens"] = cached_tokens
     if profile.weight_versions:
-        meta["weight_versions"] = [{"version": weight_version, "start": 0, "end": n_output}]
+        meta["weight_versions"] = weight_versions or [{"version": weight_version, "start": 0, "end": n_output}]
+    meta.update(channels or {})
     if e2e_latency is not None:
         meta["e2e_latency"] = e2e_latency
     if sent_ts is not None:
@@ -154,6 +159,7 @@ def server_info(
     incremental: bool,
     profile: VersionProfile,
     startup_time: float,
+    enable_return_routed_experts: bool = False,
 ) -> dict[str, Any]:
     return {
         "model_path": model_path,
@@ -169,6 +175,7 @@ def server_info(
         "disaggregation_mode": "null",
         "dp_size": 1,
         "tp_size": 1,
+        "enable_return_routed_experts": enable_return_routed_experts,
         "launch_command": "tito fake-engine",
         "max_total_num_tokens": context_length * 8,
         "max_req_input_len": context_length - 1,

@@ -50,6 +50,9 @@ class ParsedGenerate:
     stream: bool
     return_logprob: bool
     routing_key: str | None
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
+    return_top_p: bool = False  # slime's `sampling_params.custom_params.return_top_p_token_ids`
 
 
 def _pydantic_int(v: Any) -> bool:
@@ -142,6 +145,20 @@ def verify_sampling(sp: dict[str, Any], vocab_size: int) -> None:
         raise value_error("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
 
 
+def check_routes_start(start: int, n_input: int) -> None:
+    """SGLang 0.5.23's scheduler: a start outside `[0, len(input_ids)]` aborts the request with status 400."""
+    if start < 0:
+        raise value_error(
+            f"recv_req.routed_experts_start_len={start} is lower than 0. "
+            "Please use a non-negative routed_experts_start_len."
+        )
+    if start > n_input:
+        raise value_error(
+            f"recv_req.routed_experts_start_len={start} is higher than the number of input tokens "
+            f"len(req.origin_input_ids)={n_input}. Please use a smaller routed_experts_start_len."
+        )
+
+
 def check_context(n_input: int, max_new_tokens: int | None, context_length: int) -> None:
     if n_input >= context_length:
         raise value_error(
@@ -183,6 +200,7 @@ def parse_generate(body: Any, profile: VersionProfile, header_routing_key: str |
     if ids is not None and len(ids) == 0:
         raise value_error("input_ids cannot be empty.")
     rid = body.get("rid")
+    custom = (body.get("sampling_params") or {}).get("custom_params")
     return ParsedGenerate(
         input_ids=ids if ids is not None else None,
         text=text,
@@ -191,4 +209,7 @@ def parse_generate(body: Any, profile: VersionProfile, header_routing_key: str |
         stream=bool(body.get("stream") or False),
         return_logprob=bool(body.get("return_logprob") or False),
         routing_key=header_routing_key or body.get("routing_key"),
+        return_routed_experts=bool(body.get("return_routed_experts") or False),
+        routed_experts_start_len=int(body.get("routed_experts_start_len") or 0),
+        return_top_p=isinstance(custom, dict) and bool(custom.get("return_top_p_token_ids")),
     )

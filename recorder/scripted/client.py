@@ -235,16 +235,33 @@ class SessionRunner:
             conv.history += reply.echo
             if not reply.calls:
                 break
-            outputs = [await self.tool_result(conv, call) for call in reply.calls]
+            outputs = await self.tool_results(conv, reply.calls)
             conv.history += self.wire.tool_results(reply.calls, outputs)
         return reply.text
 
-    async def tool_result(self, conv: Conversation, call: ToolCallOut) -> str:
+    async def tool_results(self, conv: Conversation, calls: list[ToolCallOut]) -> list[str]:
+        """Each call's result, in order; the sub-agents that calls of one reply start run at once (Claude Code runs
+        parallel Agent calls concurrently), so two requests of one session are in flight together."""
+        results: list[str | asyncio.Task[str]] = []
+        for call in calls:
+            canned = conv.agent.results.get(call.name)
+            if isinstance(canned, CannedResult) and canned.subagent is not None:
+                kind = call.arguments.get("subagent_type")  # the call names its sub-agent, as Claude Code's do
+                sub = self.session.subagents[kind if kind in self.session.subagents else canned.subagent]
+                task = call.arguments.get("prompt") or sub.prompt or "Do the task."
+                results.append(asyncio.ensure_future(self.prompt(Conversation(sub), str(task), 12)))
+            else:
+                results.append(self.tool_result(conv, call))
+        try:
+            return [r if isinstance(r, str) else await r for r in results]
+        finally:
+            for r in results:
+                if not isinstance(r, str):
+                    r.cancel()
+
+    def tool_result(self, conv: Conversation, call: ToolCallOut) -> str:
+        """A canned (or generated) tool result; a sub-agent's is its run's last text (`tool_results`)."""
         canned = conv.agent.results.get(call.name)
-        if isinstance(canned, CannedResult) and canned.subagent is not None:
-            sub = self.session.subagents[canned.subagent]
-            task = call.arguments.get("prompt") or sub.prompt or "Do the task."
-            return await self.prompt(Conversation(sub), str(task), 12)
         if isinstance(canned, list | CannedResult):
             n = conv.used.get(call.name, 0)
             conv.used[call.name] = n + 1

@@ -16,7 +16,8 @@ script (`fake_engine/policies/scripted.py`, which ignores `client:`) and what th
           tools: [Bash, Read, Agent]           # catalog names (TOOL_CATALOG) or {name, description, parameters}
           results:                             # canned tool results by tool name (nothing is executed)
             Bash: ["a.txt\\nb.txt", "ok"]      # a list is used in order, its last entry repeats
-            Agent: {subagent: explorer}        # run that sub-agent; its last text is the result
+            Agent: {subagent: explorer}        # run that sub-agent (or the one the call's subagent_type names);
+                                               # its last text is the result; a reply's sub-agents run at once
           subagents:
             explorer: {system: You explore., tools: [Read], results: {Read: "..."}}
           disconnects: [{request: 1, after_ms: 300, resend_after_ms: 300}]   # client aborts

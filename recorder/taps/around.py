@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from tito_rl.recorder.taps.agent_tap import AgentTap
+from tito_rl.recorder.taps.attribution import Decode
 from tito_rl.recorder.taps.engine_tap import EngineTap
 from tito_rl.recorder.taps.recording import Recording
 from tito_rl.recorder.targets.base import TargetDriver, TargetFinish
@@ -27,6 +28,19 @@ def samples_of(finished: Any) -> list[dict[str, Any]] | None:
     if finished is None:
         return None
     return list(finished.samples) if isinstance(finished, TargetFinish) else list(finished)
+
+
+def tokenizer_decoder(tokenizer_dir: str | None) -> Decode:
+    """Prompt ids to text with the recording's tokenizer, loaded at the first call that needs it (a session with
+    two requests in flight), special tokens kept."""
+
+    def decode(ids: list[int]) -> str:
+        from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
+
+        text: str = load_tokenizer(tokenizer_dir).decode(ids, skip_special_tokens=False)
+        return text
+
+    return decode
 
 
 async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
@@ -47,9 +61,18 @@ class Endpoints:
 
 
 class TapsAround:
-    def __init__(self, tap: TrafficTap, target: TargetDriver, engine_url: str, dialect: str | None = None) -> None:
+    def __init__(
+        self,
+        tap: TrafficTap,
+        target: TargetDriver,
+        engine_url: str,
+        dialect: str | None = None,
+        decode: Decode | None = None,
+    ) -> None:
+        """`decode`: prompt ids to text, so a session's concurrent requests get their own engine calls
+        (`attribution`, rule 1); `tokenizer_decoder` makes one."""
         self.tap, self.target, self.engine_url, self.dialect = tap, target, engine_url, dialect
-        self.recording = Recording(tap, target.info.routing_header)
+        self.recording = Recording(tap, target.info.routing_header, decode)
         # where the target keeps its sessions on the agent leg (a bad spec is the driver's bug: ValueError)
         self.session_from = parse_session_from(getattr(target.info, "session_from", "bearer") or "bearer")
         counted = getattr(tap, "without_session", None)  # the live progress line counts them apart

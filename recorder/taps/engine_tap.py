@@ -1,7 +1,8 @@
 """The engine-leg tap: the target's engine URL; forwards to the real engine and records each call.
 
 A call is attributed to the agent exchange it serves (`attribution`), and written with it. What the target
-sees is what the engine answered, status and body (a streamed answer chunk by chunk); an engine that does not
+sees is what the engine answered, status and body (a streamed answer chunk by chunk), and the call keeps those
+bytes (`tito_rl.cassette.answer_bytes`: a replay serves them again); an engine that does not
 answer at all is a 502 for the target and a call with status 0 (no HTTP answer) in the cassette. A target that
 gives up on a call (its agent hung up) cancels the forwarded call, so the engine sees the disconnect too.
 """
@@ -136,11 +137,13 @@ class EngineTap:
                     if exchange is not None:
                         exchange.status = upstream.status
                         exchange.response = self.streamed(exchange, received.decode("utf-8", errors="replace"))
+                        exchange.raw, exchange.content_type = bytes(received), upstream.headers.get("Content-Type")
                     return response
                 payload = await upstream.read()
                 if exchange is not None:
                     exchange.status = upstream.status
                     exchange.response = _parsed(payload, upstream.content_type)
+                    exchange.raw, exchange.content_type = payload, upstream.headers.get("Content-Type")
                 return web.Response(status=upstream.status, body=payload, headers=headers)
         except aiohttp.ClientError as exc:
             error = f"{type(exc).__name__}: {exc}"

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tito_rl.recorder.taps.attribution import NO_SESSION, Attribution, InFlight, Owner, header_value
+from tito_rl.recorder.taps.attribution import NO_SESSION, Attribution, Decode, InFlight, Owner, header_value
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
 
 ENGINE_GRACE_S = 5.0  # how long an ended exchange waits for its engine calls (an abort after a disconnect)
@@ -36,9 +36,9 @@ def body_digest(method: str, path: str, query: str, body: bytes) -> str:
 
 
 class Recording:
-    def __init__(self, tap: TrafficTap, routing_header: str | None) -> None:
+    def __init__(self, tap: TrafficTap, routing_header: str | None, decode: Decode | None = None) -> None:
         self.tap = tap
-        self.attribution = Attribution(routing_header)
+        self.attribution = Attribution(routing_header, decode)
         self.sessions: dict[str, _Session] = {}
         self.open: dict[str, str] = {}  # live session id -> source, for sessions neither finished nor dropped
         self.sessionless: Counter[str] = Counter()  # "METHOD /path" -> requests that named no session

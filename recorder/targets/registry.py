@@ -66,22 +66,21 @@ def load_factory(name: str) -> Any:
     """The factory a driver name or `module:attribute` stands for; `TargetError` (one line) otherwise."""
     from tito_rl.recorder.targets.profiles.format import is_profile_path
 
-    if is_profile_path(name):  # a gateway profile file (recorder/targets/profiles/format.py)
+    reference = name
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name] if ":" not in name else []
+    if found:
+        reference = found[0].value
+    elif ":" not in name and name in BUILTIN:
+        reference = BUILTIN[name]
+    elif is_profile_path(name):  # a gateway profile file (recorder/targets/profiles/format.py); a name wins
         from tito_rl.recorder.targets.profiles.driver import from_file
 
         return lambda options: from_file(name, options)
-    reference = name
-    if ":" not in name:
-        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
-        if found:
-            reference = found[0].value
-        elif name in BUILTIN:
-            reference = BUILTIN[name]
-        else:
-            raise TargetError(
-                f"unknown target {name!r}: give tito, http://HOST:PORT, module:attribute, or one of "
-                f"{', '.join(available())} (entry-point group {ENTRY_POINT_GROUP})"
-            )
+    elif ":" not in name:
+        raise TargetError(
+            f"unknown target {name!r}: give tito, http://HOST:PORT, module:attribute, or one of "
+            f"{', '.join(available())} (entry-point group {ENTRY_POINT_GROUP})"
+        )
     module_name, _, attribute = reference.partition(":")
     if os.getcwd() not in sys.path:  # `module:attribute` of the user's own folder, as uvicorn and gunicorn take it
         sys.path.append(os.getcwd())

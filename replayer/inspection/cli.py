@@ -4,7 +4,7 @@ Replays the cassette (not strict: a difference from the recording is noted, not 
 the exchanges with their token counts, finish reasons and timings, the manager's stats, the message tree and
 every decision; `--html FILE` writes that as one self-contained page with each sample's tokens coloured.
 Exit 0; 2 when the input cannot be replayed (no such file, corrupt cassette, another tokenizer, unknown
-session), with one line on stderr, as `tito replay` does.
+session, a gateway command or module only the cassette names), with one line on stderr, as `tito replay` does.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+
+from tito_rl.recorder.targets.profiles.trust import TRUST_HELP
 
 EXIT_OK, EXIT_UNUSABLE = 0, 2
 
@@ -23,6 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML page instead of printing")
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the recording's)")
+    parser.add_argument(
+        "--target",
+        metavar="TARGET",
+        help="replay through this target, as tito replay's --target (your gateway profile file for a cassette "
+        "recorded through one; default: the recorded target where it is tito or a driver installed here)",
+    )
+    parser.add_argument("--trust-cassette", action="store_true", help=TRUST_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +57,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     try:
         inspect = inspect_folder if Path(args.cassette).is_dir() else inspect_cassette
-        inspection = inspect(args.cassette, args.session or None, args.tokenizer)
+        inspection = inspect(args.cassette, args.session or None, args.tokenizer, args.target, args.trust_cassette)
     except ReplayInputError as exc:
         print(f"tito inspect: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE

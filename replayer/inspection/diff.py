@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from tito_rl.recorder.targets.profiles.trust import TRUST_HELP
 from tito_rl.replayer.comparison.differences import samples_difference, turn_locator
 from tito_rl.replayer.replay import whatif
 from tito_rl.replayer.replay.results import CassetteResult, SessionResult
@@ -116,6 +117,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "session each are paired without it)",
     )
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the recordings')")
+    parser.add_argument(
+        "--target",
+        metavar="TARGET",
+        help="replay both sides through this target, as tito replay's --target (your gateway profile file for "
+        "cassettes recorded through one; default: each one's recorded target where it is tito or a driver "
+        "installed here)",
+    )
+    parser.add_argument("--trust-cassette", action="store_true", help=TRUST_HELP)
     whatif.register(parser.add_argument, engine_match=False)  # both sides are served in recorded order
 
 
@@ -142,8 +151,10 @@ def run(args: argparse.Namespace) -> int:
         return _unusable(str(exc))
     if pairs and args.b is None:
         return _unusable("--pair pairs the sessions of two cassettes: give B")
-    baseline = ReplayOptions(strict=False, tokenizer=args.tokenizer)
-    candidate = ReplayOptions(strict=False, tokenizer=args.tokenizer, adapter=adapter, manager=manager)
+    baseline = ReplayOptions(
+        strict=False, tokenizer=args.tokenizer, target=args.target, trust_cassette=args.trust_cassette
+    )
+    candidate = replace(baseline, adapter=adapter, manager=manager)
     wanted_a = args.session and args.session + list(pairs)
     wanted_b = args.session and args.session + list(pairs.values())
     try:

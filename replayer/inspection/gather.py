@@ -112,10 +112,15 @@ class Inspection:
 
 
 def inspect_cassette(
-    path: str | os.PathLike[str], sessions: Iterable[str] | None = None, tokenizer: str | None = None
+    path: str | os.PathLike[str],
+    sessions: Iterable[str] | None = None,
+    tokenizer: str | None = None,
+    target: str | None = None,
+    trust: bool = False,
 ) -> Inspection:
-    """Replay (not strict: differences are noted, the linearizations kept) and gather the views' facts.
-    Raises `ReplayInputError` for unusable input, as `tito replay` does."""
+    """Replay (not strict: differences are noted, the linearizations kept) and gather the views' facts; `target`
+    and `trust` as `ReplayOptions`' (`--target`, `--trust-cassette`). Raises `ReplayInputError` for unusable
+    input, as `tito replay` does."""
     from tito_rl.replayer.replay.cassette_replay import replay_loaded, run_sync
     from tito_rl.replayer.replay.loading import load_cassette
     from tito_rl.replayer.replay.options import ReplayOptions
@@ -126,12 +131,17 @@ def inspect_cassette(
     def keep(plan: SessionPlan) -> None:
         rows[plan.name] = plan_rows(plan)
 
-    result = run_sync(replay_loaded(cassette, str(path), folder, sessions, ReplayOptions(strict=False, on_plan=keep)))
+    options = ReplayOptions(strict=False, on_plan=keep, target=target, trust_cassette=trust)
+    result = run_sync(replay_loaded(cassette, str(path), folder, sessions, options))
     return inspection_of(cassette, result, folder, rows)
 
 
 def inspect_folder(
-    folder: str | os.PathLike[str], sessions: Iterable[str] | None = None, tokenizer: str | None = None
+    folder: str | os.PathLike[str],
+    sessions: Iterable[str] | None = None,
+    tokenizer: str | None = None,
+    target: str | None = None,
+    trust: bool = False,
 ) -> Inspection:
     """A run's folder of cassettes (`tito record --rotate-sessions`) as one inspection: each cassette holding a
     session asked for (every one without `sessions`), in name order, under the first one's header."""
@@ -150,7 +160,7 @@ def inspect_folder(
         here = None if wanted is None else [s for s in wanted if s in names]
         if here is None or here:
             found.update(here or ())
-            parts.append(inspect_cassette(path, here, tokenizer))
+            parts.append(inspect_cassette(path, here, tokenizer, target, trust))
     missing = [s for s in wanted or () if s not in found]
     if missing:
         raise ReplayInputError(f"{folder}: no session {', '.join(map(repr, missing))} in its cassettes")

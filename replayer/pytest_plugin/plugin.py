@@ -8,9 +8,11 @@ the first-difference report, not a traceback (`-v`: every difference; `-vv`: gol
 `--update-goldens` writes the goldens instead; the what-if options (`--tito-chat-template`,
 `--tito-fork-threshold`, `--tito-engine-match order`, ...) replay under a candidate change, judged by the
 goldens; `--tito-audit "coverage>=1.0, trained-twice"` also audits each session's recording and fails it
-where a pinned rule fired (`tito audit`, the cassette's allowlist applied). When pytest runs with no path
-arguments (its testpaths or the current folder), the cassette folder
-is added to what it collects. Every option is prefixed `--tito-` (pytest-recording and others load beside
+where a pinned rule fired (`tito audit`, the cassette's allowlist applied). A cassette runs nothing it names: a
+target only its header names (a profile's command, a `module:attribute`) fails its items in one line until
+`--tito-target` gives yours or `--tito-trust-cassette` allows its own (`recorder/targets/profiles/trust.py`).
+When pytest runs with no path arguments (its testpaths or the current folder), the cassette folder is added to
+what it collects. Every option is prefixed `--tito-` (pytest-recording and others load beside
 it) and has an ini key (`tito_rl.replayer.pytest_plugin.settings`).
 
 Unused goldens are items too, so they fail where they are and each is handled once under xdist: a golden
@@ -233,7 +235,9 @@ def gateway_group(config: pytest.Config, header: Any, path: Path) -> str | None:
     from tito_rl.replayer.replay.loading import ReplayInputError, replay_target
 
     try:
-        spec = replay_target(header, settings.value(config, "target") or None, str(path))
+        spec = replay_target(
+            header, settings.value(config, "target") or None, str(path), settings.value(config, "trust_cassette")
+        )
     except ReplayInputError:
         return None
     if spec.kind != "driver" or settings.value(config, "engine_listen"):
@@ -289,21 +293,21 @@ class SessionItem(TitoItem):
             raise ReplayFailure(f"tito: {exc}") from None
         strict = not (update or whatif.engine_match_order(option))
         cassette, tokenizer = loaded(self.path)
-        target = option("target") or None
-        engine_listen = option("engine_listen") or None
-        replaying = replay_loaded(
-            cassette,
-            str(self.path),
-            tokenizer,
-            [self.session_name],
-            ReplayOptions(strict=strict, adapter=adapter, manager=manager, target=target, engine_listen=engine_listen),
+        options = ReplayOptions(
+            strict=strict,
+            adapter=adapter,
+            manager=manager,
+            target=option("target") or None,
+            trust_cassette=bool(option("trust_cassette")),
+            engine_listen=option("engine_listen") or None,
         )
+        replaying = replay_loaded(cassette, str(self.path), tokenizer, [self.session_name], options)
         try:
-            result = gateways.replay(replaying) if self.through_driver(target) else run_sync(replaying)
+            result = gateways.replay(replaying) if self.through_driver(options) else run_sync(replaying)
         except TargetUnavailableError as exc:  # e.g. a cassette recorded around slime, where slime is not
             pytest.skip(f"tito: {exc}")
-        except ReplayInputError as exc:
-            raise ReplayFailure(f"tito: {exc}") from None
+        except ReplayInputError as exc:  # a target only the cassette names among them: a failure, never a skip
+            raise ReplayFailure(f"tito: {_pytest_flags(str(exc))}") from None
         session = result.sessions[0]
         if session.skipped:
             pytest.skip(session.skipped)
@@ -320,13 +324,14 @@ class SessionItem(TitoItem):
         if option("audit"):
             self._audit(option("audit"))
 
-    def through_driver(self, target: str | None) -> bool:
+    def through_driver(self, options: Any) -> bool:
         """Whether this session replays through a gateway a driver starts (verifiers, Agent Lightning, ...): then
         it borrows the process's started one (`gateways`), rather than starting it for one session."""
         from tito_rl.replayer.replay.loading import ReplayInputError, replay_target
 
+        header = loaded(self.path)[0].header
         try:
-            return replay_target(loaded(self.path)[0].header, target, str(self.path)).kind == "driver"
+            return replay_target(header, options.target, str(self.path), options.trust_cassette).kind == "driver"
         except ReplayInputError:
             return False
 
@@ -374,6 +379,11 @@ class UnusedGoldenItem(TitoItem):
     def reportinfo(self) -> tuple[Path, int | None, str]:
         what = "unused golden" if self.unused.section is None else f"unused golden section {self.unused.section}"
         return self.path, None, f"{self.path.name}: {what}"
+
+
+def _pytest_flags(text: str) -> str:
+    """A replay's one-line error with tito's flags as this plugin spells them (`--tito-target`)."""
+    return re.sub(r"(?<![\w-])--(target|trust-cassette)\b", r"--tito-\1", text)
 
 
 def _shown(config: pytest.Config, path: Path) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tito_rl.recorder.targets.profiles.trust import TRUST_HELP
 from tito_rl.replayer.replay import whatif
 from tito_rl.replayer.replay.whatif import Option
 
@@ -42,11 +43,13 @@ SETTINGS: tuple[Option, ...] = (
     ),
     Option(
         "target",
-        "replay through this target: tito, a driver's name, module:attribute or http://HOST:PORT "
-        "(default: each cassette's own; goldens are checked only through it)",
+        "replay through this target: tito, a driver's name, module:attribute, your gateway profile file "
+        "(FILE.yaml) or http://HOST:PORT (default: each cassette's own where it is tito or a driver installed "
+        "here; goldens are checked only through it)",
         metavar="TARGET",
         default="",
     ),
+    Option("trust_cassette", TRUST_HELP, switch=True, default=False),
     Option(
         "engine_listen",
         "HOST:PORT where replay serves a foreign target's engine leg (an http:// gateway's engine URL)",

@@ -124,7 +124,7 @@ def plan_work(
                 names,
                 list(cassette.sessions),
                 cassette.truncated,
-                replay_target(cassette.header, options.target, path).text,
+                replay_target(cassette.header, options.target, path, options.trust_cassette).text,
                 recorded_target(cassette.header),
             )
         )
@@ -202,7 +202,7 @@ class CassetteSettings:
 def cassette_settings(work: CassetteWork, options: ReplayOptions) -> CassetteSettings:
     cassette, tokenizer = _cassette(work.path, work.tokenizer)
     model = None
-    if replay_target(cassette.header, options.target, work.path).kind == TITO:
+    if replay_target(cassette.header, options.target, work.path, options.trust_cassette).kind == TITO:
         settings = adapter_settings(cassette.header, tokenizer, options.adapter)
         if settings.engine_dialect != SGLANG and not settings.engine_model:
             model = recorded_engine_model(cassette)

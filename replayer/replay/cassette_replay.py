@@ -60,7 +60,7 @@ async def replay_loaded(
     names = select_sessions(cassette, path, sessions, missing_ok)
     if parser_process.active() is not None:  # a short run keeps parsing through the helper
         parser_process.settle(sum(exchange_count(cassette, n) for n in names))
-    spec = replay_target(cassette.header, options.target, path)
+    spec = replay_target(cassette.header, options.target, path, options.trust_cassette)
     done = CassetteResult(
         path,
         cassette.header,
@@ -128,7 +128,7 @@ async def replay_each(
         return
     if options.on_total is not None:
         options.on_total(sum(exchange_count(cassette, n) for n in names))
-    spec = spec or replay_target(cassette.header, options.target, path)
+    spec = spec or replay_target(cassette.header, options.target, path, options.trust_cassette)
     async with harness_for(cassette, path, tokenizer, options, spec) as harness:
         waiting = iter(names)
         running: deque[asyncio.Task[SessionResult]] = deque()

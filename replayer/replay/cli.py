@@ -5,7 +5,8 @@ Prints one line per session (turns, side turns, samples, forks by reason, realig
 tokens, coverage, result), the first difference of a failing session under it, and a summary (`-q`: failing
 sessions and the summary only; `-v`: every difference). Exit 0 when every session matches its recording and
 its golden; 1 on any difference or unused golden; 2 when the input cannot be replayed (no such file, corrupt
-cassette, another tokenizer, unknown session, a target that cannot start). A folder stands for the cassettes
+cassette, another tokenizer, unknown session, a target that cannot start, a command or module only the cassette
+names: a cassette is data, `tito_rl.recorder.targets.profiles.trust`). A folder stands for the cassettes
 in it, and a golden in it whose cassette is gone is unused, as is a golden section for a session its cassette
 no longer has. Nothing printed depends on timing, concurrency or `-j`: two replays print the same bytes.
 Lines are printed as sessions finish, in cassette and session order (`tito_rl.replayer.replay.batch`).
@@ -20,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tito_rl.recorder.targets.profiles.trust import TRUST_HELP
 from tito_rl.replayer.goldens.diff_view import DiffStyle, use_color
 from tito_rl.replayer.goldens.files import CASSETTE_SUFFIX, Unused, fix_unused, orphans
 from tito_rl.replayer.replay import whatif
@@ -81,9 +83,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--target",
         metavar="TARGET",
         help="replay through tito (tito's adapter app), a driver (slime, an entry point of "
-        "tito.targets, module:attribute) or a running gateway http://HOST:PORT; default: the "
-        "target the cassette was recorded around. Goldens are checked only through that one",
+        "tito.targets, module:attribute), a gateway profile file (FILE.yaml: yours, checked against the copy the "
+        "cassette keeps) or a running gateway http://HOST:PORT; default: the target the cassette was recorded "
+        "around, where it is tito or a driver installed here (a profile file or module:attribute only the cassette "
+        "names is refused: see --trust-cassette). Goldens are checked only through that one",
     )
+    parser.add_argument("--trust-cassette", action="store_true", help=TRUST_HELP)
     parser.add_argument(
         "--engine-listen",
         metavar="HOST:PORT",
@@ -141,6 +146,7 @@ def _replay(args: argparse.Namespace) -> int:
         adapter=adapter,
         manager=manager,
         target=args.target,
+        trust_cassette=args.trust_cassette,
         engine_listen=args.engine_listen,
     )
     try:

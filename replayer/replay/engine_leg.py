@@ -156,7 +156,7 @@ class CassetteTransport:
             raise EngineUnreachable(error, timed_out=error.startswith("TimeoutError"))
         if recorded is not None and record.status == 200:
             return EngineAnswer(200, generate_answer(recorded, body, self.decode))
-        return EngineAnswer(record.status, record.response)
+        return EngineAnswer(record.status, record.response, record.wire)
 
     def check_translated(
         self, exchange: PlannedExchange, record: EngineRecord, recorded: EngineView, body: dict[str, Any] | None

@@ -15,7 +15,8 @@ from tito_rl.cassette.format.errors import CassetteError, TokenizerMismatchError
 from tito_rl.cassette.format.records import ABSENT_ADAPTER_SETTINGS, Header
 from tito_rl.cassette.reader import Cassette, SessionLog, check_tokenizer, open_cassette
 from tito_rl.recorder.targets.base import TargetError
-from tito_rl.recorder.targets.registry import TITO, TargetSpec, parse_target
+from tito_rl.recorder.targets.profiles.trust import ReplayTarget, recorded_ref, resolve
+from tito_rl.recorder.targets.registry import TargetSpec
 from tito_rl.trajectory.adapters.app import AdapterSettings
 from tito_rl.trajectory.manager import TrajectoryManager
 from tito_rl.trajectory.tokens.tokenizer import fingerprint
@@ -143,13 +144,19 @@ def select_sessions(cassette: Cassette, path: str, names: Iterable[str] | None, 
 
 def recorded_target(header: Header) -> str:
     """The target a cassette was recorded around, as `--target` names it."""
-    target = header.target or {}
-    return str(target.get("ref") or target.get("name") or TITO) if target.get("kind", TITO) != TITO else TITO
+    return recorded_ref(header.target)
 
 
-def replay_target(header: Header, chosen: str | None, path: str) -> TargetSpec:
-    """`--target` when given, else the target the header names (tito's adapter for every older cassette)."""
+def replay_choice(header: Header, chosen: str | None, path: str, trust: bool = False) -> ReplayTarget:
+    """The target to replay through and what its driver runs (`trust.resolve`): `--target` when given, else the
+    target the header names (tito's adapter for every older cassette) where the user has it installed, else, with
+    `trust` (`--trust-cassette`), the cassette's own. What only the cassette names is refused: unusable input."""
     try:
-        return parse_target(chosen or recorded_target(header))
+        return resolve(header.target, chosen, trust)
     except TargetError as exc:
         raise ReplayInputError(f"{path}: {exc}") from None
+
+
+def replay_target(header: Header, chosen: str | None, path: str, trust: bool = False) -> TargetSpec:
+    """`replay_choice`'s target."""
+    return replay_choice(header, chosen, path, trust).spec

@@ -19,5 +19,6 @@ class ReplayOptions:
     on_total: Callable[[int], None] | None = None  # progress: the agent exchanges about to be replayed
     on_exchange: Callable[[], None] | None = None  # progress: called once per replayed agent exchange
     target: str | None = None  # the system to replay through (`--target`); None: the one the header names
+    trust_cassette: bool = False  # run the target only the cassette names (`--trust-cassette`; `profiles/trust.py`)
     engine_listen: str | None = None  # HOST:PORT of the engine leg, for a foreign target (an http:// one needs it)
     on_plan: Callable[[SessionPlan], None] | None = None  # each session's plan as its replay starts (inspect reads

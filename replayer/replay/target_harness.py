@@ -3,7 +3,8 @@
 The agent leg goes to the target over HTTP; the engine leg is a server on loopback (`--engine-listen`, or a free
 port a driver's gateway is started with) that answers from the cassette. Its calls are attributed to the
 exchange being replayed as the recording tap attributed them (`tito_rl.recorder.taps.attribution`): by the routing key,
-then among that session's requests in flight; replay sends one session's requests in their recorded order and
+then among that session's requests in flight by the call's prompt (`attribute`; a twin the recording gave to an
+exchange not yet replayed is traded for, `_claim`); replay sends one session's requests in their recorded order and
 holds each generation until its recorded end, so the order the target saw live is the order it sees again.
 The checks are tito's: engine requests (first differing token, decoded), replies (the target's volatile fields
 masked, everything else compared), and samples at each finish where both sides have them: a session never
@@ -16,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from tito_rl.cassette.answer_bytes import answer_bytes
 from tito_rl.cassette.reader import Cassette
 from tito_rl.recorder.taps.agent_tap import HOP_HEADERS, SSE, forwarded, split_events
 from tito_rl.recorder.taps.around import samples_of, serve
@@ -34,6 +37,7 @@ from tito_rl.replayer.comparison.differences import Difference
 from tito_rl.replayer.replay.agent_leg import REPLAY_HEADER, request_headers, request_target
 from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE, CassetteTransport
 from tito_rl.replayer.replay.harness import HarnessBase
+from tito_rl.replayer.replay.loading import replay_choice
 from tito_rl.replayer.replay.options import ReplayOptions
 from tito_rl.replayer.replay.plan import Drop, Finish, PlannedExchange, SessionPlan
 from tito_rl.replayer.replay.results import FinishResult
@@ -51,6 +55,7 @@ ENGINE_BASE = "http://tito-replay-engine"
 # moment later. Replay waits this long for such recorded calls before calling them missing.
 LATE_CALLS_S = 5.0
 Key = tuple[str, int]
+_NOTED: set[tuple[str, str]] = set()  # (cassette, note) said once per process: a run borrows a gateway per cassette
 
 
 def target_linearization(samples: list[dict[str, Any]], stats: Mapping[str, Any]) -> Linearization:
@@ -203,10 +208,13 @@ class TargetHarness(HarnessBase):
         parsers = header.parsers or {}
         adapter = self.options.adapter
         manager = self.options.manager
-        recorded = (header.target or {}).get("settings") or {}
-        extra = {"profile": recorded["profile"]} if isinstance(recorded.get("profile"), dict) else {}
+        # the profile to run is the user's (or, trusted, the cassette's copy): never the header's by itself
+        choice = replay_choice(header, self.options.target, self.path, self.options.trust_cassette)
+        if choice.note is not None and (self.path, choice.note) not in _NOTED:
+            _NOTED.add((self.path, choice.note))
+            print(f"tito: note: {self.path}: {choice.note}", file=sys.stderr)
         return TargetOptions(
-            extra=extra,
+            extra={"profile": choice.profile} if choice.profile is not None else {},
             tokenizer_dir=self.tokenizer_dir,
             reasoning_parser=adapter.get("reasoning_parser", parsers.get("reasoning", "qwen3")),
             tool_parser=adapter.get("tool_parser", parsers.get("tool_call", "qwen25")),
@@ -346,6 +354,12 @@ class TargetHarness(HarnessBase):
             return web.json_response({"error": {"message": f"tito: the engine did not answer: {exc.text}"}}, status=502)
         finally:
             CURRENT_EXCHANGE.reset(token)
+        recorded = answer_bytes(answer.wire, answer.body)
+        if recorded is not None:  # the engine's own bytes: a target passing them on sends what it sent live
+            content_type = (answer.wire or {}).get("content_type")
+            headers = {"Content-Type": content_type} if content_type else None
+            return web.Response(status=answer.status, body=recorded, headers=headers)
+        # Re-encoded: a recording that kept no bytes (before they were kept), or a call answered in another dialect.
         if isinstance(data, dict) and data.get("stream") and answer.status == 200:
             # An OpenAI-style stream was recorded chunk by chunk; SGLang's /generate as its last, cumulative chunk.
             chunks = answer.body if isinstance(answer.body, list) else [answer.body]
@@ -373,7 +387,28 @@ class TargetHarness(HarnessBase):
             nxt = next((r for r in leg.unserved if r.path == path), None) if leg else None
             if nxt is not None and wanted is not None and _call_key(path, nxt.request) == wanted:
                 return key
+        if wanted is not None and is_generation(path):
+            self._claim(candidates[0], path, wanted)
         return candidates[0]
+
+    def _claim(self, key: Key, path: str, wanted: Any) -> None:
+        """A generation whose recorded twin the recording gave to another exchange of the session, one not in
+        flight (a recorder that attributed a session's concurrent calls by their order, which a gateway's threads
+        may swap): the two exchanges trade those recorded calls, so each is served the answer to its own prompt."""
+        leg = self.transport.legs.get(key)
+        mine = next((i for i, r in enumerate(leg.unserved) if r.path == path), None) if leg else None
+        if leg is None or mine is None:
+            return
+        for other_key, other in self.transport.legs.items():
+            if other_key[0] != key[0] or other_key == key or other_key in self.inflight or other.arrived.is_set():
+                continue
+            theirs = next(
+                (i for i, r in enumerate(other.unserved) if r.path == path and _call_key(path, r.request) == wanted),
+                None,
+            )
+            if theirs is not None:
+                leg.unserved[mine], other.unserved[theirs] = other.unserved[theirs], leg.unserved[mine]
+                return
 
     def _extra_generation(self, path: str, headers: Mapping[str, str]) -> None:
         """A generation the recording has none left to answer with (a target that generates where the recorded one

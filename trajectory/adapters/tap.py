@@ -49,6 +49,8 @@ class EngineExchange:
     started_s: float = 0.0
     duration_s: float = 0.0
     dialect: str | None = None  # `tito_rl.trajectory.dialects.view.DIALECTS`; None: read from the call
+    raw: bytes | None = None  # the answer's body as the engine sent it (a stream's whole text); None: not kept
+    content_type: str | None = None  # the answer's Content-Type, as the engine sent it
 
 
 class TrafficTap(Protocol):

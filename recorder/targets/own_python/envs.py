@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import io
 import os
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tito_rl.recorder.one_time_build import announced
 from tito_rl.recorder.targets.base import TargetError, TargetUnavailable
 
 
@@ -118,8 +120,13 @@ def ensure(name: str, quiet: bool = False) -> str | None:
             file=sys.stderr,
         )
         return None
-    if not quiet:
-        print(f"gateway_envs: installing {env.spec} into {env.folder} (once; cached)", file=sys.stderr, flush=True)
+    with announced(env.spec, env.folder, "gateway_envs", stream=io.StringIO() if quiet else None) as build:
+        build.ok = _make(env, base)
+    return str(env.python) if build.ok else None
+
+
+def _make(env: GatewayEnv, base: str) -> bool:
+    """A fresh environment at `env.folder`, stamped once its module imports; False where a step failed (said)."""
     shutil.rmtree(env.folder, ignore_errors=True)
     env.folder.parent.mkdir(parents=True, exist_ok=True)
     steps = [
@@ -135,9 +142,9 @@ def ensure(name: str, quiet: bool = False) -> str | None:
                 f"gateway_envs: {env.spec}: {' '.join(step[:3])} failed: {lines[-1] if lines else run.returncode}",
                 file=sys.stderr,
             )
-            return None
+            return False
     env.stamp.write_text(env.spec + "\n")
-    return str(env.python)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,8 @@ in `{engine}`) and waits for its readiness check, makes the `setup` calls, and s
 on loopback that makes a session's `sessions.open` calls before its first request goes on (create the rollout),
 taking the session from where `sessions.from` says. At finish it makes the `samples.before` calls, reads
 `samples.request`'s JSON body and maps it to samples as `samples.calls`/`rows`/`function` say. Every record and
-replay starts the gateway afresh; the cassette's header keeps the profile (`settings.profile`), so a replay needs
-no file.
+replay starts the gateway afresh; the cassette's header keeps the profile (`settings.profile`): a replay checks the
+user's file against it, and runs it only where the user trusts the cassette (`trust.py`).
 """
 
 from __future__ import annotations
@@ -308,13 +308,12 @@ class ProfileTarget:
 
 
 def from_file(path: str, options: TargetOptions) -> ProfileTarget:
-    """`--target FILE`: the profile in the file; where the file is gone (a replay elsewhere), the copy the
-    cassette's header kept (`TargetOptions.extra["profile"]`)."""
-    if not Path(path).is_file() and isinstance(options.extra.get("profile"), dict):
+    """`--target FILE`: the profile in the file, or the one a replay chose for it (`TargetOptions.extra["profile"]`:
+    the user's file as read when checked against the cassette's copy, or that copy where the user trusts the
+    cassette; `trust.resolve` decides, and nothing else sets it)."""
+    if isinstance(options.extra.get("profile"), dict):
         try:
-            return ProfileTarget(
-                parse_profile(options.extra["profile"], where="the cassette's profile: "), options, path
-            )
+            return ProfileTarget(parse_profile(options.extra["profile"], where=f"{path}: "), options, path)
         except ProfileError as exc:
             raise TargetError(str(exc)) from None
     try:

@@ -5,7 +5,7 @@ check), the calls it needs once started (register a model) and around each sessi
 call; drop it), where its sessions live on the agent leg (`--session-from`'s forms), and where its samples come
 from (a URL per session whose JSON body maps to prompt ids, output ids and logprobs per call, or to ready samples,
 or a `module:function`). `tito record --target FILE` records with it; the cassette's header keeps the whole profile,
-so `tito replay` needs only the cassette and the gateway's own code.
+which `tito replay --target FILE` checks the file against (and runs only with `--trust-cassette`: `trust.py`).
 
 The Structs below are the format, version 1 (`profile: 1`): an unknown key or a wrong type is a one-line error
 naming where (`FILE: samples.calls.prompt_ids: expected str, got int`). `tito profile check FILE` checks one and

@@ -29,6 +29,9 @@ class EngineUnreachable(Exception):
 class EngineAnswer:
     status: int
     body: Any  # parsed JSON, or text
+    # A replay's answer: how to write `body` again as the recorded engine's bytes (`tito_rl.cassette.answer_bytes`);
+    # a replay answering over HTTP serves those. None: re-encoded.
+    wire: dict[str, Any] | None = None
 
 
 class EngineTransport(Protocol):

@@ -1,0 +1,320 @@
+"""Per-token channels of engine answers (expert routes, top-p kept sets) stored as the integers they encode, not
+as base64 text, and routes as a delta on the rows the session already stored.
+
+Engines send them as base64 strings: SGLang's `meta_info.routed_experts` (raw int32, `[seqlen - 1, layers, top_k]`,
+every turn the whole prefix again unless `routed_experts_start_len` cut it), vLLM's `routed_experts` (a `.npy` file,
+uint8 or uint16), the kept sets' `top_p_token_ids` / `top_p_token_offsets` (raw int32): text a third larger than
+its bytes, 4 bytes an expert id, and a 40-turn session's first rows sent 40 times. Here each string is
+stored as `B64Ints` (`cassettes/FORMAT.md`, extension 7): its `.npy` header as sent (none for raw int32), then its
+items, the first `keep` of them taken from the session's route context at element `at` (a model routes a prefix
+the same in every later turn) and the rest packed as narrow as their values allow. A string whose base64 or items
+would not come back byte for byte (another alphabet, line breaks, non-canonical padding, a length that is no
+whole number of items) is stored as it came. A row that differs from the stored one simply ends `keep` there: the
+rest is stored whole, nothing is assumed."""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tito_rl.cassette.format.errors import CorruptCassetteError
+from tito_rl.cassette.format.packing import PackedIds
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+# Where the channels sit, walked in this order by the writer and the reader alike (the route context changes as
+# each is met): a /generate answer's `meta_info`, then each choice of an OpenAI-style body, then (a stream) each
+# chunk the same way.
+ROUTE_KEYS = ("routed_experts",)
+KEPT_KEYS = ("top_p_token_ids", "top_p_token_offsets", "top_p_kept_token_ids", "top_p_kept_token_offsets")
+CHANNEL_KEYS = frozenset((*ROUTE_KEYS, *KEPT_KEYS))
+_BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
+MIN_CHARS = 8  # shorter strings are stored as they are: nothing to win
+ITEM_SIZES = (1, 2, 4, 8)
+_HEAD = struct.Struct("<BBBIII")  # flags, itemsize, width, at, keep, header length
+FLAG_ROUTES = 0x01  # reads and extends the session's route context
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_DESCR = re.compile(rb"'descr':\s*'([<|])([ui])([1248])'")
+_CHUNK = 1 << 20  # elements compared at a time: a mismatch near the start stops early
+
+
+@dataclass(frozen=True)
+class B64Ints:
+    """A base64 string of little-endian integers as stored: `header` (a `.npy` header, or empty) then items of
+    `itemsize` bytes, the first `keep` equal to the session's route context from element `at` (routes only), the
+    rest in `tail`, `width` bytes each (zero-extended back to `itemsize`)."""
+
+    routes: bool
+    itemsize: int
+    width: int
+    at: int
+    keep: int
+    header: bytes
+    tail: bytes
+
+    def payload(self) -> bytes:
+        head = _HEAD.pack(
+            FLAG_ROUTES if self.routes else 0, self.itemsize, self.width, self.at, self.keep, len(self.header)
+        )
+        return head + self.header + self.tail
+
+    @classmethod
+    def from_payload(cls, data: bytes) -> B64Ints:
+        if len(data) < _HEAD.size:
+            raise CorruptCassetteError("short base64 integers")
+        flags, itemsize, width, at, keep, header_len = _HEAD.unpack_from(data)
+        if flags & ~FLAG_ROUTES or itemsize not in ITEM_SIZES or width not in ITEM_SIZES or width > itemsize:
+            raise CorruptCassetteError("base64 integers with bad flags or item sizes")
+        if not flags & FLAG_ROUTES and (at or keep):
+            raise CorruptCassetteError("base64 integers keep route rows outside a route field")
+        end = _HEAD.size + header_len
+        if end > len(data) or (len(data) - end) % width:
+            raise CorruptCassetteError("base64 integers whose header or items do not fit their bytes")
+        return cls(
+            bool(flags & FLAG_ROUTES), itemsize, width, at, keep, bytes(data[_HEAD.size : end]), bytes(data[end:])
+        )
+
+    def decoded_chars(self) -> int:
+        """The length of the base64 string it stands for (what resolving it costs the decode budget)."""
+        return 4 * -(-(len(self.header) + self.itemsize * (self.keep + len(self.tail) // self.width)) // 3)
+
+
+@dataclass
+class RouteContext:
+    """A session's expert routes so far, by element (row-major `[row, layer, k]`, absolute rows from 0), held as
+    narrow as their values allow; writer and reader build the same values from the same records."""
+
+    values: Any = None  # numpy array of unsigned ints, or None
+
+    def __len__(self) -> int:
+        return 0 if self.values is None else int(self.values.size)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.values is None else int(self.values.nbytes)
+
+    def clear(self) -> None:
+        self.values = None
+
+
+def is_base64_text(value: Any) -> bool:
+    """Whether `value` is a str of the base64 alphabet alone (at C speed: a route string is megabytes)."""
+    return isinstance(value, str) and value.isascii() and not value.encode("ascii").translate(None, _BASE64_ALPHABET)
+
+
+# writing
+
+
+def encode_channels(context: RouteContext, request: Any, original: Any, response: Any) -> Any:
+    """`response` (the engine answer as the codec stores it so far) with its channel strings as `B64Ints`, the
+    dicts on the way copied (the caller's record stays as it was). `request` and `original` (the call's request and
+    answer as recorded) place a `routed_experts_start_len` answer's rows in the session's context."""
+    if not _has_channels(response):
+        return response
+    response = _copied(response)
+    start, rows = _generate_rows(request, original)
+    for holder, key, is_route in _fields(response):
+        value = holder[key]
+        if isinstance(value, str) and len(value) >= MIN_CHARS:
+            stored = _encoded(context, value, is_route, start, rows)
+            if stored is not None:
+                holder[key] = stored
+    return response
+
+
+def _encoded(context: RouteContext, text: str, is_route: bool, start: int, rows: int) -> B64Ints | None:
+    import numpy as np
+    import pybase64
+
+    try:
+        raw = pybase64.b64decode(text, validate=True)
+    except ValueError:
+        return None
+    # Every whole group of 4 characters maps to its 3 bytes one to one; only a padded last group can carry bits the
+    # bytes do not (non-canonical padding): compare it once re-encoded.
+    if len(raw) % 3 and pybase64.b64encode(raw[len(raw) - len(raw) % 3 :]).decode("ascii") != text[-4:]:
+        return None
+    header, itemsize = _npy_header(raw)
+    items = memoryview(raw)[len(header) :]
+    if len(items) % itemsize:
+        return None
+    values = np.frombuffer(items, dtype=f"<u{itemsize}")
+    at, keep = 0, 0
+    if is_route and context.values is not None:
+        keep = _common_prefix(context.values, values)
+        if rows > 0 and start > 0 and values.size % rows == 0:  # a start_len answer: its rows from the start row
+            where = start * (values.size // rows)
+            same = _common_prefix(context.values[where:], values) if where <= len(context) else -1
+            if same >= keep:  # where its rows belong, unless the start keeps less than 0 does
+                at, keep = where, same
+    tail = values[keep:]
+    width = _width(tail, itemsize)
+    if is_route:
+        context.values = _joined(context.values, at + keep, tail, width)
+    return B64Ints(is_route, itemsize, width, at, keep, header, tail.astype(f"<u{width}", copy=False).tobytes())
+
+
+def _npy_header(raw: bytes) -> tuple[bytes, int]:
+    """A `.npy` file's header and its items' size (little-endian or single-byte unsigned or signed ints); else no
+    header and int32 items (SGLang's raw arrays)."""
+    if raw.startswith(_NPY_MAGIC) and len(raw) >= 10:
+        major = raw[6]
+        size_at, size_fmt = (8, "<H") if major == 1 else (8, "<I")
+        if major in (1, 2, 3) and len(raw) >= size_at + struct.calcsize(size_fmt):
+            length = struct.unpack_from(size_fmt, raw, size_at)[0]
+            end = size_at + struct.calcsize(size_fmt) + length
+            match = _NPY_DESCR.search(raw[:end]) if end <= len(raw) else None
+            if match is not None:
+                return raw[:end], int(match.group(3))
+    return b"", 4
+
+
+def _width(values: npt.NDArray[Any], itemsize: int) -> int:
+    if not values.size:
+        return 1
+    top = int(values.max())
+    return next(w for w in ITEM_SIZES if w >= itemsize or top < 1 << (8 * w))
+
+
+def _common_prefix(a: npt.NDArray[Any], b: npt.NDArray[Any]) -> int:
+    """How many leading elements two arrays share, compared a chunk at a time."""
+    import numpy as np
+
+    n = min(a.size, b.size)
+    done = 0
+    while done < n:
+        end = min(n, done + _CHUNK)
+        differs = np.flatnonzero(a[done:end] != b[done:end])
+        if differs.size:
+            return done + int(differs[0])
+        done = end
+    return n
+
+
+def _joined(values: Any, keep: int, tail: npt.NDArray[Any], width: int) -> Any:
+    """The context's first `keep` elements followed by `tail`, in the narrowest type holding both."""
+    import numpy as np
+
+    dtype = np.dtype(f"<u{max(width, 1 if values is None else values.dtype.itemsize)}")
+    head = np.empty(0, dtype) if values is None else values[:keep]
+    out = np.empty(head.size + tail.size, dtype)
+    out[: head.size] = head
+    out[head.size :] = tail
+    return out
+
+
+def _generate_rows(request: Any, response: Any) -> tuple[int, int]:
+    """A /generate call's `routed_experts_start_len` and the rows its answer should hold from there (prompt plus
+    output, less the last sampled token); (0, 0) when either is unknown."""
+    if not isinstance(request, dict) or not isinstance(response, dict):
+        return 0, 0
+    start, prompt, output = (
+        request.get("routed_experts_start_len"),
+        request.get("input_ids"),
+        response.get("output_ids"),
+    )
+    if type(start) is not int or start <= 0 or not isinstance(prompt, list | PackedIds) or not isinstance(output, list):
+        return 0, 0
+    return start, len(prompt) + len(output) - 1 - start
+
+
+# reading
+
+
+def decode_channels(context: RouteContext, response: Any, spend: Callable[[int, str], Any]) -> Any:
+    """`response` with each `B64Ints` resolved to the exact string it was, in the order the writer met them.
+    `spend(n, what)` charges the decode budget before a string is built."""
+    if not _has_channels(response):
+        return response
+    for holder, key, _ in _fields(response):
+        value = holder[key]
+        if isinstance(value, B64Ints):
+            holder[key] = _decoded(context, value, spend)
+    return response
+
+
+def _decoded(context: RouteContext, stored: B64Ints, spend: Callable[[int, str], Any]) -> str:
+    import numpy as np
+    import pybase64
+
+    if stored.at + stored.keep > len(context):
+        raise CorruptCassetteError(
+            f"base64 integers keep elements [{stored.at}, {stored.at + stored.keep}) of a {len(context)}-element "
+            "route context"
+        )
+    spend(stored.decoded_chars(), "base64 integers")
+    tail = np.frombuffer(stored.tail, dtype=f"<u{stored.width}")
+    items = np.empty(stored.keep + tail.size, dtype=f"<u{stored.itemsize}")
+    if stored.keep:
+        items[: stored.keep] = context.values[stored.at : stored.at + stored.keep]
+    items[stored.keep :] = tail
+    if stored.routes:
+        context.values = _joined(context.values, stored.at + stored.keep, tail, stored.width)
+    return pybase64.b64encode(stored.header + items.tobytes()).decode("ascii")
+
+
+# where they are
+
+
+def _has_channels(response: Any) -> bool:
+    """A cheap first look: most engine answers carry none."""
+    bodies = response if isinstance(response, list) else [response]
+    for body in bodies:
+        if not isinstance(body, dict):
+            continue
+        meta = body.get("meta_info")
+        if isinstance(meta, dict) and any(k in meta for k in (*ROUTE_KEYS, *KEPT_KEYS)):
+            return True
+        choices = body.get("choices")
+        if isinstance(choices, list) and any(
+            isinstance(c, dict) and ("routed_experts" in c or isinstance(c.get("sgl_ext"), dict)) for c in choices
+        ):
+            return True
+    return False
+
+
+def _fields(response: Any) -> list[tuple[dict[str, Any], str, bool]]:
+    found: list[tuple[dict[str, Any], str, bool]] = []
+    for body in response if isinstance(response, list) else [response]:
+        if not isinstance(body, dict):
+            continue
+        meta = body.get("meta_info")
+        if isinstance(meta, dict):
+            found += [(meta, k, k in ROUTE_KEYS) for k in (*ROUTE_KEYS, *KEPT_KEYS) if k in meta]
+        choices = body.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict):
+                continue
+            if "routed_experts" in choice:
+                found.append((choice, "routed_experts", True))
+            ext = choice.get("sgl_ext")
+            if isinstance(ext, dict) and "routed_experts" in ext:
+                found.append((ext, "routed_experts", True))
+    return found
+
+
+def _copied(response: Any) -> Any:
+    """The response with every dict on the way to a channel copied (a list of chunks: each chunk)."""
+    if isinstance(response, list):
+        return [_copied(chunk) for chunk in response]
+    if not isinstance(response, dict):
+        return response
+    out = dict(response)
+    if isinstance(out.get("meta_info"), dict):
+        out["meta_info"] = dict(out["meta_info"])
+    if isinstance(out.get("choices"), list):
+        out["choices"] = [_copied_choice(c) for c in out["choices"]]
+    return out
+
+
+def _copied_choice(choice: Any) -> Any:
+    if not isinstance(choice, dict):
+        return choice
+    out = dict(choice)
+    if isinstance(out.get("sgl_ext"), dict):
+        out["sgl_ext"] = dict(out["sgl_ext"])
+    return out
