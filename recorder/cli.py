@@ -157,7 +157,7 @@ def check_run_options(args: argparse.Namespace) -> str | None:
 async def serve_until_signal(args: argparse.Namespace) -> int:
 
     from tito_rl.cassette.writer_process import Layout, RecorderError
-    from tito_rl.recorder.taps.proxy import build_header, fetch_engine_info, open_tap
+    from tito_rl.recorder.taps.proxy import build_header, fetch_engine_info, fetch_server_args, open_tap
 
     settings = serve.settings_from(args)
     manager = serve.manager_from(args)
@@ -192,6 +192,9 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
             print(f"tito record: {exc}", file=sys.stderr)
             return 2
     header = build_header(settings, engine, agent_info, manager=manager)
+    server_args = await fetch_server_args(settings.engine_url)
+    if server_args:  # the engine serves routes: the audit reads it (routes-never-asked)
+        header.extra["engine_server_info"] = server_args
     if target is not None:
         header = foreign_header(header, spec, target)
         # a gateway that takes its session from the URL: the launchers add it to each CLI's base URL

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.channel_support import LAYERS, TOP_K, b64_int32, b64_npy, expert_rows
 from tito_rl.trajectory.dialects.fields import FIELDS, Field
 from tito_rl.trajectory.dialects.openai_compat import logprob_token_ids
 from tito_rl.trajectory.dialects.registry import detect_dialect, endpoint_of, view_of
@@ -677,7 +678,52 @@ VIEW_OF_CALL = {  # the view every full answer above reads
     "logprobs": LOGPROBS,
 }
 
+# The per-token channels (CHANNELS.md): routes from the request's start, kept sets, version spans.
+ROUTES_START = 4
+SGLANG_CHANNELS_REQUEST = {
+    **SGLANG_GENERATE_REQUEST,
+    "sampling_params": {**SGLANG_GENERATE_REQUEST["sampling_params"], "top_p": 0.9},
+    "return_routed_experts": True,
+    "routed_experts_start_len": ROUTES_START,
+}
+SGLANG_CHANNELS_REQUEST["sampling_params"]["custom_params"] = {"return_top_p_token_ids": True}
+SGLANG_CHANNELS_BODY = {
+    **SGLANG_GENERATE_BODY,
+    "meta_info": {
+        **SGLANG_GENERATE_BODY["meta_info"],
+        "routed_experts": b64_int32(expert_rows(PROMPT + OUTPUT)[ROUTES_START:-1]),
+        "top_p_token_ids": b64_int32(OUTPUT),
+        "top_p_token_offsets": b64_int32(list(range(len(OUTPUT) + 1))),
+        "weight_versions": [{"version": "default", "start": 0, "end": len(OUTPUT)}],
+    },
+}
+
+
+def tokens_body_routed() -> dict[str, Any]:
+    body = tokens_body_new()
+    rows = expert_rows(PROMPT + OUTPUT)[:-1].reshape(-1, LAYERS, TOP_K).astype("uint8")
+    body["choices"][0]["routed_experts"] = b64_npy(rows)
+    body["choices"][0]["weight_versions"] = [{"version": "7", "start": 0, "end": len(OUTPUT)}]
+    return body
+
+
 CASES = [
+    Case(
+        "sglang /generate with channels",
+        SGLANG,
+        "/generate",
+        SGLANG_CHANNELS_REQUEST,
+        SGLANG_CHANNELS_BODY,
+        {**VIEW_OF_CALL, "finish_reason": "stop", "routes_asked": True, "channel_error": ""},
+    ),
+    Case(
+        "vllm-generate 0.32+ with routes",
+        VLLM_GENERATE,
+        "/inference/v1/generate",
+        VLLM_TOKENS_REQUEST,
+        tokens_body_routed(),
+        {**VIEW_OF_CALL, "finish_reason": "stop", "channel_error": ""},
+    ),
     Case(
         "sglang /generate",
         SGLANG,
@@ -1074,6 +1120,9 @@ def test_the_field_table_is_well_formed() -> None:
             "text",
             "reasoning",
             "tool_calls",
+            "routes",
+            "kept",
+            "weight_versions",
         ), f
         if f.place == "delta":
             assert ".delta." in f.name, f

@@ -44,6 +44,11 @@ NOT_SERVED = {
     "choices[].delta.reasoning_content@vllm-openai" + CHAT,
     "choices[].logprobs.content[].token@vllm-generate" + TOKENS,  # vLLM 0.11.1 to 0.31 (--vllm-version 0.31.0)
     "choices[].text@vllm-generate" + TOKENS,  # vLLM 0.32 output_mode text: only when asked
+    # Per-token channels: only when asked of (or started with) them, and with slime's top-p patch.
+    "meta_info.routed_experts",
+    "meta_info.top_p_token_ids",
+    "meta_info.top_p_token_offsets",
+    "choices[].routed_experts",
 }
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tito_rl.trajectory.channels import routes_digest, versions_text
 from tito_rl.trajectory.events import SessionStats, coverage_text
 from tito_rl.trajectory.linearize import Span
 from tito_rl.trajectory.records import Sample
@@ -302,12 +303,35 @@ def render_sample_runs(index: int, sample: Sample, spans: Sequence[Span], names:
     )
     if turns is not None:
         header += f", turns {_turns_text(turns)}"
-    lines = [header]
+    lines = [header, *channel_lines(sample)]
     for kind, start, end, turn in span_runs(sample, spans):
         ids = sample.tokens[start:end]
         label = f"turn {turn}" if turn is not None else ""
         shown = _tokens(ids, names, bracket=kind == "trained")
         lines.append(f"  {kind:<8}{end - start:>7}  {label:<8} {shown}".rstrip())
+    return lines
+
+
+def channel_lines(sample: Sample) -> list[str]:
+    """The sample's channels, one compact line each, only where it has them: routes by shape and digest (and
+    the rows no answer covered), kept sets by size and digest, the weight versions where routes or kept sets
+    came too or the versions change (an engine names a version with every answer: a sample of one version
+    and no other channel shows none, as before channels were read)."""
+    lines: list[str] = []
+    routes = sample.rollout_routed_experts
+    if routes is not None:
+        line = f"  routes   {'x'.join(map(str, routes.shape))} #{routes_digest(routes)}"
+        unknown = sample.metadata.get("routes_unknown_rows") or []
+        if unknown:
+            line += " unknown rows " + ",".join(f"{a}..{b - 1}" if b - a > 1 else str(a) for a, b in unknown)
+        lines.append(line)
+    ids, offsets = sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets
+    if ids is not None and offsets is not None:
+        with_sets = int((offsets[1:] > offsets[:-1]).sum())
+        lines.append(f"  top-p    {with_sets} tokens with kept sets, {len(ids)} ids #{routes_digest(ids)}")
+    versions = sample.weight_versions
+    if versions and (lines or len(set(versions)) > 1):
+        lines.append(f"  versions {versions_text(versions)}")
     return lines
 
 

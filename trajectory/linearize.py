@@ -17,6 +17,14 @@ from typing import Any
 
 from tito_rl.trajectory.events import Event
 from tito_rl.trajectory.records import Sample
+from tito_rl.trajectory.sample_channels import (
+    RouteCut,
+    RouteOp,
+    RouteWrite,
+    assemble_kept,
+    assemble_routes,
+    version_list,
+)
 from tito_rl.trajectory.tree import Node
 
 _CHUNK = 512
@@ -56,11 +64,15 @@ class Builder:
     spans: list[Span] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
     prompt_length: int = 0  # the first turn's prompt: where slime's response region starts
+    route_ops: list[RouteOp] = field(default_factory=list)  # each turn's routes and each rewrite, in order
 
     @classmethod
-    def start(cls, prompt_ids: list[int]) -> Builder:
+    def start(cls, prompt_ids: list[int], after: Builder | None = None, lcp: int = 0) -> Builder:
+        """`after`: the builder this one forks from, sharing its first `lcp` tokens (and so their routes: a row
+        depends only on the tokens up to its own)."""
         n = len(prompt_ids)
-        return cls(list(prompt_ids), [0] * n, [0.0] * n, prompt_length=n)
+        ops: list[RouteOp] = [*after.route_ops, RouteCut(lcp)] if after is not None and after.route_ops else []
+        return cls(list(prompt_ids), [0] * n, [0.0] * n, prompt_length=n, route_ops=ops)
 
     def add_context(self, ids: list[int]) -> None:
         self.tokens += ids
@@ -75,12 +87,15 @@ class Builder:
         self.tokens += turn.output_ids
         self.loss += [int(trained)] * len(turn.output_ids)
         self.logprobs += turn.output_log_probs if trained else [0.0] * len(turn.output_ids)
+        self.route_ops.append(RouteWrite(node.turn_index, turn))
 
-    def realign(self, prompt_ids: list[int]) -> int:
-        """Replace the last response span by the prompt's tokens, masked; returns trained tokens lost."""
+    def realign(self, prompt_ids: list[int], lcp: int | None = None) -> int:
+        """Replace the last response span by the prompt's tokens, masked; returns trained tokens lost. `lcp`: where
+        the prompt parts from the held tokens (default: the span's start); routes from there on are void."""
         span = self.spans[-1]
         lost = span.length if span.trained else 0
         del self.tokens[span.start :], self.loss[span.start :], self.logprobs[span.start :]
+        self.route_ops.append(RouteCut(span.start if lcp is None else lcp))
         self.add_context(prompt_ids[span.start :])
         span.trained, span.length = False, 0  # its tokens are context now, not a response
         return lost
@@ -103,13 +118,20 @@ class Builder:
             return None
         if response_start == AFTER_PROMPT:
             first = self.prompt_length
+        length = len(self.tokens) - first
+        turns = [(s, n.turn) for s, n in zip(self.spans, self.nodes, strict=True) if n.turn is not None]
+        kept = assemble_kept(first, length, [(s.start, s.turn_index, t) for s, t in turns if s.trained], metadata)
         return Sample(
             tokens=list(self.tokens),
-            response_length=len(self.tokens) - first,
+            response_length=length,
             loss_mask=self.loss[first:],
             rollout_log_probs=self.logprobs[first:],
             reward=reward,
             metadata=metadata,
+            rollout_routed_experts=assemble_routes(len(self.tokens), self.route_ops, metadata),
+            rollout_top_p_token_ids=None if kept is None else kept[0],
+            rollout_top_p_token_offsets=None if kept is None else kept[1],
+            weight_versions=version_list([(s.turn_index, t) for s, t in turns], metadata),
         )
 
 
@@ -149,7 +171,7 @@ def linearize_chain(
                 last = builder.spans[-1] if builder.spans else None
                 short = fork_threshold_tokens > 0 and len(turn.output_ids) < fork_threshold_tokens
                 if span is not None and span is last and short:
-                    lost = builder.realign(turn.prompt_ids)
+                    lost = builder.realign(turn.prompt_ids, lcp)
                     why = f"divergence inside the response of turn {span.turn_index}"
                     if turn.unspliced:
                         why += ", prompt rendered: not spliced"
@@ -163,7 +185,7 @@ def linearize_chain(
                         reason = "earlier-response"
                     events.append(Event("fork", reason, index, lcp, leaf.id))
                     builders.append(builder)
-                    builder = Builder.start(turn.prompt_ids)
+                    builder = Builder.start(turn.prompt_ids, builder, lcp)
         trained = index not in trained_turns
         if not trained:
             events.append(

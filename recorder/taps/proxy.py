@@ -46,6 +46,31 @@ async def fetch_engine_info(engine_url: str, timeout_s: float = 5.0) -> dict[str
     return None
 
 
+# The engine's start arguments a recording keeps (`Header.extra["engine_server_info"]`): the audit's
+# `routes-never-asked` reads whether the engine served expert routes that a gateway never asked for.
+KEPT_SERVER_ARGS = ("enable_return_routed_experts",)
+
+
+async def fetch_server_args(engine_url: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The `KEPT_SERVER_ARGS` an SGLang engine's `/server_info` (or `/get_server_info`) sets true; {} where it sets
+    none or does not answer, so a recording's header changes only for an engine started with them."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                async with http.get(engine_url.rstrip("/") + path) as resp:
+                    if resp.status != 200:
+                        continue
+                    info = await resp.json(content_type=None)
+            except ValueError:
+                continue
+            except (aiohttp.ClientError, TimeoutError):
+                return {}
+            if isinstance(info, dict):
+                return {key: True for key in KEPT_SERVER_ARGS if info.get(key) is True}
+    return {}
+
+
 def adapter_settings_dict(settings: AdapterSettings) -> dict[str, Any]:
     data = {k: v for k, v in asdict(settings).items() if k not in SECRET_SETTINGS}
     plain: dict[str, Any] = json.loads(json.dumps(data, default=str))

@@ -45,6 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     spread.add_argument("--ray", metavar="ADDRESS", help=RAY_HELP)
     parser.add_argument(
+        "--max-staleness",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stale-tokens: a sample's tokens may span weight versions at most N apart (integers where they "
+        "parse, else by order of first appearance in the session); default: not checked",
+    )
+    parser.add_argument(
         "--fail-on",
         default=",".join(DEFAULT_FAIL_ON),
         metavar="RULES",
@@ -55,16 +63,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tito_rl.replayer.audit.report import render_text, to_json
-    from tito_rl.replayer.audit.runner import AuditInputError, audit, parse_rules
+    from tito_rl.replayer.audit.runner import AuditInputError, AuditOptions, audit, parse_rules
     from tito_rl.replayer.workers import WorkersError
 
     if args.jobs < 1:
         print("tito audit: --jobs must be >= 1", file=sys.stderr)
         return EXIT_UNUSABLE
+    if args.max_staleness is not None and args.max_staleness < 0:
+        print("tito audit: --max-staleness must be >= 0", file=sys.stderr)
+        return EXIT_UNUSABLE
     bar = progress_bar(args.inputs)
     try:
         report = audit(
-            args.inputs, parse_rules(args.fail_on), bar.update if bar is not None else None, args.jobs, args.ray
+            args.inputs,
+            parse_rules(args.fail_on),
+            bar.update if bar is not None else None,
+            args.jobs,
+            args.ray,
+            options=AuditOptions(args.max_staleness),
         )
     except (AuditInputError, WorkersError) as exc:
         print(f"tito audit: {exc}", file=sys.stderr)

@@ -25,8 +25,7 @@ from tito_rl.replayer.audit.traffic import (
     as_floats,
     as_ids,
     as_mask,
-    common_prefix,
-    digest,
+    traced_calls,
 )
 
 LOGPROB_TOLERANCE = 1e-6  # a sample stores the engine's float as it came: any real difference is larger
@@ -99,20 +98,7 @@ class Coverage(RuleFamily):
         raw = sample.get("rollout_log_probs")
         logprobs = as_floats(raw) if raw is not None and len(raw) == length else None
         owner = np.full(len(tokens), -1, dtype=np.int32)  # the call each position belongs to
-        candidates: list[tuple[int, int, int]] = []
-        for i, call in enumerate(calls):
-            p = call.prompt_len
-            if p is None or p >= len(tokens):
-                continue
-            n = common_prefix(call.output, tokens[p : p + len(call.output)])
-            if n:
-                candidates.append((p, i, n))
-        found: list[tuple[int, int, int, int]] = []
-        crc, done = 0, 0  # the sample's prefixes checksummed once, in order of the candidates' prompt lengths
-        for p, i, n in sorted(candidates):
-            crc, done = digest(tokens[done:p], crc), p
-            if crc == calls[i].prompt_digest:
-                found.append((n, -i, i, p))
+        found = [(n, -i, i, p) for p, i, n in traced_calls(calls, tokens)]
         # the longest match owns a position; between equal ones (a re-send generated again with the same tokens,
         # as a deterministic engine does) the call trained least so far, so each generation is traced to a sample
         # of its own, as distinct outputs would be, not one generation to both and the other to none

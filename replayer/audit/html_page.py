@@ -33,12 +33,12 @@ def render_html(report: AuditReport) -> str:
         + "</p>",
     ]
     for number, audit in enumerate(report.cassettes):
-        parts += _cassette(audit, report.fail_on, number)
+        parts += _cassette(audit, report.fail_on, number, report.rules)
     parts.append("</body></html>\n")
     return "".join(parts)
 
 
-def _cassette(audit: CassetteAudit, fail_on: tuple[str, ...], number: int) -> list[str]:
+def _cassette(audit: CassetteAudit, fail_on: tuple[str, ...], number: int, shown: tuple[str, ...]) -> list[str]:
     out = [
         f"<h2>{escape(audit.path)}</h2><p>target {escape(audit.target)}, {audit.sessions} session(s)"
         + (", truncated" if audit.truncated else "")
@@ -48,6 +48,8 @@ def _cassette(audit: CassetteAudit, fail_on: tuple[str, ...], number: int) -> li
         "<table><tr><th>rule</th><th>total</th><th>sessions</th><th>kinds</th><th>status</th></tr>",
     ]
     for rule, result in audit.findings.rules.items():
+        if rule not in shown:
+            continue
         status = (
             "allowed: " + escape(result.allowed)
             if result.allowed and result.fired

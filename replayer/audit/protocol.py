@@ -26,6 +26,16 @@ RULES: dict[str, str] = {
     "sampling-override": "the client's max tokens, temperature, top_p or stop changed on the way to the engine",
     "status-changed": "an engine error reaches the agent as another class of status",
     "regenerated-retry": "an identical re-send of an answered request generated again",
+    # the per-token channels (`audit.channels`): expert routes, top-p kept sets, weight versions
+    "routes-never-asked": "a generation that did not ask for expert routes from an engine that serves them",
+    "routes-missing": "expert routes the engine sent (or was asked for) missing from the answer or the sample",
+    "routes-misaligned": "route rows not one per token but the last (len(tokens) - 1, from routed_experts_start_len)",
+    "routes-differ": "a sample's route row other than the engine's for that token",
+    "routes-invalid": "a route row with an expert id out of range or repeated, or expert 0 padding where -1 is meant",
+    "kept-set-invalid": "top-p kept-set offsets not response length + 1, or a sampled token outside its kept set",
+    "stale-tokens": "a sample whose tokens span more weight versions than --max-staleness allows",
+    "version-uncovered": "an output token no weight-version span covers",
+    "aborted-by-update": "a generation aborted by a weight update (abort_all_requests)",
 }
 # What a rule's count counts (`RuleResult.total`, and the summary's figures).
 UNITS: dict[str, str] = {
@@ -42,7 +52,19 @@ UNITS: dict[str, str] = {
     "sampling-override": "override(s)",
     "status-changed": "reply(ies)",
     "regenerated-retry": "re-send(s)",
+    "routes-never-asked": "engine call(s)",
+    "routes-missing": "route row(s)",
+    "routes-misaligned": "route array(s)",
+    "routes-differ": "route row(s)",
+    "routes-invalid": "route row(s)",
+    "kept-set-invalid": "kept set(s)",
+    "stale-tokens": "sample(s)",
+    "version-uncovered": "token(s)",
+    "aborted-by-update": "aborted call(s)",
 }
+# The channel rules are listed in a report (JSON, text, HTML) once a cassette of it carries a channel
+# (`Findings.channels`): a report of recordings without any is the same bytes as before these rules existed.
+CHANNEL_RULES = tuple(RULES)[tuple(RULES).index("routes-never-asked") :]
 DEFAULT_FAIL_ON = ("trained-twice", "trained-not-emitted", "logprob-mismatch")
 
 
@@ -142,12 +164,18 @@ class SessionFigures:
         }
 
 
+def shown_rules(channels: bool) -> tuple[str, ...]:
+    """The rules a report lists: every one, the channel rules only where a cassette of it carries channels."""
+    return tuple(RULES) if channels else tuple(r for r in RULES if r not in CHANNEL_RULES)
+
+
 class Findings:
     """Every rule's result for one cassette, and its sessions' figures; rules add to it as the file streams."""
 
     def __init__(self) -> None:
         self.rules = {rule: RuleResult(rule) for rule in RULES}
         self.figures: dict[str, SessionFigures] = {}
+        self.channels = False  # a per-token channel was seen (routes, kept sets, a weight update...)
 
     def figure(self, session: str) -> SessionFigures:
         found = self.figures.get(session)
@@ -163,6 +191,8 @@ class Findings:
         result = self.rules[rule]
         if count <= 0:
             return
+        if rule in CHANNEL_RULES:
+            self.channels = True
         result.total += count
         result.sessions[session] = result.sessions.get(session, 0) + count
         if kind is not None:
@@ -250,6 +280,7 @@ def merge_findings(parts: list[TimedFindings]) -> Findings:
     """Parts of one cassette (each a set of whole sessions) as the findings of one pass over it. Each part kept
     every example the pass might have kept (it had seen no more of them than the pass had at that moment)."""
     merged = Findings()
+    merged.channels = any(t.channels for t in parts)
     for _, session, figure in sorted((t.figure_at[s], s, f) for t in parts for s, f in t.figures.items()):
         merged.figures[session] = figure
     for rule, result in merged.rules.items():

@@ -3,6 +3,7 @@
 JSON, `"schema": "tito-audit"`, `"version": 1`:
 - `fail_on` (rule ids), `failed` (bool: a rule of `fail_on` fired somewhere and is not allowed there),
   `rules`: per rule id its `description`, `total` over all cassettes, `cassettes` (how many it fired in);
+  the per-token channel rules (`protocol.CHANNEL_RULES`) are listed once a cassette of the report carries channels;
 - `cassettes`: per cassette `path`, `target`, `sessions`, `truncated`, `emitted`, `covered`, `coverage` (null:
   nothing emitted in a finished session), `failing` (rule ids), `allowed` (rule id -> reason), `rules` (per rule
   id: `total`, `sessions` (session -> count), `kinds` (kind or reason -> count), `allowed`, `examples`: each
@@ -24,6 +25,7 @@ SESSION_LINES = 20  # sessions a cassette's text lists (those with findings firs
 
 
 def to_json(report: AuditReport) -> dict[str, Any]:
+    shown = report.rules
     return {
         "schema": "tito-audit",
         "version": SCHEMA_VERSION,
@@ -36,12 +38,13 @@ def to_json(report: AuditReport) -> dict[str, Any]:
                 "cassettes": sum(1 for c in report.cassettes if c.findings.rules[rule].fired),
             }
             for rule, text in RULES.items()
+            if rule in shown
         },
-        "cassettes": [_cassette_json(c, report.fail_on) for c in report.cassettes],
+        "cassettes": [_cassette_json(c, report.fail_on, shown) for c in report.cassettes],
     }
 
 
-def _cassette_json(audit: CassetteAudit, fail_on: tuple[str, ...]) -> dict[str, Any]:
+def _cassette_json(audit: CassetteAudit, fail_on: tuple[str, ...], shown: tuple[str, ...]) -> dict[str, Any]:
     figures = []
     for figure in audit.findings.figures.values():
         counts = {
@@ -58,7 +61,7 @@ def _cassette_json(audit: CassetteAudit, fail_on: tuple[str, ...]) -> dict[str, 
         "coverage": audit.coverage,
         "failing": audit.failing(fail_on),
         "allowed": dict(audit.allowed),
-        "rules": {rule: _rule_json(result) for rule, result in audit.findings.rules.items()},
+        "rules": {rule: _rule_json(result) for rule, result in audit.findings.rules.items() if rule in shown},
         "session_figures": figures,
     }
 
@@ -80,7 +83,7 @@ def coverage_text(covered: int, emitted: int) -> str:
 def render_text(report: AuditReport) -> str:
     lines: list[str] = []
     for audit in report.cassettes:
-        lines += _cassette_text(audit, report.fail_on)
+        lines += _cassette_text(audit, report.fail_on, report.rules)
     failing = sorted({r for c in report.cassettes for r in c.failing(report.fail_on)}, key=list(RULES).index)
     sessions = sum(c.sessions for c in report.cassettes)
     fired = [_fired_text(report, r) for r in RULES if any(c.findings.rules[r].fired for c in report.cassettes)]
@@ -104,7 +107,7 @@ def _fired_text(report: AuditReport, rule: str) -> str:
     return f"{rule}: {findings} {UNITS[rule]} in {sessions} session(s) of {cassettes} cassette(s)"
 
 
-def _cassette_text(audit: CassetteAudit, fail_on: tuple[str, ...]) -> list[str]:
+def _cassette_text(audit: CassetteAudit, fail_on: tuple[str, ...], shown: tuple[str, ...]) -> list[str]:
     findings = audit.findings
     set_aside = {
         k: sum(getattr(f, k) for f in findings.figures.values())
@@ -125,7 +128,8 @@ def _cassette_text(audit: CassetteAudit, fail_on: tuple[str, ...]) -> list[str]:
     quiet = []
     for rule, result in findings.rules.items():
         if not result.fired:
-            quiet.append(rule)
+            if rule in shown:
+                quiet.append(rule)
             continue
         mark = "FAIL " if rule in fail_on and rule not in audit.allowed else ""
         kinds = (": " + ", ".join(f"{k} {n}" for k, n in sorted(result.kinds.items()))) if result.kinds else ""

@@ -18,9 +18,19 @@ from tito_rl.cassette.format.records import Header
 from tito_rl.cassette.reader import CassetteReader
 from tito_rl.replayer import workers
 from tito_rl.replayer.audit.allowlist import AllowlistError, read_allowlist
+from tito_rl.replayer.audit.channels.kept_sets import KeptRules
+from tito_rl.replayer.audit.channels.routes import RouteRules
+from tito_rl.replayer.audit.channels.versions import VersionRules
 from tito_rl.replayer.audit.coverage import Coverage
 from tito_rl.replayer.audit.prefix import PrefixBreak
-from tito_rl.replayer.audit.protocol import DEFAULT_FAIL_ON, RULES, Findings, TimedFindings, merge_findings
+from tito_rl.replayer.audit.protocol import (
+    DEFAULT_FAIL_ON,
+    RULES,
+    Findings,
+    TimedFindings,
+    merge_findings,
+    shown_rules,
+)
 from tito_rl.replayer.audit.replies import Replies
 from tito_rl.replayer.audit.requests import Requests
 from tito_rl.replayer.audit.traffic import Feed, RuleFamily, records_of, stream
@@ -34,9 +44,26 @@ class AuditInputError(Exception):
     allowlist. Its message is one line."""
 
 
-def families(findings: Findings) -> list[RuleFamily]:
+@dataclass(frozen=True)
+class AuditOptions:
+    """What a rule is told beyond the recording: `max_staleness`, the weight versions a sample's tokens may span
+    (`stale-tokens`; None: not checked)."""
+
+    max_staleness: int | None = None
+
+
+def families(findings: Findings, options: AuditOptions | None = None) -> list[RuleFamily]:
     """Every rule family, in the order they see each record (prefix breaks before coverage reads them)."""
-    return [PrefixBreak(findings), Coverage(findings), Replies(findings), Requests(findings)]
+    options = options or AuditOptions()
+    return [
+        PrefixBreak(findings),
+        Coverage(findings),
+        Replies(findings),
+        Requests(findings),
+        RouteRules(findings),
+        KeptRules(findings),
+        VersionRules(findings, options.max_staleness),
+    ]
 
 
 @dataclass
@@ -94,13 +121,20 @@ class AuditReport:
     def failed(self) -> bool:
         return any(c.failing(self.fail_on) for c in self.cassettes)
 
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """The rules the report lists (`protocol.shown_rules`): the channel rules once a cassette carries channels."""
+        return shown_rules(any(c.findings.channels for c in self.cassettes))
 
-def audit_cassette(path: str | Path, progress: Callable[[int], None] | None = None) -> CassetteAudit:
+
+def audit_cassette(
+    path: str | Path, progress: Callable[[int], None] | None = None, options: AuditOptions | None = None
+) -> CassetteAudit:
     """One cassette, read once (module docstring); `progress(bytes_read)` at each session's end."""
     allowed = read_allowlist_or_fail(path)
     findings = Findings()
     try:
-        result = stream(path, families(findings), findings, progress)
+        result = stream(path, families(findings, options), findings, progress)
     except (CassetteError, FileNotFoundError, IsADirectoryError) as exc:
         raise _unusable(Path(path), exc) from None
     for rule, reason in allowed.items():
@@ -164,18 +198,19 @@ def audit(
     ray: str | None = None,
     dispatch: Dispatch | None = None,
     unit_most: int | None = None,
+    options: AuditOptions | None = None,
 ) -> AuditReport:
     """Every cassette of `inputs`, in order; `progress(n)` hears n more bytes read (a bar over their sizes).
     `jobs` > 1: each cassette's sessions are cut into work units (module docstring), run by that many worker processes;
     `ray`: as tasks on that Ray cluster (an address, or `auto`; `replayer/workers.py`); `dispatch`: run by it
-    instead; `unit_most`: sessions per unit at most. The report is the one `jobs=1` makes, byte for byte;
-    `WorkersError` where the workers cannot run."""
+    instead; `unit_most`: sessions per unit at most; `options`: the rules' (`AuditOptions`). The report is the
+    one `jobs=1` makes, byte for byte; `WorkersError` where the workers cannot run."""
     paths = cassette_paths(inputs)
     if dispatch is not None:
-        return AuditReport(_audit_in_units(paths, dispatch, jobs, progress, unit_most), fail_on)
+        return AuditReport(_audit_in_units(paths, dispatch, jobs, progress, unit_most, options), fail_on)
     if jobs > 1 or ray is not None:
         with workers.running(workers.Backend(jobs, ray)) as (dispatching, slots):
-            return AuditReport(_audit_in_units(paths, dispatching, slots, progress, unit_most), fail_on)
+            return AuditReport(_audit_in_units(paths, dispatching, slots, progress, unit_most, options), fail_on)
     audits = []
     for path in paths:
         done = 0
@@ -186,7 +221,7 @@ def audit(
                 progress(bytes_read - done)
                 done = bytes_read
 
-        audits.append(audit_cassette(path, step))
+        audits.append(audit_cassette(path, step, options))
     return AuditReport(audits, fail_on)
 
 
@@ -213,6 +248,8 @@ class AuditPart:
 class AuditJob:
     """`tito audit`'s work on a unit (`UnitJob`): its sessions fed to every rule family, as one pass feeds them."""
 
+    options: AuditOptions = field(default_factory=AuditOptions)
+
     def reads(self, unit: WorkUnit) -> list[str]:
         return [unit.path]  # its allowlist is read by the parent
 
@@ -221,7 +258,7 @@ class AuditJob:
         reader: CassetteReader | None = None
         try:
             with unit.reader() as reader:
-                feed = Feed(reader.header, families(findings), findings)
+                feed = Feed(reader.header, families(findings, self.options), findings)
                 for offset, record in records_of(reader, unit.sessions):
                     findings.at(0, offset)
                     feed.feed(record)
@@ -271,6 +308,7 @@ def _audit_in_units(
     workers: int,
     progress: Callable[[int], None] | None,
     unit_most: int | None,
+    options: AuditOptions | None = None,
 ) -> list[CassetteAudit]:
     """Every cassette planned here (its index read, its allowlist), its units run by `dispatch`, each cassette's
     parts merged once they are all in; an unusable cassette raises when its turn comes, as in one process."""
@@ -301,7 +339,7 @@ def _audit_in_units(
             parts[i] = []
 
     merge_ready()
-    for unit, part in zip(units, dispatch(units, AuditJob()), strict=True):
+    for unit, part in zip(units, dispatch(units, AuditJob(options or AuditOptions())), strict=True):
         parts[unit.cassette].append(part)
         left[unit.cassette] -= 1
         plan = planned[unit.cassette]

@@ -25,8 +25,9 @@ from tito_rl.cassette.format.packing import PackedColumn, PackedIds
 from tito_rl.cassette.format.records import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
 from tito_rl.cassette.reader import CassetteReader
 from tito_rl.replayer.audit.protocol import Example, Findings
+from tito_rl.trajectory.dialects.channel_reads import read_sglang
 from tito_rl.trajectory.dialects.registry import record_view
-from tito_rl.trajectory.dialects.view import EngineView
+from tito_rl.trajectory.dialects.view import EngineView, object_at
 
 U32 = np.dtype("<u4")
 EMPTY = np.zeros(0, dtype=U32)
@@ -73,6 +74,26 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return m if same[first] else first
 
 
+def traced_calls(calls: list[Call], tokens: np.ndarray) -> list[tuple[int, int, int]]:
+    """The calls whose output lies in a sample's `tokens`: `(p, i, n)` where the tokens start with call i's prompt
+    (its `p` ids, by digest) and go on with the first `n` > 0 ids of its output; in order of `p`."""
+    candidates: list[tuple[int, int, int]] = []
+    for i, call in enumerate(calls):
+        p = call.prompt_len
+        if p is None or p >= len(tokens):
+            continue
+        n = common_prefix(call.output, tokens[p : p + len(call.output)])
+        if n:
+            candidates.append((p, i, n))
+    found: list[tuple[int, int, int]] = []
+    crc, done = 0, 0  # the sample's prefixes checksummed once, in order of the candidates' prompt lengths
+    for p, i, n in sorted(candidates):
+        crc, done = digest(tokens[done:p], crc), p
+        if crc == calls[i].prompt_digest:
+            found.append((p, i, n))
+    return found
+
+
 @dataclass(eq=False)  # compared by identity: it holds arrays
 class Call:
     """One engine call as the rules need it after it was read: its output and logprobs, not its prompt."""
@@ -90,6 +111,7 @@ class Call:
     exchange: int | None = None  # index among the session's agent exchanges, once its record is read
     side: bool = False
     examples: list[Example] = field(default_factory=list)  # told their exchange when it is known
+    record: EngineRecord | None = None  # the raw record, while the families are fed it (then let go)
 
     @property
     def generates(self) -> bool:
@@ -155,6 +177,7 @@ class SessionState:
     answered: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)  # exchange -> (seq, output head)
     breaks: dict[int, str] = field(default_factory=dict)  # call index -> kind: a later prompt drops its output
     notes: dict[str, Any] = field(default_factory=dict)
+    channels: Any = None  # the per-token channel rules' notes (`audit.channels`), kept past a finish
 
 
 @dataclass
@@ -206,6 +229,10 @@ def _call(record: EngineRecord, index: int) -> tuple[Call, np.ndarray | None]:
     view = record_view(record)
     if isinstance(packed, PackedIds):
         prompt: np.ndarray | None = np.frombuffer(packed.packed, dtype=U32)
+        if view.channel_error and isinstance(request, dict):  # routes need the prompt's length: read them again
+            view.prompt_ids, view.channel_error = prompt, ""  # type: ignore[assignment]  # only its length is read
+            response = record.response if isinstance(record.response, dict) else {}
+            read_sglang(view, request, object_at(response, "meta_info"))
         view.prompt_ids = None
     else:
         prompt = np.asarray(view.prompt_ids, dtype=U32) if view.prompt_ids is not None else None
@@ -253,8 +280,10 @@ class Feed:
             call, prompt = _call(record, state.calls)
             state.calls += 1
             findings.figure(state.name).engine_calls += 1
+            call.record = record
             for family in families:
                 family.call(state, call, prompt)
+            call.record = None
             state.pending.append(call)
             state.since_finish.append(call)
         elif isinstance(record, AgentRecord):

@@ -245,10 +245,13 @@ def samples_difference(
     decode: Decode,
     turn_of: Callable[[int, int], int | None] | None = None,
     labels: tuple[str, str] = LABELS,
+    channels_both_ways: bool = False,
 ) -> tuple[str, list[str], int | None] | None:
     """(summary, detail, turn) for the first field that differs, sample by sample; None when all are equal.
 
-    `turn_of(sample, token index)` names the turn whose response holds a token of a replayed sample.
+    `turn_of(sample, token index)` names the turn whose response holds a token of a replayed sample. The channels
+    are compared where the first side has them (a recording from before them has none), or, with
+    `channels_both_ways` (two replays), wherever either side has them.
     """
     label_a, label_b = labels
     for i, (a, b) in enumerate(zip(recorded, replayed, strict=False)):
@@ -276,6 +279,9 @@ def samples_difference(
                 if found is not None:
                     return f"sample {i}: metadata differ", _json_lines("metadata", found), None
             return f"sample {i}: {name} differ", [f"{label_a}: {short(va)}", f"{label_b}: {short(vb)}"], None
+        found = _channel_difference(i, a, b, labels, channels_both_ways)
+        if found is not None:
+            return found
     if len(recorded) != len(replayed):
         return (
             f"{label_a}: {len(recorded)} sample(s), {label_b}: {len(replayed)}",
@@ -283,6 +289,44 @@ def samples_difference(
             None,
         )
     return None
+
+
+# Per-token channels: compared where the recorded sample has them (a recording from before them has none).
+CHANNEL_FIELDS = ("rollout_routed_experts", "rollout_top_p_token_ids", "rollout_top_p_token_offsets", "weight_versions")
+
+
+def _channel_difference(
+    i: int, a: dict[str, Any], b: dict[str, Any], labels: tuple[str, str], both_ways: bool
+) -> tuple[str, list[str], int | None] | None:
+    label_a, label_b = labels
+    for name in CHANNEL_FIELDS:
+        if a.get(name) is None and not (both_ways and b.get(name) is not None):
+            continue
+        va, vb = (_plain(v.get(name), name == "rollout_routed_experts") for v in (a, b))
+        if va == vb:
+            continue
+        if name == "rollout_routed_experts" and isinstance(va, list) and isinstance(vb, list):
+            row = _list_divergence(va, vb)
+            return (
+                f"sample {i}: {name} differ",
+                [
+                    f"{label_a} {len(va)} rows, {label_b} {len(vb)}; first difference at row {row} (token {row})",
+                    f"{label_a}: {short(va[row : row + 1])}",
+                    f"{label_b}: {short(vb[row : row + 1])}",
+                ],
+                None,
+            )
+        return f"sample {i}: {name} differ", [f"{label_a}: {short(va)}", f"{label_b}: {short(vb)}"], None
+    return None
+
+
+def _plain(value: Any, rows: bool = False) -> Any:
+    """Plain lists; route rows flattened (`rows`): the split of a row into layers x top_k depends on what the
+    replaying adapter knows of the model (`served_model.routes_top_k`), the ids do not."""
+    value = value.tolist() if hasattr(value, "tolist") else value
+    if rows and isinstance(value, list):
+        return [[e for layer in row for e in layer] if isinstance(row, list) else row for row in value]
+    return value
 
 
 def turn_locator(spans: Sequence[Sequence[Any]]) -> Callable[[int, int], int | None]:

@@ -76,7 +76,9 @@ def compare(
         diff = SessionDiff(name or "", sa, sb)
         if sa is not None and sb is not None:
             spans = turn_locator([sp for f in sb.finishes for sp in f.linearization.spans])
-            diff.divergence = samples_difference(_samples(sa), _samples(sb), decode, spans, ("A", "B"))
+            diff.divergence = samples_difference(
+                _samples(sa), _samples(sb), decode, spans, ("A", "B"), channels_both_ways=True
+            )
         out.append(diff)
     return out
 

@@ -385,6 +385,38 @@ def logprob_at(sample: Sample, index: int) -> float | None:
     return sample.rollout_log_probs[index - first] if index >= first else None
 
 
+SHOWN_LAYERS = 4  # a token's route on hover: its first layers (a large MoE has dozens), then the count
+
+
+def channel_tip(sample: Sample, index: int, turn: int | None, output: bool) -> list[str]:
+    """A token's channels for its tooltip: its experts per layer (or why it has no row), its top-p kept set's size,
+    and, for a turn's output, the weight version that generated it. Nothing where the sample has no channels."""
+    lines: list[str] = []
+    routes = sample.rollout_routed_experts
+    if routes is not None:
+        if index >= len(routes):
+            lines.append("experts: no row (the sample's last token was never forwarded)")
+        elif bool((routes[index] == -1).all()):
+            lines.append("experts: unknown (no engine answer covered this token)")
+        else:
+            layers = [",".join(map(str, layer.tolist())) for layer in routes[index][:SHOWN_LAYERS]]
+            more = f" … ({len(routes[index])} layers)" if len(routes[index]) > SHOWN_LAYERS else ""
+            lines.append("experts " + " · ".join(f"L{n}: {e}" for n, e in enumerate(layers)) + more)
+    offsets = sample.rollout_top_p_token_offsets
+    first = sample.prompt_length
+    if offsets is not None and index >= first:
+        kept = int(offsets[index - first + 1] - offsets[index - first])
+        lines.append(f"top-p kept set: {kept} ids" if kept else "top-p kept set: none (not trained)")
+    turns = sample.metadata.get("turns")
+    if output and turn is not None and sample.weight_versions and isinstance(turns, list) and turn in turns:
+        version = sample.weight_versions[turns.index(turn)]
+        changes = [c for c in sample.metadata.get("weight_version_changes") or [] if c.get("turn") == turn]
+        if changes:
+            version = " → ".join(str(span[0]) for span in changes[0]["spans"]) + " (changed during the turn)"
+        lines.append(f"weight version {version or '?'}")
+    return lines
+
+
 def describe_finish(finish: FinishResult) -> str:
     live = "none (never finished live)" if finish.live is None else str(len(finish.live))
     return f"reward {finish.reward:g}, live samples {live}"

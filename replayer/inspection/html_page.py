@@ -22,6 +22,7 @@ from tito_rl.replayer.inspection.gather import (
     Placement,
     SessionView,
     TokenRun,
+    channel_tip,
     describe_finish,
     header_facts,
     logprob_at,
@@ -284,6 +285,9 @@ def _tokens(out: list[str], k: int, sample: Sample, run: TokenRun, start: int, e
         lp = logprob_at(sample, i)
         logprob = "none (prompt)" if lp is None else f"{lp:.6g}"
         tip = f"{name}\nid {token} · logprob {logprob}\n{run.kind}: {run.label}\ntoken {i} of sample {k}"
+        channels = channel_tip(sample, i, run.turn, run.kind in ("trained", "masked"))
+        if channels:
+            tip += "\n" + "\n".join(channels)
         out.append(f'<span class="{classes}" data-i="{i}" title="{_e(tip)}">{_e(name)}</span>')
         if "↵" in name:
             out.append("<br>")

@@ -16,7 +16,7 @@ from tito_rl.replayer.inspection.gather import (
     sample_line,
 )
 from tito_rl.trajectory.events import SessionStats, coverage_text
-from tito_rl.trajectory.golden import TokenNames, render_tree
+from tito_rl.trajectory.golden import TokenNames, channel_lines, render_tree
 
 COLUMNS = ("#", "turn", "status", "prompt", "output", "finish", "started_s", "agent_s", "engine_s")
 
@@ -57,9 +57,11 @@ def session_lines(session: SessionView, names: TokenNames) -> list[str]:
         if not lin.events:
             lines.append("    none")
         lines.append("  samples:")
-        lines += [
-            f"    {sample_line(i, s, lin.spans[i] if i < len(lin.spans) else [])}" for i, s in enumerate(lin.samples)
-        ] or ["    none"]
+        for i, s in enumerate(lin.samples):
+            lines.append(f"    {sample_line(i, s, lin.spans[i] if i < len(lin.spans) else [])}")
+            lines += ["    " + line for line in channel_lines(s)]  # routes, kept sets, versions, as goldens
+        if not lin.samples:
+            lines.append("    none")
     return lines
 
 

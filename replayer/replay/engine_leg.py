@@ -33,6 +33,7 @@ from tito_rl.replayer.comparison.differences import (
     token_divergence,
 )
 from tito_rl.replayer.replay.plan import PlannedExchange
+from tito_rl.trajectory.adapters.engine.generate import SERVER_INFO_PATH
 from tito_rl.trajectory.adapters.engine.transport import EngineAnswer, EngineUnreachable
 from tito_rl.trajectory.dialects.registry import detect_dialect, endpoint_of, is_generation, record_view, view_of
 from tito_rl.trajectory.dialects.view import SGLANG, EngineView
@@ -116,6 +117,8 @@ class CassetteTransport:
             raise EngineUnreachable("replay: an engine call outside any replayed agent exchange")
         session = key[0]
         path = url[len(self.base_url) :] if url.startswith(self.base_url) else url
+        if method == "GET" and path == SERVER_INFO_PATH:
+            return EngineAnswer(200, self.server_info(session))
         record = leg.take(method, path)
         translated = record is None and endpoint_of(path) == "generate" and detect_dialect(path, body) == SGLANG
         if translated:
@@ -157,6 +160,17 @@ class CassetteTransport:
         if recorded is not None and record.status == 200:
             return EngineAnswer(200, generate_answer(recorded, body, self.decode))
         return EngineAnswer(record.status, record.response, record.wire)
+
+    def server_info(self, session: str) -> dict[str, Any]:
+        """What tito's adapter learns from SGLang's `/get_server_info` (asked once, never recorded: not a session's
+        call): whether the engine served expert routes, as the session's recorded generations show by asking."""
+        asked = any(
+            isinstance(record.request, dict) and record.request.get("return_routed_experts") is True
+            for (name, _), leg in self.legs.items()
+            if name == session
+            for record in leg.planned.engine
+        )
+        return {"enable_return_routed_experts": asked}
 
     def check_translated(
         self, exchange: PlannedExchange, record: EngineRecord, recorded: EngineView, body: dict[str, Any] | None

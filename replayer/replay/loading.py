@@ -21,6 +21,9 @@ from tito_rl.trajectory.adapters.app import AdapterSettings
 from tito_rl.trajectory.manager import TrajectoryManager
 from tito_rl.trajectory.tokens.tokenizer import fingerprint
 
+# A recording from before the adapter asked for kept sets never asked for them (whether it asks for routes, a replay
+# learns from the recording's own engine calls: `engine_leg.CassetteTransport` answers `/get_server_info`).
+ABSENT_CHANNEL_SETTINGS: dict[str, Any] = {"engine_kept_sets": False}
 LOCAL_SETTINGS = frozenset({"client_session_factory", "rid_factory", "clock", "disconnect_poll_s"})
 
 
@@ -107,7 +110,11 @@ def settings_problem(header: Header) -> str | None:
 
 def adapter_settings(header: Header, tokenizer: str | None, overrides: dict[str, Any]) -> AdapterSettings:
     known = {f.name for f in fields(AdapterSettings)} - LOCAL_SETTINGS
-    values = {**ABSENT_ADAPTER_SETTINGS, **{k: v for k, v in header.adapter.items() if k in known}}
+    values = {
+        **ABSENT_ADAPTER_SETTINGS,
+        **ABSENT_CHANNEL_SETTINGS,
+        **{k: v for k, v in header.adapter.items() if k in known},
+    }
     if "tool_call" in header.parsers:
         values["tool_parser"] = header.parsers["tool_call"]
     if "reasoning" in header.parsers:

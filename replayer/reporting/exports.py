@@ -13,10 +13,17 @@ from typing import IO, Any
 from tito_rl.replayer.replay.results import CassetteResult
 
 FIELDS = ("tokens", "response_length", "loss_mask", "rollout_log_probs", "reward", "metadata")
+# Per-token channels (slime's names and layouts), written where a sample has them: a sample without any has the
+# same line as before they existed.
+CHANNEL_FIELDS = ("rollout_routed_experts", "rollout_top_p_token_ids", "rollout_top_p_token_offsets", "weight_versions")
 
 
 def sample_line(session: str, index: int, sample: dict[str, Any]) -> str:
     row = {"session": session, "index": index, **{k: sample.get(k) for k in FIELDS}}
+    for key in CHANNEL_FIELDS:
+        value = sample.get(key)
+        if value is not None:
+            row[key] = value.tolist() if hasattr(value, "tolist") else value
     return json.dumps(row, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 

@@ -32,6 +32,7 @@ from tito_rl.trajectory.adapters.canonical import EchoMemory, fold_system_messag
 from tito_rl.trajectory.adapters.disconnects import DisconnectWatcher
 from tito_rl.trajectory.adapters.engine import fast_json
 from tito_rl.trajectory.adapters.engine.generate import EngineClient, EngineError, Generation, new_rid, sampling_params
+from tito_rl.trajectory.adapters.engine.served_model import routes_top_k
 from tito_rl.trajectory.adapters.engine.transport import EngineTransport
 from tito_rl.trajectory.adapters.parsing.output_parser import OutputParser
 from tito_rl.trajectory.adapters.parsing.sglang_parsers import ParsedOutput
@@ -77,6 +78,8 @@ class AdapterSettings:
     engine_dialect: str = SGLANG  # the engine API called (`engine.generate.ADAPTER_DIALECTS`, docs/engine-dialects.md)
     engine_model: str | None = None  # the engine's served model, which vLLM calls name (None: asked of the engine)
     engine_seed: int | None = None  # a sampling seed sent with every generation (reproducible engine legs)
+    engine_routes: bool | None = None  # ask SGLang for expert routes (None: as its /get_server_info says)
+    engine_kept_sets: bool = True  # ask SGLang for top-p kept sets when a request samples with top_p < 1
     side_patterns: tuple[str, ...] = DEFAULT_SIDE_PATTERNS  # title/summary prompts answered but never trained
     engine_timeout_s: float = 600.0
     abort_grace_s: float = 5.0  # how long to wait for an aborted generation's partial output
@@ -152,6 +155,9 @@ class Adapter:
             settings.clock,
             settings.engine_dialect,
             settings.engine_model,
+            settings.engine_routes,
+            settings.engine_kept_sets,
+            routes_top_k(settings.tokenizer_dir),
         )
         self.sessions: dict[str, SessionState] = {}
         self.disconnects = DisconnectWatcher(settings.disconnect_poll_s)
@@ -293,7 +299,9 @@ class Adapter:
             self._report(ref, state, request, body, 499, {}, started, digest, side=True)
 
         try:
-            gen = await self._generate(request, ref, state, rid, prompt_ids, turn, on_disconnect)
+            gen = await self._generate(
+                request, ref, state, rid, prompt_ids, turn, on_disconnect, prompt.splice.routes_from
+            )
         except EngineError as exc:
             status = wire.OVERLOADED_STATUS if exc.overloaded else exc.status
             return await self._fail(request, ref, state, wire, body, started, status, exc.message, digest)
@@ -322,6 +330,7 @@ class Adapter:
             parsed.ill_formed,
             label=f"{route} exchange {state.reported}",
             unspliced=prompt.splice.refused,
+            **_channels(gen, prompt.splice.routes_from),
         )
         return await self._send_turn(request, ref, state, wire, turn, reply, record, prompt, body, started, digest)
 
@@ -334,8 +343,11 @@ class Adapter:
         prompt_ids: list[int],
         turn: TurnRequest,
         on_disconnect: Callable[[Generation], None],
+        routes_from: int = 0,
     ) -> Generation | None:
-        """The generation, or None when the client went away (then aborted, and reported to on_disconnect)."""
+        """The generation, or None when the client went away (then aborted, and reported to on_disconnect).
+        `routes_from`: the first position whose expert route the answer must hold (the spliced prefix's came with
+        the turn spliced onto)."""
         params = sampling_params(
             turn.sampling,
             len(prompt_ids),
@@ -346,7 +358,9 @@ class Adapter:
         if params is None:  # no context left: no call, an empty `length` turn (reference behaviour)
             return Generation(rid, [], [], "length", len(prompt_ids), created=int(self.engine.clock()))
         on_exchange = self._engine_reporter(ref, request)
-        task = asyncio.ensure_future(self.engine.generate(ref.sid, rid, prompt_ids, params, on_exchange, state.t0))
+        task = asyncio.ensure_future(
+            self.engine.generate(ref.sid, rid, prompt_ids, params, on_exchange, state.t0, routes_from)
+        )
 
         async def abort(task: asyncio.Future[Generation]) -> None:
             told = await self.engine.abort(rid, on_exchange, state.t0)
@@ -415,6 +429,7 @@ class Adapter:
             gen.output_log_probs,
             parsed.ill_formed,
             label="aborted: client disconnected",
+            **_channels(gen),
         )
         self.manager.record_side_turn(ref.sid, messages, self.reply_message(parsed), record)
 
@@ -445,7 +460,15 @@ class Adapter:
             index = self.manager.record_turn(ref.sid, messages, reply.message, record)
             state.echoes.remember(reply.message)
             state.splices.remember(
-                PriorTurn(index, messages, reply.message, prompt.text, record.prompt_ids, record.output_ids),
+                PriorTurn(
+                    index,
+                    messages,
+                    reply.message,
+                    prompt.text,
+                    record.prompt_ids,
+                    record.output_ids,
+                    routed=record.routes is not None,
+                ),
                 prompt.splice.continues,
             )
         headers = SSE_HEADERS if events is not None else JSON_HEADERS
@@ -641,6 +664,13 @@ class Adapter:
 
     async def on_cleanup(self, app: web.Application) -> None:
         await self.engine.close()
+
+
+def _channels(gen: Generation, routes_from: int = 0) -> dict[str, Any]:
+    """A generation's per-token channels as `TurnRecord` takes them; routes from `routes_from` on (the spliced
+    prefix's rows came with the turn spliced onto: an engine that sends them again, vLLM, is not kept twice)."""
+    routes = gen.routes.from_row(routes_from) if gen.routes is not None else None
+    return {"routes": routes, "kept": gen.kept, "weight_versions": gen.weight_versions}
 
 
 def _json_bytes(data: dict[str, Any] | list[Any]) -> bytes:

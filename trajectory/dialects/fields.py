@@ -58,6 +58,9 @@ V_IDS = "vLLM 0.10.2 (PR #22587)"
 V_OLD = "vLLM <= 0.9.2 (oldest read)"
 S_CHAT_IDS = "SGLang 0.5.13"
 S_OLD = "SGLang <= 0.4.9 (oldest read)"
+S_ROUTES = "SGLang 0.5.x (--enable-return-routed-experts)"
+S_KEPT = "slime's SGLang top-p patch (docker/patch/latest/sglang-top_p.patch)"
+SLIME_TOP_P = "slime: docker/patch/latest/sglang-top_p.patch"
 
 
 def _vllm_chat(endpoint: str, dialect: str = VLLM_OPENAI) -> tuple[Field, ...]:
@@ -705,6 +708,28 @@ VLLM_TOKENS = (
         VLLM_GENERATE,
         TOKENS,
         RESP,
+        "choices[].routed_experts",
+        "choice",
+        "last choice chunk",
+        "vLLM 0.32 (base64 .npy; engine started with --enable-return-routed-experts)",
+        V_TOKENS_SERVING,
+        "routes",
+    ),
+    Field(
+        VLLM_GENERATE,
+        TOKENS,
+        RESP,
+        "choices[].weight_versions",
+        "choice",
+        "last choice chunk",
+        "vLLM 0.32 ({version, start, end} spans, captured at admission)",
+        V_TOKENS,
+        "weight_versions",
+    ),
+    Field(
+        VLLM_GENERATE,
+        TOKENS,
+        RESP,
         "choices[].text",
         "choice",
         "every chunk",
@@ -761,6 +786,65 @@ SGLANG_GENERATE = (  # pinned in shared/notes/sglang-http.md; the rows the view 
         S_OLD,
         S_TOKENIZER,
         "finish_reason",
+    ),
+    # Per-token channels (CHANNELS.md, `dialects/channel_reads.py`): routes only when asked of an engine started
+    # with --enable-return-routed-experts; kept sets with slime's top-p patch; versions always (0.5.23).
+    Field(SGLANG, GENERATE, REQ, "return_routed_experts", "root", ALL, S_ROUTES, S_IO),
+    Field(SGLANG, GENERATE, REQ, "routed_experts_start_len", "root", ALL, S_ROUTES, S_IO),
+    Field(
+        SGLANG,
+        GENERATE,
+        REQ,
+        "sampling_params.custom_params.return_top_p_token_ids",
+        "sampling_params",
+        ALL,
+        S_KEPT,
+        SLIME_TOP_P,
+    ),
+    Field(
+        SGLANG,
+        GENERATE,
+        RESP,
+        "meta_info.routed_experts",
+        "meta_info",
+        "cumulative per chunk; only when asked",
+        S_ROUTES,
+        S_TOKENIZER,
+        "routes",
+    ),
+    Field(
+        SGLANG,
+        GENERATE,
+        RESP,
+        "meta_info.top_p_token_ids",
+        "meta_info",
+        "cumulative per chunk; only when asked",
+        S_KEPT,
+        SLIME_TOP_P,
+        "kept",
+    ),
+    Field(
+        SGLANG,
+        GENERATE,
+        RESP,
+        "meta_info.top_p_token_offsets",
+        "meta_info",
+        "cumulative per chunk; only when asked",
+        S_KEPT,
+        SLIME_TOP_P,
+        "kept",
+    ),
+    Field(SGLANG, GENERATE, RESP, "meta_info.weight_version", "meta_info", ALL, S_OLD, S_TOKENIZER, "weight_versions"),
+    Field(
+        SGLANG,
+        GENERATE,
+        RESP,
+        "meta_info.weight_versions",
+        "meta_info",
+        "cumulative per chunk",
+        "SGLang 0.5.23 ({version, start, end} spans over the output)",
+        S_TOKENIZER,
+        "weight_versions",
     ),
 )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tito_rl.trajectory.dialects.channel_reads import read_openai
 from tito_rl.trajectory.dialects.sglang import _ids
 from tito_rl.trajectory.dialects.streams import merged_chunks
 from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE, EngineView, object_at, sampling_view
@@ -74,6 +75,7 @@ NOT_SAMPLING = frozenset(
         "return_output_ids_in_sglext",
         "return_hidden_states",
         "return_routed_experts",
+        "routed_experts_start_len",
     }
 )
 KEPT_FLAGS = frozenset({"skip_special_tokens", "include_stop_str_in_output", "no_stop_trim", "ignore_eos"})
@@ -138,6 +140,7 @@ def openai_view(dialect: str, endpoint: str, request: dict[str, Any], response: 
         view.tool_calls = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else None
     elif isinstance(choice.get("text"), str):
         view.text = choice["text"]
+    read_openai(view, request, body, choice)
     return view
 
 

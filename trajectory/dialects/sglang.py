@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tito_rl.trajectory.dialects.channel_reads import read_sglang
 from tito_rl.trajectory.dialects.view import SGLANG, EngineView, object_at, sampling_view
 
 
@@ -33,6 +34,7 @@ def generate_view(request: dict[str, Any], response: Any) -> EngineView:
         view.finish_reason = finish.get("type") if isinstance(finish.get("type"), str) else None
     elif isinstance(finish, str):
         view.finish_reason = finish
+    read_sglang(view, request, meta)
     return view
 
 

@@ -26,7 +26,7 @@ def merged_chunks(chunks: list[Any]) -> dict[str, Any] | None:
     token_lps: list[Any] | None = None
     tools: dict[int, dict[str, Any]] = {}
     for chunk in objects:
-        for key in ("prompt_token_ids", "usage"):
+        for key in ("prompt_token_ids", "usage", "metadata"):
             if chunk.get(key) is not None:
                 body[key] = chunk[key]
         choices = chunk.get("choices")
@@ -42,7 +42,8 @@ def merged_chunks(chunks: list[Any]) -> dict[str, Any] | None:
             choice["prompt_token_ids"] = first["prompt_token_ids"]
         if isinstance(first.get("token_ids"), list):
             token_ids = (token_ids or []) + first["token_ids"]
-        for key in ("finish_reason", "stop_reason", "matched_stop"):
+        # The per-token channels come whole on the last choice chunk (vLLM: routed_experts, weight_versions).
+        for key in ("finish_reason", "stop_reason", "matched_stop", "routed_experts", "weight_versions", "sgl_ext"):
             if first.get(key) is not None:
                 choice[key] = first[key]
         if first.get("meta_info") is not None:

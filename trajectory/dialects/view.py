@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tito_rl.trajectory.channels import KeptSets, Routes, VersionSpan
+
 SGLANG = "sglang"  # SGLang's native POST /generate
 SGLANG_OPENAI = "sglang-openai"  # SGLang's OpenAI server: /v1/chat/completions with input_ids, return_meta_info
 VLLM_OPENAI = "vllm-openai"  # vLLM's /v1/chat/completions and /v1/completions with return_token_ids
@@ -68,6 +70,12 @@ class EngineView:
     reasoning: str | None = None  # reasoning the engine's parser split off (messages-in dialects)
     tool_calls: list[dict[str, Any]] | None = None  # tool calls the engine's parser returned
     prompt_ids_asked: bool = False  # the request asked the engine to return its prompt ids
+    # Per-token channels (`dialects.channel_reads`): None / () where the answer carries none.
+    routes: Routes | None = None  # expert routes of the call's prompt + output rows
+    kept: KeptSets | None = None  # top-p kept set of each output token
+    weight_versions: tuple[VersionSpan, ...] = ()  # the versions that generated the output, as spans
+    routes_asked: bool = False  # the request asked for routes (SGLang's return_routed_experts)
+    channel_error: str = ""  # why a channel the answer carries could not be read ("": none)
 
     @property
     def generates(self) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tito_rl.trajectory.dialects.channel_reads import read_openai
 from tito_rl.trajectory.dialects.openai_compat import _logprobs
 from tito_rl.trajectory.dialects.sglang import _ids
 from tito_rl.trajectory.dialects.streams import merged_chunks
@@ -35,4 +36,5 @@ def tokens_view(request: dict[str, Any], response: Any) -> EngineView:
     view.logprobs = _logprobs(choice)
     view.finish_reason = choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None
     view.text = choice["text"] if isinstance(choice.get("text"), str) else None  # output_mode "text" (0.32+)
+    read_openai(view, request, body, choice)
     return view

@@ -22,7 +22,8 @@ from tito_rl.trajectory.adapters.engine.generation import EngineError, Generatio
 from tito_rl.trajectory.adapters.engine.served_model import MODELS_PATH, ServedModelError, read_listing
 from tito_rl.trajectory.adapters.engine.transport import EngineAnswer, EngineTransport, EngineUnreachable, HttpTransport
 from tito_rl.trajectory.adapters.tap import EngineExchange
-from tito_rl.trajectory.dialects.view import SGLANG, VLLM_GENERATE, VLLM_OPENAI
+from tito_rl.trajectory.dialects.channel_reads import read_sglang
+from tito_rl.trajectory.dialects.view import SGLANG, VLLM_GENERATE, VLLM_OPENAI, EngineView
 from tito_rl.trajectory.runtime.untracked import untrack
 
 __all__ = [
@@ -42,6 +43,10 @@ CLIENT_SAMPLING = ("temperature", "top_p", "top_k", "stop")
 DROPPED = "cancelled: the agent went away before the engine answered"
 # The engine APIs tito's adapter calls (it renders the prompt itself, so only token-in routes).
 ADAPTER_DIALECTS = (SGLANG, VLLM_GENERATE, VLLM_OPENAI)
+# SGLang lists its start arguments here, `enable_return_routed_experts` among them.
+SERVER_INFO_PATH = "/get_server_info"
+# slime's request for the top-p kept set of each output token (its SGLang patch), sent when sampling with top_p < 1.
+KEPT_SETS_PARAMS = {"return_top_p_token_ids": True}
 
 
 def sampling_params(
@@ -73,7 +78,10 @@ ExchangeCallback = Callable[[EngineExchange], None]
 
 class EngineClient:
     """`dialect`: the engine API called (`ADAPTER_DIALECTS`); `model`: the served model's name, which the vLLM
-    dialects send (None: learned from the engine's `GET /v1/models` before the first generation)."""
+    dialects send (None: learned from the engine's `GET /v1/models` before the first generation); `routes`: whether
+    SGLang is asked for expert routes (None: learned from its `GET /get_server_info` before the first generation;
+    vLLM sends them unasked when started with them); `kept_sets`: whether SGLang is asked for top-p kept sets when a
+    request samples with top_p < 1 (a replay of a recording from before them says False)."""
 
     def __init__(
         self,
@@ -85,6 +93,9 @@ class EngineClient:
         clock: Callable[[], float] = time.time,
         dialect: str = SGLANG,
         model: str | None = None,
+        routes: bool | None = None,
+        kept_sets: bool = True,
+        routes_top_k: int | None = None,
     ) -> None:
         if dialect not in ADAPTER_DIALECTS:
             raise ValueError(f"tito's adapter calls the engine in {', '.join(ADAPTER_DIALECTS)}, not {dialect!r}")
@@ -94,6 +105,9 @@ class EngineClient:
         self.clock = clock
         self.dialect = dialect
         self.model = model
+        self.routes = routes if dialect == SGLANG else False
+        self.kept_sets = kept_sets and dialect == SGLANG
+        self.routes_top_k = routes_top_k  # splits SGLang's flat route rows into layers x top_k (None: unknown)
         self._learning: asyncio.Lock | None = None
 
     async def close(self) -> None:
@@ -147,16 +161,46 @@ class EngineClient:
                         raise EngineError(502, f"engine {exc}") from None
         return self.model
 
+    async def serves_routes(self, t0: float) -> bool:
+        """Whether SGLang was started with `--enable-return-routed-experts`, asked of it once when not known (its
+        `/get_server_info`; not a session's call, as `served_model`). An engine that does not say is not asked."""
+        if self.routes is None:
+            self._learning = self._learning or asyncio.Lock()
+            async with self._learning:
+                if self.routes is None:
+                    try:
+                        answer = await self._call("GET", SERVER_INFO_PATH, None, {}, lambda _exchange: None, t0)
+                    except EngineError:
+                        return False  # not learned: asked again before the next generation
+                    info = answer.body if answer.status == 200 and isinstance(answer.body, dict) else {}
+                    self.routes = info.get("enable_return_routed_experts") is True
+        return bool(self.routes)
+
     async def generate(
-        self, sid: str, rid: str, input_ids: list[int], params: dict[str, Any], on_exchange: ExchangeCallback, t0: float
+        self,
+        sid: str,
+        rid: str,
+        input_ids: list[int],
+        params: dict[str, Any],
+        on_exchange: ExchangeCallback,
+        t0: float,
+        routes_from: int = 0,
     ) -> Generation:
+        """`routes_from`: the first position whose expert route the answer must hold (SGLang's
+        `routed_experts_start_len`: rows before it came with an earlier turn's answer)."""
         headers = {"X-SMG-Routing-Key": sid}
         if self.dialect == SGLANG:
-            body = {"rid": rid, "input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+            body: dict[str, Any] = {"rid": rid, "input_ids": input_ids, "sampling_params": params}
+            if self.kept_sets and _samples_top_p(params):
+                body["sampling_params"] = {**params, "custom_params": dict(KEPT_SETS_PARAMS)}
+            body["return_logprob"] = True
+            if await self.serves_routes(t0):
+                body["return_routed_experts"] = True
+                body["routed_experts_start_len"] = min(max(routes_from, 0), len(input_ids))
             answer = await self._call("POST", "/generate", body, headers, on_exchange, t0)
             if answer.status != 200:
                 raise failed_call("/generate", answer.status, _error_text(answer.body))
-            generation = parse_generation(rid, answer.body)
+            generation = parse_generation(rid, answer.body, body, self.routes_top_k)
         else:
             model = await self.served_model(t0)
             path, body = vllm.request(self.dialect, rid, input_ids, params, model)
@@ -195,6 +239,11 @@ class EngineClient:
         return True
 
 
+def _samples_top_p(params: dict[str, Any]) -> bool:
+    top_p = params.get("top_p")
+    return isinstance(top_p, int | float) and not isinstance(top_p, bool) and top_p < 1
+
+
 def worker_urls(listing: Any) -> list[str]:
     """Worker base URLs from a router's `GET /workers` (list of urls or of objects with `url`)."""
     if isinstance(listing, dict):
@@ -216,7 +265,11 @@ def _error_text(data: Any) -> str:
     return str(data)[:500]
 
 
-def parse_generation(rid: str, data: Any) -> Generation:
+def parse_generation(
+    rid: str, data: Any, request: dict[str, Any] | None = None, routes_top_k: int | None = None
+) -> Generation:
+    """`request`: the body sent (its prompt ids and `routed_experts_start_len` place the answer's routes);
+    `routes_top_k`: the model's experts per token, which split the routes' flat rows into layers."""
     if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
         raise EngineError(502, f"engine /generate returned a malformed body: {str(data)[:200]!r}")
     meta = data["meta_info"]
@@ -240,4 +293,13 @@ def parse_generation(rid: str, data: Any) -> Generation:
         prompt_tokens, cached_tokens = int(meta.get("prompt_tokens") or 0), int(meta.get("cached_tokens") or 0)
     except (TypeError, ValueError) as exc:
         raise EngineError(502, f"engine /generate returned malformed token counts: {exc}") from exc
-    return Generation(rid, output_ids, logprobs, finish, prompt_tokens, cached_tokens, data)
+    request = request or {}
+    prompt = request.get("input_ids")
+    view = EngineView(SGLANG, "generate", prompt if isinstance(prompt, list) else None, output_ids)
+    read_sglang(view, request, meta)
+    if view.channel_error:
+        raise EngineError(502, f"engine /generate returned a malformed channel: {view.channel_error}")
+    generation = Generation(rid, output_ids, logprobs, finish, prompt_tokens, cached_tokens, data)
+    routes = view.routes.with_split(routes_top_k) if view.routes is not None else None
+    generation.routes, generation.kept, generation.weight_versions = routes, view.kept, view.weight_versions
+    return generation

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tito_rl.trajectory.channels import KeptSets, Routes, VersionSpan
+
 # Engine statuses that mean "busy, send it again": the client gets its own wire's overloaded status, which its
 # retry logic knows (Anthropic's 529 overloaded_error, 503 on the OpenAI and Gemini wires), not a plain 502.
 OVERLOADED_ENGINE_STATUSES = frozenset({529})
@@ -41,3 +43,6 @@ class Generation:
     cached_tokens: int = 0
     raw: dict[str, Any] = field(default_factory=dict)
     created: int = 0  # when the engine answered (Unix seconds): the `created` that OpenAI wires show
+    routes: Routes | None = None  # per-token channels, where the engine sent them (`trajectory.channels`)
+    kept: KeptSets | None = None
+    weight_versions: tuple[VersionSpan, ...] = ()

@@ -10,7 +10,8 @@ Both carry the served model's name (learned from `GET /v1/models`, `served_model
 `request_id` (so an abort can name it), and `logprobs: 0` (the sampled token's logprob only). The answers are read
 through the same dialect views as every recorded call (`trajectory/dialects`), then checked for what training
 needs: an output id list, one logprob per id, the ids the logprobs name where they name any, and the prompt ids
-the engine says it used where it says so.
+the engine says it used where it says so. Expert routes (`.npy`, sent unasked by an engine started with
+`--enable-return-routed-experts`) and weight versions are read from the choice (`dialects.channel_reads`).
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ def parse_answer(dialect: str, path: str, rid: str, body: dict[str, Any], data: 
             f"engine {path} generated from other prompt ids than it was sent ({len(echoed)} "
             f"returned, {len(sent or ())} sent): the turn would not train on what it saw",
         )
+    if view.channel_error:
+        raise EngineError(502, f"engine {path} returned a malformed channel: {view.channel_error}")
     finish = view.finish_reason if view.finish_reason in FINISHES else "stop"
     usage = data["usage"] if isinstance(data.get("usage"), dict) else {}
     details = usage["prompt_tokens_details"] if isinstance(usage.get("prompt_tokens_details"), dict) else {}
@@ -121,7 +124,7 @@ def parse_answer(dialect: str, path: str, rid: str, body: dict[str, Any], data: 
         cached_tokens = int(details.get("cached_tokens") or 0)
     except (TypeError, ValueError) as exc:
         raise EngineError(502, f"engine {path} returned malformed token counts: {exc}") from exc
-    return Generation(
+    generation = Generation(
         rid,
         untrack(list(ids)),
         untrack([float(lp) for lp in logprobs if lp is not None]),
@@ -130,3 +133,6 @@ def parse_answer(dialect: str, path: str, rid: str, body: dict[str, Any], data: 
         cached_tokens,
         data,
     )
+    # Routes come unasked from an engine started with them (`null` when aborted before any forward pass).
+    generation.routes, generation.weight_versions = view.routes, view.weight_versions
+    return generation

@@ -50,6 +50,14 @@ class PriorTurn:
     decoded: str | None = None  # the output's text without a trailing end-of-turn token (filled on first use)
     as_history: str | None = None  # the reply as the template renders it as ongoing history (None: unknown)
     history_rendered: bool = False  # `as_history` was tried
+    routed: bool = False  # its answer held expert routes: a prompt spliced onto it need not ask for them again
+
+
+def routes_from(turn: PriorTurn) -> int:
+    """The first row a prompt spliced onto `turn` asks the engine's routes from: `turn`'s answer (and, by the same
+    rule, the ones before it) holds the rows of its prompt and output but its last token's, which this prefill
+    computes. 0 where `turn` had none."""
+    return max(len(turn.prompt_ids) + len(turn.output_ids) - 1, 0) if turn.routed else 0
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,7 @@ class Splice:
     onto: int | None = None  # the turn spliced onto (or, with no ids, the one refused)
     refused: str = ""  # why the deepest turn this prompt continues was not spliced onto ("": it was, or none)
     continues: int | None = None  # the deepest held turn this prompt continues
+    routes_from: int = 0  # the first position whose expert route this prompt's answer needs (`routes_from`)
 
 
 NONE = Splice()
@@ -176,7 +185,7 @@ class Splicer:
             ids += body
             ids.append(self.eos_id)
             ids += tail
-            return Splice(untrack(ids), turn.index, refused, deepest)
+            return Splice(untrack(ids), turn.index, refused, deepest, routes_from(turn))
         if deepest is not None:
             return Splice(None, deepest, refused, deepest)
         gone = memory.let_go(messages, text)
