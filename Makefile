@@ -7,7 +7,7 @@ RAY_STAMP := $(VENV)/.tito-ray
 
 .PHONY: FORCE install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
 	test-real-engine real-sglang test-real-sglang real-sglang-answers \
-	engine-contract engine-contract-live real-vllm-cassettes
+	engine-contract engine-contract-live engine-contract-live-sglang real-vllm-cassettes
 
 # The editable install is setuptools' strict mode: a tree of links to tito's files in build/, on a static path that
 # mypy, pyright and editors follow from any folder (a user's project, docs/install.md); the default mode's import hook
@@ -140,23 +140,30 @@ real-sglang: install
 test-real-sglang: real-sglang
 	TITO_REAL_ENGINE=1 $(BIN)/python -m pytest -q -rs -n 0 -m real_engine tests/test_real_sglang.py
 
-# recorder/engine_contract/answers/sglang-0.5.23-routes.json re-recorded: the tiny MoE's answers with expert routes,
-# through tito's engine tap (recorder/real_engine/sglang_answers.py).
+# recorder/engine_contract/answers/sglang-0.5.23-routes.json and sglang-0.5.23.json re-recorded through tito's engine
+# tap (recorder/real_engine/sglang_answers.py): the tiny MoE's answers with expert routes, and the engine contract's
+# SGLang requests to the dense model (one server start each).
 real-sglang-answers: real-sglang
 	$(BIN)/python -m tito_rl.recorder.real_engine.sglang_answers
+	$(BIN)/python -m tito_rl.recorder.real_engine.sglang_answers --contract
 
 # cassettes/real_vllm/ re-recorded live against that engine (tito's adapter in both vLLM dialects, rllm's gateway), seeded,
 # with their goldens (recorder/real_engine/cassettes.py). `make test` replays the committed ones with no engine.
 real-vllm-cassettes: real-engine
 	$(BIN)/python -m tito_rl.recorder.real_engine.cassettes
 
-# The fake engine held to the committed real answers (no vLLM; CI runs the same in `make test`).
+# The fake engine held to the committed real answers of both engines (no engine; CI runs the same in `make test`).
 engine-contract: install
 	$(BIN)/python -m tito_rl.recorder.engine_contract.cli check-fake
+	$(BIN)/python -m tito_rl.recorder.engine_contract.cli check-fake --engine sglang
 
 # Re-record the real answers live from the real vLLM and fail on any structural drift from the committed ones.
 engine-contract-live: real-engine
 	$(BIN)/python -m tito_rl.recorder.engine_contract.cli record --check-drift
+
+# The same against the real SGLang (the dense tiny Qwen3, one server start).
+engine-contract-live-sglang: real-sglang
+	$(BIN)/python -m tito_rl.recorder.engine_contract.cli record --engine sglang --check-drift
 
 clean:
 	rm -rf $(VENV)

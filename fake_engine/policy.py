@@ -39,6 +39,7 @@ class GenerateRequest:
     return_routed_experts: bool = False
     routed_experts_start_len: int = 0
     return_top_p: bool = False
+    body: Mapping[str, Any] = field(default_factory=dict)  # the request as sent (SGLang's logprob layout reads it)
 
     @property
     def max_new_tokens(self) -> int | None:

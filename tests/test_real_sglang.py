@@ -29,11 +29,20 @@ from tests.real_engine_support import RealEngines
 from tito_rl.recorder.engine_contract.answers import Recording, load_recording
 from tito_rl.recorder.engine_contract.check import check_engine
 from tito_rl.recorder.engine_contract.exchange import send
+from tito_rl.recorder.engine_contract.generated import all_requests
 from tito_rl.recorder.engine_contract.runner import drift
 from tito_rl.recorder.real_engine import sglang_build
 from tito_rl.recorder.real_engine.build import weights_digest
 from tito_rl.recorder.real_engine.server import RealEngineError
-from tito_rl.recorder.real_engine.sglang_answers import NEW_TOKENS, RANDOM_SEED, ROUTES, ROUTES_VERSION, route_requests
+from tito_rl.recorder.real_engine.sglang_answers import (
+    CONTRACT_START,
+    NEW_TOKENS,
+    RANDOM_SEED,
+    ROUTES,
+    ROUTES_VERSION,
+    record_contract,
+    route_requests,
+)
 from tito_rl.recorder.real_engine.sglang_answers import record as record_routes
 from tito_rl.recorder.real_engine.sglang_paths import (
     HOME_ENV,
@@ -249,6 +258,9 @@ def test_the_server_command_serves_a_tiny_model_on_loopback_with_the_standin(tmp
     assert argv[-1] == "--enable-return-routed-experts" and "--random-seed" not in argv
     dense = server_command(ready, 30123, SglangStart(random_seed=4))
     assert "--enable-return-routed-experts" not in dense and dense[-2:] == ["--random-seed", "4"]
+    parsers = server_command(ready, 30123, SglangStart(parsers=True))
+    assert parsers[-4:] == ["--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25"]
+    assert SglangStart(moe=True, random_seed=7, parsers=True).label() == "moe-seed7-parsers"
     env = server_env(ready)
     assert env["PYTHONPATH"] == str(STANDIN) and env["SGLANG_USE_CPU_ENGINE"] == "1" and env["OMP_NUM_THREADS"] == "1"
     line = shell_start_command(ready)
@@ -458,3 +470,28 @@ def test_the_committed_route_answers_repeat_live(real_engines):
             assert new.answer.body["meta_info"].get("routed_experts") == old.answer.body["meta_info"].get(
                 "routed_experts"
             ), old.request.name
+
+
+def contract_answers() -> Recording:
+    return load_recording(SGLANG, SGLANG_VERSION)
+
+
+def test_the_committed_contract_answers_are_the_real_sglangs():
+    """The engine contract's SGLang requests (listed, the field's, the options) as the real SGLang answered them
+    (make real-sglang-answers): every request answered, the errors where the contract asks for them, and the ids of
+    a greedy /generate known."""
+    recording = contract_answers()
+    assert [e.request.name for e in recording.exchanges] == [r.name for r in all_requests(SGLANG)]
+    status = {e.request.name: e.answer.status for e in recording.exchanges}
+    errors = {"generate empty input_ids", "generate over-long", "generate unknown sampling key"}
+    assert all(status[name] == 400 for name in errors), status
+    assert all(status[name] == 200 for name in ("models", "generate json", "generate sse", "completions ids"))
+    generate = next(e.answer.body for e in recording.exchanges if e.request.name == "generate json")
+    assert len(generate["output_ids"]) == len(generate["meta_info"]["output_token_logprobs"])
+    assert recording.values["$model"] == SERVED_NAMES["dense"]
+
+
+@pytest.mark.real_engine
+def test_no_drift_from_the_committed_contract_answers(real_engines):
+    server = real_engines.sglang(CONTRACT_START)
+    assert drift(contract_answers(), record_contract(server.url)) == []

@@ -179,7 +179,9 @@ def _carries_ids(chunks: list[Any]) -> bool:
         if not isinstance(chunk, dict):
             continue
         if isinstance(chunk.get("output_ids"), list):
-            return True
+            # SGLang's /generate: cumulative chunks, as many as the scheduler's steps happened to produce (two
+            # starts of the same server gave 5 and 6 events for the same answer): not a structure.
+            return False
         if any(isinstance(c, dict) and isinstance(c.get("token_ids"), list) for c in chunk.get("choices") or []):
             return True
     return False

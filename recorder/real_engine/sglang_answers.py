@@ -20,10 +20,17 @@ from typing import Any
 
 from tito_rl.recorder.engine_contract.answers import Recording, answers_path
 from tito_rl.recorder.engine_contract.exchange import Unreachable
+from tito_rl.recorder.engine_contract.generated import all_requests
 from tito_rl.recorder.engine_contract.requests import MODEL, ContractRequest
 from tito_rl.recorder.engine_contract.runner import base_values, record_live, served_model
 from tito_rl.recorder.real_engine.server import RealEngineError
-from tito_rl.recorder.real_engine.sglang_paths import BASE_FLAGS, ROUTED_EXPERTS_FLAG, SGLANG_VERSION, SglangStart
+from tito_rl.recorder.real_engine.sglang_paths import (
+    BASE_FLAGS,
+    PARSER_FLAGS,
+    ROUTED_EXPERTS_FLAG,
+    SGLANG_VERSION,
+    SglangStart,
+)
 from tito_rl.recorder.real_engine.sglang_server import RealSglangServer
 from tito_rl.trajectory.dialects.view import SGLANG, SGLANG_OPENAI
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
@@ -31,6 +38,7 @@ from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 ROUTES = "routes"  # the recording's one start mode: the MoE model with --enable-return-routed-experts
 ROUTES_VERSION = f"{SGLANG_VERSION}-routes"  # answers/sglang-0.5.23-routes.json
 RANDOM_SEED = 7
+ROUTES_START = SglangStart(moe=True, random_seed=RANDOM_SEED)
 NEW_TOKENS = 5
 LONGER = "$longer_prompt_ids"  # the prompt and more: its first rows route as the prompt's do
 MORE_TEXT = " and the capital of Spain is"
@@ -91,6 +99,19 @@ def record(url: str, progress: Callable[[str], None] = lambda line: None) -> Rec
     return recording
 
 
+CONTRACT_START = SglangStart(parsers=True, random_seed=RANDOM_SEED)
+
+
+def record_contract(url: str, progress: Callable[[str], None] = lambda line: None) -> Recording:
+    """The engine contract's SGLang requests (`generated.all_requests`: the listed ones, the field's, the options
+    in combination) sent to the dense model at `url`, started as CONTRACT_START, through tito's engine tap."""
+    values = base_values(load_tokenizer(), *served_model(url))
+    flags = [*BASE_FLAGS, "--random-seed", str(RANDOM_SEED), *PARSER_FLAGS]
+    recording = Recording(engine=SGLANG, version=SGLANG_VERSION, start_flags={SGLANG: flags}, values=values)
+    recording.exchanges = record_live(url, all_requests(SGLANG), values, progress, SGLANG_OPENAI)
+    return recording
+
+
 def say(line: str) -> None:
     print(f"real-sglang-answers: {line}", file=sys.stderr, flush=True)
 
@@ -100,25 +121,33 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tito_rl.recorder.real_engine.sglang_answers",
         description="Record the real SGLang's tiny MoE answering with its expert routes.",
     )
-    parser.add_argument("--url", default=None, help="an SGLang serving the tiny MoE (default: start it)")
-    parser.add_argument("--out", default=str(answers_path(SGLANG, ROUTES_VERSION)), help="default %(default)s")
+    parser.add_argument("--url", default=None, help="an SGLang serving the model (default: start it)")
+    parser.add_argument(
+        "--contract",
+        action="store_true",
+        help="the engine contract's SGLang requests to the dense model instead (answers/sglang-0.5.23.json)",
+    )
+    parser.add_argument("--out", default=None, help="default: answers/sglang-0.5.23-routes.json (or -0.5.23.json)")
     args = parser.parse_args(argv)
+    recorder, start = (record_contract, CONTRACT_START) if args.contract else (record, ROUTES_START)
+    out = args.out or str(answers_path(SGLANG, SGLANG_VERSION if args.contract else ROUTES_VERSION))
     try:
         if args.url:
-            recording = record(args.url, say)
+            recording = recorder(args.url, say)
         else:
-            with RealSglangServer(SglangStart(moe=True, random_seed=RANDOM_SEED)) as server:
-                recording = record(server.url, say)
+            with RealSglangServer(start) as server:
+                recording = recorder(server.url, say)
     except (RealEngineError, Unreachable, ValueError) as error:
         print(f"real-sglang-answers: {str(error).splitlines()[0]}", file=sys.stderr)
         return 1
-    bad = [e.request.name for e in recording.exchanges if e.answer.status != 200]
+    # The contract asks for errors on purpose (an empty prompt, bad bodies, unknown routes): any status there.
+    bad = [] if args.contract else [e.request.name for e in recording.exchanges if e.answer.status != 200]
     if bad:
         print(f"real-sglang-answers: not answered 200: {', '.join(bad)}", file=sys.stderr)
         return 1
-    with open(args.out, "w", encoding="utf-8") as out:
-        out.write(recording.to_json())
-    say(f"wrote {args.out}")
+    with open(out, "w", encoding="utf-8") as handle:
+        handle.write(recording.to_json())
+    say(f"wrote {out}")
     return 0
 
 

@@ -51,6 +51,7 @@ BASE_FLAGS = (
     "0.05",
 )
 ROUTED_EXPERTS_FLAG = "--enable-return-routed-experts"
+PARSER_FLAGS = ("--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25")
 
 
 def real_sglang_home() -> Path:
@@ -87,13 +88,15 @@ class SglangStart:
 
     moe: bool = False
     random_seed: int | None = None  # --random-seed: the same request sequence then repeats across starts
+    parsers: bool = False  # Qwen3's reasoning and tool-call parsers, as the engine contract's SGLang mode has them
 
     @property
     def kind(self) -> str:
         return MOE if self.moe else DENSE
 
     def label(self) -> str:
-        return self.kind + (f"-seed{self.random_seed}" if self.random_seed is not None else "")
+        seed = f"-seed{self.random_seed}" if self.random_seed is not None else ""
+        return self.kind + seed + ("-parsers" if self.parsers else "")
 
 
 DENSE_START = SglangStart()
@@ -153,6 +156,8 @@ def server_command(ready: ReadySglang, port: int, start: SglangStart = SglangSta
     ]
     if start.random_seed is not None:
         argv += ["--random-seed", str(start.random_seed)]
+    if start.parsers:
+        argv += PARSER_FLAGS
     if start.moe:
         argv.append(ROUTED_EXPERTS_FLAG)
     return argv
