@@ -37,7 +37,8 @@ from tito_rl.fake_engine.drift import inject_splits
 from tito_rl.fake_engine.faults import FaultSchedule, FaultSpec
 from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
 from tito_rl.fake_engine.openai.calls import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, vllm_error
-from tito_rl.fake_engine.openai.handler import OpenAIRoutes
+from tito_rl.fake_engine.openai.handler import SCALE_OUT_REFUSAL, OpenAIRoutes
+from tito_rl.fake_engine.openai.render_route import RENDER_PATH, RenderRoute
 from tito_rl.fake_engine.openai.tokenize_routes import TokenizeRoutes
 from tito_rl.fake_engine.openai.vllm_bodies import models_list as vllm_models_list
 from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION
@@ -694,6 +695,9 @@ def _add_engine_routes(app: web.Application, engine: Engine, *, abort: bool) -> 
         r.add_post("/detokenize", tokenize.detokenize)
         r.add_post("/v1/tokenize", tokenize.sglang_tokenize)
         r.add_post("/v1/detokenize", tokenize.sglang_detokenize)
+        opts = engine.options
+        render = RenderRoute(opts.tokenizer, opts.model_name, opts.vllm_scale_out, SCALE_OUT_REFUSAL)
+        r.add_post(RENDER_PATH, render.render)
 
 
 def batch_rows(body: Any) -> list[dict[str, Any]] | None:

@@ -107,3 +107,24 @@ def test_the_fake_engines_routes_have_the_real_moes_shape_encoding_start_and_pre
     chat = fake["chat routes"].body
     assert _routes(chat, "sglext").shape == _routes(real["chat routes"].body, "sglext").shape
     assert "routed_experts" not in str(chat["choices"])  # at the root, not under choices
+
+
+def test_the_fake_engine_imitates_the_sglang_release_checked_live_by_default():
+    from tito_rl.fake_engine.sglang.responses import DEFAULT_PROFILE
+    from tito_rl.recorder.engine_contract.answers import answers_path
+
+    assert DEFAULT_PROFILE == SGLANG_VERSION
+    assert answers_path(SGLANG, DEFAULT_PROFILE).is_file()
+    recording = contract()
+    assert "--random-seed" in recording.start_flags[SGLANG] and "qwen3" in recording.start_flags[SGLANG]
+
+
+def test_the_committed_requests_are_what_the_generator_draws_today():
+    """A change to the cassettes or the options shows here: re-record (make real-sglang-answers and make
+    engine-contract-live) so the committed answers are to the requests the contract draws."""
+    from tito_rl.recorder.real_engine.paths import VLLM_VERSION
+
+    for engine, version in ((SGLANG, SGLANG_VERSION), ("vllm", VLLM_VERSION)):
+        recorded = {(e.request.mode, e.request.name): e.request.body for e in load_recording(engine, version).exchanges}
+        for request in all_requests(engine):
+            assert recorded.get((request.mode, request.name)) == request.body, (engine, request.name)

@@ -7,7 +7,8 @@ contract grows with what tito records:
   (`cassettes/targets/*.tito`, `cassettes/real_vllm/*.tito`, read with tito's cassette reader), deduplicated by
   structure (route, dialect and the body's key paths and types, plus the values that change an answer's structure:
   `stream`, `tool_choice`, `n`). Each is sent as recorded, made repeatable: the served model's name, a short output
-  (`max_tokens`/`max_new_tokens` at most MAX_TOKENS), a seed on vLLM, no `rid`/`request_id` (random per call).
+  (`max_tokens`/`max_new_tokens` at most MAX_TOKENS), no `rid`/`request_id` (random per call); no seed is added
+  (see `repeatable`).
 - **Options in combination** (`option_requests`): each route tito's dialects use, JSON and SSE, with each option
   they send (tools and tool choices incl. `required`, stop ids and strings, `logit_bias`, `n`, batches, seeds,
   `top_logprobs`/`top_logprobs_num`, `logprob_start_len`, `return_tokens_as_token_ids`, ...), `/tokenize` and
@@ -91,7 +92,7 @@ def _value_key(value: Any) -> Any:
 
 
 def repeatable(body: dict[str, Any], sglang: bool) -> dict[str, Any]:
-    """The recorded body made repeatable against the tiny model: its name, a short output, a seed, no ids."""
+    """The recorded body made repeatable against the tiny model: its name, a short output, no per-call ids."""
     out: dict[str, Any] = {k: v for k, v in json.loads(json.dumps(body)).items() if k not in VOLATILE}
     if "model" in out:
         out["model"] = MODEL
@@ -102,14 +103,15 @@ def repeatable(body: dict[str, Any], sglang: bool) -> dict[str, Any]:
         for key in ("max_tokens", "max_new_tokens", "max_completion_tokens"):
             if key in holder and isinstance(holder[key], int):
                 holder[key] = min(holder[key], MAX_TOKENS)
-        if not sglang and holder is not out:  # vLLM's sampling_params
-            holder["seed"] = SEED
-    if not sglang and "sampling_params" not in out:
-        out.setdefault("seed", SEED)
-        if "max_tokens" not in out and "max_completion_tokens" not in out:
-            out["max_tokens"] = MAX_TOKENS
-    if sglang and isinstance(out.get("sampling_params"), dict):
-        out["sampling_params"].setdefault("max_new_tokens", MAX_TOKENS)
+    # No seed is added: vLLM 0.32's CPU build dies on a seeded request whose long prompt is prefilled in chunks
+    # (`EngineDeadError`: "CPU Generator does not use offset", seen here on rllm's 7,000-token prompts); one recorded
+    # with a seed keeps it.
+    limited = "max_tokens" in out or "max_completion_tokens" in out
+    if not sglang and "sampling_params" not in out and not limited:
+        out["max_tokens"] = MAX_TOKENS
+    params = out.get("sampling_params")
+    if isinstance(params, dict):  # without a limit vLLM generates to the context's end, SGLang 128 tokens
+        params.setdefault("max_new_tokens" if sglang else "max_tokens", MAX_TOKENS)
     return out
 
 

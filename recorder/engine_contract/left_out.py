@@ -78,9 +78,10 @@ def _server_args(exchange: Exchange, line: str) -> bool:
 
 def _one_choice(exchange: Exchange, line: str) -> bool:
     body = exchange.request.body or {}
-    n = body.get("n")
+    params = body.get("sampling_params")
+    n = params.get("n") if isinstance(params, dict) else body.get("n")
     return (
-        exchange.request.path in ("/v1/chat/completions", "/v1/completions")
+        exchange.request.path in ("/v1/chat/completions", "/v1/completions", "/inference/v1/generate")
         and isinstance(n, int)
         and n > 1
         and any(part in line for part in ("choices[]", "token chunks", "finish chunk", "stream length"))
@@ -114,9 +115,10 @@ LEFT_OUT = (
     ),
     LeftOut(
         "one-choice",
-        "`n` > 1 on the OpenAI routes: the fake engine answers with one choice (its policy gives one output per "
-        "request), where the engines answer n (a streamed answer interleaves their chunks, one role chunk and one "
-        "finish chunk per choice). SGLang's `/generate` with `n` is answered as the batch it is.",
+        "`n` > 1 on the OpenAI routes and `/inference/v1/generate`: the fake engine answers with one choice "
+        "(its policy gives one output per request), where the engines answer n (a streamed answer interleaves "
+        "their chunks, one role chunk and one finish chunk per choice). SGLang's `/generate` with `n` is "
+        "answered as the batch it is.",
         _one_choice,
     ),
 )

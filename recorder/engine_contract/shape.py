@@ -45,6 +45,7 @@ def flatten(value: Any, path: str = "", out: dict[str, set[str]] | None = None) 
     out.setdefault(path, set()).add(type_name(value))
     if isinstance(value, dict):
         for key, item in value.items():
+            key = "*" if _is_map(path) else key
             flatten(item, f"{path}.{key}" if path else str(key), out)
             if key in STRUCTURAL_VALUES and isinstance(item, str):
                 out.setdefault(f"{path}.{key}={item}" if path else f"{key}={item}", set()).add("value")
@@ -52,6 +53,12 @@ def flatten(value: Any, path: str = "", out: dict[str, set[str]] | None = None) 
         for item in value:
             flatten(item, f"{path}[]", out)
     return out
+
+
+def _is_map(path: str) -> bool:
+    """A dict keyed by values, not names: the legacy completions logprobs' `top_logprobs` entries (token text ->
+    logprob), compared as `{*: float}`."""
+    return path.endswith("logprobs.top_logprobs[]")
 
 
 def merged(values: Iterable[Any]) -> dict[str, set[str]]:
