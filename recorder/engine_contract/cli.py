@@ -150,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             recording = record_recording(args.url, args.mode or [FULL, TOOLS, BARE])
         engine, version = committed(args.engine)
         if args.check_drift:
-            found = drift(load_recording(engine, version), recording)
+            held = load_recording(engine, version)
+            recorded_modes = {e.request.mode for e in recording.exchanges}
+            held.exchanges = [e for e in held.exchanges if e.request.mode in recorded_modes]  # `--mode`: those only
+            found = drift(held, recording)
             for line in found:
                 say(f"  {line}")
             say(
