@@ -7,7 +7,7 @@ RAY_STAMP := $(VENV)/.tito-ray
 
 .PHONY: FORCE install ray demo test lint style types bench cassettes corpus corpus-table conformance clean real-engine \
 	test-real-engine real-sglang test-real-sglang real-sglang-answers \
-	engine-contract engine-contract-live real-vllm-cassettes real-sglang-cassettes
+	engine-contract engine-contract-live engine-contract-live-sglang real-vllm-cassettes real-sglang-cassettes
 
 # The editable install is setuptools' strict mode: a tree of links to tito's files in build/, on a static path that
 # mypy, pyright and editors follow from any folder (a user's project, docs/install.md); the default mode's import hook
@@ -160,13 +160,18 @@ real-vllm-cassettes: real-engine
 real-sglang-cassettes: real-sglang
 	$(BIN)/python -m tito_rl.recorder.real_engine.sglang_cassettes
 
-# The fake engine held to the committed real answers (no vLLM; CI runs the same in `make test`).
+# The fake engine held to the committed real answers of both engines (no engine; CI runs the same in `make test`).
 engine-contract: install
 	$(BIN)/python -m tito_rl.recorder.engine_contract.cli check-fake
+	$(BIN)/python -m tito_rl.recorder.engine_contract.cli check-fake --engine sglang
 
 # Re-record the real answers live from the real vLLM and fail on any structural drift from the committed ones.
 engine-contract-live: real-engine
 	$(BIN)/python -m tito_rl.recorder.engine_contract.cli record --check-drift
+
+# The same against the real SGLang (the dense tiny Qwen3, one server start).
+engine-contract-live-sglang: real-sglang
+	$(BIN)/python -m tito_rl.recorder.engine_contract.cli record --engine sglang --check-drift
 
 clean:
 	rm -rf $(VENV)

@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from tito_rl.fake_engine.channels.admin import add_admin_routes
 from tito_rl.fake_engine.channels.answer import ChannelSettings, sglang_channels, version_spans
@@ -37,7 +38,8 @@ from tito_rl.fake_engine.drift import inject_splits
 from tito_rl.fake_engine.faults import FaultSchedule, FaultSpec
 from tito_rl.fake_engine.logprobs import logprobs_for, token_logprob
 from tito_rl.fake_engine.openai.calls import CHAT_PATH, COMPLETIONS_PATH, GENERATE_PATH, vllm_error
-from tito_rl.fake_engine.openai.handler import OpenAIRoutes
+from tito_rl.fake_engine.openai.handler import SCALE_OUT_REFUSAL, OpenAIRoutes
+from tito_rl.fake_engine.openai.render_route import RENDER_PATH, RenderRoute
 from tito_rl.fake_engine.openai.tokenize_routes import TokenizeRoutes
 from tito_rl.fake_engine.openai.tokens import visible_text
 from tito_rl.fake_engine.openai.vllm_bodies import models_list as vllm_models_list
@@ -45,6 +47,7 @@ from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION
 from tito_rl.fake_engine.policy import FinishKind, GenerateRequest, Generation, Policy, PolicyError
 from tito_rl.fake_engine.serving import Dropped, Prepared, Tracked, drop, dumps, json_response
 from tito_rl.fake_engine.sessions import session_key, turn_index
+from tito_rl.fake_engine.sglang.logprob_layout import LogprobLayout, laid_out
 from tito_rl.fake_engine.sglang.responses import (
     DEFAULT_PROFILE,
     finish_abort,
@@ -171,7 +174,19 @@ class Engine:
     # ---- /generate ---------------------------------------------------------------------------------
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
         try:
-            return await self._generate(request)
+            if self.restarting:
+                drop(request)
+            raw = await request.read()
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise parse_failure(f"JSON decode error: {e.msg if hasattr(e, 'msg') else e}") from None
+            rows = batch_rows(body)
+            if rows is not None and self.profile.contract_check:
+                if body.get("stream"):
+                    return await self._stream_batch(request, [{**row, "stream": False} for row in rows])
+                return await self._batch(request, rows)
+            return await self._generate(request, body)
         except EngineHTTPError as e:
             if e.content_type == "application/json":
                 return json_response(e.body, e.status)
@@ -179,14 +194,39 @@ class Engine:
         except Dropped:
             return web.Response(status=500)  # never reaches the client: the socket is gone
 
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
-        if self.restarting:
-            drop(request)
-        raw = await request.read()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise parse_failure(f"JSON decode error: {e.msg if hasattr(e, 'msg') else e}") from None
+    async def _batch(self, request: web.Request, rows: list[dict[str, Any]]) -> web.StreamResponse:
+        """A batch (`input_ids` as a list of lists, or `sampling_params.n` > 1): each row answered in turn, the
+        answers as a list (SGLang 0.5.23, seen live); the first failing row's answer is the batch's."""
+        answers: list[Any] = []
+        for row in rows:
+            answer = await self._generate(request, row)
+            if answer.status != 200 or not isinstance(answer, web.Response) or answer.body is None:
+                return answer
+            answers.append(json.loads(bytes(answer.body)))  # type: ignore[arg-type]
+        return json_response(answers)
+
+    async def _stream_batch(self, request: web.Request, rows: list[dict[str, Any]]) -> web.StreamResponse:
+        """A streamed batch: each row's answer as cumulative chunks, each chunk naming its row by `index`, the rows'
+        chunks interleaved as SGLang sends them (0.5.23, seen live), then one `[DONE]`."""
+        finals: list[dict[str, Any]] = []
+        for row in rows:
+            answer = await self._generate(request, row)
+            if answer.status != 200 or not isinstance(answer, web.Response) or answer.body is None:
+                return answer
+            finals.append(json.loads(bytes(answer.body)))  # type: ignore[arg-type]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        longest = max(len(final["output_ids"]) for final in finals)
+        for step in range(1, longest + 1):
+            for index, final in enumerate(finals):
+                if step <= len(final["output_ids"]):
+                    chunk = cumulative_chunk(final, step, self.options.tokenizer)
+                    await resp.write(b"data: " + dumps({**chunk, "index": index}) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _generate(self, request: web.Request, body: Any) -> web.StreamResponse:
         opts = self.options
         parsed = parse_generate(body, self.profile, request.headers.get(ROUTING_HEADER))
         input_ids = parsed.input_ids
@@ -215,6 +255,7 @@ class Engine:
             return_routed_experts=parsed.return_routed_experts,
             routed_experts_start_len=parsed.routed_experts_start_len,
             return_top_p=parsed.return_top_p,
+            body=body,
         )
         start = time.perf_counter()
 
@@ -402,6 +443,9 @@ class Engine:
             weight_versions=spans,
             channels=channels,
         )
+        layout = LogprobLayout.of(dict(greq.body))
+        if greq.return_logprob and layout != LogprobLayout():
+            meta = laid_out(meta, layout, greq.input_ids, self.options.logprob_seed, self.options.tokenizer)
         return generate_body(self._text(ids, greq.sampling_params, trim_stop, matched), ids, meta)
 
     async def prepare(
@@ -675,6 +719,7 @@ class Engine:
                 profile=self.profile,
                 startup_time=self.startup_time,
                 enable_return_routed_experts=o.return_routed_experts,
+                weight_version=self.weights.current,
             )
         )
 
@@ -727,6 +772,74 @@ def _add_engine_routes(app: web.Application, engine: Engine, *, abort: bool) -> 
         tokenize = TokenizeRoutes(engine.options.tokenizer, engine.options.context_length)
         r.add_post("/tokenize", tokenize.tokenize)
         r.add_post("/detokenize", tokenize.detokenize)
+        r.add_post("/v1/tokenize", tokenize.sglang_tokenize)
+        r.add_post("/v1/detokenize", tokenize.sglang_detokenize)
+        opts = engine.options
+        render = RenderRoute(opts.tokenizer, opts.model_name, opts.vllm_scale_out, SCALE_OUT_REFUSAL)
+        r.add_post(RENDER_PATH, render.render)
+
+
+def batch_rows(body: Any) -> list[dict[str, Any]] | None:
+    """The single requests of a /generate batch, or None: `input_ids` as a list of lists, or `sampling_params.n`
+    above 1 (SGLang expands it into n copies of the request)."""
+    if not isinstance(body, dict):
+        return None
+    ids, params = body.get("input_ids"), body.get("sampling_params")
+    n = params.get("n") if isinstance(params, dict) else None
+    copies = n if isinstance(n, int) and n > 1 else 1
+    single = {k: v for k, v in body.items() if k != "rid"}
+    if isinstance(params, dict) and copies > 1:
+        single["sampling_params"] = {k: v for k, v in params.items() if k != "n"}
+    if isinstance(ids, list) and ids and all(isinstance(row, list) for row in ids):
+        return [{**single, "input_ids": row} for row in ids for _ in range(copies)]
+    return [dict(single) for _ in range(copies)] if copies > 1 else None
+
+
+def cumulative_chunk(final: dict[str, Any], step: int, tokenizer: Any) -> dict[str, Any]:
+    """The chunk of a finished /generate answer after `step` output tokens, as a cumulative stream sends it: the last
+    one is the answer (less `response_sent_to_client_ts`), an earlier one has no finish, spans or latency, the
+    first one its send time."""
+    ids = final["output_ids"]
+    meta = dict(final["meta_info"])
+    if step == len(ids):
+        meta.pop("response_sent_to_client_ts", None)
+        return {**final, "meta_info": meta} if step > 1 else final
+    for key in ("weight_versions", "e2e_latency"):
+        meta.pop(key, None)
+    if step > 1:
+        meta.pop("response_sent_to_client_ts", None)
+    meta["finish_reason"] = None
+    meta["completion_tokens"] = step
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        if key in meta:
+            meta[key] = meta[key][:step]
+    if "output_token_logprobs_length" in meta:
+        meta["output_token_logprobs_length"] = step
+    chunk: dict[str, Any] = {}
+    if "text" in final:
+        chunk["text"] = tokenizer.decode(ids[:step]) if tokenizer is not None else ""
+    chunk["output_ids"] = ids[:step]
+    chunk["meta_info"] = meta
+    return chunk
+
+
+FASTAPI_DETAILS = {404: "Not Found", 405: "Method Not Allowed"}
+
+
+@web.middleware
+async def fastapi_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """An unknown route or method answered as both engines' FastAPI servers answer it: `{"detail": "Not Found"}`
+    (404) or `{"detail": "Method Not Allowed"}` (405), not aiohttp's text."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status in FASTAPI_DETAILS and error.text and error.text.startswith(f"{error.status}:"):
+            headers = {"Allow": error.headers["Allow"]} if "Allow" in error.headers else None
+            response = json_response({"detail": FASTAPI_DETAILS[error.status]}, error.status)
+            if headers:
+                response.headers.update(headers)
+            return response
+        raise
 
 
 def create_app(policy: Policy, options: EngineOptions | None = None) -> web.Application:
@@ -734,7 +847,7 @@ def create_app(policy: Policy, options: EngineOptions | None = None) -> web.Appl
     GET /workers) and its one worker is mounted at /worker0 with the full engine API."""
     options = options or EngineOptions()
     engine = Engine(policy, options)
-    app = web.Application(client_max_size=1 << 30)
+    app = web.Application(client_max_size=1 << 30, middlewares=[fastapi_errors])
     app[ENGINE_KEY] = engine
     _add_engine_routes(app, engine, abort=not options.router)
     if options.router:

@@ -42,6 +42,7 @@ class GenerateRequest:
     return_top_p: bool = False
     choice_index: int = 0  # which of the request's `n` choices (a sampling policy draws each its own stream)
     dialect: str = "sglang"  # the API it came in on (trajectory/dialects/view.py), for engine-specific sampling
+    body: Mapping[str, Any] = field(default_factory=dict)  # the request as sent (SGLang's logprob layout reads it)
 
     @property
     def max_new_tokens(self) -> int | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION
 from tito_rl.recorder.engine_contract.answers import answers_path, load_recording
 from tito_rl.recorder.engine_contract.exchange import DONE, Answer
+from tito_rl.recorder.engine_contract.generated import all_requests, field_requests
 from tito_rl.recorder.engine_contract.left_out import LEFT_OUT
 from tito_rl.recorder.engine_contract.requests import BARE, FULL, TOOLS, vllm_requests
 from tito_rl.recorder.engine_contract.runner import check_fake, drift
@@ -29,7 +30,9 @@ def test_the_fake_engine_answers_every_recorded_request_with_the_real_engines_st
 def test_the_recording_covers_every_contract_request_in_both_start_modes():
     recording = load_recording("vllm", VLLM_VERSION)
     recorded = {(e.request.mode, e.request.name) for e in recording.exchanges}
-    assert recorded == {(r.mode, r.name) for r in vllm_requests()}
+    assert recorded == {(r.mode, r.name) for r in all_requests("vllm")}
+    assert {(r.mode, r.name) for r in vllm_requests()} <= recorded  # the listed ones, and the generated
+    assert sum(e.request.name.startswith("field ") for e in recording.exchanges) == len(field_requests("vllm"))
     assert recording.start_flags[FULL] == [
         "--enable-scale-out",
         "--enable-auto-tool-choice",
@@ -58,6 +61,13 @@ def test_the_recording_covers_every_contract_request_in_both_start_modes():
     assert extra_body["token_ids"] is None  # vLLM ignores a literal extra_body key
     assert by_name["chat json stop id"].answer.body["choices"][0]["stop_reason"] == recording.values["$stop_id"]
     assert by_name["chat json stop string"].answer.body["choices"][0]["stop_reason"] == recording.values["$stop_text"]
+    # What the generated requests found, and the fake engine now does as vLLM 0.32.0 does.
+    assert by_name["option unknown route"].answer.body == {"detail": "Not Found"}
+    assert by_name["option wrong method"].answer.status == 405
+    render = by_name["option chat render"].answer.body
+    assert isinstance(render["token_ids"], list) and "sampling_params" in render
+    tops = by_name["option completions logprobs 2 json"].answer.body["choices"][0]["logprobs"]["top_logprobs"]
+    assert all(isinstance(entry, dict) and len(entry) >= 1 for entry in tops)  # token text -> logprob
     forced = by_name["tools chat sse tools required"].answer.chunks  # a cut forced call, streamed as tool_calls
     assert any(c["choices"] and c["choices"][0]["delta"].get("tool_calls") for c in forced if c != DONE)
 

@@ -9,8 +9,8 @@ from tito_rl.trajectory.adapters.parsing.sglang_loader import sglang_module
 
 api_types = sglang_module("api.v1.api_types")
 
-# meta_info keys the TokenizerManager adds that the schema does not model.
-EXTRA_META = {"num_retractions", "response_sent_to_client_ts"}
+# meta_info keys the TokenizerManager adds that the schema does not model (the last two seen from the real 0.5.23).
+EXTRA_META = {"num_retractions", "response_sent_to_client_ts", "cached_tokens_details", "dp_rank"}
 
 
 def rebuilt(body: dict) -> dict:
@@ -75,6 +75,8 @@ async def test_key_order_follows_tokenizer_manager():
         "completion_tokens",
         "cached_tokens",
         "weight_versions",
+        "cached_tokens_details",
+        "dp_rank",
         "e2e_latency",
         "response_sent_to_client_ts",
     ]

@@ -29,7 +29,7 @@ from tests.real_engine_support import RealEngines
 from tito_rl.recorder.engine_contract.answers import Recording, load_recording
 from tito_rl.recorder.engine_contract.check import check_engine
 from tito_rl.recorder.engine_contract.exchange import send
-from tito_rl.recorder.engine_contract.requests import sglang_requests
+from tito_rl.recorder.engine_contract.generated import all_requests
 from tito_rl.recorder.engine_contract.runner import drift
 from tito_rl.recorder.real_engine import sglang_build
 from tito_rl.recorder.real_engine.build import weights_digest
@@ -477,10 +477,11 @@ def contract_answers() -> Recording:
 
 
 def test_the_committed_contract_answers_are_the_real_sglangs():
-    """The engine contract's SGLang requests as the real SGLang answered them (make real-sglang-answers): every
-    request answered, the errors where the contract asks for them, and the ids of a greedy /generate known."""
+    """The engine contract's SGLang requests (listed, the field's, the options) as the real SGLang answered them
+    (make real-sglang-answers): every request answered, the errors where the contract asks for them, and the ids of
+    a greedy /generate known."""
     recording = contract_answers()
-    assert [e.request.name for e in recording.exchanges] == [r.name for r in sglang_requests()]
+    assert [e.request.name for e in recording.exchanges] == [r.name for r in all_requests(SGLANG)]
     status = {e.request.name: e.answer.status for e in recording.exchanges}
     errors = {"generate empty input_ids", "generate over-long", "generate unknown sampling key"}
     assert all(status[name] == 400 for name in errors), status

@@ -146,7 +146,9 @@ def parse_call(path: str, body: Any, headers: Mapping[str, str], model_name: str
             raise bad_request(dialect, "input_ids: Input should be a non-empty list of integers")
     else:
         prompt = _ids(body.get("prompt"))
-        if prompt is None:
+        if prompt is None and isinstance(body.get("prompt"), str) and body["prompt"]:
+            prompt = None  # a text prompt: the handler encodes it with the engine's tokenizer
+        elif prompt is None:
             raise bad_request(
                 dialect, "prompt: the fake engine takes a token-id prompt (a list of integers)", "body.prompt"
             )

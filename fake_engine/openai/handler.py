@@ -133,11 +133,13 @@ class OpenAIRoutes:
             raise bad_request(dialect_of(request.path, None, opts.openai_dialect), f"JSON decode error: {e}") from None
         call = parse_call(request.path, body, request.headers, opts.model_name, opts.openai_dialect)
         self._as_started(call, request.path)
-        prompt = (
-            call.prompt_ids
-            if call.prompt_ids is not None
-            else render_chat(self.tokenizer, body, lambda m: error_body(call.dialect, 400, m))
-        )
+        if call.prompt_ids is not None:
+            prompt = call.prompt_ids
+        elif call.endpoint == "completions":  # a text prompt, encoded as both engines do (no special tokens added)
+            prompt = list(self.tokenizer.encode(str(body["prompt"]), add_special_tokens=False))
+            call.prompt_ids = prompt
+        else:
+            prompt = render_chat(self.tokenizer, body, lambda m: error_body(call.dialect, 400, m))
         try:
             check_context(len(prompt), call.max_tokens, opts.context_length)
         except EngineHTTPError as e:
@@ -313,8 +315,11 @@ class OpenAIRoutes:
         if call.endpoint == "completions":
             pieces = self._pieces(call, ids, finish, matched)
             body = vllm_bodies.completion_body(tok, call, prompt, ids, lps, finish, pieces, created, matched, routes)
-            if call.dialect == SGLANG_OPENAI and not queued:
-                body.update(self._sglext(greq, ids, faults))
+            if call.dialect == SGLANG_OPENAI:
+                version, spans = version_spans(self.engine.weights, made or [], len(ids), faults)
+                body = sglang_bodies.completion_body(body, len(prompt), len(ids), version, spans)
+                if not queued:
+                    body.update(self._sglext(greq, ids, faults))
             return body
         if call.dialect == SGLANG_OPENAI:
             return self._sglang_body(call, greq, ids, lps, finish, matched, cached, start, created, made or [], faults)

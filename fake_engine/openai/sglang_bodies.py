@@ -18,15 +18,42 @@ from tito_rl.fake_engine.openai.tokens import token_bytes, token_text
 DEFAULT_MODEL = "default"  # SGLang's ChatCompletionRequest.model default
 
 
-def usage(prompt: int, completion: int) -> dict[str, Any]:
+def usage(prompt: int, completion: int, reasoning: int = 0) -> dict[str, Any]:
+    """SGLang's usage; `completion_tokens_details` only where some output was reasoning (seen live, 0.5.23)."""
     return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
         "prompt_tokens_details": None,
-        "reasoning_tokens": 0,
-        "completion_tokens_details": None,
+        "reasoning_tokens": reasoning,
+        "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None,
     }
+
+
+def metadata(weight_version: str, spans: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The answer's root `metadata` (0.5.23): the weight version, and the spans over the output."""
+    out: dict[str, Any] = {"weight_version": weight_version}
+    if spans is not None:
+        out["weight_versions"] = spans
+    return out
+
+
+def completion_body(
+    body: dict[str, Any], prompt: int, completion: int, weight_version: str, spans: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """vLLM's completion body as SGLang writes it (seen live, 0.5.23): SGLang's usage, the root `metadata`, no
+    `system_fingerprint`."""
+    out = {k: v for k, v in body.items() if k != "system_fingerprint"}
+    out["usage"] = usage(prompt, completion)
+    out["metadata"] = metadata(weight_version, spans)
+    return out
+
+
+def reasoning_count(tokenizer: Any, reasoning: str | None, limit: int) -> int:
+    """How many output tokens the reasoning took (its text re-encoded, at most the output's length)."""
+    if not reasoning:
+        return 0
+    return min(limit, len(tokenizer.encode(reasoning, add_special_tokens=False)))
 
 
 def model_of(call: OpenAICall) -> str:
@@ -90,7 +117,7 @@ def chat_body(
         "created": created,
         "model": model_of(call),
         "choices": [choice],
-        "usage": usage(len(prompt), len(ids)),
+        "usage": usage(len(prompt), len(ids), reasoning_count(tokenizer, parsed.reasoning, len(ids))),
         "metadata": metadata,
     }
 

@@ -4,6 +4,9 @@
 `messages` (rendered as `/v1/chat/completions` renders them) and answers `{count, max_model_len, tokens,
 token_strs}` (`token_strs` with `return_token_strs`); `/detokenize` takes `tokens` and answers `{prompt}`. A body
 with neither is a 400 in vLLM's envelope.
+
+SGLang 0.5.23's `/v1/tokenize` (`{tokens, count, max_model_len}`) and `/v1/detokenize` (`{text}`) take the same
+bodies (seen live).
 """
 
 from __future__ import annotations
@@ -60,3 +63,16 @@ class TokenizeRoutes:
         except EngineHTTPError as e:
             return json_response(e.body, e.status)
         return json_response({"prompt": self.tokenizer.decode(tokens)})
+
+    async def sglang_tokenize(self, request: web.Request) -> web.Response:
+        answer = await self.tokenize(request)
+        if answer.status != 200 or answer.body is None:
+            return answer
+        body = json.loads(bytes(answer.body))  # type: ignore[arg-type]
+        return json_response({"tokens": body["tokens"], "count": body["count"], "max_model_len": body["max_model_len"]})
+
+    async def sglang_detokenize(self, request: web.Request) -> web.Response:
+        answer = await self.detokenize(request)
+        if answer.status != 200 or answer.body is None:
+            return answer
+        return json_response({"text": json.loads(bytes(answer.body))["prompt"]})  # type: ignore[arg-type]

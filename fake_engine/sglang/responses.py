@@ -24,10 +24,11 @@ class VersionProfile:
     info_routes: bool  # /model_info and /server_info (0.5.6+); the get_* aliases exist everywhere
     weight_versions: bool  # meta_info.weight_versions spans
     incremental_flag: str  # the server_info key naming incremental streaming
+    cache_details: bool = False  # meta_info.cached_tokens_details {device, host} and dp_rank (0.5.23, seen live)
 
 
 PROFILES: dict[str, VersionProfile] = {
-    "0.5.23": VersionProfile("0.5.23", True, True, True, "incremental_streaming_output"),
+    "0.5.23": VersionProfile("0.5.23", True, True, True, "incremental_streaming_output", cache_details=True),
     "0.5.6": VersionProfile("0.5.6", False, True, False, "stream_output"),
     "0.5.2": VersionProfile("0.5.2", False, False, False, "stream_output"),
 }
@@ -90,8 +91,12 @@ def meta_info(
     meta["reasoning_tokens"] = 0
     meta["completion_tokens"] = n_output
     meta["cached_tokens"] = cached_tokens
-    if profile.weight_versions:
+    # 0.5.23 collects the spans when the request finishes: a stream's earlier chunks have none (seen live).
+    if profile.weight_versions and finish_reason is not None:
         meta["weight_versions"] = weight_versions or [{"version": weight_version, "start": 0, "end": n_output}]
+    if profile.cache_details:
+        meta["cached_tokens_details"] = {"device": cached_tokens, "host": 0}
+        meta["dp_rank"] = None
     meta.update(channels or {})
     if e2e_latency is not None:
         meta["e2e_latency"] = e2e_latency
@@ -160,6 +165,7 @@ def server_info(
     profile: VersionProfile,
     startup_time: float,
     enable_return_routed_experts: bool = False,
+    weight_version: str = "default",
 ) -> dict[str, Any]:
     return {
         "model_path": model_path,
@@ -180,11 +186,17 @@ def server_info(
         "max_total_num_tokens": context_length * 8,
         "max_req_input_len": context_length - 1,
         "kv_events": None,
-        "startup_time": startup_time,
+        "startup_time": startup_times(startup_time) if profile.cache_details else startup_time,
         "internal_states": [{"last_gen_throughput": 0.0, "memory_usage": {}}],
         "version": profile.name,
         "frontend": "python",
+        **({"weight_version": weight_version, "status": "ready"} if profile.cache_details else {}),
     }
+
+
+def startup_times(total: float) -> dict[str, float]:
+    """0.5.23's `startup_time` is an object of phases (seen live); the fake's whole start is the tokenizer's."""
+    return {"load_weight": 0.0, "kv_cache_allocation": 0.0, "scheduler_e2e": 0.0, "tokenizer_e2e": total}
 
 
 def models_list(served_model_name: str, context_length: int, created: int) -> dict[str, Any]:

@@ -90,7 +90,9 @@ def _check_parse(body: Any) -> None:
                         f"got a number with a fractional part (input: {v!r})"
                     )
     sp = body.get("sampling_params")
-    if sp is not None and not isinstance(sp, (dict, list)):
+    if sp is not None and (
+        not isinstance(sp, (dict, list)) or isinstance(sp, list) and not all(isinstance(item, dict) for item in sp)
+    ):
         raise parse_failure(f"body.sampling_params: Input should be a valid dictionary (input: {sp!r})")
     rid = body.get("rid")
     if rid is not None and not isinstance(rid, (str, list)):

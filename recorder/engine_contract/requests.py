@@ -18,6 +18,7 @@ from typing import Any
 
 FULL, BARE, TOOLS = "full", "bare", "tools"
 SGLANG = "sglang"  # SGLang started with --reasoning-parser qwen3 --tool-call-parser qwen25 (point it at your own)
+ROUTES = "routes"  # SGLang serving the tiny Qwen3-MoE with --enable-return-routed-experts (its routes recording)
 MODEL = "$model"  # the model name the engine serves, learned from GET /v1/models
 STOP_ID, STOP_TEXT = "$stop_id", "$stop_text"
 SEED = 7

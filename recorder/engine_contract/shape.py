@@ -45,6 +45,7 @@ def flatten(value: Any, path: str = "", out: dict[str, set[str]] | None = None) 
     out.setdefault(path, set()).add(type_name(value))
     if isinstance(value, dict):
         for key, item in value.items():
+            key = "*" if _is_map(path) else key
             flatten(item, f"{path}.{key}" if path else str(key), out)
             if key in STRUCTURAL_VALUES and isinstance(item, str):
                 out.setdefault(f"{path}.{key}={item}" if path else f"{key}={item}", set()).add("value")
@@ -52,6 +53,12 @@ def flatten(value: Any, path: str = "", out: dict[str, set[str]] | None = None) 
         for item in value:
             flatten(item, f"{path}[]", out)
     return out
+
+
+def _is_map(path: str) -> bool:
+    """A dict keyed by values, not names: the legacy completions logprobs' `top_logprobs` entries (token text ->
+    logprob), compared as `{*: float}`."""
+    return path.endswith("logprobs.top_logprobs[]")
 
 
 def merged(values: Iterable[Any]) -> dict[str, set[str]]:
@@ -179,7 +186,9 @@ def _carries_ids(chunks: list[Any]) -> bool:
         if not isinstance(chunk, dict):
             continue
         if isinstance(chunk.get("output_ids"), list):
-            return True
+            # SGLang's /generate: cumulative chunks, as many as the scheduler's steps happened to produce (two
+            # starts of the same server gave 5 and 6 events for the same answer): not a structure.
+            return False
         if any(isinstance(c, dict) and isinstance(c.get("token_ids"), list) for c in chunk.get("choices") or []):
             return True
     return False
