@@ -780,8 +780,9 @@ def _add_engine_routes(app: web.Application, engine: Engine, *, abort: bool) -> 
 
 
 def batch_rows(body: Any) -> list[dict[str, Any]] | None:
-    """The single requests of a /generate batch, or None: `input_ids` as a list of lists, or `sampling_params.n`
-    above 1 (SGLang expands it into n copies of the request)."""
+    """The single requests of a /generate batch, or None: `input_ids` as a list of lists, each row `sampling_params.n`
+    times (SGLang expands it into n copies of the request). One prompt with `n` > 1 is no batch here: `_parallel`
+    answers it, each choice under `<rid>_<i>` with its own draws."""
     if not isinstance(body, dict):
         return None
     ids, params = body.get("input_ids"), body.get("sampling_params")
@@ -792,7 +793,7 @@ def batch_rows(body: Any) -> list[dict[str, Any]] | None:
         single["sampling_params"] = {k: v for k, v in params.items() if k != "n"}
     if isinstance(ids, list) and ids and all(isinstance(row, list) for row in ids):
         return [{**single, "input_ids": row} for row in ids for _ in range(copies)]
-    return [dict(single) for _ in range(copies)] if copies > 1 else None
+    return None
 
 
 def cumulative_chunk(final: dict[str, Any], step: int, tokenizer: Any) -> dict[str, Any]:
