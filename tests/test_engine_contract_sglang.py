@@ -69,7 +69,12 @@ def test_the_field_requests_are_the_cassettes_own_deduplicated_by_structure():
     body = drawn[0].body or {}
     assert "rid" not in body and body["sampling_params"]["max_new_tokens"] <= 6
     vllm = field_requests("vllm")
-    assert {r.path for r in vllm} == {"/v1/chat/completions", "/inference/v1/generate", "/v1/completions"}
+    # NeMo Gym's gateway reads the prompt's ids back with `POST /tokenize` (chat `messages`) after each completion
+    paths = {"/v1/chat/completions", "/inference/v1/generate", "/v1/completions", "/tokenize"}
+    assert {r.path for r in vllm} == paths
+    tokenize = [r for r in vllm if r.path == "/tokenize"]
+    assert tokenize and all(r.name.startswith("field nemogym_") for r in tokenize)
+    assert all("messages" in (r.body or {}) and "max_tokens" not in (r.body or {}) for r in tokenize)  # as recorded
     keys = [structure_key(r.path, r.dialect, r.body or {}) for r in vllm]
     assert len(keys) == len(set(keys))
 

@@ -7,8 +7,8 @@ contract grows with what tito records:
   (`cassettes/targets/*.tito`, `cassettes/real_vllm/*.tito`, read with tito's cassette reader), deduplicated by
   structure (route, dialect and the body's key paths and types, plus the values that change an answer's structure:
   `stream`, `tool_choice`, `n`). Each is sent as recorded, made repeatable: the served model's name, a short output
-  (`max_tokens`/`max_new_tokens` at most MAX_TOKENS), no `rid`/`request_id` (random per call); no seed is added
-  (see `repeatable`).
+  (`max_tokens`/`max_new_tokens` at most MAX_TOKENS; none added to `/tokenize`), no `rid`/`request_id` (random per
+  call); no seed is added (see `repeatable`).
 - **Options in combination** (`option_requests`): each route tito's dialects use, JSON and SSE, with each option
   they send (tools and tool choices incl. `required`, stop ids and strings, `logit_bias`, `n`, batches, seeds,
   `top_logprobs`/`top_logprobs_num`, `logprob_start_len`, `return_tokens_as_token_ids`, ...), `/tokenize` and
@@ -45,6 +45,7 @@ FIELD_CASSETTES = ("cassettes/targets/*.tito", "cassettes/real_vllm/*.tito")
 SGLANG_DIALECTS = ("sglang", "sglang-openai", None)  # None: a cassette from before dialects (SGLang's /generate)
 STRUCTURE_VALUES = ("stream", "tool_choice", "n")
 VOLATILE = ("rid", "request_id")
+NOT_GENERATING = ("/tokenize", "/detokenize")  # no output to limit
 LOGIT_BIAS = {"0": -100}  # a bias that changes no greedy choice of the tiny model in practice: structure only
 
 
@@ -66,7 +67,8 @@ def field_requests(engine: str, root: Path = ROOT) -> list[ContractRequest]:
                     if sglang != (engine == SGLANG):
                         continue
                     dialect = record.dialect or "sglang"  # a cassette from before dialects: /generate's
-                    body = repeatable(record.request, sglang)  # as sent: two that differ only in a seed are one
+                    # as sent: two that differ only in a seed are one
+                    body = repeatable(record.request, sglang, record.path)
                     key = structure_key(record.path, dialect, body)
                     if key in seen:
                         continue
@@ -91,8 +93,11 @@ def _value_key(value: Any) -> Any:
     return value if isinstance(value, (str, int, bool)) or value is None else type(value).__name__
 
 
-def repeatable(body: dict[str, Any], sglang: bool) -> dict[str, Any]:
-    """The recorded body made repeatable against the tiny model: its name, a short output, no per-call ids."""
+def repeatable(body: dict[str, Any], sglang: bool, path: str = "") -> dict[str, Any]:
+    """The recorded body made repeatable against the tiny model: its name, a short output, no per-call ids.
+
+    A limit is added only where the route generates: NeMo Gym's `POST /tokenize` (chat `messages`) is sent as recorded.
+    """
     out: dict[str, Any] = {k: v for k, v in json.loads(json.dumps(body)).items() if k not in VOLATILE}
     if "model" in out:
         out["model"] = MODEL
@@ -107,7 +112,7 @@ def repeatable(body: dict[str, Any], sglang: bool) -> dict[str, Any]:
     # (`EngineDeadError`: "CPU Generator does not use offset", seen here on rllm's 7,000-token prompts); one recorded
     # with a seed keeps it.
     limited = "max_tokens" in out or "max_completion_tokens" in out
-    if not sglang and "sampling_params" not in out and not limited:
+    if not sglang and "sampling_params" not in out and not limited and path not in NOT_GENERATING:
         out["max_tokens"] = MAX_TOKENS
     params = out.get("sampling_params")
     if isinstance(params, dict):  # without a limit vLLM generates to the context's end, SGLang 128 tokens

@@ -88,6 +88,16 @@ def _one_choice(exchange: Exchange, line: str) -> bool:
     )
 
 
+def _empty_tools(exchange: Exchange, line: str) -> bool:
+    body = exchange.request.body or {}
+    return (
+        exchange.request.mode != SGLANG
+        and exchange.request.path == "/v1/chat/completions"
+        and body.get("tools") == []
+        and "status: real 400, fake 200" in line
+    )
+
+
 LEFT_OUT = (
     LeftOut(
         "unclosed-thinking",
@@ -120,6 +130,16 @@ LEFT_OUT = (
         "their chunks, one role chunk and one finish chunk per choice). SGLang's `/generate` with `n` is "
         "answered as the batch it is.",
         _one_choice,
+    ),
+    LeftOut(
+        "empty-tools",
+        'vLLM 0.32 refuses a chat request with `tools: []` (400, "`tools` must not be an empty array", param '
+        "`tools`: `check_tool_usage` in its chat protocol); the fake engine serves it as a request without tools. "
+        "NeMo Gym's chat call in the committed cassette `cassettes/targets/nemogym_mixed.tito` (its toolless "
+        "session ng-hello) carries `tools: []` and was recorded through the fake engine with an answer: refusing "
+        "it would change that session's engine answer until it is re-recorded with NeMo Gym. Against the real "
+        "vLLM 0.32 that call gets the 400.",
+        _empty_tools,
     ),
 )
 
