@@ -171,8 +171,9 @@ class OpenAIRoutes:
         n = call.sampling.get("n", 1)
         if type(n) is not int or n < 1:
             raise bad_request(call.dialect, f"n must be a positive integer, got {n!r}", "n")
-        if n > 1:
+        if n > 1 and not (call.stream and call.dialect == VLLM_GENERATE):
             return await self._parallel(request, call, greq, n, start)
+        # n > 1 streamed on /inference/v1/generate: one choice (the contract's `one-choice`; vLLM answers n)
         return await engine.tracked_run(
             request,
             call.rid,
@@ -185,10 +186,8 @@ class OpenAIRoutes:
     ) -> web.StreamResponse:
         """`n > 1`: each choice run as a request of its own (tracked as `<rid>_<i>`, its own draws:
         `GenerateRequest.choice_index`), then one answer with the n choices; the first error answers for all.
-        Streamed: the choices' chunks interleaved in one stream (not on /inference/v1/generate)."""
+        Streamed: the choices' chunks interleaved in one stream (on /inference/v1/generate, one choice: the caller)."""
         if call.stream:
-            if call.dialect == VLLM_GENERATE:
-                raise bad_request(call.dialect, "n > 1 streamed on /inference/v1/generate: not served", "n")
             return await self.engine.tracked_run(
                 request,
                 call.rid,
