@@ -27,8 +27,10 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 # Where the channels sit, walked in this order by the writer and the reader alike (the route context changes as
-# each is met): a /generate answer's `meta_info`, then each choice of an OpenAI-style body, then (a stream) each
-# chunk the same way.
+# each is met): a /generate answer's `meta_info`, then each choice of an OpenAI-style body (vLLM's `routed_experts`,
+# then SGLang's `sgl_ext` and `meta_info`), then the body's root `sglext` (SGLang 0.5.23's OpenAI routes), then (a
+# stream) each chunk the same way. A place added later only stores what older writers left as text: their cassettes
+# hold plain strings there, which the reader passes by.
 ROUTE_KEYS = ("routed_experts",)
 KEPT_KEYS = ("top_p_token_ids", "top_p_token_offsets", "top_p_kept_token_ids", "top_p_kept_token_offsets")
 CHANNEL_KEYS = frozenset((*ROUTE_KEYS, *KEPT_KEYS))
@@ -269,9 +271,17 @@ def _has_channels(response: Any) -> bool:
         meta = body.get("meta_info")
         if isinstance(meta, dict) and any(k in meta for k in (*ROUTE_KEYS, *KEPT_KEYS)):
             return True
+        if isinstance(body.get("sglext"), dict) and "routed_experts" in body["sglext"]:
+            return True
         choices = body.get("choices")
         if isinstance(choices, list) and any(
-            isinstance(c, dict) and ("routed_experts" in c or isinstance(c.get("sgl_ext"), dict)) for c in choices
+            isinstance(c, dict)
+            and (
+                "routed_experts" in c
+                or isinstance(c.get("sgl_ext"), dict)
+                or (isinstance(c.get("meta_info"), dict) and "routed_experts" in c["meta_info"])
+            )
+            for c in choices
         ):
             return True
     return False
@@ -291,9 +301,13 @@ def _fields(response: Any) -> list[tuple[dict[str, Any], str, bool]]:
                 continue
             if "routed_experts" in choice:
                 found.append((choice, "routed_experts", True))
-            ext = choice.get("sgl_ext")
-            if isinstance(ext, dict) and "routed_experts" in ext:
-                found.append((ext, "routed_experts", True))
+            for key in ("sgl_ext", "meta_info"):
+                ext = choice.get(key)
+                if isinstance(ext, dict) and "routed_experts" in ext:
+                    found.append((ext, "routed_experts", True))
+        root = body.get("sglext")
+        if isinstance(root, dict) and "routed_experts" in root:
+            found.append((root, "routed_experts", True))
     return found
 
 
@@ -308,6 +322,8 @@ def _copied(response: Any) -> Any:
         out["meta_info"] = dict(out["meta_info"])
     if isinstance(out.get("choices"), list):
         out["choices"] = [_copied_choice(c) for c in out["choices"]]
+    if isinstance(out.get("sglext"), dict):
+        out["sglext"] = dict(out["sglext"])
     return out
 
 
@@ -315,6 +331,7 @@ def _copied_choice(choice: Any) -> Any:
     if not isinstance(choice, dict):
         return choice
     out = dict(choice)
-    if isinstance(out.get("sgl_ext"), dict):
-        out["sgl_ext"] = dict(out["sgl_ext"])
+    for key in ("sgl_ext", "meta_info"):
+        if isinstance(out.get(key), dict):
+            out[key] = dict(out[key])
     return out
