@@ -174,3 +174,23 @@ def test_a_turn_answered_with_an_older_weight_version_is_stale_tokens(tmp_path: 
     assert sample["weight_versions"] == ["default", "default-stale", "default"]
     assert fired(audit_cassette(path, options=AuditOptions(max_staleness=0))) == {"stale-tokens": 1}
     assert fired(audit_cassette(path, options=AuditOptions(max_staleness=1))) == {}
+
+
+def test_a_gateway_that_stops_asking_for_routes_fails_replay_naming_the_field(tmp_path: Path) -> None:
+    """The same recording replayed by an adapter set not to ask for routes (`engine_routes: false`, as a gateway
+    that dropped `return_routed_experts`): the replay compares the channels as it compares logprobs, so it fails,
+    naming the engine request's field at its first call."""
+    from tito_rl.cassette.reader import CassetteReader
+
+    path, stopped = tmp_path / "moe.tito", tmp_path / "stopped.tito"
+    record(path)
+    with CassetteReader(path) as reader:
+        header = reader.header
+        header.adapter = {**header.adapter, "engine_routes": False}
+        with CassetteWriter(stopped, header) as writer:
+            for item in reader.records():
+                writer.append_redacted(item)
+    run = tito("replay", str(stopped))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "engine request differs: return_routed_experts" in run.stdout
+    assert "return_routed_experts: recorded True, replayed False" in run.stdout
