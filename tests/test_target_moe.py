@@ -53,3 +53,42 @@ def test_slime_moe_replays_through_slime() -> None:
         [sys.executable, "-m", "tito_rl", "replay", str(SLIME)], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0 and "1 session(s): 1 ok, 0 failed" in run.stdout, run.stdout + run.stderr
+
+
+VERIFIERS = TARGETS / "moe_verifiers.tito"
+
+
+def test_no_route_reaches_verifiers_on_vllm_0_31s_generate_api() -> None:
+    """verifiers 0.4.0 reads vLLM 0.31's `/inference/v1/generate` (the driver starts the engine as 0.31.0), whose
+    answers carry no `routed_experts` though the engine serves them (the header says so): neither the engine leg
+    nor verifiers' samples hold any, and no channel rule has anything to read."""
+    with CassetteReader(VERIFIERS) as reader:
+        assert (reader.header.extra or {}).get("engine_server_info") == {"enable_return_routed_experts": True}
+    engine, samples = legs(VERIFIERS)
+    assert engine and all(r.dialect == "vllm-generate" for r in engine)
+    assert all("routed_experts" not in c for r in engine for c in r.response["choices"])
+    assert samples and all("rollout_routed_experts" not in s for s in samples)
+    assert not audit_cassette(VERIFIERS).findings.channels
+
+
+def _verifiers_missing() -> str | None:
+    from tito_rl.recorder.targets.base import TargetUnavailable
+    from tito_rl.recorder.targets.own_python.envs import gateway_python
+
+    try:
+        gateway_python("verifiers")
+    except TargetUnavailable as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.skipif(_verifiers_missing() is not None, reason=f"needs verifiers: {_verifiers_missing()}")
+def test_moe_verifiers_replays_through_verifiers() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "tito_rl", "replay", str(VERIFIERS)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0 and "1 session(s): 1 ok, 0 failed" in run.stdout, run.stdout + run.stderr
