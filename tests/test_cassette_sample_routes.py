@@ -102,3 +102,18 @@ def test_a_long_moe_samples_finish_path_stays_in_numpy(tmp_path: Any) -> None:
     writer.session_finished("s", "api", 1.0, [data])
     writer.close()
     assert len(out.getvalue()) < 100_000 * 48 * 8  # at most a byte an expert id, after compression
+
+
+def test_the_recorders_writer_process_takes_the_arrays_over_its_pipe(tmp_path: Any) -> None:
+    """`tito record` writes from a child process: a finish's numpy channels cross the pipe as buffers and are stored
+    as from the in-process writer (before, the pipe's msgpack refused an ndarray and the finish answered 500)."""
+    from tito_rl.cassette.writer_process import WriterProcessTap
+
+    sample = _sample(500)
+    path = tmp_path / "child.tito"
+    tap = WriterProcessTap(path, header())
+    tap.session_finished("s", "api", 1.0, [sample.to_dict(arrays=True)])
+    tap.close()
+    with CassetteReader(path) as reader:
+        [record] = [r for r in reader.records() if isinstance(r, SamplesRecord)]
+    assert record.samples == [sample.to_dict()]
