@@ -92,3 +92,17 @@ def test_moe_verifiers_replays_through_verifiers() -> None:
         timeout=300,
     )
     assert run.returncode == 0 and "1 session(s): 1 ok, 0 failed" in run.stdout, run.stdout + run.stderr
+
+
+def test_the_slime_moe_scenario_through_titos_adapter_carries_the_routes(tmp_path: Path) -> None:
+    """The same client and MoE engine recorded through tito's adapter with `tito record` (its writer process
+    included): tito asks, the sample holds a row per token but the last, and no channel rule fires."""
+    from tito_rl.recorder.simulate import simulate
+
+    out = tmp_path / "slime_moe_through_tito.tito"
+    simulate(TARGETS / "scenarios" / "slime_moe.yaml", out, target="tito", golden=False)
+    engine, samples = legs(out)
+    assert engine and all(r.request.get("return_routed_experts") for r in engine)
+    assert samples and all(len(s["rollout_routed_experts"]) == len(s["tokens"]) - 1 for s in samples)
+    rules = fired(audit_cassette(out))
+    assert not {r for r in rules if r.startswith(("routes", "kept", "version", "stale"))}, rules
