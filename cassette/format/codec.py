@@ -62,7 +62,8 @@ class SessionCodec:
         self, budget: DecodeBudget | None = None, packed_prompts: bool = False, packed_samples: bool = False
     ) -> None:
         """`budget`: what decoding may resolve deltas to (a reader's; none for the writer's own records).
-        `packed_prompts`: /generate requests' input_ids decoded as `PackedIds`, not lists (replay's reading).
+        `packed_prompts`: /generate requests' input_ids decoded as `PackedIds`, not lists (replay's reading), and
+        samples' routes left an `IntArray` (numpy inside; `packed_samples` too).
         `packed_samples`: samples' token ids decoded as `PackedIds` too: each holds its whole session, and a
         reader that views them as arrays (the audit) would only throw the list of ints away again."""
         self._sessions: dict[str, _SessionState] = {}
@@ -188,10 +189,12 @@ class SessionCodec:
                     packed = self._spent(sample["tokens"].apply(state.context, state.context_out), "a sample")
                     sample["tokens"] = PackedIds(packed) if self.packed_samples else self._built(unpack_u32(packed))
                 if isinstance(sample, dict) and isinstance(sample.get(SAMPLE_ROUTES), IntArray):
-                    # left packed for the audit (it reads them with numpy); nested lists, as written, for the rest
+                    # left packed for the audit and the replay (they read them with numpy: nested lists of a
+                    # long MoE sample cost seconds to build and as long to compare); nested lists, as written, for
+                    # the rest
                     array = sample[SAMPLE_ROUTES].values
                     self._spend(array.size * 8, "a sample's routes")
-                    if not self.packed_samples:
+                    if not (self.packed_samples or self.packed_prompts):
                         sample[SAMPLE_ROUTES] = self._built(array.tolist(), Any)
         if isinstance(record, EngineRecord):  # per-token channels back to the engine's exact strings
             record.response = decode_channels(state.routes, record.response, self._spend)

@@ -358,6 +358,10 @@ class IntArray:
         """What `np.asarray` reads (the audit, given samples left packed)."""
         return self.values if dtype is None else self.values.astype(dtype)
 
+    def tolist(self) -> Any:
+        """The nested lists it stands for (what an export writes)."""
+        return self.values.tolist()
+
     def payload(self) -> bytes:
         import numpy as np
 
