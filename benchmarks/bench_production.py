@@ -132,8 +132,9 @@ def wait_for(url: str, timeout_s: float = 120.0) -> None:
     raise TimeoutError(url)
 
 
-def record(folder: Path, spec: dict[str, Any]) -> Path:
-    """The cassette, recorded unless cached; its golden, written unless cached."""
+def record(folder: Path, spec: dict[str, Any], engine_args: tuple[str, ...] = ()) -> Path:
+    """The cassette, recorded unless cached; its golden, written unless cached. `engine_args`: the fake engine's
+    extra flags (`--enable-return-routed-experts` for a spec with `moe:`; part of the cache key through the spec)."""
     cassette, script = folder / "production.tito", folder / "scenario.json"
     if not cassette.is_file():
         script.write_text(json.dumps(spec))
@@ -148,6 +149,7 @@ def record(folder: Path, spec: dict[str, Any]) -> Path:
             f"127.0.0.1:{port}",
             "--context-length",
             str(CONTEXT),
+            *engine_args,
             stdout=subprocess.DEVNULL,
         )
         try:

@@ -18,13 +18,19 @@ ratio measured in this run, with the host's steal beside it.
   Each per-core rate is printed divided by both, so figures from other machines compare: a host half as fast halves
   the rate and the calibration alike.
 
+- routes (issue 46, point 6; `--routes`): the same workload recorded again in front of an MoE engine serving expert
+  routes (`moe: 8,8,64`, `--enable-return-routed-experts`: tito's adapter asks for them, every answer carries the
+  routes of its whole sequence from the turn's start, and every sample holds a row of 64 ids per token), then
+  `tito replay` and `tito audit` (`-j 1`) of both cassettes' same sessions, by CPU time; printed as the rate with
+  routes over the rate without (goal: at least 0.5).
+
 The replay runs on a cut of the cassette's first `--replay-sessions` sessions (default 512, their goldens sliced
 from the whole one's: a `-j 1` replay of all 2,048 takes minutes on a loaded 2-core host); the audit on the whole.
 `--sessions N` records (and caches) a production cassette of the scenario's first N sessions instead of 2,048: a
 smaller run, for a loaded host; `--calibration-only` prints the calibration alone.
 
     .venv/bin/python benchmarks/bench_throughput.py [--jobs 2] [--replay-sessions 512] [--skip-replay|--skip-audit]
-        [--sessions 2048] [--calibration-only]
+        [--sessions 2048] [--calibration-only] [--routes]
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ from host_steal import parallel_capacity, steal_watch  # noqa: E402
 
 SESSIONS = 2048
 GOALS = {"replay": 15.0, "audit": 100.0}
+ROUTES_MOE = "8,8,64"  # layers, top_k, experts: 64 ids a token
+ROUTES_GOAL = 0.5  # replay and audit with routes at no less than half their rate without
 EFFICIENCY_GOAL = 0.9
 
 
@@ -150,6 +158,23 @@ def scaling(
     return one, many
 
 
+def routes_variant(spec: dict[str, Any], plain: Path, sessions: int) -> None:
+    """Replay and audit (`-j 1`) of the workload without and with expert routes, the same sessions: the rates and
+    their ratio, by CPU time."""
+    routed_spec = {**spec, "moe": ROUTES_MOE}
+    routed = record(cache_dir(routed_spec), routed_spec, ("--enable-return-routed-experts",))
+    print(f"routes cassette: {routed.stat().st_size / 2**20:.1f} MiB, without {plain.stat().st_size / 2**20:.1f} MiB")
+    for name, command in (("replay", ["replay", "-q"]), ("audit", ["audit", "--json"])):
+        without = run([command[0], str(plain), *command[1:], "-j", "1"])
+        with_routes = run([command[0], str(routed), *command[1:], "-j", "1"])
+        ratio = without.cpu / with_routes.cpu
+        print(
+            f"{name} with routes: {sessions / with_routes.cpu:.1f} sessions/s per core against "
+            f"{sessions / without.cpu:.1f} without ({with_routes.cpu:.1f} s and {without.cpu:.1f} s CPU): ratio "
+            f"{ratio:.2f} (goal {ROUTES_GOAL:g}); host steal up to {max(without.steal, with_routes.steal):.1f}%"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2, help="the N of -j N (default 2: this host's cores)")
@@ -158,6 +183,7 @@ def main() -> None:
     parser.add_argument("--skip-audit", action="store_true")
     parser.add_argument("--sessions", type=int, default=SESSIONS, help="the scenario's first N sessions (2,048)")
     parser.add_argument("--calibration-only", action="store_true", help="print this machine's calibration alone")
+    parser.add_argument("--routes", action="store_true", help="also the workload with expert routes, and the ratio")
     args = parser.parse_args()
     from tito_rl.cassette.reader import StoredSessions, open_cassette
 
@@ -197,6 +223,8 @@ def main() -> None:
             f"({first.stat().st_size / 2**20:.0f} MiB): ratio {whole.peak / small.peak:.2f} (flat: about 1.0); "
             f"host steal up to {small.steal:.1f}%"
         )
+    if args.routes:
+        routes_variant(spec, cassette, len(names))
     with steal_watch(steal):
         after = calibration()
     print(

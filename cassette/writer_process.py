@@ -117,7 +117,7 @@ class WriterProcessTap:
             import fcntl
 
             fcntl.fcntl(self._fd, F_SETPIPE_SZ, PIPE_BYTES)
-        self._packer = msgpack.Packer(use_bin_type=True)
+        self._packer = msgpack.Packer(use_bin_type=True, default=_pipe_value)
         self._closed = False
         self.failure: str | None = None  # why recording stopped, once it has
         self._send(("header", header.to_dict()))
@@ -233,10 +233,32 @@ def _apply(tap: CassetteWriter | PerSessionTap | RotatingTap | CappedTap, call: 
         raise ValueError(f"unknown tap call {op!r}")
 
 
+PIPE_ARRAY = 100  # msgpack ext code, on the pipe only: a numpy array (a finished sample's channels)
+
+
+def _pipe_value(value: Any) -> Any:
+    """A numpy array (`Sample.to_dict(arrays=True)`: a sample's routes and kept sets) as its dtype, shape and bytes,
+    so that a long MoE sample's 38M route ids cross the pipe as one buffer, not as Python ints."""
+    if type(value).__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iu":
+        head = json.dumps([value.dtype.str, list(value.shape)]).encode()
+        return msgpack.ExtType(PIPE_ARRAY, len(head).to_bytes(4, "little") + head + value.tobytes())
+    raise TypeError(f"cannot send {type(value).__name__} to the cassette writer")
+
+
+def _pipe_ext(code: int, data: bytes) -> Any:
+    if code != PIPE_ARRAY:
+        return msgpack.ExtType(code, data)
+    import numpy as np
+
+    size = int.from_bytes(data[:4], "little")
+    dtype, shape = json.loads(data[4 : 4 + size])
+    return np.frombuffer(data, dtype=dtype, offset=4 + size).reshape(shape)
+
+
 def _calls(stdin: int) -> Any:
     """Every complete call in the pipe, in order, until EOF; a partial last call (the writer was killed in
     the middle of it) is dropped."""
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=1 << 31)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=1 << 31, ext_hook=_pipe_ext)
     while chunk := os.read(stdin, PIPE_BYTES):
         unpacker.feed(chunk)
         yield from unpacker

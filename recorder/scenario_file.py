@@ -36,6 +36,12 @@ class ScenarioFile:
     def record_args(self) -> tuple[str, ...]:
         return self.client.record_args if self.client is not None else ()
 
+    @property
+    def engine_args(self) -> tuple[str, ...]:
+        """The fake engine's extra start flags (the scripted client's `engine_args`: `--enable-return-routed-experts`
+        for a scenario whose `moe:` model serves routes)."""
+        return getattr(self.client, "engine_args", ())
+
 
 def check_scenario(path: str | Path) -> ScenarioFile:
     """Every section of the file, or a ScenarioError `PATH: where: what` (one line)."""

@@ -131,9 +131,11 @@ def simulate(
     from tito_rl.recorder.scenario_file import ScenarioError, check_scenario
 
     try:  # the whole file before anything starts: the same errors as tito record and tito fake-engine
-        record_args = with_target(list(check_scenario(scenario).record_args), target, dialect)
+        checked = check_scenario(scenario)
+        record_args = with_target(list(checked.record_args), target, dialect)
     except ScenarioError as exc:
         raise InvalidScenario(str(exc)) from None
+    engine_args = (*checked.engine_args, *engine_args)
     engine_args = (*driver_engine_args(record_args, engine_args), *engine_args)
     try:
         install_clis(scenario, agent, task)

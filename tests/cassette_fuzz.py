@@ -368,15 +368,28 @@ def mutate_ext(rng: random.Random, name: str) -> bytes:
 
 # --- per-token channels: engine answers with expert routes and kept sets (format version 5) -------------------
 
-CHANNEL_KINDS = ("random", "prefix", "start_len", "differing_row", "vllm", "vllm_wide", "openai_stream", "kept", "odd")
+CHANNEL_KINDS = (
+    "random",
+    "prefix",
+    "start_len",
+    "differing_row",
+    "vllm",
+    "vllm_wide",
+    "openai_stream",
+    "openai_root",
+    "kept",
+    "odd",
+)
 
 
 def channel_records(rng: random.Random, session: str, kind: str, turns: int = 5) -> list[EngineRecord]:
     """One session's engine calls whose answers carry per-token channels, as each engine sends them: `random`
     (routes unrelated from turn to turn), `prefix` (SGLang, the whole prefix again each turn), `start_len` (only the
     rows from `routed_experts_start_len`), `differing_row` (a prefix row that changed since the turn before), `vllm`
-    and `vllm_wide` (`.npy`, uint8 and uint16), `openai_stream` (SGLang's chat chunks, `sgl_ext`), `kept` (top-p kept
-    sets), `odd` (strings the format cannot store as integers: stored as they came)."""
+    and `vllm_wide` (`.npy`, uint8 and uint16), `openai_stream` (SGLang's chat chunks,
+    `sgl_ext`), `openai_root` (SGLang 0.5.23: the root `sglext`, streamed in a chunk of its own with `choices: []`,
+    or a choice's `meta_info`), `kept` (top-p kept sets), `odd` (strings the format cannot store as integers:
+    stored as they came)."""
     import base64
 
     import numpy as np
@@ -417,6 +430,23 @@ def channel_records(rng: random.Random, session: str, kind: str, turns: int = 5)
                 {"choices": [{"index": 0, "delta": {"content": "x"}, "sgl_ext": {"routed_experts": routes}}]}
                 for routes in (sglang_routes(seq[: n + 2], shape, 0, rows) for n in range(len(seq) - 1))
             ]
+        elif kind == "openai_root":
+            dialect = "sglang-openai"
+            request = {"messages": [{"role": "user", "content": f"turn {turn}"}], "return_routed_experts": True}
+            routes = sglang_routes(seq, shape, 0, rows)
+            if turn % 3 == 0:
+                response = [
+                    {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]},
+                    {"choices": [], "usage": None, "sglext": {"routed_experts": routes}},
+                ]
+            elif turn % 3 == 1:
+                response = {
+                    "choices": [{"index": 0, "message": {"content": "x"}}],
+                    "sglext": {"routed_experts": routes},
+                }
+            else:
+                choice = {"index": 0, "message": {"content": "x"}, "meta_info": {"routed_experts": routes}}
+                response = {"choices": [choice]}
         elif kind == "kept":
             meta["top_p_token_ids"], meta["top_p_token_offsets"] = kept_sets(out, seed=rng.randrange(1 << 30))
             meta["routed_experts"] = sglang_routes(seq, shape, 0, rows)

@@ -151,7 +151,8 @@ def test_slime_retry_exits_1_and_so_does_the_targets_folder(capsys: pytest.Captu
     mixed = by_name["slime_mixed"]["rules"]
     assert mixed["stop-token-leak"]["total"] == 5 and mixed["tool-call-lost"]["total"] == 1
     assert mixed["never-trained"]["kinds"] == {"realign": 200}
-    assert out["rules"]["trained-twice"]["total"] == 44 and out["rules"]["stop-token-leak"]["total"] == 6
+    assert by_name["slime_moe"]["rules"]["stop-token-leak"]["total"] == 1  # slime's chat reply around the MoE engine
+    assert out["rules"]["trained-twice"]["total"] == 44 and out["rules"]["stop-token-leak"]["total"] == 7
 
 
 def test_the_slime_scenario_recorded_through_tito_audits_clean(tmp_path: Path) -> None:

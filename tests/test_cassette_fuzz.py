@@ -481,6 +481,29 @@ def test_a_route_row_that_differs_from_the_stored_one_ends_the_kept_prefix_there
     assert c.keep == 59 * shape.row and c.tail == b""  # the changed rows are the session's now
 
 
+def test_sglang_openai_routes_at_the_root_sglext_are_stored_as_integers() -> None:
+    """SGLang 0.5.23's OpenAI routes sit at the answer's root `sglext` (streamed: a final chunk with `choices: []`),
+    or in a choice's `meta_info`: each stored as integers, the later ones as the rows kept from before (a stored
+    `sglext` left as text would cost the session's whole prefix every turn)."""
+    from tests.route_channels import MoeShape, route_rows, sglang_routes
+    from tito_rl.cassette.format.routes import B64Ints
+
+    shape = MoeShape(4, 2, 16)
+    tokens = list(range(500, 560))
+    rows = route_rows(tokens, shape)
+    streamed = [
+        {"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop"}]},
+        {"choices": [], "usage": None, "sglext": {"routed_experts": sglang_routes(tokens[:20], shape, 0, rows)}},
+    ]
+    whole = {"choices": [{"index": 0}], "sglext": {"routed_experts": sglang_routes(tokens[:40], shape, 0, rows)}}
+    meta = {"choices": [{"index": 0, "meta_info": {"routed_experts": sglang_routes(tokens, shape, 0, rows)}}]}
+    a, b, c = _codec_round_trip([streamed, whole, meta])  # type: ignore[list-item]
+    first, second = a[1]["sglext"]["routed_experts"], b["sglext"]["routed_experts"]
+    third = c["choices"][0]["meta_info"]["routed_experts"]
+    assert all(isinstance(x, B64Ints) for x in (first, second, third))
+    assert (first.keep, second.keep, third.keep) == (0, 19 * shape.row, 39 * shape.row)
+
+
 def test_a_start_len_answer_is_placed_at_its_start_row() -> None:
     """`routed_experts_start_len` leaves rows out of the answer: its first row is the start row, kept from the rows
     stored before, whichever way the prompt grew."""

@@ -243,6 +243,31 @@ def test_the_sglang_openai_view_reads_sgl_ext_routes() -> None:
     assert view.weight_versions == (VersionSpan("v5", 0, 3),)
 
 
+def test_the_sglang_openai_view_reads_root_sglext_routes_streamed_or_not() -> None:
+    """SGLang 0.5.23 (its real answers: recorder/engine_contract/answers/sglang-0.5.23-routes.json on sglang-real)
+    puts OpenAI routes at the answer's root `sglext`; streamed, in a chunk of its own after the finish with
+    `choices: []`; with `return_meta_info`, in the choice's `meta_info`."""
+    rows = expert_rows(PROMPT + OUTPUT)[:-1]
+    request = {"model": "m", "input_ids": PROMPT, "return_routed_experts": True, "return_token_ids": True}
+    choice = {"index": 0, "response_token_ids": OUTPUT, "finish_reason": "stop", "matched_stop": 23}
+    routes = b64_int32(rows)
+    whole = {"choices": [choice], "sglext": {"routed_experts": routes}, "metadata": {"weight_version": "v5"}}
+    chunks = [
+        {
+            "id": "c",
+            "choices": [{"index": 0, "token_ids": OUTPUT, "delta": {"content": "hi"}, "finish_reason": "stop"}],
+        },
+        {"id": "c", "choices": [], "usage": None, "sglext": {"routed_experts": routes}},
+    ]
+    in_meta = {"choices": [{**choice, "meta_info": {"routed_experts": routes}}]}
+    for answer in (whole, chunks, in_meta):
+        view = view_of(None, "/v1/completions", {**request, "stream": isinstance(answer, list)}, answer)
+        assert not view.channel_error, answer
+        assert view.routes is not None and np.array_equal(view.routes.rows, rows), answer
+    short = {"choices": [choice], "sglext": {"routed_experts": b64_int32(rows[:-1])}}
+    assert "routed_experts" in (view_of(None, "/v1/completions", request, short).channel_error or "")
+
+
 def test_the_models_config_splits_sglangs_flat_rows_into_layers(tmp_path) -> None:
     assert routes_top_k(None) is None and routes_top_k(str(tmp_path)) is None
     (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe", "num_experts_per_tok": 2}')

@@ -143,9 +143,11 @@ class Sample:
     def prompt_length(self) -> int:
         return len(self.tokens) - self.response_length
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, arrays: bool = False) -> dict[str, Any]:
         """Plain data. Token lists are copied whole (at C speed): `asdict` deep-copies them int by int, about
-        2 s for one 150k-token sample."""
+        2 s for one 150k-token sample. `arrays`: the channels stay numpy arrays (copied), for the finish path
+        that writes them as JSON with orjson and stores them packed: nested lists of a long MoE sample's routes
+        (100k tokens x 48 layers x top 8: 38M ints) take tens of seconds to build and as long to write."""
         data: dict[str, Any] = {
             "tokens": untrack(list(self.tokens)),
             "response_length": self.response_length,
@@ -156,10 +158,12 @@ class Sample:
         }
         # Channels only where the sample has them: a sample without any has the same dict as before they existed.
         if self.rollout_routed_experts is not None:
-            data["rollout_routed_experts"] = self.rollout_routed_experts.tolist()
+            routes = self.rollout_routed_experts
+            data["rollout_routed_experts"] = routes.copy() if arrays else routes.tolist()
         if self.rollout_top_p_token_ids is not None and self.rollout_top_p_token_offsets is not None:
-            data["rollout_top_p_token_ids"] = untrack(self.rollout_top_p_token_ids.tolist())
-            data["rollout_top_p_token_offsets"] = untrack(self.rollout_top_p_token_offsets.tolist())
+            ids, offsets = self.rollout_top_p_token_ids, self.rollout_top_p_token_offsets
+            data["rollout_top_p_token_ids"] = ids.copy() if arrays else untrack(ids.tolist())
+            data["rollout_top_p_token_offsets"] = offsets.copy() if arrays else untrack(offsets.tolist())
         if self.weight_versions:
             data["weight_versions"] = list(self.weight_versions)
         return data

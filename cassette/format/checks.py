@@ -14,6 +14,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from tito_rl.cassette.format.errors import CorruptCassetteError
 from tito_rl.cassette.format.packing import U32_MAX, PackedColumn, PackedIds
+from tito_rl.cassette.format.routes import IntArray
 
 MAX_NESTING = 64  # lists and maps inside a record (JSON bodies: about a dozen; Python recurses ~1000 deep)
 
@@ -262,7 +263,7 @@ def _dict_checker(key_hint: Any, item_hint: Any) -> Check:
     )
 
 
-_SCALARS = frozenset({str, int, float, bool, bytes, PackedIds, PackedColumn, type(None)})
+_SCALARS = frozenset({str, int, float, bool, bytes, PackedIds, PackedColumn, IntArray, type(None)})
 _STR = frozenset({str})
 
 

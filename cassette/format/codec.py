@@ -22,8 +22,17 @@ from tito_rl.cassette.format.records import (
     SamplesRecord,
     record_from_dict,
 )
-from tito_rl.cassette.format.routes import RouteContext, decode_channels, encode_channels
+from tito_rl.cassette.format.routes import (
+    SAMPLE_ROUTES,
+    IntArray,
+    RouteContext,
+    decode_channels,
+    encode_channels,
+    packed_sample_routes,
+)
 from tito_rl.trajectory.dialects.view import SGLANG_OPENAI, VLLM_GENERATE, VLLM_OPENAI
+
+KEPT_SAMPLE_KEYS = ("rollout_top_p_token_ids", "rollout_top_p_token_offsets")  # flat uint32: packed as token ids
 
 
 @dataclass
@@ -53,7 +62,8 @@ class SessionCodec:
         self, budget: DecodeBudget | None = None, packed_prompts: bool = False, packed_samples: bool = False
     ) -> None:
         """`budget`: what decoding may resolve deltas to (a reader's; none for the writer's own records).
-        `packed_prompts`: /generate requests' input_ids decoded as `PackedIds`, not lists (replay's reading).
+        `packed_prompts`: /generate requests' input_ids decoded as `PackedIds`, not lists (replay's reading), and
+        samples' routes left an `IntArray` (numpy inside; `packed_samples` too).
         `packed_samples`: samples' token ids decoded as `PackedIds` too: each holds its whole session, and a
         reader that views them as arrays (the audit) would only throw the list of ints away again."""
         self._sessions: dict[str, _SessionState] = {}
@@ -144,6 +154,17 @@ class SessionCodec:
             out["loss_mask"] = packed_mask(mask)
         if is_float_list(sample.get("rollout_log_probs")):
             out["rollout_log_probs"] = packed_floats(sample["rollout_log_probs"])
+        if sample.get(SAMPLE_ROUTES) is not None:
+            routes = packed_sample_routes(sample[SAMPLE_ROUTES])
+            if routes is not None:
+                out[SAMPLE_ROUTES] = routes
+        for key in KEPT_SAMPLE_KEYS:
+            value: Any = sample.get(key)
+            if hasattr(value, "tolist"):  # numpy (Sample.to_dict(arrays=True)): stored as the lists it stands for
+                value = out[key] = value.tolist()
+            packed = packed_token_list(value)
+            if packed is not None:
+                out[key] = PackedExt(EXT_U32, packed)
         return out
 
     # decoding
@@ -167,6 +188,14 @@ class SessionCodec:
                 if isinstance(sample, dict) and isinstance(sample.get("tokens"), TokenDelta):
                     packed = self._spent(sample["tokens"].apply(state.context, state.context_out), "a sample")
                     sample["tokens"] = PackedIds(packed) if self.packed_samples else self._built(unpack_u32(packed))
+                if isinstance(sample, dict) and isinstance(sample.get(SAMPLE_ROUTES), IntArray):
+                    # left packed for the audit and the replay (they read them with numpy: nested lists of a
+                    # long MoE sample cost seconds to build and as long to compare); nested lists, as written, for
+                    # the rest
+                    array = sample[SAMPLE_ROUTES].values
+                    self._spend(array.size * 8, "a sample's routes")
+                    if not (self.packed_samples or self.packed_prompts):
+                        sample[SAMPLE_ROUTES] = self._built(array.tolist(), Any)
         if isinstance(record, EngineRecord):  # per-token channels back to the engine's exact strings
             record.response = decode_channels(state.routes, record.response, self._spend)
         check_fields(record, data["t"], self.budget.built if self.budget is not None else None)

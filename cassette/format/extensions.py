@@ -13,7 +13,7 @@ from tito_rl.cassette.format.budget import DecodeBudget
 from tito_rl.cassette.format.deltas import BytesDelta, LogprobColumn, TokenDelta
 from tito_rl.cassette.format.errors import CorruptCassetteError
 from tito_rl.cassette.format.packing import PackedColumn, mask_rle, mask_unrle, pack_f64, unpack_f64, unpack_u32
-from tito_rl.cassette.format.routes import B64Ints
+from tito_rl.cassette.format.routes import B64Ints, IntArray
 
 # msgpack ext type codes.
 EXT_U32 = 1  # packed uint32 array -> list[int]
@@ -23,6 +23,7 @@ EXT_BYTES_DELTA = 4  # u32 prefix length + u32 suffix length + middle bytes, aga
 EXT_MASK_RLE = 5  # u8 first value + packed uint32 run lengths of a 0/1 mask -> list[int]
 EXT_LOGPROB_COLUMN = 6  # packed float64 logprobs of `[[lp, output_ids[i], None], ...]`
 EXT_B64_INTS = 7  # a base64 string of integers (routes, kept sets) as its items; routes a delta on earlier ones
+EXT_INT_ARRAY = 8  # a sample's routes: u8 itemsize, u8 ndim, u32 shape each, then signed little-endian items
 
 
 def encode_ext(obj: Any) -> Any:
@@ -36,6 +37,8 @@ def encode_ext(obj: Any) -> Any:
         return msgpack.ExtType(obj.code, obj.data)
     if isinstance(obj, B64Ints):
         return msgpack.ExtType(EXT_B64_INTS, obj.payload())
+    if isinstance(obj, IntArray):
+        return msgpack.ExtType(EXT_INT_ARRAY, obj.payload())
     raise TypeError(f"cannot store {type(obj).__name__} in a cassette")
 
 
@@ -72,6 +75,8 @@ def decode_ext(code: int, data: bytes, budget: DecodeBudget | None = None, packe
         return LogprobColumn(unpack_f64(data))
     if code == EXT_B64_INTS:
         return B64Ints.from_payload(data)
+    if code == EXT_INT_ARRAY:
+        return IntArray.from_payload(data)
     raise CorruptCassetteError(f"unknown msgpack ext type {code}")
 
 

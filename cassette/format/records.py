@@ -11,13 +11,13 @@ from tito_rl.cassette.format.checks import check_fields
 from tito_rl.cassette.format.errors import CorruptCassetteError, UnsupportedVersionError
 from tito_rl.cassette.format.frames import encode_frame
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 # 2 = 1 + the optional index at the end; 3 = 2 with records compressed by any ratio (version 2 readers refused a
 # record that inflated past 64x its stored size, so the version 2 writer stored those uncompressed); 4 = 3 + engine
 # dialects (an engine record's `dialect`, and the deltas of OpenAI-style engine calls, which a version 3 reader
 # would leave unresolved); 5 = 4 + per-token channels (routes, kept sets) stored as integers, routes as deltas on
 # the session's earlier ones (extension 7, `routes.py`), which a version 4 reader does not know
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
 def utc_now_iso() -> str:

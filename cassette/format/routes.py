@@ -14,6 +14,7 @@ rest is stored whole, nothing is assumed."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import struct
 from collections.abc import Callable
@@ -27,8 +28,10 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 # Where the channels sit, walked in this order by the writer and the reader alike (the route context changes as
-# each is met): a /generate answer's `meta_info`, then each choice of an OpenAI-style body, then (a stream) each
-# chunk the same way.
+# each is met): a /generate answer's `meta_info`, then each choice of an OpenAI-style body (vLLM's `routed_experts`,
+# then SGLang's `sgl_ext` and `meta_info`), then the body's root `sglext` (SGLang 0.5.23's OpenAI routes), then (a
+# stream) each chunk the same way. A place added later only stores what older writers left as text: their cassettes
+# hold plain strings there, which the reader passes by.
 ROUTE_KEYS = ("routed_experts",)
 KEPT_KEYS = ("top_p_token_ids", "top_p_token_offsets", "top_p_kept_token_ids", "top_p_kept_token_offsets")
 CHANNEL_KEYS = frozenset((*ROUTE_KEYS, *KEPT_KEYS))
@@ -269,9 +272,17 @@ def _has_channels(response: Any) -> bool:
         meta = body.get("meta_info")
         if isinstance(meta, dict) and any(k in meta for k in (*ROUTE_KEYS, *KEPT_KEYS)):
             return True
+        if isinstance(body.get("sglext"), dict) and "routed_experts" in body["sglext"]:
+            return True
         choices = body.get("choices")
         if isinstance(choices, list) and any(
-            isinstance(c, dict) and ("routed_experts" in c or isinstance(c.get("sgl_ext"), dict)) for c in choices
+            isinstance(c, dict)
+            and (
+                "routed_experts" in c
+                or isinstance(c.get("sgl_ext"), dict)
+                or (isinstance(c.get("meta_info"), dict) and "routed_experts" in c["meta_info"])
+            )
+            for c in choices
         ):
             return True
     return False
@@ -291,9 +302,13 @@ def _fields(response: Any) -> list[tuple[dict[str, Any], str, bool]]:
                 continue
             if "routed_experts" in choice:
                 found.append((choice, "routed_experts", True))
-            ext = choice.get("sgl_ext")
-            if isinstance(ext, dict) and "routed_experts" in ext:
-                found.append((ext, "routed_experts", True))
+            for key in ("sgl_ext", "meta_info"):
+                ext = choice.get(key)
+                if isinstance(ext, dict) and "routed_experts" in ext:
+                    found.append((ext, "routed_experts", True))
+        root = body.get("sglext")
+        if isinstance(root, dict) and "routed_experts" in root:
+            found.append((root, "routed_experts", True))
     return found
 
 
@@ -308,6 +323,8 @@ def _copied(response: Any) -> Any:
         out["meta_info"] = dict(out["meta_info"])
     if isinstance(out.get("choices"), list):
         out["choices"] = [_copied_choice(c) for c in out["choices"]]
+    if isinstance(out.get("sglext"), dict):
+        out["sglext"] = dict(out["sglext"])
     return out
 
 
@@ -315,6 +332,83 @@ def _copied_choice(choice: Any) -> Any:
     if not isinstance(choice, dict):
         return choice
     out = dict(choice)
-    if isinstance(out.get("sgl_ext"), dict):
-        out["sgl_ext"] = dict(out["sgl_ext"])
+    for key in ("sgl_ext", "meta_info"):
+        if isinstance(out.get(key), dict):
+            out[key] = dict(out[key])
     return out
+
+
+# samples
+
+
+SAMPLE_ROUTES = "rollout_routed_experts"
+_ARRAY_HEAD = struct.Struct("<BB")  # itemsize of the signed items, number of dimensions
+_SIGNED = {1: "<i1", 2: "<i2", 4: "<i4", 8: "<i8"}
+
+
+@dataclass(frozen=True)
+class IntArray:
+    """A sample's expert routes as stored (`cassettes/FORMAT.md`, extension 8): an n-dimensional array of signed
+    ints (-1 marks an unknown row) in the narrowest width that holds them, instead of nested lists that msgpack
+    writes an int at a time (a 100k-token sample of 48 layers x top 8: 38M ints). `values` is the numpy array."""
+
+    values: Any
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        """What `np.asarray` reads (the audit, given samples left packed)."""
+        return self.values if dtype is None else self.values.astype(dtype)
+
+    def tolist(self) -> Any:
+        """The nested lists it stands for (what an export writes)."""
+        return self.values.tolist()
+
+    def payload(self) -> bytes:
+        import numpy as np
+
+        array = self.values
+        low, high = (int(array.min()), int(array.max())) if array.size else (0, 0)
+        itemsize = next(s for s in (1, 2, 4, 8) if -(1 << (8 * s - 1)) <= low and high < 1 << (8 * s - 1))
+        head = _ARRAY_HEAD.pack(itemsize, array.ndim) + struct.pack(f"<{array.ndim}I", *array.shape)
+        return head + np.ascontiguousarray(array, dtype=_SIGNED[itemsize]).tobytes()
+
+    @classmethod
+    def from_payload(cls, data: bytes) -> IntArray:
+        import numpy as np
+
+        if len(data) < _ARRAY_HEAD.size:
+            raise CorruptCassetteError("short integer array")
+        itemsize, ndim = _ARRAY_HEAD.unpack_from(data)
+        end = _ARRAY_HEAD.size + 4 * ndim
+        if itemsize not in _SIGNED or not ndim or end > len(data):
+            raise CorruptCassetteError("integer array with a bad item size or shape")
+        shape = struct.unpack_from(f"<{ndim}I", data, _ARRAY_HEAD.size)
+        count = 1
+        for n in shape:
+            count *= n
+        if count * itemsize != len(data) - end:
+            raise CorruptCassetteError(f"integer array of shape {list(shape)} does not fit its {len(data) - end} bytes")
+        return cls(np.frombuffer(data, dtype=_SIGNED[itemsize], offset=end).reshape(shape))
+
+
+def packed_sample_routes(value: Any) -> IntArray | None:
+    """A sample's routes (an int ndarray, or the nested int lists `Sample.to_dict` gives) as an `IntArray`; None
+    where they would not come back exactly as the same nested lists (ragged, not ints, bools, past 64 bits)."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return IntArray(value) if value.dtype.kind in "iu" and value.ndim and value.size < 1 << 32 else None
+    if not isinstance(value, list) or not value:
+        return None
+    try:
+        array = np.asarray(value)
+    except (ValueError, OverflowError, TypeError):
+        return None
+    if array.dtype.kind != "i" or array.ndim == 0 or array.size >= 1 << 32:  # floats, objects: as they are
+        return None
+    # every level lists, every leaf an int (not a bool numpy read as one), gathered at C speed
+    level: Any = value
+    for _ in range(array.ndim - 1):
+        if set(map(type, level)) != {list}:
+            return None
+        level = itertools.chain.from_iterable(level)
+    return IntArray(array) if set(map(type, level)) == {int} else None

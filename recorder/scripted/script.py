@@ -5,6 +5,7 @@ script (`fake_engine/policies/scripted.py`, which ignores `client:`) and what th
 
     client:
       record_args: [--no-preserve-reasoning]   # extra `tito record` flags the corpus recorder passes
+      engine_args: [--enable-return-routed-experts]   # extra `tito fake-engine` flags tito simulate passes
       sessions:                                # all run concurrently
         - id: tool-loop-0000                   # the session id, sent as the bearer token
           wire: anthropic                      # anthropic | chat | responses
@@ -247,6 +248,7 @@ class ClientScript(Strict):
     sessions: Annotated[tuple[ClientSession, ...], msgspec.Meta(min_length=1)]
     agent: Literal["scripted"] = "scripted"
     record_args: tuple[str, ...] = ()  # extra `tito record` flags the corpus recorder passes
+    engine_args: tuple[str, ...] = ()  # extra `tito fake-engine` flags (`--enable-return-routed-experts`)
     concurrency: PosInt | None = None  # sessions at once (None: all of them)
 
     def __post_init__(self) -> None:

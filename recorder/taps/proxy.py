@@ -148,7 +148,7 @@ def create_recording_app(
     async def finalize(app: web.Application) -> None:
         adapter = app[ADAPTER_KEY]
         for sid in list(adapter.manager.sessions()):
-            samples = [s.to_dict() for s in adapter.manager.finish(sid, 0.0)]
+            samples = [s.to_dict(arrays=True) for s in adapter.manager.finish(sid, 0.0)]
             counted.session_finished(sid, "api", 0.0, samples)
         flush = getattr(counted, "flush", None)
         if flush is not None:  # the progress line's last counts

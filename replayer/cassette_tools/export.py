@@ -59,6 +59,8 @@ def jsonable(value: Any) -> Any:
         if all(type(v) is int for v in value):  # token ids and masks (150k of them): nothing to convert
             return value
         return [jsonable(v) for v in value]
+    if type(value).__module__ == "numpy":  # a view's expert routes and kept sets (trajectory.channels)
+        return value.tolist()
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)  # 'nan', 'inf', '-inf'
     return value

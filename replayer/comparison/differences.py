@@ -302,6 +302,21 @@ def _channel_difference(
     for name in CHANNEL_FIELDS:
         if a.get(name) is None and not (both_ways and b.get(name) is not None):
             continue
+        if name == "rollout_routed_experts":
+            ra, rb = _route_rows(a.get(name)), _route_rows(b.get(name))
+            if ra is not None and rb is not None:
+                row = _row_divergence(ra, rb)
+                if row is None:
+                    continue
+                return (
+                    f"sample {i}: {name} differ",
+                    [
+                        f"{label_a} {len(ra)} rows, {label_b} {len(rb)}; first difference at row {row} (token {row})",
+                        f"{label_a}: {short(ra[row : row + 1].tolist())}",
+                        f"{label_b}: {short(rb[row : row + 1].tolist())}",
+                    ],
+                    None,
+                )
         va, vb = (_plain(v.get(name), name == "rollout_routed_experts") for v in (a, b))
         if va == vb:
             continue
@@ -318,6 +333,38 @@ def _channel_difference(
             )
         return f"sample {i}: {name} differ", [f"{label_a}: {short(va)}", f"{label_b}: {short(vb)}"], None
     return None
+
+
+def _route_rows(value: Any) -> Any:
+    """Routes as `[rows, ids a row]` int64 (numpy: a long MoE sample's rows are millions of ids, which nested
+    lists compared in Python took most of a replay's time over), the split into layers x top_k flattened as
+    `_plain` does; None where they are not a rectangular integer array (then compared as plain values)."""
+    import numpy as np
+
+    if value is None:
+        return None
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError):
+        return None
+    if array.ndim == 0 or array.dtype.kind not in "iu" and not (array.size == 0 and array.dtype.kind == "f"):
+        return None
+    return array.reshape(array.shape[0], -1).astype(np.int64, copy=False)
+
+
+def _row_divergence(a: Any, b: Any) -> int | None:
+    """The first row two route arrays differ at (a row count or width that differs: the first row past the shorter,
+    or 0); None when equal."""
+    import numpy as np
+
+    if a.shape == b.shape:
+        differ = np.flatnonzero((a != b).any(axis=1)) if a.size else np.zeros(0, np.int64)
+        return int(differ[0]) if differ.size else None
+    if a.shape[1:] != b.shape[1:]:
+        return 0
+    n = min(len(a), len(b))
+    differ = np.flatnonzero((a[:n] != b[:n]).any(axis=1))
+    return int(differ[0]) if differ.size else n
 
 
 def _plain(value: Any, rows: bool = False) -> Any:

@@ -267,7 +267,30 @@ class CassetteTransport:
             return Difference(
                 "engine-request", "engine request differs: sampling params", exchange.index, exchange.turn, sampling
             )
+        return routes_asked_difference(exchange, recorded, replayed)
+
+
+def routes_asked_difference(
+    exchange: PlannedExchange, recorded: dict[str, Any], replayed: dict[str, Any]
+) -> Difference | None:
+    """Expert routes asked of the engine as recorded (`return_routed_experts`, then the row they start at): a
+    gateway that stops asking, or asks from another row, trains other rows, which the replay names here rather
+    than as the samples' `rollout_routed_experts` differing later."""
+    asked = bool(recorded.get("return_routed_experts")), bool(replayed.get("return_routed_experts"))
+    if asked[0] != asked[1]:
+        key, was, now = "return_routed_experts", asked[0], asked[1]
+    elif asked[0] and recorded.get("routed_experts_start_len", 0) != replayed.get("routed_experts_start_len", 0):
+        key = "routed_experts_start_len"
+        was, now = recorded.get("routed_experts_start_len", 0), replayed.get("routed_experts_start_len", 0)
+    else:
         return None
+    return Difference(
+        "engine-request",
+        f"engine request differs: {key}",
+        exchange.index,
+        exchange.turn,
+        [f"{key}: recorded {was!r}, replayed {now!r} (the samples' rollout_routed_experts follow it)"],
+    )
 
 
 def generate_answer(view: EngineView, body: dict[str, Any] | None, decode: Decode) -> dict[str, Any]:

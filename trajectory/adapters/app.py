@@ -646,7 +646,7 @@ class Adapter:
             return web.json_response({"error": {"message": 'body must be {"reward": <float>}'}}, status=400)
         if sid not in self.sessions and sid not in self.manager.sessions():
             return web.json_response({"error": {"message": f"unknown session {sid!r}"}}, status=404)
-        samples = [s.to_dict() for s in self.manager.finish(sid, reward)]
+        samples = [s.to_dict(arrays=True) for s in self.manager.finish(sid, reward)]
         self.tap.session_finished(sid, "api", reward, samples)
         self.sessions.pop(sid, None)
         # Token ids, masks and logprobs, tens of thousands a sample: orjson writes them several times faster,

@@ -3,7 +3,9 @@
 - `sglang` (`/generate`): `meta_info.routed_experts` (rows from the request's `routed_experts_start_len`, or the
   answer's where an engine echoes it), `meta_info.top_p_token_ids` / `top_p_token_offsets` (slime's patch also
   names them `top_p_kept_token_ids` / `_offsets`), `meta_info.weight_versions` spans, `meta_info.weight_version`.
-- `sglang-openai`: `choices[0].sgl_ext.routed_experts` (from row 0), the root `metadata.weight_version(s)`.
+- `sglang-openai`: the root `sglext.routed_experts` (0.5.23; streamed, in a chunk of its own after the finish,
+  `choices: []`), else the choice's `meta_info` (`return_meta_info`) or `sgl_ext` (older readers), all from row 0;
+  the root `metadata.weight_version(s)`.
 - `vllm-generate`, `vllm-openai`: `choices[0].routed_experts` (`.npy`, sent unasked by an engine started with
   them; null when aborted before any forward pass), `choices[0].weight_versions`.
 
@@ -76,12 +78,12 @@ def read_openai(view: EngineView, request: dict[str, Any], body: dict[str, Any],
     view.routes_asked = bool(request.get("return_routed_experts"))
     n_out = len(view.output_ids or ())
     try:
-        ext = object_at(choice, "sgl_ext")
-        if ext.get("routed_experts") is not None:
+        sglang = _sglang_openai_routes(body, choice)
+        if sglang is not None:
             rows = _rows(view, 0)
             if rows is None:
                 raise ChannelError("routed_experts: the call's prompt or output ids are unknown")
-            view.routes = sglang_routes(ext["routed_experts"], 0, rows)
+            view.routes = sglang_routes(sglang, 0, rows)
         elif isinstance(choice.get("routed_experts"), str):
             view.routes = npy_routes(choice["routed_experts"], _rows(view, 0))
     except ChannelError as exc:
@@ -89,6 +91,15 @@ def read_openai(view: EngineView, request: dict[str, Any], body: dict[str, Any],
     metadata = object_at(body, "metadata")
     spans = choice.get("weight_versions", metadata.get("weight_versions"))
     view.weight_versions = _versions(spans, metadata.get("weight_version"), n_out)
+
+
+def _sglang_openai_routes(body: dict[str, Any], choice: dict[str, Any]) -> Any:
+    """SGLang's OpenAI routes: the root `sglext.routed_experts` (0.5.23; streamed, a chunk of its own), the choice's
+    `meta_info` (with `return_meta_info`), or the choice's `sgl_ext` (where older readers looked)."""
+    for holder in (object_at(body, "sglext"), object_at(choice, "meta_info"), object_at(choice, "sgl_ext")):
+        if holder.get("routed_experts") is not None:
+            return holder["routed_experts"]
+    return None
 
 
 def _versions(spans: Any, version: Any, n_out: int) -> tuple[VersionSpan, ...]:

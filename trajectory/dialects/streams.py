@@ -29,6 +29,9 @@ def merged_chunks(chunks: list[Any]) -> dict[str, Any] | None:
         for key in ("prompt_token_ids", "usage", "metadata"):
             if chunk.get(key) is not None:
                 body[key] = chunk[key]
+        # SGLang 0.5.23 sends the root `sglext` (its routes) in a chunk of its own after the finish, `choices: []`.
+        if isinstance(chunk.get("sglext"), dict) and chunk is not objects[0]:
+            body["sglext"] = {**(body.get("sglext") or {}), **chunk["sglext"]}
         choices = chunk.get("choices")
         # With n > 1 each chunk carries one choice, any index: keep choice 0's.
         first = (

@@ -55,8 +55,15 @@ def _has_huge_float(value: Any) -> bool:
 
 
 def dumps(value: Any) -> bytes:
-    """Compact JSON bytes for an engine request; the stdlib's output where orjson refuses the value."""
+    """Compact JSON bytes for an engine request or a finish's samples (their channels numpy arrays, written as
+    the lists they hold); the stdlib's output where orjson refuses the value."""
     try:
-        return orjson.dumps(value)
+        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError:  # integers past 64 bits, non-string keys
-        return json.dumps(value, separators=(",", ":")).encode()
+        return json.dumps(value, separators=(",", ":"), default=_listed).encode()
+
+
+def _listed(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
