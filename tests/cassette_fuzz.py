@@ -404,7 +404,8 @@ def channel_records(rng: random.Random, session: str, kind: str, turns: int = 5)
         rows = route_rows(seq, shape)
         request: dict[str, Any] = {"input_ids": prompt, "return_routed_experts": True}
         meta: dict[str, Any] = {"finish_reason": {"type": "stop"}}
-        dialect, response = None, None
+        dialect: str | None = None
+        response: Any = None  # a /generate body, an OpenAI answer, or a stream's chunks
         if kind == "random":
             raw = rng.randbytes(4 * shape.row * rng.randint(0, 20))
             meta["routed_experts"] = base64.b64encode(raw).decode()
