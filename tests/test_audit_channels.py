@@ -396,7 +396,8 @@ def defects(path: Path) -> Path:
         ):
             engine(rec, P0, O0, session=session)
             rec.agent(text_reply("Hello there."), session=session)
-            engine(rec, P1, O1, session=session, **{"start": BOUNDARY, **second})
+            extra: dict[str, Any] = {"start": BOUNDARY, **second}
+            engine(rec, P1, O1, session=session, **extra)
             rec.agent(text_reply("Done."), session=session)
             rec.finish([made], session=session)
     return path
@@ -469,7 +470,11 @@ def test_slimes_adapters_never_ask_an_engine_that_serves_routes(tmp_path: Path) 
     with CassetteReader(SLIME) as reader:
         for record in reader.records():
             if isinstance(record, EngineRecord) and record.path == "/generate" and record.status == 200:
-                assert "return_routed_experts" not in record.request and record.request["return_logprob"] is True
+                assert (
+                    record.request is not None
+                    and "return_routed_experts" not in record.request
+                    and record.request["return_logprob"] is True
+                )
                 generations += 1
     assert generations == 15  # 17 calls, 2 answered 529
     result = audit_cassette(copy)
@@ -550,13 +555,13 @@ def test_titos_adapter_in_front_of_an_engine_serving_channels_audits_clean(tmp_p
     stale = tmp_path / "stale_row.tito"
     with CassetteReader(path) as reader, CassetteWriter(stale, reader.header) as writer:
         first = None
-        for record in reader.records():
-            if isinstance(record, EngineRecord) and first is None and record.path == "/generate":
-                first = len(record.request["input_ids"]) + len(record.response["output_ids"]) - 1
-            if isinstance(record, SamplesRecord):
-                routes = record.samples[0]["rollout_routed_experts"]
+        for item in reader.records():
+            if isinstance(item, EngineRecord) and first is None and item.path == "/generate":
+                first = len(item.request["input_ids"]) + len(item.response["output_ids"]) - 1
+            if isinstance(item, SamplesRecord):
+                routes = item.samples[0]["rollout_routed_experts"]
                 assert first is not None and routes[first] != routes[first - 1]
                 routes[first] = routes[first - 1]
-            writer.append_redacted(record)
+            writer.append_redacted(item)
     result = audit_cassette(stale)
     assert fired(result) == {"routes-differ": 1} and result.findings.rules["routes-differ"].kinds == {"last row": 1}

@@ -14,6 +14,7 @@ import sys
 import tracemalloc
 import zlib
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -474,7 +475,8 @@ def test_a_route_row_that_differs_from_the_stored_one_ends_the_kept_prefix_there
     first = {"meta_info": {"routed_experts": sglang_routes(tokens[:40], shape, 0, rows)}}
     second = {"meta_info": {"routed_experts": sglang_routes(tokens, shape, 0, changed)}}
     third = {"meta_info": {"routed_experts": sglang_routes(tokens, shape, 0, changed)}}
-    a, b, c = (s["meta_info"]["routed_experts"] for s in _codec_round_trip([first, second, third]))
+    answers: list[dict[str, Any]] = [first, second, third]
+    a, b, c = (s["meta_info"]["routed_experts"] for s in _codec_round_trip(answers))
     assert isinstance(a, B64Ints) and isinstance(b, B64Ints) and isinstance(c, B64Ints)
     assert (a.keep, a.width, a.itemsize) == (0, 1, 4)  # int32 ids under 16: a byte each
     assert b.keep == 7 * shape.row + 2 * shape.top_k + 1  # up to the changed expert; the rest stored whole
@@ -514,8 +516,12 @@ def test_a_start_len_answer_is_placed_at_its_start_row() -> None:
     rows = route_rows(tokens, shape)
     first = {"output_ids": tokens[30:40], "meta_info": {"routed_experts": sglang_routes(tokens[:40], shape, 0, rows)}}
     second = {"output_ids": tokens[90:100], "meta_info": {"routed_experts": sglang_routes(tokens, shape, 39, rows)}}
-    requests = [{"input_ids": tokens[:30]}, {"input_ids": tokens[:90], "routed_experts_start_len": 39}]
-    _, stored = _codec_round_trip([first, second], requests)
+    requests: list[dict[str, object]] = [
+        {"input_ids": tokens[:30]},
+        {"input_ids": tokens[:90], "routed_experts_start_len": 39},
+    ]
+    answers: list[dict[str, Any]] = [first, second]
+    _, stored = _codec_round_trip(answers, requests)
     routes = stored["meta_info"]["routed_experts"]
     assert (routes.at, routes.keep) == (39 * shape.row, 0)  # nothing to keep: every row from 39 on is new
     assert len(routes.tail) == (99 - 39) * shape.row
@@ -547,7 +553,9 @@ def test_vllm_npy_routes_keep_their_header_and_dtype() -> None:
         shape = MoeShape(3, 2, experts)
         tokens = list(range(50))
         rows = route_rows(tokens, shape)
-        answers = [{"choices": [{"routed_experts": vllm_routes(tokens[:n], shape, rows)}]} for n in (20, 50)]
+        answers: list[dict[str, Any]] = [
+            {"choices": [{"routed_experts": vllm_routes(tokens[:n], shape, rows)}]} for n in (20, 50)
+        ]
         first, second = (s["choices"][0]["routed_experts"] for s in _codec_round_trip(answers))
         assert isinstance(second, B64Ints) and second.header.startswith(b"\x93NUMPY")
         assert (second.itemsize, second.keep) == (itemsize, 19 * shape.row)

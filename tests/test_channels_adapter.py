@@ -129,7 +129,7 @@ async def test_vllm_routes_come_unasked_and_each_turn_keeps_only_the_rows_it_add
             records.append(turn)
             return original(sid, messages, reply, turn)
 
-        manager.record_turn = keep  # type: ignore[method-assign]
+        manager.record_turn = keep  # type: ignore[method-assign, assignment]
         [sample] = await tool_loop(url, "vllm")
     assert not any("return_routed_experts" in r for r in engine.requests)  # vLLM is never asked
     tokens = sample["tokens"]

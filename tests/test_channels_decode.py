@@ -67,7 +67,7 @@ def test_malformed_sglang_routes_are_one_line(value: object, rows: int, message:
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
 def test_vllm_npy_routes_keep_their_shape(dtype: type) -> None:
-    array = expert_rows(PROMPT + OUTPUT)[:-1].reshape(-1, LAYERS, TOP_K).astype(dtype)
+    array: np.ndarray = expert_rows(PROMPT + OUTPUT)[:-1].reshape(-1, LAYERS, TOP_K).astype(dtype)
     routes = npy_routes(b64_npy(array), len(PROMPT + OUTPUT) - 1)
     assert routes is not None and (routes.start, routes.layers, routes.top_k) == (0, LAYERS, TOP_K)
     assert np.array_equal(routes.rows, array.reshape(len(array), -1))

@@ -119,7 +119,7 @@ def test_a_changed_route_is_a_difference_and_a_recording_without_channels_is_not
 
 
 def test_the_tooltip_names_unknown_rows_and_says_nothing_without_channels() -> None:
-    base = {"tokens": [1, 2, 3], "response_length": 1, "loss_mask": [1], "rollout_log_probs": [0.0]}
+    base: dict[str, Any] = {"tokens": [1, 2, 3], "response_length": 1, "loss_mask": [1], "rollout_log_probs": [0.0]}
     sample = Sample(**base, rollout_routed_experts=np.array([[[-1, -1]], [[4, 5]]], np.int16))
     assert channel_tip(sample, 0, None, False) == ["experts: unknown (no engine answer covered this token)"]
     assert channel_tip(sample, 1, None, False) == ["experts L0: 4,5"]

@@ -317,14 +317,19 @@ def test_to_dict_and_from_dict_carry_the_channels_as_plain_lists() -> None:
 
 
 def test_a_sample_refuses_channels_that_do_not_fit_its_tokens() -> None:
-    base = {"tokens": [1, 2, 3, 4], "response_length": 2, "loss_mask": [1, 1], "rollout_log_probs": [0.0, 0.0]}
+    base: dict[str, Any] = {
+        "tokens": [1, 2, 3, 4],
+        "response_length": 2,
+        "loss_mask": [1, 1],
+        "rollout_log_probs": [0.0, 0.0],
+    }
     Sample(**base, rollout_routed_experts=np.zeros((3, 2, 2), np.int16))
     with pytest.raises(ValueError, match=r"rollout_routed_experts .* expected \[3, layers, top_k\]"):
         Sample(**base, rollout_routed_experts=np.zeros((4, 2, 2), np.int16))
     with pytest.raises(ValueError, match="response_length \\+ 1 = 3"):
-        Sample(**base, rollout_top_p_token_ids=[5, 6], rollout_top_p_token_offsets=[0, 2])
+        Sample(**base, rollout_top_p_token_ids=np.array([5, 6]), rollout_top_p_token_offsets=np.array([0, 2]))
     with pytest.raises(ValueError, match="come together"):
-        Sample(**base, rollout_top_p_token_ids=[5])
+        Sample(**base, rollout_top_p_token_ids=np.array([5]))
     with pytest.raises(ValueError, match="outside the"):
         TurnRecord([1, 2], [3], routes=routes_for([1, 2], [3, 4], 0))
     with pytest.raises(ValueError, match="kept sets for 2 tokens"):
@@ -341,7 +346,8 @@ def test_goldens_pin_routes_by_shape_and_digest_and_show_nothing_without_channel
     assert lines[2].startswith("  top-p    2 tokens with kept sets, 3 ids #")
     assert lines[3] == "  versions v1"
     # The digest moves with any route: one expert changed in one row.
-    changed = sample.rollout_routed_experts.copy()  # type: ignore[union-attr]
+    assert sample.rollout_routed_experts is not None
+    changed = sample.rollout_routed_experts.copy()
     changed[1, 0, 0] += 1
     other = Sample.from_dict({**sample.to_dict(), "rollout_routed_experts": changed.tolist()})
     assert channel_lines(other)[0] != channel_lines(sample)[0]

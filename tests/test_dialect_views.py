@@ -689,7 +689,7 @@ VIEW_OF_CALL = {  # the view every full answer above reads
 ROUTES_START = 4
 SGLANG_CHANNELS_REQUEST = {
     **SGLANG_GENERATE_REQUEST,
-    "sampling_params": {**SGLANG_GENERATE_REQUEST["sampling_params"], "top_p": 0.9},
+    "sampling_params": {**SGLANG_GENERATE_REQUEST["sampling_params"], "top_p": 0.9},  # type: ignore[dict-item]
     "return_routed_experts": True,
     "routed_experts_start_len": ROUTES_START,
 }
@@ -697,7 +697,7 @@ SGLANG_CHANNELS_REQUEST["sampling_params"]["custom_params"] = {"return_top_p_tok
 SGLANG_CHANNELS_BODY = {
     **SGLANG_GENERATE_BODY,
     "meta_info": {
-        **SGLANG_GENERATE_BODY["meta_info"],
+        **SGLANG_GENERATE_BODY["meta_info"],  # type: ignore[dict-item]
         "routed_experts": b64_int32(expert_rows(PROMPT + OUTPUT)[ROUTES_START:-1]),
         "top_p_token_ids": b64_int32(OUTPUT),
         "top_p_token_offsets": b64_int32(list(range(len(OUTPUT) + 1))),
