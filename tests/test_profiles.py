@@ -70,7 +70,8 @@ def run_tito(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 
 def test_the_shipped_profiles_are_valid_and_versioned() -> None:
     shipped = sorted(BUILTIN_DIR.glob("*.yaml"))
-    assert [p.stem for p in shipped] == ["agentlightning"]
+    assert [p.stem for p in shipped] == ["agentlightning", "nemogym"]
+    assert all(load_profile(p).profile == 1 and load_profile(p).name == p.stem for p in shipped)
     profile = load_profile(shipped[0])
     assert profile.profile == 1 and profile.name == "agentlightning"
     assert profile.sessions.session_from == "path:/proxy/rollout/{sid}"

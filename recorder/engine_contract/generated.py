@@ -4,7 +4,8 @@ The listed requests (`requests.py`) name what tito's dialects use; these are dra
 contract grows with what tito records:
 
 - **From the field** (`field_requests`): every engine request in the committed cassettes of the gateways tito knows
-  (`cassettes/targets/*.tito`, `cassettes/real_vllm/*.tito`, read with tito's cassette reader), deduplicated by
+  (FIELD_CASSETTES: those of `cassettes/targets/` and `cassettes/real_vllm/` the committed answers were recorded for,
+  read with tito's cassette reader), deduplicated by
   structure (route, dialect and the body's key paths and types, plus the values that change an answer's structure:
   `stream`, `tool_choice`, `n`). Each is sent as recorded, made repeatable: the served model's name, a short output
   (`max_tokens`/`max_new_tokens` at most MAX_TOKENS; none added to `/tokenize`), no `rid`/`request_id` (random per
@@ -19,7 +20,6 @@ A generated request identical (resolved body, route, mode) to a listed one is dr
 
 from __future__ import annotations
 
-import glob
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,7 +41,26 @@ from tito_rl.recorder.engine_contract.requests import (
 from tito_rl.recorder.engine_contract.shape import flatten
 
 ROOT = Path(__file__).resolve().parents[2]
-FIELD_CASSETTES = ("cassettes/targets/*.tito", "cassettes/real_vllm/*.tito")
+# The gateway cassettes whose engine requests the committed real answers hold, named one by one: a cassette added later
+# joins the contract by adding it here and re-recording the answers live (`make engine-contract-live`,
+# `make engine-contract-live-sglang`), never by merely existing (the committed answers would lack its requests).
+FIELD_CASSETTES = tuple(
+    f"cassettes/targets/{name}.tito"
+    for name in (
+        "agentlightning_mini_tool_loop",
+        "agentlightning_mixed",
+        "nemogym_mixed",
+        "nemogym_opencode_tool_loop",
+        "rllm_mixed",
+        "rllm_opencode_tool_loop",
+        "rllm_qwen_tool_loop",
+        "slime_mixed",
+        "slime_retry",
+        "verifiers_mixed",
+        "verifiers_opencode_tool_loop",
+        "verifiers_qwen_tool_loop",
+    )
+) + tuple(f"cassettes/real_vllm/{name}.tito" for name in ("rllm_vllm", "tito_vllm_generate", "tito_vllm_openai"))
 SGLANG_DIALECTS = ("sglang", "sglang-openai", None)  # None: a cassette from before dialects (SGLang's /generate)
 STRUCTURE_VALUES = ("stream", "tool_choice", "n")
 VOLATILE = ("rid", "request_id")
@@ -55,28 +74,28 @@ def field_requests(engine: str, root: Path = ROOT) -> list[ContractRequest]:
 
     out: list[ContractRequest] = []
     seen: set[str] = set()
-    for pattern in FIELD_CASSETTES:
-        for path in sorted(glob.glob(str(root / pattern))):
-            cassette = read_cassette(path)
-            stem = Path(path).stem
-            for log in cassette.sessions.values():
-                for record in log.engine:
-                    if not isinstance(record.request, dict) or record.method != "POST":
-                        continue
-                    sglang = record.dialect in SGLANG_DIALECTS
-                    if sglang != (engine == SGLANG):
-                        continue
-                    dialect = record.dialect or "sglang"  # a cassette from before dialects: /generate's
-                    # as sent: two that differ only in a seed are one
-                    body = repeatable(record.request, sglang, record.path)
-                    key = structure_key(record.path, dialect, body)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    name = f"field {stem} {len([r for r in out if r.name.startswith(f'field {stem} ')]) + 1}"
-                    mode = SGLANG if sglang else FULL
-                    why = f"recorded in {pattern.split('/')[1]}/{stem}.tito ({record.path})"
-                    out.append(ContractRequest(name, mode, "POST", record.path, body, why=why, dialect=dialect))
+    for relative in FIELD_CASSETTES:
+        path = str(root / relative)
+        cassette = read_cassette(path)
+        stem = Path(path).stem
+        for log in cassette.sessions.values():
+            for record in log.engine:
+                if not isinstance(record.request, dict) or record.method != "POST":
+                    continue
+                sglang = record.dialect in SGLANG_DIALECTS
+                if sglang != (engine == SGLANG):
+                    continue
+                dialect = record.dialect or "sglang"  # a cassette from before dialects: /generate's
+                # as sent: two that differ only in a seed are one
+                body = repeatable(record.request, sglang, record.path)
+                key = structure_key(record.path, dialect, body)
+                if key in seen:
+                    continue
+                seen.add(key)
+                name = f"field {stem} {len([r for r in out if r.name.startswith(f'field {stem} ')]) + 1}"
+                mode = SGLANG if sglang else FULL
+                why = f"recorded in {relative.split('/')[1]}/{stem}.tito ({record.path})"
+                out.append(ContractRequest(name, mode, "POST", record.path, body, why=why, dialect=dialect))
     return out
 
 
