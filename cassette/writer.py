@@ -68,8 +68,8 @@ class CassetteWriter:
         `header_redacted`: the header was read from a cassette (cut, merge) and is written as it is.
         `observer`: hears every record once written, and the close.
         `route_memory`: the most bytes of a live session's expert routes held in memory; the rest wait for the
-        session's next call in an unlinked temporary file beside the cassette (`RouteContext`; None: all in
-        memory). The cassette's bytes are the same either way."""
+        session's next call in an unlinked temporary file beside the cassette (a stream's: in the system's
+        temporary folder; `RouteContext`; None: all in memory). The cassette's bytes are the same either way."""
         self.observer = observer
         self.redactor = redactor or Redactor()
         folder = str(Path(target).absolute().parent) if isinstance(target, str | os.PathLike) else None
