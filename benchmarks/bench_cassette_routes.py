@@ -14,20 +14,26 @@ on disk and in the recorder, each figure against a baseline measured in this run
     hours over on a 2-core host; the ratios depend on the turn counts, which are the scenario's (`--scale 1
     --skip-plain`: full size, without the plain cassette). The writer's time per engine call (its p50 and p99,
     in-process: the recorder's writer process does this work) is printed for each, and the most the writer held
-    for a session (its delta bases: the route context is a byte an expert id of the session's rows so far).
+    for a session (its delta bases: the route context is a byte an expert id of the session's rows so far). Then
+    the writer's memory bound on routes (`RouteContext`: past `ROUTE_MEMORY_BYTES` a session's route context waits
+    in a temporary file): the same sessions written with the bound and without it (all in memory, as before the
+    bound), alternately `--repeats` times, their cassettes compared byte for byte, the most held in memory for a
+    session and the writer's time per call (median p50 and p99 over the repeats), bound / unbound.
 (b) recorder p99 (`bench_recorder.py`'s method: 64 sessions of 16 turns direct and through `tito record` side by
     side, the agent load): once against the fake engine, once against the same engine behind a front that adds
     routes to every `/generate` answer (both copies get them); `--latency-runs` runs each (default 1).
 
     .venv/bin/python benchmarks/bench_cassette_routes.py [--sessions 8] [--scale 0.01] [--latency-runs 1]
-        [--skip-latency] [--skip-plain]
+        [--skip-latency] [--skip-plain] [--repeats 2]
 Last line: `routes: cassette <R>x the size without routes (plain base64: <P>x), codec / plain <C>, routes / one
-copy <O>; recorder p99 added <X> ms with routes, <Y> ms without`
+copy <O>; writer held <H> bytes a session at most (<U> unbound), p99 a call bound / unbound <T>; recorder p99
+added <X> ms with routes, <Y> ms without`
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import os
 import random
@@ -50,6 +56,7 @@ from host_steal import steal_watch  # noqa: E402
 
 from tests.route_channels import MoeShape, route_rows, sglang_routes  # noqa: E402
 from tito_rl.cassette.format.records import Header  # noqa: E402
+from tito_rl.cassette.format.routes import ROUTE_MEMORY_BYTES  # noqa: E402
 from tito_rl.cassette.writer import CassetteWriter  # noqa: E402
 from tito_rl.trajectory.adapters.tap import EngineExchange  # noqa: E402
 
@@ -115,7 +122,9 @@ def exchange(prompt: list[int], output: list[int], turn: int, routes: str | None
 class Written:
     size: int = 0
     call_s: list[float] = field(default_factory=list)  # the writer's time per engine call
-    held: int = 0  # the most delta bases the writer held for one session (its last call, before the finish)
+    held: int = 0  # the most delta bases the writer held in memory for one session (its last call, before the finish)
+    spilled: int = 0  # the most route context it held in a temporary file for one session
+    digest: str = ""  # the cassette's sha256
 
 
 @contextmanager
@@ -131,11 +140,13 @@ def codec_off() -> Iterator[None]:
         codec.__dict__["encode_channels"] = kept
 
 
-def write(sessions: list[Session], routes: bool) -> Written:
-    """The sessions' engine legs and samples through one `CassetteWriter`, sessions one after another."""
+def write(sessions: list[Session], routes: bool, route_memory: int | None = ROUTE_MEMORY_BYTES) -> Written:
+    """The sessions' engine legs and samples through one `CassetteWriter`, sessions one after another;
+    `route_memory`: the writer's bound on a session's route context in memory (None: none)."""
     written = Written()
     buffer = io.BytesIO()
-    writer = CassetteWriter(buffer, Header(tokenizer_fingerprint="sha256:bench", created="2026-01-01T00:00:00Z"))
+    header = Header(tokenizer_fingerprint="sha256:bench", created="2026-01-01T00:00:00Z")
+    writer = CassetteWriter(buffer, header, route_memory=route_memory)
     for session in sessions:
         for turn, (prompt, output) in enumerate(session.calls):
             text = sglang_routes(prompt + output, SHAPE, 0, session.rows) if routes else None
@@ -144,6 +155,7 @@ def write(sessions: list[Session], routes: bool) -> Written:
             writer.engine_exchange(session.name, "bearer", call)
             written.call_s.append(time.perf_counter() - started)
         written.held = max(written.held, writer._codec.held_bytes())  # one session at a time: its own
+        written.spilled = max(written.spilled, writer._codec.spilled_bytes())
         if session.dropped:
             writer.session_dropped(session.name, "bearer")
         else:
@@ -152,7 +164,48 @@ def write(sessions: list[Session], routes: bool) -> Written:
             sample = {"tokens": prompt + output, "response_length": n, "loss_mask": [1] * n, "reward": 1.0}
             writer.session_finished(session.name, "bearer", 1.0, [sample])
     written.size = len(buffer.getvalue())
+    written.digest = hashlib.sha256(buffer.getvalue()).hexdigest()
     return written
+
+
+def p99(values: list[float]) -> float:
+    return sorted(values)[int(0.99 * (len(values) - 1))]
+
+
+def bounded(sessions: list[Session], repeats: int) -> tuple[int, int, float]:
+    """The writer with its bound on route memory and without it, alternately: the most held in memory for a
+    session with and without, and the p99 a call, bound / unbound (medians over the repeats)."""
+    runs: dict[bool, list[Written]] = {True: [], False: []}
+    steal: list[float] = []
+    for _ in range(repeats):
+        for bound in (False, True):
+            with steal_watch(steal):
+                runs[bound].append(write(sessions, routes=True, route_memory=ROUTE_MEMORY_BYTES if bound else None))
+            w = runs[bound][-1]
+            print(
+                f"(a) routes, {'bound' if bound else 'unbound'}: writer per call {percentiles_ms(w.call_s)}; held "
+                f"at most {w.held} bytes for a session in memory, {w.spilled} in its temporary file; steal "
+                f"{steal[-1]:.1f}%"
+            )
+    same = len({w.digest for ws in runs.values() for w in ws}) == 1
+    if not same:
+        raise SystemExit("bench_cassette_routes: the bound on route memory changed the cassette's bytes")
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    p50s = {b: median([sorted(w.call_s)[len(w.call_s) // 2] for w in ws]) for b, ws in runs.items()}
+    p99s = {b: median([p99(w.call_s) for w in ws]) for b, ws in runs.items()}
+    held = {b: max(w.held for w in ws) for b, ws in runs.items()}
+    print(
+        f"(a) writer memory bound ({ROUTE_MEMORY_BYTES} bytes of route context a session in memory, the rest in an "
+        f"unlinked temporary file), median of {repeats}: held at most {held[True]} bytes for a session, "
+        f"{held[False]} unbound ({held[True] / held[False]:.3f}x); writer per call p50 {p50s[True] * 1000:.1f} ms "
+        f"bound, {p50s[False] * 1000:.1f} ms unbound ({p50s[True] / p50s[False]:.2f}x); p99 "
+        f"{p99s[True] * 1000:.1f} ms bound, {p99s[False] * 1000:.1f} ms unbound ({p99s[True] / p99s[False]:.2f}x); "
+        f"the cassettes byte for byte the same: {same}"
+    )
+    return held[True], held[False], p99s[True] / p99s[False]
 
 
 def percentiles_ms(values: list[float]) -> str:
@@ -162,7 +215,9 @@ def percentiles_ms(values: list[float]) -> str:
     )
 
 
-def sizes(count: int, scale: float, skip_plain: bool = False) -> tuple[float, float, float, float]:
+def sizes(
+    count: int, scale: float, skip_plain: bool = False, repeats: int = 2
+) -> tuple[float, float, float, float, str]:
     sessions = production_sessions(count, scale)
     for session in sessions:
         prompt, output = session.calls[-1]
@@ -191,8 +246,10 @@ def sizes(count: int, scale: float, skip_plain: bool = False) -> tuple[float, fl
         f"{percentiles_ms(coded.call_s)}; steal {steal[-1]:.1f}%; the writer held at most {coded.held} bytes for a "
         f"session ({bare.held} without routes): its route context, a byte an expert id"
     )
+    held, unbound, ratio = bounded(sessions, repeats)
+    memory = f"writer held {held} bytes a session at most ({unbound} unbound), p99 a call bound / unbound {ratio:.2f}"
     if skip_plain:
-        return coded.size / bare.size, float("nan"), float("nan"), (coded.size - bare.size) / one_copy
+        return coded.size / bare.size, float("nan"), float("nan"), (coded.size - bare.size) / one_copy, memory
     with steal_watch(steal), codec_off():
         plain = write(sessions, routes=True)
     print(
@@ -205,7 +262,8 @@ def sizes(count: int, scale: float, skip_plain: bool = False) -> tuple[float, fl
         f"writer time per call at p99, codec / plain: "
         f"{sorted(coded.call_s)[int(0.99 * (calls - 1))] / sorted(plain.call_s)[int(0.99 * (calls - 1))]:.2f}"
     )
-    return coded.size / bare.size, plain.size / bare.size, coded.size / plain.size, (coded.size - bare.size) / one_copy
+    copies = (coded.size - bare.size) / one_copy
+    return coded.size / bare.size, plain.size / bare.size, coded.size / plain.size, copies, memory
 
 
 # (b): a front that adds routes to the engine's /generate answers, run as `python -c FRONT <port> <engine port>`.
@@ -277,12 +335,13 @@ def main() -> int:
     parser.add_argument("--latency-runs", type=int, default=1)
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-plain", action="store_true", help="no plain base64 cassette (for full-size runs)")
+    parser.add_argument("--repeats", type=int, default=2, help="writes with and without the route memory bound")
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {time.strftime('%Y-%m-%d %H:%M')}")
-    ratio, plain, codec_plain, copies = sizes(args.sessions, args.scale, args.skip_plain)
+    ratio, plain, codec_plain, copies, memory = sizes(args.sessions, args.scale, args.skip_plain, args.repeats)
     line = (
         f"routes: cassette {ratio:.1f}x the size without routes (plain base64: {plain:.1f}x), codec / plain "
-        f"{codec_plain:.3f}, routes / one copy {copies:.2f}"
+        f"{codec_plain:.3f}, routes / one copy {copies:.2f}; {memory}"
     )
     if not args.skip_latency:
         with_routes, without = latency(args.latency_runs)

@@ -31,6 +31,7 @@ from tito_rl.cassette.format.records import (
     SessionStart,
     encode_header,
 )
+from tito_rl.cassette.format.routes import ROUTE_MEMORY_BYTES
 from tito_rl.cassette.redaction import Redactor
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange
 
@@ -61,13 +62,18 @@ class CassetteWriter:
         fsync: bool = False,
         header_redacted: bool = False,
         observer: RecordObserver | None = None,
+        route_memory: int | None = ROUTE_MEMORY_BYTES,
     ) -> None:
         """`target`: a new file's path, or an open binary stream (in-memory serialization, vcrpy).
         `header_redacted`: the header was read from a cassette (cut, merge) and is written as it is.
-        `observer`: hears every record once written, and the close."""
+        `observer`: hears every record once written, and the close.
+        `route_memory`: the most bytes of a live session's expert routes held in memory; the rest wait for the
+        session's next call in an unlinked temporary file beside the cassette (a stream's: in the system's
+        temporary folder; `RouteContext`; None: all in memory). The cassette's bytes are the same either way."""
         self.observer = observer
         self.redactor = redactor or Redactor()
-        self._codec = SessionCodec()
+        folder = str(Path(target).absolute().parent) if isinstance(target, str | os.PathLike) else None
+        self._codec = SessionCodec(route_memory=route_memory, route_folder=folder)
         self._names: dict[str, str] = {}
         self._started: set[str] = set()
         self._lock = threading.Lock()
@@ -186,6 +192,7 @@ class CassetteWriter:
             if self.path is not None and not self._file.closed:
                 self._write(encode_index(list(self._index.values()), self._offset))
                 self._file.close()
+                self._codec.close()  # nothing more is written: live sessions' route files go too
                 if self.observer is not None:
                     self.observer.close()
 

@@ -59,20 +59,32 @@ class SessionCodec:
     """
 
     def __init__(
-        self, budget: DecodeBudget | None = None, packed_prompts: bool = False, packed_samples: bool = False
+        self,
+        budget: DecodeBudget | None = None,
+        packed_prompts: bool = False,
+        packed_samples: bool = False,
+        route_memory: int | None = None,
+        route_folder: str | None = None,
     ) -> None:
         """`budget`: what decoding may resolve deltas to (a reader's; none for the writer's own records).
         `packed_prompts`: /generate requests' input_ids decoded as `PackedIds`, not lists (replay's reading), and
         samples' routes left an `IntArray` (numpy inside; `packed_samples` too).
         `packed_samples`: samples' token ids decoded as `PackedIds` too: each holds its whole session, and a
-        reader that views them as arrays (the audit) would only throw the list of ints away again."""
+        reader that views them as arrays (the audit) would only throw the list of ints away again.
+        `route_memory`: the bytes of a session's route context kept in memory, the rest in a temporary file in
+        `route_folder` (`RouteContext`; None: all in memory)."""
         self._sessions: dict[str, _SessionState] = {}
+        self.route_memory, self.route_folder = route_memory, route_folder
         self.budget = budget
         self.packed_prompts = packed_prompts
         self.packed_samples = packed_samples
 
     def _state(self, session: str) -> _SessionState:
-        return self._sessions.setdefault(session, _SessionState())
+        state = self._sessions.get(session)
+        if state is None:
+            routes = RouteContext(memory_bytes=self.route_memory, folder=self.route_folder)
+            state = self._sessions[session] = _SessionState(routes=routes)
+        return state
 
     def next_seq(self, session: str) -> int:
         state = self._state(session)
@@ -118,12 +130,21 @@ class SessionCodec:
         if state is not None:
             state.release()
 
+    def close(self) -> None:
+        """Let go of every session's bases (the writer's, once its file is closed): route contexts' files too."""
+        for state in self._sessions.values():
+            state.release()
+
     def held_bytes(self) -> int:
-        """The delta bases held for all sessions, in bytes."""
+        """The delta bases held in memory for all sessions, in bytes."""
         return sum(
             len(s.context) + len(s.context_out) + len(s.agent_body) + len(s.messages) + s.routes.nbytes
             for s in self._sessions.values()
         )
+
+    def spilled_bytes(self) -> int:
+        """The route contexts held in temporary files for all sessions, in bytes."""
+        return sum(s.routes.spilled_bytes for s in self._sessions.values())
 
     @staticmethod
     def _encode_engine(state: _SessionState, request: Any, response: Any) -> tuple[Any, Any]:

@@ -18,7 +18,7 @@ import itertools
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tito_rl.cassette.format.errors import CorruptCassetteError
@@ -86,22 +86,166 @@ class B64Ints:
         return 4 * -(-(len(self.header) + self.itemsize * (self.keep + len(self.tail) // self.width)) // 3)
 
 
+ROUTE_MEMORY_BYTES = 1 << 20  # the most of a session's route context tito's writer keeps in memory (below)
+
+
 @dataclass
 class RouteContext:
     """A session's expert routes so far, by element (row-major `[row, layer, k]`, absolute rows from 0), held as
-    narrow as their values allow; writer and reader build the same values from the same records."""
+    narrow as their values allow; writer and reader build the same values from the same records.
 
-    values: Any = None  # numpy array of unsigned ints, or None
+    A long MoE session's context is large (107k tokens at 48 layers x top 8: 41M elements, a byte each), and a
+    recorder holds one per live session. Past `memory_bytes` (None: never, the readers' way) it moves to a
+    temporary file in `folder` (None: the system's temporary folder), unlinked as it is made (`TemporaryFile`), so
+    nothing is left behind by a close, a crash or a `kill -9`; then it costs no resident memory between calls, and
+    a call reads it back `_CHUNK` elements at a time to compare (from the page cache) and writes only its new
+    rows. Which elements it holds is the same either way, so the cassette's bytes are too."""
+
+    values: Any = None  # in memory: numpy array of unsigned ints, or None
+    memory_bytes: int | None = None
+    folder: str | None = None
+    # spilled: a raw file of `_size` items of `_dtype` (values is None then)
+    _file: Any = field(default=None, init=False, repr=False)
+    _size: int = field(default=0, init=False)
+    _dtype: Any = field(default=None, init=False)
 
     def __len__(self) -> int:
+        if self._file is not None:
+            return self._size
         return 0 if self.values is None else int(self.values.size)
 
     @property
     def nbytes(self) -> int:
+        """The bytes it holds in memory (none once spilled to its file)."""
         return 0 if self.values is None else int(self.values.nbytes)
+
+    @property
+    def spilled_bytes(self) -> int:
+        """The bytes it holds in its temporary file."""
+        return 0 if self._file is None else self._size * self._dtype.itemsize
+
+    @property
+    def started(self) -> bool:
+        """Whether a route field has set it since it started empty (or was let go)."""
+        return self.values is not None or self._file is not None
 
     def clear(self) -> None:
         self.values = None
+        if self._file is not None:
+            self._file.close()  # unlinked already: its space goes back with it
+            self._file, self._size, self._dtype = None, 0, None
+
+    def common_prefix(self, at: int, values: npt.NDArray[Any]) -> int:
+        """How many leading elements of `values` equal the context's from element `at` (at most its length)."""
+        if self._file is None:
+            return _common_prefix(self.values[at:], values)
+        import numpy as np
+
+        n = min(self._size - at, values.size)
+        buffer = np.empty(min(n, _CHUNK), self._dtype)
+        done = 0
+        while done < n:
+            end = min(n, done + _CHUNK)
+            part = self._read(at + done, buffer[: end - done])
+            differs = np.flatnonzero(part != values[done:end])
+            if differs.size:
+                return done + int(differs[0])
+            done = end
+        return n
+
+    def copy_into(self, at: int, out: npt.NDArray[Any]) -> None:
+        """Its elements `[at, at + len(out))` into `out` (a reader's kept items)."""
+        if self._file is None:
+            out[:] = self.values[at : at + out.size]
+            return
+        import numpy as np
+
+        buffer = np.empty(min(out.size, _CHUNK), self._dtype)
+        for done in range(0, out.size, _CHUNK):
+            end = min(out.size, done + _CHUNK)
+            out[done:end] = self._read(at + done, buffer[: end - done])
+
+    def replace(self, keep: int, tail: npt.NDArray[Any], width: int) -> None:
+        """Become its first `keep` elements followed by `tail` (items of `width` bytes at most), in the narrowest
+        type holding both."""
+        import numpy as np
+
+        if self._file is None:
+            itemsize = max(width, 1 if self.values is None else self.values.dtype.itemsize)
+            big = self.memory_bytes is not None and (keep + tail.size) * itemsize > self.memory_bytes
+            if not big or not self._spill(keep, np.dtype(f"<u{itemsize}")):
+                self.values = _joined(self.values, keep, tail, width)
+                return
+        dtype = np.dtype(f"<u{max(width, self._dtype.itemsize)}")
+        if dtype != self._dtype:  # a wider id than any before: the kept elements written again, wider
+            self._rewrite(keep, dtype)
+        self._size = keep
+        self._file.truncate(keep * dtype.itemsize)
+        for done in range(0, tail.size, _CHUNK):
+            self._write_at(self._size, tail[done : done + _CHUNK].astype(dtype, copy=False))
+            self._size += min(_CHUNK, tail.size - done)
+
+    # the file
+
+    def _spill(self, keep: int, dtype: Any) -> bool:
+        """Its first `keep` elements from memory to a new file (the rest are about to be replaced); False where no
+        file can be made (no descriptor left, an unwritable folder): it stays in memory, as readers keep theirs."""
+        import numpy as np
+
+        try:
+            file = self._new_file()
+        except OSError:
+            self.memory_bytes = None
+            return False
+        head = np.empty(0, dtype) if self.values is None else self.values
+        self._file, self._size, self._dtype = file, 0, dtype
+        for done in range(0, keep, _CHUNK):
+            self._write_at(self._size, head[done : min(keep, done + _CHUNK)].astype(dtype, copy=False))
+            self._size = min(keep, done + _CHUNK)
+        self.values = None
+        return True
+
+    def _rewrite(self, keep: int, dtype: Any) -> None:
+        import numpy as np
+
+        old, old_dtype = self._file, self._dtype
+        self._file, self._size, self._dtype = self._new_file(), 0, dtype
+        buffer = np.empty(min(keep, _CHUNK), old_dtype)
+        try:
+            for done in range(0, keep, _CHUNK):
+                end = min(keep, done + _CHUNK)
+                part = buffer[: end - done]
+                _read_exactly(old, done * old_dtype.itemsize, part)
+                self._write_at(done, part.astype(dtype))
+                self._size = end
+        finally:
+            old.close()
+
+    def _new_file(self) -> Any:
+        import tempfile
+
+        return tempfile.TemporaryFile(prefix="tito-routes-", dir=self.folder, buffering=0)
+
+    def _read(self, at: int, out: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        _read_exactly(self._file, at * self._dtype.itemsize, out)
+        return out
+
+    def _write_at(self, at: int, items: npt.NDArray[Any]) -> None:
+        self._file.seek(at * self._dtype.itemsize)
+        view = items.data.cast("B")
+        while view:
+            written = self._file.write(view)
+            view = view[written:]
+
+
+def _read_exactly(file: Any, offset: int, out: npt.NDArray[Any]) -> None:
+    file.seek(offset)
+    view = out.data.cast("B")
+    while view:
+        got = file.readinto(view)
+        if not got:
+            raise OSError(f"a route context's temporary file {file.name} is shorter than written")
+        view = view[got:]
 
 
 def is_base64_text(value: Any) -> bool:
@@ -147,17 +291,17 @@ def _encoded(context: RouteContext, text: str, is_route: bool, start: int, rows:
         return None
     values = np.frombuffer(items, dtype=f"<u{itemsize}")
     at, keep = 0, 0
-    if is_route and context.values is not None:
-        keep = _common_prefix(context.values, values)
+    if is_route and context.started:
+        keep = context.common_prefix(0, values)
         if rows > 0 and start > 0 and values.size % rows == 0:  # a start_len answer: its rows from the start row
             where = start * (values.size // rows)
-            same = _common_prefix(context.values[where:], values) if where <= len(context) else -1
+            same = context.common_prefix(where, values) if where <= len(context) else -1
             if same >= keep:  # where its rows belong, unless the start keeps less than 0 does
                 at, keep = where, same
     tail = values[keep:]
     width = _width(tail, itemsize)
     if is_route:
-        context.values = _joined(context.values, at + keep, tail, width)
+        context.replace(at + keep, tail, width)
     return B64Ints(is_route, itemsize, width, at, keep, header, tail.astype(f"<u{width}", copy=False).tobytes())
 
 
@@ -253,10 +397,10 @@ def _decoded(context: RouteContext, stored: B64Ints, spend: Callable[[int, str],
     tail = np.frombuffer(stored.tail, dtype=f"<u{stored.width}")
     items = np.empty(stored.keep + tail.size, dtype=f"<u{stored.itemsize}")
     if stored.keep:
-        items[: stored.keep] = context.values[stored.at : stored.at + stored.keep]
+        context.copy_into(stored.at, items[: stored.keep])
     items[stored.keep :] = tail
     if stored.routes:
-        context.values = _joined(context.values, stored.at + stored.keep, tail, stored.width)
+        context.replace(stored.at + stored.keep, tail, stored.width)
     return pybase64.b64encode(stored.header + items.tobytes()).decode("ascii")
 
 
