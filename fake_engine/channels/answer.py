@@ -4,8 +4,10 @@ SGLang (`/generate`, and its OpenAI routes through the same meta_info): `top_p_t
 when the request asks (`custom_params.return_top_p_token_ids`), on every streamed chunk for the output so far;
 `routed_experts` when asked (`return_routed_experts`) of an engine started with `--enable-return-routed-experts`,
 on the finished answer only (SGLang 0.5.23 collects them when the request finishes). vLLM: `routed_experts` on
-every choice of an engine started with the flag, unasked, for the whole sequence (`.npy`, see `wire.py`); null
-when aborted before any token was made. Weight versions: spans of the versions the tokens were made under.
+every choice of an engine started with the flag, unasked, for the whole sequence (`.npy`, see `wire.py`), or from
+the request's `routed_experts_prompt_start` (0.32: `sampling_params` of `/inference/v1/generate`, the body's root
+on chat and completions; `openai/calls.py` `check_prompt_start`); null when aborted before any token was made.
+Weight versions: spans of the versions the tokens were made under.
 """
 
 from __future__ import annotations
@@ -48,12 +50,19 @@ def sglang_channels(
 
 
 def vllm_routes(
-    settings: ChannelSettings, prompt: list[int], output: list[int], faults: FaultSpec, finish: str | None
+    settings: ChannelSettings,
+    prompt: list[int],
+    output: list[int],
+    faults: FaultSpec,
+    finish: str | None,
+    prompt_start: int = 0,
 ) -> str | None:
-    """A vLLM choice's `routed_experts`: None with the flag off, or when aborted before any token was made."""
+    """A vLLM choice's `routed_experts`: None with the flag off, or when aborted before any token was made.
+    `prompt_start`: the request's `routed_experts_prompt_start` (checked in `[0, len(prompt)]` before): vLLM 0.32
+    leaves the rows before it out, as SGLang does for `routed_experts_start_len`, and does not echo it."""
     if not settings.routes or (finish == "abort" and not output):
         return None
-    rows = answered_routes(prompt, output, settings.moe, 0, faults)
+    rows = answered_routes(prompt, output, settings.moe, prompt_start, faults)
     return None if rows is None else npy_b64(rows, settings.moe.experts)
 
 

@@ -11,6 +11,7 @@ are each engine's: vLLM's nested `{"error": {...}}`, SGLang's flat `{"object": "
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ class OpenAICall:
     reasoning_parser: bool = True  # vLLM started with `--reasoning-parser qwen3`
     return_routed_experts: bool = False  # SGLang's routes ask (vLLM sends them unasked when started with them)
     routed_experts_start_len: int = 0
+    routed_experts_prompt_start: int = 0  # vLLM 0.32: the routes' first row (`check_prompt_start`)
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:
@@ -191,6 +193,47 @@ def parse_call(path: str, body: Any, headers: Mapping[str, str], model_name: str
     return call
 
 
+PROMPT_START = "routed_experts_prompt_start"
+
+
+def _prompt_start(value: Any, dialect: str) -> int:
+    """vLLM 0.32's `routed_experts_prompt_start` as its request models type it: an int, read leniently as pydantic
+    reads one (the real engine takes `"3"`; chat and completions: `Field(ge=0)`, pydantic's 400; generate:
+    SamplingParams' `int`, its bound checked against the prompt later)."""
+    numeric_text = isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value) is not None
+    if numeric_text or (isinstance(value, float) and value.is_integer()):
+        value = int(value)
+    if type(value) is not int:
+        raise bad_request(dialect, f"{PROMPT_START}: Input should be a valid integer", PROMPT_START)
+    if value < 0 and dialect != VLLM_GENERATE:
+        raise bad_request(dialect, f"{PROMPT_START}: Input should be greater than or equal to 0", PROMPT_START)
+    return value
+
+
+def read_prompt_start(call: OpenAICall) -> None:
+    """Set `call.routed_experts_prompt_start` from the request where the vLLM release imitated reads it (generate:
+    inside `sampling_params`; chat and completions: the body's root); once `call.vllm` is the engine's release."""
+    if call.dialect == SGLANG_OPENAI or not call.vllm.routed_experts_prompt_start:
+        return
+    where = call.body.get("sampling_params") if call.dialect == VLLM_GENERATE else call.body
+    assert isinstance(where, dict)  # checked when the call was parsed
+    call.routed_experts_prompt_start = _prompt_start(where.get(PROMPT_START, 0), call.dialect)
+
+
+def check_prompt_start(call: OpenAICall, prompt_len: int) -> None:
+    """vLLM 0.32's input processor (`v1/engine/input_processor.py`), for every request whether or not the engine
+    returns routes: the start must lie in `[0, prompt_len]`, else a VLLMValidationError, a 400 naming the parameter
+    and the value (`vllm/exceptions.py` `__str__`)."""
+    start = call.routed_experts_prompt_start
+    if not 0 <= start <= prompt_len:
+        raise bad_request(
+            call.dialect,
+            f"{PROMPT_START} must be between 0 and the prompt length ({prompt_len}), inclusive. "
+            f"(parameter={PROMPT_START}, value={start})",
+            PROMPT_START,
+        )
+
+
 def _sampling(body: dict[str, Any], call: OpenAICall) -> dict[str, Any]:
     keys = (
         "temperature",
@@ -244,7 +287,7 @@ def _generate_call(body: dict[str, Any], rid: str, model_name: str, stream: bool
         skip_special_tokens=params.get("skip_special_tokens", True) is not False,
     )
     call.sampling = {
-        **{k: v for k, v in params.items() if k not in ("max_tokens", "logprobs")},
+        **{k: v for k, v in params.items() if k not in ("max_tokens", "logprobs", PROMPT_START)},
         "max_new_tokens": call.max_tokens,
     }
     return call

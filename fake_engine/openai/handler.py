@@ -27,9 +27,11 @@ from tito_rl.fake_engine.openai.calls import (
     GENERATE_PATH,
     OpenAICall,
     bad_request,
+    check_prompt_start,
     dialect_of,
     error_body,
     parse_call,
+    read_prompt_start,
     vllm_error,
 )
 from tito_rl.fake_engine.openai.parse import sglang_chat, vllm_chat, vllm_chat_deltas
@@ -133,6 +135,7 @@ class OpenAIRoutes:
             raise bad_request(dialect_of(request.path, None, opts.openai_dialect), f"JSON decode error: {e}") from None
         call = parse_call(request.path, body, request.headers, opts.model_name, opts.openai_dialect)
         self._as_started(call, request.path)
+        read_prompt_start(call)
         if call.prompt_ids is not None:
             prompt = call.prompt_ids
         elif call.endpoint == "completions":  # a text prompt, encoded as both engines do (no special tokens added)
@@ -146,6 +149,7 @@ class OpenAIRoutes:
             over_prompt = len(prompt) >= opts.context_length
             param = None if call.dialect == VLLM_GENERATE else ("input_tokens" if over_prompt else "max_tokens")
             raise bad_request(call.dialect, _message_of(e.body), param) from None
+        check_prompt_start(call, len(prompt))
         routing = request.headers.get(ROUTING_HEADER) or forwarded_bearer(request.headers)
         routes_asked = call.dialect == SGLANG_OPENAI and call.return_routed_experts
         if routes_asked:
@@ -296,7 +300,11 @@ class OpenAIRoutes:
         faults = faults or FaultSpec()
         routes: Any = vllm_bodies.UNSET
         if self.engine.channels.routes and call.dialect != SGLANG_OPENAI:
-            routes = None if queued else vllm_routes(self.engine.channels, prompt, ids, faults, finish)
+            routes = (
+                None
+                if queued
+                else vllm_routes(self.engine.channels, prompt, ids, faults, finish, call.routed_experts_prompt_start)
+            )
         if call.dialect == VLLM_GENERATE:
             _, spans = version_spans(self.engine.weights, made or [], len(ids), faults)
             return vllm_bodies.generate_body(
@@ -645,7 +653,12 @@ class OpenAIRoutes:
         choice = {**choices[0], "weight_versions": spans}
         if self.engine.channels.routes and "routed_experts" in choice:
             choice["routed_experts"] = vllm_routes(
-                self.engine.channels, greq.input_ids, output, faults, choice.get("finish_reason")
+                self.engine.channels,
+                greq.input_ids,
+                output,
+                faults,
+                choice.get("finish_reason"),
+                call.routed_experts_prompt_start,
             )
         return {**chunk, "choices": [choice]}
 

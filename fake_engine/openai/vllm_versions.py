@@ -24,6 +24,9 @@ class VllmProfile:
     # chat and completions choices: `routed_experts` with --enable-return-routed-experts (0.22, PR #38939);
     # /inference/v1/generate has it (and `weight_versions`) with its 0.32 shape (`generate_usage`)
     routed_experts: bool
+    # `routed_experts_prompt_start` read and checked (0.32's SamplingParams; where it was added is not pinned here:
+    # the other profiles ignore it, as an engine without the field ignores an unknown key)
+    routed_experts_prompt_start: bool = False
 
     @property
     def reasoning_keys(self) -> tuple[str, ...]:
@@ -39,6 +42,7 @@ VLLM_PROFILES = {
         starts_in_reasoning=True,
         usage_details=True,
         routed_experts=True,
+        routed_experts_prompt_start=True,
     ),
     "0.31.0": VllmProfile(
         "0.31.0",
