@@ -12,7 +12,7 @@ import sys
 
 import msgspec
 
-from tito_rl.fake_engine.channels.moe import MoeShape
+from tito_rl.fake_engine.channels.moe import MoeShape, config_shape
 from tito_rl.fake_engine.faults import ALLOWED_STATUSES, FaultSchedule, FaultSpec
 from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION, VLLM_PROFILES
 from tito_rl.fake_engine.scenario_model import ScenarioError, validate
@@ -41,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (alias; default: loopback only)")
     parser.add_argument("--port", type=int, default=30000, help="port (alias)")
     parser.add_argument("--model-name", default="Qwen/Qwen3-8B", help="served model name")
+    parser.add_argument(
+        "--model-path",
+        metavar="PATH",
+        default=None,
+        help="the model folder (or Hub id) /get_server_info and /get_model_info name, as SGLang's flag (default: "
+        "the model name); a folder whose config.json states an MoE shape routes by it, as a real SGLang does",
+    )
     parser.add_argument("--context-length", type=int, default=40960)
     parser.add_argument(
         "--version-profile",
@@ -97,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--moe",
         metavar="LAYERS,TOP_K,EXPERTS",
         default=None,
-        help="the model's MoE shape for the routes (default: the scenario's `moe:`, else 2,2,8)",
+        help="the model's MoE shape for the routes (default: the scenario's `moe:`, else the --model-path "
+        "folder's config.json, else 2,2,8); it must agree with that config.json where both say",
     )
     c.add_argument("--weight-version", default="default", help="the weight version at start (SGLang's flag)")
     f = parser.add_argument_group("faults (applied to every /generate unless --fault-first/--fault-every)")
@@ -143,6 +151,15 @@ def fault_schedule(args: argparse.Namespace) -> FaultSchedule:
     return FaultSchedule(spec=spec, first=args.fault_first, every=max(1, args.fault_every))
 
 
+def model_moe(model_path: str | None, moe: MoeShape | None) -> MoeShape | None:
+    """The shape to route by: as told, else as the `--model-path` folder's config.json states; a ValueError where
+    both say and disagree (a real SGLang routes by its model's config, so the fake would answer what none could)."""
+    stated = config_shape(model_path) if model_path else None
+    if moe is not None and stated is not None and moe != stated:
+        raise ValueError(f"--moe {moe} disagrees with {model_path}/config.json, which states {stated}")
+    return moe or stated
+
+
 def run(args: argparse.Namespace) -> int:
     from tito_rl.trajectory.runtime.server_process import start_up_without_gc
 
@@ -167,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         faults = fault_schedule(args)
         scenario = load_scenario(args.script) if args.script else None
         moe = MoeShape.parse(args.moe) if args.moe else scenario.moe_shape if scenario else None
+        moe = model_moe(args.model_path, moe)
     except (OSError, ValueError) as e:
         print(f"tito fake-engine: {e}", file=sys.stderr)
         return 2
@@ -195,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     options = EngineOptions(
         model_name=args.model_name,
-        model_path=args.model_name,
+        model_path=args.model_path or args.model_name,
         context_length=args.context_length,
         version_profile=args.version_profile,
         incremental_streaming=args.incremental_streaming,

@@ -39,7 +39,7 @@ from tito_rl.trajectory.adapters.engine.generate import ADAPTER_DIALECTS
 
 def check(args: argparse.Namespace) -> str | None:
     out = Path(args.out)
-    problem = check_run_options(args)
+    problem = check_run_options(args) or serve.options_problem(args)
     if problem:
         return problem
     if args.per_session or args.rotate_sessions or args.rotate_bytes:
@@ -167,6 +167,9 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
         if problem:
             print(f"tito record: {problem} (is the engine up? --engine-model NAME names it)", file=sys.stderr)
             return 2
+        learned = await serve.learn_routes_layout(settings)  # in the header's settings: a replay splits the same
+        if learned and not args.quiet:
+            print(f"tito record: {learned}", file=sys.stderr)
     engine = await fetch_engine_info(settings.engine_url)
     if engine is None and spec.kind == TITO and settings.engine_model:  # vLLM: no /model_info, its model listing
         engine = {"served_model_name": settings.engine_model}

@@ -77,12 +77,16 @@ def record_args_problem(record_args: tuple[str, ...]) -> str | None:
     add_arguments(parser)
     try:
         with contextlib.redirect_stderr(io.StringIO()):
-            _, unknown = parser.parse_known_args(["--engine", "http://-", "--out", "-", *record_args])
+            parsed, unknown = parser.parse_known_args(["--engine", "http://-", "--out", "-", *record_args])
     except argparse.ArgumentError as exc:
         return str(exc)
     except SystemExit:
         return f"not valid tito record flags: {' '.join(record_args)}"
-    return f"not tito record flags: {' '.join(unknown)}" if unknown else None
+    if unknown:
+        return f"not tito record flags: {' '.join(unknown)}"
+    from tito_rl.trajectory.adapters.serve import options_problem
+
+    return options_problem(parsed)
 
 
 def scenario_schema() -> dict[str, Any]:

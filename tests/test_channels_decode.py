@@ -14,7 +14,7 @@ import pytest
 from tests.channel_support import LAYERS, TOP_K, b64_int32, b64_npy, expert_rows
 from tito_rl.trajectory.adapters.engine import vllm
 from tito_rl.trajectory.adapters.engine.generate import EngineError, parse_generation
-from tito_rl.trajectory.adapters.engine.served_model import routes_top_k
+from tito_rl.trajectory.adapters.engine.routes_layout import routes_top_k
 from tito_rl.trajectory.channels import (
     ChannelError,
     VersionSpan,

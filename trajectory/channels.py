@@ -57,9 +57,12 @@ class Routes:
             return self
         return Routes(start, self.rows[start - self.start :].copy(), self.layers, self.top_k)
 
-    def with_split(self, top_k: int | None) -> Routes:
-        """The same rows with their split into layers x top_k where `top_k` divides the width."""
+    def with_split(self, top_k: int | None, layers: int | None = None) -> Routes:
+        """The same rows with their split into layers x top_k where `top_k` divides the width (and, where `layers`
+        is known, `layers * top_k` is the width: a layout of another model leaves the rows flat)."""
         if self.layers is not None or not top_k or self.width % top_k:
+            return self
+        if layers is not None and layers * top_k != self.width:
             return self
         return Routes(self.start, self.rows, self.width // top_k, top_k)
 

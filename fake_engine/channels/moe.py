@@ -13,8 +13,10 @@ forwarded, so it has no row yet (the next turn's prefill routes it).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -50,6 +52,30 @@ class MoeShape:
 
     def __str__(self) -> str:
         return f"{self.layers},{self.top_k},{self.experts}"
+
+
+# Names model configs give the number of routed experts (Qwen3-MoE, Mixtral, DeepSeek).
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def config_shape(folder: str) -> MoeShape | None:
+    """The MoE shape the config.json in `folder` states, as a real SGLang serving that folder routes by (its
+    capturer's rows are `num_hidden_layers` x `num_experts_per_tok`); None where it states no full shape."""
+    from tito_rl.trajectory.adapters.engine.routes_layout import config_layout
+
+    layout = config_layout(folder)
+    if layout is None or layout.layers is None:
+        return None
+    try:
+        config = json.loads(Path(folder, "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = config.get("text_config")
+    for section in (text, config) if isinstance(text, dict) else (config,):
+        experts = next((v for k in EXPERT_KEYS if type(v := section.get(k)) is int and v > 0), None)
+        if experts is not None:
+            return MoeShape(layout.layers, layout.top_k, experts)
+    return None
 
 
 # The tiny random Qwen3-MoE a real SGLang serves on a CPU (shared/notes/real-sglang-cpu.md): 2 layers, top 2 of 8.

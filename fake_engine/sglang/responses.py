@@ -170,6 +170,7 @@ def server_info(
     return {
         "model_path": model_path,
         "tokenizer_path": model_path,
+        "json_model_override_args": "{}",  # SGLang's default: a client reads the model's config as the folder has it
         "served_model_name": served_model_name,
         "host": host,
         "port": port,

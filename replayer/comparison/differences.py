@@ -369,7 +369,7 @@ def _row_divergence(a: Any, b: Any) -> int | None:
 
 def _plain(value: Any, rows: bool = False) -> Any:
     """Plain lists; route rows flattened (`rows`): the split of a row into layers x top_k depends on what the
-    replaying adapter knows of the model (`served_model.routes_top_k`), the ids do not."""
+    replaying adapter knows of the model (`routes_layout`), the ids do not."""
     value = value.tolist() if hasattr(value, "tolist") else value
     if rows and isinstance(value, list):
         return [[e for layer in row for e in layer] if isinstance(row, list) else row for row in value]

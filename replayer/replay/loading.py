@@ -18,6 +18,7 @@ from tito_rl.recorder.targets.base import TargetError
 from tito_rl.recorder.targets.profiles.trust import ReplayTarget, recorded_ref, resolve
 from tito_rl.recorder.targets.registry import TargetSpec
 from tito_rl.trajectory.adapters.app import AdapterSettings
+from tito_rl.trajectory.adapters.engine.routes_layout import given_layout
 from tito_rl.trajectory.manager import TrajectoryManager
 from tito_rl.trajectory.tokens.tokenizer import fingerprint
 
@@ -105,6 +106,10 @@ def settings_problem(header: Header) -> str | None:
         TrajectoryManager(**manager)
     except ValueError as exc:
         return f"adapter.manager: {exc}"
+    try:
+        given_layout(header.adapter.get("engine_routes_layout"))
+    except ValueError as exc:
+        return f"adapter.{exc}"
     return None
 
 

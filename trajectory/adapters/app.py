@@ -32,7 +32,7 @@ from tito_rl.trajectory.adapters.canonical import EchoMemory, fold_system_messag
 from tito_rl.trajectory.adapters.disconnects import DisconnectWatcher
 from tito_rl.trajectory.adapters.engine import fast_json
 from tito_rl.trajectory.adapters.engine.generate import EngineClient, EngineError, Generation, new_rid, sampling_params
-from tito_rl.trajectory.adapters.engine.served_model import routes_top_k
+from tito_rl.trajectory.adapters.engine.routes_layout import config_layout, given_layout
 from tito_rl.trajectory.adapters.engine.transport import EngineTransport
 from tito_rl.trajectory.adapters.parsing.output_parser import OutputParser
 from tito_rl.trajectory.adapters.parsing.sglang_parsers import ParsedOutput
@@ -80,6 +80,9 @@ class AdapterSettings:
     engine_seed: int | None = None  # a sampling seed sent with every generation (reproducible engine legs)
     engine_routes: bool | None = None  # ask SGLang for expert routes (None: as its /get_server_info says)
     engine_kept_sets: bool = True  # ask SGLang for top-p kept sets when a request samples with top_p < 1
+    # SGLang's flat route rows split as (LAYERS, TOP_K); None: learned (the engine's model config, else the
+    # tokenizer folder's, else flat: engine/routes_layout.py). `tito serve`/`record` learn it at start, into here.
+    engine_routes_layout: tuple[int, int] | None = None
     side_patterns: tuple[str, ...] = DEFAULT_SIDE_PATTERNS  # title/summary prompts answered but never trained
     engine_timeout_s: float = 600.0
     abort_grace_s: float = 5.0  # how long to wait for an aborted generation's partial output
@@ -157,7 +160,8 @@ class Adapter:
             settings.engine_model,
             settings.engine_routes,
             settings.engine_kept_sets,
-            routes_top_k(settings.tokenizer_dir),
+            given_layout(settings.engine_routes_layout),
+            config_layout(settings.tokenizer_dir),
         )
         self.sessions: dict[str, SessionState] = {}
         self.disconnects = DisconnectWatcher(settings.disconnect_poll_s)

@@ -38,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser, engine_dialect: bool = True) 
         help="a sampling seed sent with every generation (vLLM's seed, SGLang's sampling_seed): the "
         "same session gives the same engine answers",
     )
+    parser.add_argument(
+        "--routes-layout",
+        metavar="LAYERS,TOP_K",
+        help="how SGLang's flat expert-route rows split (e.g. 48,8); default: learned from the config.json of the "
+        "model the engine serves (its /get_server_info model_path), else of the tokenizer folder, else kept flat",
+    )
     parser.add_argument("--listen", default="127.0.0.1:8400", help="HOST:PORT to serve on (default %(default)s)")
     parser.add_argument("--tokenizer", default=None, help="Hugging Face tokenizer folder (default: embedded Qwen3)")
     parser.add_argument("--tool-parser", default=d.tool_parser, help="sglang tool-call parser (default %(default)s)")
@@ -87,7 +93,23 @@ def add_arguments(parser: argparse.ArgumentParser, engine_dialect: bool = True) 
     )
 
 
+def options_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the adapter's option values that argparse does not check, in one line, or None."""
+    from tito_rl.trajectory.adapters.engine.routes_layout import parse_routes_layout
+
+    if getattr(args, "routes_layout", None) is not None:
+        try:
+            parse_routes_layout(args.routes_layout)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
 def settings_from(args: argparse.Namespace) -> AdapterSettings:
+    """The adapter's settings from checked options (`options_problem`)."""
+    from tito_rl.trajectory.adapters.engine.routes_layout import parse_routes_layout
+
+    layout = getattr(args, "routes_layout", None)
     return AdapterSettings(
         engine_url=args.engine,
         tokenizer_dir=args.tokenizer,
@@ -102,6 +124,7 @@ def settings_from(args: argparse.Namespace) -> AdapterSettings:
         engine_dialect=args.engine_dialect or SGLANG,
         engine_model=args.engine_model,
         engine_seed=args.engine_seed,
+        engine_routes_layout=parse_routes_layout(layout) if layout is not None else None,
         side_patterns=(() if args.no_default_side_patterns else DEFAULT_SIDE_PATTERNS) + tuple(args.side_pattern),
     )
 
@@ -129,6 +152,22 @@ async def learn_served_model(settings: AdapterSettings) -> str | None:
     return None
 
 
+async def learn_routes_layout(settings: AdapterSettings) -> str | None:
+    """For SGLang without `--routes-layout`: how its route rows split, learned into `settings` (so a recording's
+    header keeps it and a replay splits the same way without the model folder). Returns a line saying what was
+    learned and from where, or None where the engine serves no routes, is not up (the adapter then learns it
+    before its first generation, `EngineClient.serves_routes`), or nothing says."""
+    if settings.engine_dialect != SGLANG or settings.engine_routes_layout is not None:
+        return None
+    from tito_rl.trajectory.adapters.engine.routes_layout import fetch_server_info, learned_layout
+
+    layout = learned_layout(await fetch_server_info(settings.engine_url), settings.tokenizer_dir)
+    if layout is None or layout.layers is None:
+        return None
+    settings.engine_routes_layout = (layout.layers, layout.top_k)
+    return f"expert routes split as {layout.layers} layers x top {layout.top_k} ({layout.source}/config.json)"
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
@@ -148,10 +187,17 @@ def run(args: argparse.Namespace) -> int:
     from tito_rl.trajectory.adapters.app import create_app
     from tito_rl.trajectory.runtime.server_process import new_event_loop, prepare_to_serve
 
+    problem = options_problem(args)
+    if problem:
+        print(f"tito serve: {problem}", file=sys.stderr)
+        return 2
     settings = settings_from(args)
     problem = asyncio.run(learn_served_model(settings))
     if problem:
         print(f"tito serve: warning: {problem}; it is asked again before the first generation", file=sys.stderr)
+    learned = asyncio.run(learn_routes_layout(settings))
+    if learned:
+        print(f"tito serve: {learned}", file=sys.stderr)
     try:
         app = create_app(settings, manager_from(args))
     except ValueError as exc:  # an unknown parser, a chat template that does not parse or escapes its sandbox

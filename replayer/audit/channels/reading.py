@@ -11,7 +11,7 @@ import numpy as np
 
 from tito_rl.cassette.format.records import Header
 from tito_rl.replayer.audit.traffic import Call, SessionState, as_ids, traced_calls
-from tito_rl.trajectory.adapters.engine.served_model import TOP_K_KEYS
+from tito_rl.trajectory.adapters.engine.routes_layout import TOP_K_KEYS
 from tito_rl.trajectory.dialects.view import SGLANG, SGLANG_OPENAI
 
 NO_ROW = -2  # a position no engine answer routed (a sample's unknown row is -1)
@@ -89,7 +89,11 @@ def experts_of(header: Header) -> int | None:
 
 
 def top_k_of(header: Header) -> int | None:
-    """The model's experts per token where the recording says it (its config's names, or the fake's `moe`)."""
+    """The model's experts per token where the recording says it (its config's names, the fake's `moe`, or the
+    adapter's route layout `[layers, top_k]`)."""
+    layout = (header.adapter or {}).get("engine_routes_layout")
+    if isinstance(layout, list) and len(layout) == 2 and type(layout[1]) is int and layout[1] > 0:
+        return layout[1]
     return _model_number(header, TOP_K_KEYS, 1)
 
 

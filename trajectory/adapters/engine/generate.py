@@ -19,6 +19,7 @@ import aiohttp
 
 from tito_rl.trajectory.adapters.engine import vllm
 from tito_rl.trajectory.adapters.engine.generation import EngineError, Generation, failed_call
+from tito_rl.trajectory.adapters.engine.routes_layout import RoutesLayout, engine_layout
 from tito_rl.trajectory.adapters.engine.served_model import MODELS_PATH, ServedModelError, read_listing
 from tito_rl.trajectory.adapters.engine.transport import EngineAnswer, EngineTransport, EngineUnreachable, HttpTransport
 from tito_rl.trajectory.adapters.tap import EngineExchange
@@ -81,7 +82,10 @@ class EngineClient:
     dialects send (None: learned from the engine's `GET /v1/models` before the first generation); `routes`: whether
     SGLang is asked for expert routes (None: learned from its `GET /get_server_info` before the first generation;
     vLLM sends them unasked when started with them); `kept_sets`: whether SGLang is asked for top-p kept sets when a
-    request samples with top_p < 1 (a replay of a recording from before them says False)."""
+    request samples with top_p < 1 (a replay of a recording from before them says False); `routes_layout`: how
+    SGLang's flat route rows split into layers x top_k as told (the user's, or learned at start), else learned with
+    the routes flag from the engine's `/get_server_info` (its model folder's config, `routes_layout.engine_layout`),
+    else `fallback_layout` (the tokenizer folder's config), else the rows stay flat."""
 
     def __init__(
         self,
@@ -95,7 +99,8 @@ class EngineClient:
         model: str | None = None,
         routes: bool | None = None,
         kept_sets: bool = True,
-        routes_top_k: int | None = None,
+        routes_layout: RoutesLayout | None = None,
+        fallback_layout: RoutesLayout | None = None,
     ) -> None:
         if dialect not in ADAPTER_DIALECTS:
             raise ValueError(f"tito's adapter calls the engine in {', '.join(ADAPTER_DIALECTS)}, not {dialect!r}")
@@ -107,7 +112,9 @@ class EngineClient:
         self.model = model
         self.routes = routes if dialect == SGLANG else False
         self.kept_sets = kept_sets and dialect == SGLANG
-        self.routes_top_k = routes_top_k  # splits SGLang's flat route rows into layers x top_k (None: unknown)
+        self.routes_layout = routes_layout
+        self.engine_layout: RoutesLayout | None = None  # learned from the engine's /get_server_info
+        self.fallback_layout = fallback_layout
         self._learning: asyncio.Lock | None = None
 
     async def close(self) -> None:
@@ -174,7 +181,14 @@ class EngineClient:
                         return False  # not learned: asked again before the next generation
                     info = answer.body if answer.status == 200 and isinstance(answer.body, dict) else {}
                     self.routes = info.get("enable_return_routed_experts") is True
+                    if self.routes and self.routes_layout is None:
+                        self.engine_layout = engine_layout(info)
         return bool(self.routes)
+
+    @property
+    def layout(self) -> RoutesLayout | None:
+        """How route rows split, by precedence: as told, as the engine's model says, as the tokenizer's says."""
+        return self.routes_layout or self.engine_layout or self.fallback_layout
 
     async def generate(
         self,
@@ -200,7 +214,7 @@ class EngineClient:
             answer = await self._call("POST", "/generate", body, headers, on_exchange, t0)
             if answer.status != 200:
                 raise failed_call("/generate", answer.status, _error_text(answer.body))
-            generation = parse_generation(rid, answer.body, body, self.routes_top_k)
+            generation = parse_generation(rid, answer.body, body, self.layout)
         else:
             model = await self.served_model(t0)
             path, body = vllm.request(self.dialect, rid, input_ids, params, model)
@@ -266,10 +280,10 @@ def _error_text(data: Any) -> str:
 
 
 def parse_generation(
-    rid: str, data: Any, request: dict[str, Any] | None = None, routes_top_k: int | None = None
+    rid: str, data: Any, request: dict[str, Any] | None = None, layout: RoutesLayout | int | None = None
 ) -> Generation:
     """`request`: the body sent (its prompt ids and `routed_experts_start_len` place the answer's routes);
-    `routes_top_k`: the model's experts per token, which split the routes' flat rows into layers."""
+    `layout`: the model's layers x top_k (or its top_k alone), which split the routes' flat rows."""
     if not isinstance(data, dict) or not isinstance(data.get("meta_info"), dict):
         raise EngineError(502, f"engine /generate returned a malformed body: {str(data)[:200]!r}")
     meta = data["meta_info"]
@@ -300,6 +314,10 @@ def parse_generation(
     if view.channel_error:
         raise EngineError(502, f"engine /generate returned a malformed channel: {view.channel_error}")
     generation = Generation(rid, output_ids, logprobs, finish, prompt_tokens, cached_tokens, data)
-    routes = view.routes.with_split(routes_top_k) if view.routes is not None else None
+    if isinstance(layout, int):
+        layout = RoutesLayout(layout)
+    routes = view.routes
+    if routes is not None and layout is not None:
+        routes = routes.with_split(layout.top_k, layout.layers)
     generation.routes, generation.kept, generation.weight_versions = routes, view.kept, view.weight_versions
     return generation

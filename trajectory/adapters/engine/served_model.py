@@ -9,9 +9,7 @@ without asking); where the engine is not up yet, the adapter asks before its fir
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -38,28 +36,6 @@ def read_listing(listing: Any) -> ServedModel:
         raise ServedModelError(f"its {MODELS_PATH} lists no model: {str(listing)[:200]!r}")
     length = card.get("max_model_len")
     return ServedModel(name, length if type(length) is int and length > 0 else None)
-
-
-# Names model configs give the experts each token is routed to (Qwen3-MoE, Mixtral, DeepSeek: num_experts_per_tok).
-TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "moe_router_topk", "num_experts_per_token")
-
-
-def routes_top_k(model_dir: str | None) -> int | None:
-    """The experts per token of the model whose folder holds its `config.json` (the tokenizer folder, where it is
-    the model's): what splits SGLang's flat route rows into layers x top_k. None where it does not say."""
-    if not model_dir or not Path(model_dir, "config.json").is_file():
-        return None
-    try:
-        config = json.loads(Path(model_dir, "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    for section in (config, config.get("text_config") if isinstance(config, dict) else None):
-        if isinstance(section, dict):
-            for key in TOP_K_KEYS:
-                value = section.get(key)
-                if type(value) is int and value > 0:
-                    return value
-    return None
 
 
 async def fetch_served_model(engine_url: str, timeout_s: float = 10.0) -> ServedModel:
