@@ -99,8 +99,13 @@ async def _record(path: Path) -> None:
     taps = TapsAround(writer, TitoDriver(TargetOptions()), str(engine.make_url("")).rstrip("/"))
     ends = await taps.start(("127.0.0.1", 0), ("127.0.0.1", 0))
     state = app[ENGINE_KEY]
+    # distinct prompts: each of A and B has its own `pause_after` attempt, so whichever reaches the engine second is
+    # held too (by the engine's pause, or its own at 2 tokens), in either order
     chats = {
-        sid: [{"role": "system", "content": f"You are the {kind} agent."}, {"role": "user", "content": "List files."}]
+        sid: [
+            {"role": "system", "content": f"You are the {kind}, {sid[:7]}."},
+            {"role": "user", "content": "List files."},
+        ]
         for sid, kind in ((A, "paused agent"), (B, "paused agent"), (C, "plain"), (D, "stale agent"))
     }
 
