@@ -33,8 +33,10 @@ from tito_rl.cassette.format.fastzlib import crc32
 from tito_rl.cassette.format.frames import FRAME_HEADER, MAGIC, decode_frame_header, decode_payload, located
 from tito_rl.cassette.format.index import INDEX, INDEX_AT, INDEX_AT_BYTES, SessionIndex, decode_index, decode_index_at
 from tito_rl.cassette.format.records import (
+    ENGINE_WIDE,
     AgentRecord,
     DropRecord,
+    EngineEvent,
     EngineRecord,
     Header,
     Record,
@@ -329,6 +331,24 @@ class Cassette:
     header: Header
     sessions: Mapping[str, SessionLog]  # in cassette order (of each session's first record)
     truncated: bool
+    # engine calls of no session (version 7: a trainer's weight updates, pauses, aborts), in the order written
+    events: list[EngineEvent] = field(default_factory=list)
+
+
+def sessions_only(index: dict[str, SessionIndex]) -> tuple[dict[str, SessionIndex], SessionIndex | None]:
+    """A cassette's index without its engine-wide events' entry (`ENGINE_WIDE`, version 7), and that entry."""
+    events = index.get(ENGINE_WIDE)
+    if events is None:
+        return index, None
+    return {name: entry for name, entry in index.items() if name != ENGINE_WIDE}, events
+
+
+def read_events(reader: CassetteReader, entry: SessionIndex | None) -> list[EngineEvent]:
+    """The engine-wide events at the frames `entry` indexes (none for None)."""
+    if entry is None:
+        return []
+    log = reader.read_session(entry)
+    return [r for r in log.records if isinstance(r, EngineEvent)]
 
 
 class StoredSessions(Mapping[str, SessionLog]):
@@ -373,19 +393,26 @@ def open_cassette(path: str | os.PathLike[str], verify: bool = True, packed_prom
             index = reader.scan()
         elif verify:
             reader.check_frames(reader._index_end, index)
-        return Cassette(reader.header, StoredSessions(path, index, packed_prompts), reader.truncated)
+        sessions, wide = sessions_only(index)
+        truncated = reader.truncated
+        events = read_events(reader, wide)
+        return Cassette(reader.header, StoredSessions(path, sessions, packed_prompts), truncated, events)
 
 
 def read_cassette(path: str | os.PathLike[str], tokenizer_fingerprint: str | None = None) -> Cassette:
     """Everything in memory, grouped by session: for tests and small cassettes; `open_cassette` otherwise."""
     sessions: dict[str, SessionLog] = {}
+    events: list[EngineEvent] = []
     with CassetteReader(path, tokenizer_fingerprint) as reader:
         for record in reader.records():
+            if isinstance(record, EngineEvent):
+                events.append(record)
+                continue
             log = sessions.setdefault(record.session, SessionLog(record.session))
             if isinstance(record, SessionStart):
                 log.source = record.source
             log.records.append(record)
-        return Cassette(reader.header, sessions, reader.truncated)
+        return Cassette(reader.header, sessions, reader.truncated, events)
 
 
 @dataclass
@@ -409,13 +436,17 @@ class CassetteSummary:
     header: Header
     sessions: list[SessionSummary]
     truncated: bool
+    events: int = 0  # engine-wide events (version 7)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "header": self.header.to_dict(),
             "sessions": [s.to_dict() for s in self.sessions],
             "truncated": self.truncated,
         }
+        if self.events:  # a cassette without any reads as before version 7
+            out["engine_events"] = self.events
+        return out
 
 
 def summarize(path: str | os.PathLike[str], verify: bool = True) -> CassetteSummary:
@@ -424,14 +455,20 @@ def summarize(path: str | os.PathLike[str], verify: bool = True) -> CassetteSumm
     answers, after every frame's checksum and its offsets are checked (`tito cassette info` on a large file)."""
     with CassetteReader(path) as reader:
         index = None if verify else reader.stored_index()
+        events = 0
         if index is not None:
             reader.check_frames(reader._index_end, index)
+            index, wide = sessions_only(index)
+            events = len(wide.frames) if wide is not None else 0
         else:  # no index (version 1, a killed recorder): counted as the writer counts them for one
             index = {}
             for record in reader.records():
-                index.setdefault(record.session, SessionIndex(record.session)).count(record)
+                if isinstance(record, EngineEvent):
+                    events += 1
+                else:
+                    index.setdefault(record.session, SessionIndex(record.session)).count(record)
         sessions = [SessionSummary(e.session, e.agent, e.engine, e.samples) for e in index.values()]
-        return CassetteSummary(reader.header, sessions, reader.truncated)
+        return CassetteSummary(reader.header, sessions, reader.truncated, events)
 
 
 def _raw_ext(code: int, data: bytes) -> msgpack.ExtType:

@@ -158,6 +158,12 @@ class RotatingTap:
         self._part(session).writer.session_dropped(session, source)
         self._ended(session)
 
+    def engine_event(self, exchange: EngineExchange) -> None:
+        """Into every cassette still open (the current one, and the sealed ones whose sessions run on)."""
+        for part in [*self._sealed, self._current]:
+            if not part.closed:
+                part.writer.engine_event(exchange)
+
     def close(self) -> None:
         for part in [*self._sealed, self._current]:
             self._close(part)
@@ -179,6 +185,8 @@ class SizedTap(Protocol):
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None: ...
 
     def session_dropped(self, session: str, source: str) -> None: ...
+
+    def engine_event(self, exchange: EngineExchange) -> None: ...
 
     def close(self) -> None: ...
 
@@ -226,6 +234,11 @@ class CappedTap:
     def session_dropped(self, session: str, source: str) -> None:
         if not self.capped:
             self.inner.session_dropped(session, source)
+            self._after()
+
+    def engine_event(self, exchange: EngineExchange) -> None:
+        if not self.capped:
+            self.inner.engine_event(exchange)
             self._after()
 
     def close(self) -> None:

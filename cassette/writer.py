@@ -21,9 +21,11 @@ from tito_rl.cassette.format.codec import SessionCodec
 from tito_rl.cassette.format.frames import MAGIC, encode_frame
 from tito_rl.cassette.format.index import SessionIndex, encode_index
 from tito_rl.cassette.format.records import (
+    ENGINE_WIDE,
     FORMAT_VERSION,
     AgentRecord,
     DropRecord,
+    EngineEvent,
     EngineRecord,
     Header,
     Record,
@@ -141,8 +143,28 @@ class CassetteWriter:
                 duration_s=float(exchange.duration_s),
                 dialect=exchange.dialect,
                 wire=r.scrub_json(answer_wire(exchange.raw, exchange.response, exchange.content_type), name),
+                order=None if exchange.order is None else [int(n) for n in exchange.order],
             ),
             redacted=True,
+        )
+
+    def engine_event(self, exchange: EngineExchange) -> None:
+        """An engine call of no session (a trainer's weight update, pause or abort), written as it is answered
+        under `ENGINE_WIDE`, its `order` its place among the sessions' calls (`EngineEvent`)."""
+        r = self.redactor
+        self._append(
+            EngineEvent(
+                session=ENGINE_WIDE,
+                seq=self._codec.next_seq(ENGINE_WIDE),
+                method=exchange.method,
+                path=r.scrub_text(exchange.path),
+                request=r.scrub_json(exchange.request),
+                status=exchange.status,
+                response=r.scrub_json(exchange.response),
+                error=None if exchange.error is None else r.scrub_text(exchange.error),
+                order=[int(n) for n in exchange.order or ()],
+                dialect=exchange.dialect,
+            )
         )
 
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
@@ -274,6 +296,7 @@ class PerSessionTap:
         self.redactor = redactor or Redactor()
         self.observer = observer
         self.writers: dict[str, CassetteWriter] = {}
+        self._ended: set[str] = set()
         folder.mkdir(parents=True, exist_ok=True)
 
     def _writer(self, session: str, source: str) -> CassetteWriter:
@@ -298,9 +321,17 @@ class PerSessionTap:
 
     def session_finished(self, session: str, source: str, reward: float, samples: list[dict[str, Any]]) -> None:
         self._writer(session, source).session_finished(session, source, reward, samples)
+        self._ended.add(session)
 
     def session_dropped(self, session: str, source: str) -> None:
         self._writer(session, source).session_dropped(session, source)
+        self._ended.add(session)
+
+    def engine_event(self, exchange: EngineExchange) -> None:
+        """Into the cassette of every session not yet finished: those its update may have touched."""
+        for session, writer in self.writers.items():
+            if session not in self._ended:
+                writer.engine_event(exchange)
 
     @property
     def bytes_written(self) -> int:

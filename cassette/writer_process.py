@@ -62,6 +62,7 @@ class Layout:
     rotation: Rotation | None = None
     max_bytes: int | None = None
     observer: str | None = None  # `module:attribute`, each cassette's RecordObserver (its factory), reporting back
+    observer_options: tuple[tuple[str, str], ...] = ()  # keyword arguments the factory is given (`--max-staleness`)
 
     def argv(self) -> list[str]:
         out = ["--per-session"] if self.per_session else []
@@ -76,6 +77,8 @@ class Layout:
             out += ["--max-bytes", str(self.max_bytes)]
         if self.observer is not None:
             out += ["--observer", self.observer]
+            for key, value in self.observer_options:
+                out += ["--observer-option", f"{key}={value}"]
         return out
 
 
@@ -174,6 +177,9 @@ class WriterProcessTap:
     def session_dropped(self, session: str, source: str) -> None:
         self._send(("session_dropped", session, source))
 
+    def engine_event(self, exchange: EngineExchange) -> None:
+        self._send(("engine_event", "", "", [getattr(exchange, n) for n in ENGINE_FIELDS]))
+
     def close(self) -> None:
         """Ends the pipe and waits until the child has written everything sent before."""
         if self._closed:
@@ -229,6 +235,8 @@ def _apply(tap: CassetteWriter | PerSessionTap | RotatingTap | CappedTap, call: 
         tap.session_finished(session, source, rest[0], rest[1])
     elif op == "session_dropped":
         tap.session_dropped(session, source)
+    elif op == "engine_event":
+        tap.engine_event(EngineExchange(*rest[0]))
     else:
         raise ValueError(f"unknown tap call {op!r}")
 
@@ -276,6 +284,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--observer", metavar="MODULE:ATTRIBUTE", help="factory(header, report) of each cassette's RecordObserver"
     )
+    parser.add_argument(
+        "--observer-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword argument of the observer's factory (a string)",
+    )
     args = parser.parse_args(argv)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
@@ -314,14 +329,15 @@ def _report(event: dict[str, Any]) -> None:
         os.write(sys.stdout.fileno(), json.dumps(event).encode() + b"\n")
 
 
-def _observer(name: str | None) -> Callable[[Header], RecordObserver] | None:
+def _observer(name: str | None, options: list[str] | None = None) -> Callable[[Header], RecordObserver] | None:
     """`module:attribute` loaded: the command that started the writer names it (the layers below never import
-    what sits above them, `tito_rl.commands`)."""
+    what sits above them, `tito_rl.commands`); `options`: `KEY=VALUE` keyword arguments for it."""
     if name is None:
         return None
     module, _, attribute = name.partition(":")
     factory = getattr(importlib.import_module(module), attribute)
-    return lambda header: _Guarded(factory(header, _report))
+    kwargs = dict(option.partition("=")[::2] for option in options or ())
+    return lambda header: _Guarded(factory(header, _report, **kwargs))
 
 
 class _Guarded:
@@ -352,7 +368,7 @@ class _Guarded:
 
 def _open(args: argparse.Namespace, header: Header) -> CassetteWriter | PerSessionTap | RotatingTap | CappedTap:
     tap: CassetteWriter | PerSessionTap | RotatingTap
-    observer = _observer(args.observer)
+    observer = _observer(args.observer, args.observer_option)
     if args.rotate_sessions or args.rotate_bytes:
         tap = RotatingTap(args.out, header, Rotation(args.rotate_sessions or None, args.rotate_bytes or None), observer)
     else:

@@ -150,7 +150,11 @@ def check_run_options(args: argparse.Namespace) -> str | None:
         except SystemExit:  # its message names --listen
             return f"--metrics {args.metrics}: expected HOST:PORT"
     observer = getattr(args, "live_audit", None) if args.metrics else None
-    args.layout = Layout(args.per_session, rotation, sizes["max_bytes"], observer)
+    staleness = getattr(args, "max_staleness", None)
+    if staleness is not None and (staleness < 0 or not args.metrics):
+        return "--max-staleness N: N >= 0, with --metrics (it counts the live stale-tokens)"
+    options = (("max_staleness", str(staleness)),) if staleness is not None and observer is not None else ()
+    args.layout = Layout(args.per_session, rotation, sizes["max_bytes"], observer, options)
     return None
 
 

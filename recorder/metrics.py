@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from tito_rl.recorder.taps.sampling import sampled
-from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
+from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap, tell_engine_event
 
 # Tap calls take tens of microseconds (a msgpack pack and a pipe write); the upper buckets catch a writer behind.
 TAP_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1, 1.0)
@@ -46,6 +46,19 @@ class RecordMetrics:
         self.covered = Counter(
             "tito_audit_covered_tokens", "Emitted tokens trained exactly once with the engine's logprob", t, registry=r
         )
+        self.stale_tokens = Counter(
+            "tito_audit_stale_tokens",
+            "Tokens of finished sessions' samples more weight versions behind the sample's newest than "
+            '--max-staleness allows (the samples: tito_audit_findings{rule="stale-tokens"})',
+            t,
+            registry=r,
+        )
+        self.engine_events = Counter(
+            "tito_record_engine_events",
+            "Engine calls of no session recorded (a trainer's weight updates, pauses, aborts)",
+            t,
+            registry=r,
+        )
         self.tap_seconds = Histogram(
             "tito_record_tap_seconds",
             "Time a tap call takes on the proxy's event loop",
@@ -64,6 +77,8 @@ class RecordMetrics:
             self.turns_recorded,
             self.emitted,
             self.covered,
+            self.stale_tokens,
+            self.engine_events,
             self.written,
         ):
             counter.labels(target)
@@ -99,6 +114,8 @@ class RecordMetrics:
                     self.emitted.labels(target).inc(added)
                 elif key == "covered":
                     self.covered.labels(target).inc(added)
+                elif key == "stale_tokens":
+                    self.stale_tokens.labels(target).inc(added)
                 elif key in ("prompt_tokens", "output_tokens"):
                     self.tokens.labels(target, key.removesuffix("_tokens")).inc(added)
                 else:
@@ -156,6 +173,10 @@ class MetricsTap:
     def session_dropped(self, session: str, source: str) -> None:
         self._live.discard(session)
         self._timed("finish", self.inner.session_dropped, session, source)
+
+    def engine_event(self, exchange: EngineExchange) -> None:
+        self.metrics.engine_events.labels(self.metrics.target).inc()
+        self._timed("engine", tell_engine_event, self.inner, exchange)
 
     def flush(self) -> None:
         flush = getattr(self.inner, "flush", None)

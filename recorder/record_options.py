@@ -85,6 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "tito audit rule's findings as sessions finish, coverage, the taps' time, bytes written",
     )
     run.add_argument(
+        "--max-staleness",
+        type=int,
+        metavar="N",
+        help="with --metrics: count stale-tokens live as `tito audit --max-staleness N` does (a finished "
+        "sample whose tokens span weight versions more than N apart), and its tokens beyond N "
+        "(tito_audit_stale_tokens_total); default: not counted",
+    )
+    run.add_argument(
         "--max-bytes",
         metavar="SIZE",
         help="stop recording once SIZE bytes are written in all (the proxy keeps serving and says so)",

@@ -45,7 +45,7 @@ def test_each_session_read_through_the_index_equals_the_full_read(
     three_sessions: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     full = read_cassette(three_sessions)
-    assert full.header.format_version == FORMAT_VERSION == 6 and not full.truncated
+    assert full.header.format_version == FORMAT_VERSION == 7 and not full.truncated
 
     def no_scan(self: CassetteReader) -> None:
         raise AssertionError("scanned a cassette that has an index")

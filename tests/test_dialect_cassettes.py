@@ -108,7 +108,7 @@ def test_chat_calls_read_back_exactly_with_their_dialect(stream: bool) -> None:
     calls = [chat_call(turn, stream) for turn in range(4)]
     originals = copy.deepcopy(calls)
     header, records = read_back(written(calls))
-    assert header.format_version == FORMAT_VERSION == 6
+    assert header.format_version == FORMAT_VERSION == 7
     assert [c.request for c in calls] == [c.request for c in originals]  # writing leaves the caller's data alone
     assert [(r.request, r.response, r.dialect) for r in records] == [
         (c.request, c.response, "vllm-openai") for c in originals

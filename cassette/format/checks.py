@@ -134,6 +134,14 @@ def _a_wire(value: Any, kind: str, name: str) -> None:
         raise CorruptCassetteError(f"corrupt cassette: {kind} record field {name!r}: bad {wrong[0]!r}")
 
 
+def _an_order(value: Any, kind: str, name: str) -> None:
+    """A call's or an event's place on the recording's engine counter: `[started, answered]`, started first."""
+    if value is None or (not value and kind == "event"):
+        return
+    if len(value) != 2 or value[0] < 0 or value[1] < value[0]:
+        raise CorruptCassetteError(f"corrupt cassette: {kind} record field {name!r}: not [started, answered]")
+
+
 Rule = Callable[[Any, str, str], None]
 # The value rules, by field name, checked once the field's type is (FORMAT.md).
 RULES: dict[str, Rule] = {
@@ -145,6 +153,7 @@ RULES: dict[str, Rule] = {
     "reply_headers": _headers,
     "method": _a_method,
     "wire": _a_wire,
+    "order": _an_order,
 }
 
 

@@ -14,9 +14,11 @@ from tito_rl.cassette.format.errors import CorruptCassetteError
 from tito_rl.cassette.format.extensions import EXT_U32, PackedExt, packed_floats, packed_mask
 from tito_rl.cassette.format.packing import PackedIds, is_float_list, packed_token_list, unpack_u32
 from tito_rl.cassette.format.records import (
+    ENGINE_WIDE,
     TYPE_NAMES,
     AgentRecord,
     DropRecord,
+    EngineEvent,
     EngineRecord,
     Record,
     SamplesRecord,
@@ -112,6 +114,8 @@ class SessionCodec:
             data["samples"] = [self._encode_sample(state, s) for s in record.samples]
         if isinstance(record, EngineRecord) and record.wire is None:  # no bytes kept: the record as before wires
             del data["wire"]
+        if isinstance(record, EngineRecord) and record.order is None:  # no place kept: the record as before version 7
+            del data["order"]
         if isinstance(record, EngineRecord):  # per-token channels (routes, kept sets) as integers, routes as deltas
             data["response"] = encode_channels(state.routes, record.request, record.response, data["response"])
         if isinstance(record, SamplesRecord | DropRecord):
@@ -194,6 +198,8 @@ class SessionCodec:
         record = record_from_dict(data)
         if not isinstance(getattr(record, "session", None), str) or type(record.seq) is not int:
             raise CorruptCassetteError("corrupt cassette: a record without a session name or seq")
+        if isinstance(record, EngineEvent) and record.session != ENGINE_WIDE:
+            raise CorruptCassetteError("corrupt cassette: an engine-wide event named a session")
         state = self._state(record.session)
         state.seq = max(state.seq, record.seq + 1)
         if isinstance(record, AgentRecord):

@@ -11,13 +11,19 @@ from tito_rl.cassette.format.checks import check_fields
 from tito_rl.cassette.format.errors import CorruptCassetteError, UnsupportedVersionError
 from tito_rl.cassette.format.frames import encode_frame
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 # 2 = 1 + the optional index at the end; 3 = 2 with records compressed by any ratio (version 2 readers refused a
 # record that inflated past 64x its stored size, so the version 2 writer stored those uncompressed); 4 = 3 + engine
 # dialects (an engine record's `dialect`, and the deltas of OpenAI-style engine calls, which a version 3 reader
 # would leave unresolved); 5 = 4 + per-token channels (routes, kept sets) stored as integers, routes as deltas on
-# the session's earlier ones (extension 7, `routes.py`), which a version 4 reader does not know
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+# the session's earlier ones (extension 7, `routes.py`), which a version 4 reader does not know; 6 = 5 + a sample's
+# routes as one integer array (extension 8); 7 = 6 + engine-wide events (`EngineEvent`, record type "event": a
+# trainer's weight updates, pauses and aborts that belong to no session) and the engine calls' place among them
+# (`EngineRecord.order`), which a version 6 reader would refuse as an unknown record type
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+# The `session` of every engine-wide event: a name no session has (a session's name is never empty), so the
+# index keeps the events' frames as one more entry, which the readers of sessions leave out.
+ENGINE_WIDE = ""
 
 
 def utc_now_iso() -> str:
@@ -108,6 +114,29 @@ class EngineRecord:
     # How to write `response` again as the bytes the engine sent (`tito_rl.cassette.answer_bytes`): a replay serves
     # them to a target that passes them on. None: not kept (before it existed; tito's own adapter's calls).
     wire: dict[str, Any] | None = None
+    # Version 7: where the call sits among every engine call and engine-wide event of the recording, as
+    # `[started, answered]` on one counter the recorder's engine tap advances at each call's start and answer
+    # (never wall time): what the audit needs to know which weight update a call ran beside. None: not kept
+    # (tito's own adapter's calls, every cassette before version 7).
+    order: list[int] | None = None
+
+
+@dataclass
+class EngineEvent:
+    """An engine call of no session (version 7): a trainer's weight update, pause, continue or abort made on the
+    engine directly while sessions ran. `seq` is its number among the recording's events (its `session` is
+    `ENGINE_WIDE`); `order` its `[started, answered]` on the counter of `EngineRecord.order`."""
+
+    session: str
+    seq: int
+    method: str
+    path: str
+    request: dict[str, Any] | None
+    status: int
+    response: Any = None
+    error: str | None = None
+    order: list[int] = field(default_factory=list)
+    dialect: str | None = None
 
 
 @dataclass
@@ -128,13 +157,14 @@ class DropRecord:
     seq: int
 
 
-Record = SessionStart | AgentRecord | EngineRecord | SamplesRecord | DropRecord
+Record = SessionStart | AgentRecord | EngineRecord | SamplesRecord | DropRecord | EngineEvent
 RECORD_TYPES: dict[str, type] = {
     "session": SessionStart,
     "agent": AgentRecord,
     "engine": EngineRecord,
     "samples": SamplesRecord,
     "drop": DropRecord,
+    "event": EngineEvent,
 }
 TYPE_NAMES = {cls: name for name, cls in RECORD_TYPES.items()}
 

@@ -25,6 +25,37 @@ from tito_rl.trajectory.dialects.view import SGLANG
 
 # Request headers not worth a byte in the cassette: they describe the target's HTTP client, not the call.
 CLIENT_HEADERS = HOP_HEADERS | {"user-agent", "accept"}
+# The engine's own routes that act on every request at once, as a trainer calls them beside the sessions: weight
+# updates, pauses and aborts (SGLang 0.5.23's `http_server.py`; vLLM's RL routes and `/inference/v1/abort_requests`).
+# Called by no session, they are kept as engine-wide events (`cassette.format.records.EngineEvent`).
+ENGINE_WIDE_PATHS = (
+    "/update_weight_version",
+    "/pause_generation",
+    "/continue_generation",
+    "/update_weights_from_disk",
+    "/update_weights_from_distributed",
+    "/update_weights_from_tensor",
+    "/update_weights_from_ipc",
+    "/init_weights_update_group",
+    "/destroy_weights_update_group",
+    "/release_memory_occupation",
+    "/resume_memory_occupation",
+    "/flush_cache",
+    "/abort_request",
+    "/pause",
+    "/resume",
+    "/abort_requests",
+    "/update_weights",
+    "/collective_rpc",
+    "/sleep",
+    "/wake_up",
+    "/reset_prefix_cache",
+)
+
+
+def is_engine_wide(method: str, path: str) -> bool:
+    """A POST to one of `ENGINE_WIDE_PATHS` (a GET, such as vLLM's `/is_paused`, changes nothing)."""
+    return method == "POST" and path.rstrip("/").endswith(ENGINE_WIDE_PATHS)
 
 
 def event_jsons(text: str) -> list[Any]:
@@ -85,10 +116,13 @@ class EngineTap:
         except ValueError:
             data = None
         owner = self.recording.attribution.owner(request.path, request.headers, data)
+        if owner is None and is_engine_wide(request.method, request.path):  # a trainer's update, pause or abort
+            return await self._engine_wide(request, body, data)
         if owner is None or owner.session == NO_SESSION:  # no session's call (health, model info): not recorded
             return await self._relay(request, body, None)
         call = asyncio.get_running_loop().create_future()
         self.recording.engine_started(owner, data, call)
+        order = self.recording.next_order()
         started = self.recording.elapsed(owner.session)
         exchange = EngineExchange(
             request.method,
@@ -106,8 +140,25 @@ class EngineTap:
             raise
         finally:
             exchange.duration_s = self.recording.elapsed(owner.session) - started
+            exchange.order = [order, self.recording.next_order()]
             call.set_result(None)
             self.recording.engine_answered(owner, exchange, call)
+
+    async def _engine_wide(self, request: web.Request, body: bytes, data: Any) -> web.StreamResponse:
+        """Relayed as any call, and kept as an engine-wide event with its place among the sessions' calls."""
+        order = self.recording.next_order()
+        exchange = EngineExchange(
+            request.method,
+            request.path_qs,
+            data if isinstance(data, dict) else None,
+            0,
+            dialect=detect_dialect(request.path, data, hint=self.dialect),
+        )
+        try:
+            return await self._relay(request, body, exchange)
+        finally:
+            exchange.order = [order, self.recording.next_order()]
+            self.recording.engine_event(exchange)
 
     def streamed(self, exchange: EngineExchange, text: str) -> Any:
         """What is recorded of a streamed answer's whole text (`streamed_response`); a tap that keeps more of a

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
+from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap, tell_engine_event
 from tito_rl.trajectory.dialects.registry import is_generation, view_of
 
 
@@ -109,6 +109,9 @@ class ProgressTap:
 
     def session_dropped(self, session: str, source: str) -> None:
         self.inner.session_dropped(session, source)
+
+    def engine_event(self, exchange: EngineExchange) -> None:
+        tell_engine_event(self.inner, exchange)
 
     def show(self, force: bool = False) -> None:
         """The line, if `interval_s` has passed since the last one; `force` redraws a terminal's line now (a

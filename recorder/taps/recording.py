@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tito_rl.recorder.taps.attribution import NO_SESSION, Attribution, Decode, InFlight, Owner, header_value
-from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
+from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap, tell_engine_event
 
 ENGINE_GRACE_S = 5.0  # how long an ended exchange waits for its engine calls (an abort after a disconnect)
 
@@ -43,6 +44,12 @@ class Recording:
         self.open: dict[str, str] = {}  # live session id -> source, for sessions neither finished nor dropped
         self.sessionless: Counter[str] = Counter()  # "METHOD /path" -> requests that named no session
         self.on_sessionless: Callable[[str], None] | None = None  # told each one (the live progress line)
+        self._order = itertools.count()  # engine calls' and engine-wide events' starts and answers, in turn
+
+    def next_order(self) -> int:
+        """The next place on the engine counter: one per engine call's start and answer, a session's or none's,
+        in the order the tap sees them (`EngineRecord.order`): what says which update a call ran beside."""
+        return next(self._order)
 
     def session(self, sid: str) -> _Session:
         if sid not in self.sessions:
@@ -125,6 +132,10 @@ class Recording:
         else:  # no request of the session in flight (or it was already written): goes before the next one
             self.session(owner.session)
             self.tap.engine_exchange(owner.session, owner.source, exchange)
+
+    def engine_event(self, exchange: EngineExchange) -> None:
+        """An engine call of no session (a trainer's update, pause or abort), written as it is answered."""
+        tell_engine_event(self.tap, exchange)
 
     # session API
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap
+from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange, TrafficTap, tell_engine_event
 
 SCALE = 1 << 64
 
@@ -50,6 +50,10 @@ class SamplingTap:
     def session_dropped(self, session: str, source: str) -> None:
         if sampled(session, self.rate):
             self.inner.session_dropped(session, source)
+
+    def engine_event(self, exchange: EngineExchange) -> None:
+        """Always kept: an update belongs to no session, and any sampled one may have run beside it."""
+        tell_engine_event(self.inner, exchange)
 
     def close(self) -> None:
         self.inner.close()  # type: ignore[attr-defined]

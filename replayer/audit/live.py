@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from tito_rl.cassette.format.records import DropRecord, Header, Record, SamplesRecord
+from tito_rl.replayer.audit.channels.versions import VersionRules
 from tito_rl.replayer.audit.protocol import RULES, Findings
-from tito_rl.replayer.audit.runner import families
+from tito_rl.replayer.audit.runner import AuditOptions, families
 from tito_rl.replayer.audit.traffic import Call, Feed, RuleFamily, SessionState
 
 Report = Callable[[dict[str, Any]], None]
@@ -38,12 +39,16 @@ class _Tokens(RuleFamily):
 
 
 class LiveAudit:
-    """One cassette's audit, fed as it is written; `report(event)` hears each session's new counts."""
+    """One cassette's audit, fed as it is written; `report(event)` hears each session's new counts. `options`: the
+    rules' (`tito record --max-staleness N` counts `stale-tokens` and its tokens as `tito audit --max-staleness N`
+    does)."""
 
-    def __init__(self, header: Header, report: Report) -> None:
+    def __init__(self, header: Header, report: Report, options: AuditOptions | None = None) -> None:
         self.findings = Findings()
         self.tokens = _Tokens()
-        self.feed = Feed(header, [*families(self.findings), self.tokens], self.findings)
+        ruled = families(self.findings, options)
+        self.versions = next(f for f in ruled if isinstance(f, VersionRules))
+        self.feed = Feed(header, [*ruled, self.tokens], self.findings)
         self.report = report
         self._sent: dict[str, dict[str, int]] = {}  # per session: what was reported of it so far
         report({"event": "rules", "rules": list(RULES)})  # every rule's series exists from the start, at 0
@@ -63,6 +68,8 @@ class LiveAudit:
         figure = self.findings.figures.get(session)
         if figure is not None and figure.finished:  # coverage counts finished sessions, as `tito audit` does
             counts["emitted"], counts["covered"] = figure.emitted, figure.covered
+        if self.versions.stale_tokens.get(session):
+            counts["stale_tokens"] = self.versions.stale_tokens[session]
         counts["prompt_tokens"] = self.tokens.prompt.get(session, 0)
         counts["output_tokens"] = self.tokens.output.get(session, 0)
         return counts
@@ -75,7 +82,8 @@ class LiveAudit:
             self.report({"event": "audit", "session": session, "why": why, "added": added})
 
 
-def observer(header: Header, report: Report) -> LiveAudit:
+def observer(header: Header, report: Report, max_staleness: str | None = None) -> LiveAudit:
     """What the writer process loads by name (`--observer`): one cassette's `RecordObserver`
-    (`tito_rl.cassette.writer`), reporting through `report`."""
-    return LiveAudit(header, report)
+    (`tito_rl.cassette.writer`), reporting through `report`; `max_staleness`: `tito record --max-staleness`, as the
+    writer process passes it on (`--observer-option max_staleness=N`)."""
+    return LiveAudit(header, report, AuditOptions(None if max_staleness is None else int(max_staleness)))

@@ -35,7 +35,8 @@ RULES: dict[str, str] = {
     "kept-set-invalid": "top-p kept-set offsets not response length + 1, or a sampled token outside its kept set",
     "stale-tokens": "a sample whose tokens span more weight versions than --max-staleness allows",
     "version-uncovered": "an output token no weight-version span covers",
-    "aborted-by-update": "a generation aborted by a weight update (abort_all_requests)",
+    "aborted-by-update": "a generation aborted by a weight update (abort_all_requests), a session's or engine-wide",
+    "version-not-current": "an output token of a weight version other than the one the recorded updates made current",
 }
 # What a rule's count counts (`RuleResult.total`, and the summary's figures).
 UNITS: dict[str, str] = {
@@ -61,6 +62,7 @@ UNITS: dict[str, str] = {
     "stale-tokens": "sample(s)",
     "version-uncovered": "token(s)",
     "aborted-by-update": "aborted call(s)",
+    "version-not-current": "token(s)",
 }
 # The channel rules are listed in a report (JSON, text, HTML) once a cassette of it carries a channel
 # (`Findings.channels`): a report of recordings without any is the same bytes as before these rules existed.

@@ -8,6 +8,7 @@ into the one pass's findings (`protocol.merge_findings`), so the report is the s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from tito_rl.cassette.format.errors import CassetteError
 from tito_rl.cassette.format.index import SessionIndex
 from tito_rl.cassette.format.records import Header
-from tito_rl.cassette.reader import CassetteReader
+from tito_rl.cassette.reader import CassetteReader, sessions_only
 from tito_rl.replayer import workers
 from tito_rl.replayer.audit.allowlist import AllowlistError, read_allowlist
 from tito_rl.replayer.audit.channels.kept_sets import KeptRules
@@ -279,15 +280,16 @@ class CassettePlan:
     header: Header
     truncated: bool
     sessions: list[SessionIndex] = field(default_factory=list)
+    events: SessionIndex | None = None  # the engine-wide events' frames (format version 7): read by every unit
 
 
 def plan_cassette(path: Path) -> CassettePlan:
     """The cassette's sessions, from its index (`CassetteReader.session_index`). `CassetteError`/`OSError` for a
     file that cannot be read."""
     with CassetteReader(path) as reader:
-        index = reader.session_index()
+        index, events = sessions_only(reader.session_index())
         entries = sorted((e for e in index.values() if len(e.frames)), key=lambda e: e.frames[0])
-        return CassettePlan(path, reader.header, reader.truncated, entries)
+        return CassettePlan(path, reader.header, reader.truncated, entries, events)
 
 
 def units_of(plans: Sequence[CassettePlan | None], workers: int, most: int = UNIT_MOST) -> list[WorkUnit]:
@@ -298,7 +300,10 @@ def units_of(plans: Sequence[CassettePlan | None], workers: int, most: int = UNI
     units: list[WorkUnit] = []
     for number, plan in enumerate(plans):
         if plan is not None:
-            units += split_cassette(str(plan.path), plan.sessions, size, len(units), number, FileStamp.of(plan.path))
+            made = split_cassette(str(plan.path), plan.sessions, size, len(units), number, FileStamp.of(plan.path))
+            if plan.events is not None:  # each unit reads the events among its sessions' frames, as one pass does
+                made = [dataclasses.replace(u, sessions=(*u.sessions, plan.events)) for u in made]
+            units += made
     return units
 
 
@@ -344,7 +349,8 @@ def _audit_in_units(
         left[unit.cassette] -= 1
         plan = planned[unit.cassette]
         if progress is not None and plan is not None:
-            progress(round(plan.path.stat().st_size * len(unit.sessions) / len(plan.sessions)))
+            ran = sum(1 for s in unit.sessions if s is not plan.events)
+            progress(round(plan.path.stat().st_size * ran / len(plan.sessions)))
         merge_ready()
     return audits
 

@@ -22,7 +22,7 @@ import numpy as np
 from tito_rl.cassette.format.fastzlib import crc32
 from tito_rl.cassette.format.index import SessionIndex
 from tito_rl.cassette.format.packing import PackedColumn, PackedIds
-from tito_rl.cassette.format.records import AgentRecord, DropRecord, EngineRecord, Header, SamplesRecord
+from tito_rl.cassette.format.records import AgentRecord, DropRecord, EngineEvent, EngineRecord, Header, SamplesRecord
 from tito_rl.cassette.reader import CassetteReader
 from tito_rl.replayer.audit.protocol import Example, Findings
 from tito_rl.trajectory.dialects.channel_reads import read_sglang
@@ -112,6 +112,7 @@ class Call:
     side: bool = False
     examples: list[Example] = field(default_factory=list)  # told their exchange when it is known
     record: EngineRecord | None = None  # the raw record, while the families are fed it (then let go)
+    order: tuple[int, int] | None = None  # `EngineRecord.order`: its place among every engine call and event
 
     @property
     def generates(self) -> bool:
@@ -207,6 +208,11 @@ class RuleFamily:
     def end(self, state: SessionState) -> None:
         """The cassette ended: the session's calls after its last finish are still in `state`."""
 
+    def engine_event(self, event: EngineEvent) -> None:
+        """An engine call of no session (a trainer's weight update, pause or abort; format version 7), as it is
+        read: it may come before or after the calls it ran beside (each is written when answered), so a family
+        judges against the events at the cassette's `end`."""
+
 
 def records(reader: CassetteReader) -> Iterator[Any]:
     """The cassette's records in file order, /generate prompts and samples' tokens left packed (`PackedIds`): a
@@ -255,6 +261,8 @@ def _call(record: EngineRecord, index: int) -> tuple[Call, np.ndarray | None]:
         output,
         logprobs,
     )
+    if record.order is not None and len(record.order) == 2:
+        call.order = (record.order[0], record.order[1])
     return call, prompt
 
 
@@ -309,6 +317,10 @@ class Feed:
         return found
 
     def feed(self, record: Any) -> None:
+        if isinstance(record, EngineEvent):  # no session's: every family may judge its sessions by it
+            for family in self.families:
+                family.engine_event(record)
+            return
         state = self.states.get(getattr(record, "session", None) or "")
         held = state.notes.pop(HELD_CALL, None) if state is not None else None
         if held is not None:  # a chat call with no prompt ids: the `/tokenize` of its messages (next) names them

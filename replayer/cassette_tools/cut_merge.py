@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tito_rl.cassette.format.errors import CassetteError
-from tito_rl.cassette.format.records import ABSENT_ADAPTER_SETTINGS, Header
+from tito_rl.cassette.format.records import ABSENT_ADAPTER_SETTINGS, EngineEvent, Header
 from tito_rl.cassette.reader import CassetteReader, CassetteSummary, summarize
 from tito_rl.cassette.writer import CassetteWriter
 
@@ -64,7 +64,7 @@ def cut(source: str | os.PathLike[str], out: str | os.PathLike[str], sessions: S
     wanted = set(sessions)
     with new_cassette(out, summary.header) as writer, CassetteReader(source) as reader:
         for record in reader.records():
-            if record.session in wanted:
+            if record.session in wanted or isinstance(record, EngineEvent):  # updates: beside every session
                 writer.append_redacted(record)
     return Written(Path(out), [n for n in available if n in wanted], truncation_warnings([(source, summary)]))
 
@@ -99,12 +99,22 @@ def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
             "extra": {**first.header.extra, "merged_from": [source_note(p, s) for p, s in summaries]},
         }
     )
+    warnings = truncation_warnings(summaries)
+    events_from: str | os.PathLike[str] | None = None  # one recording's engine counter: the first input's events
     with new_cassette(out, header) as writer:
-        for path, _ in summaries:
+        for path, summary in summaries:
+            keep_events = events_from is None and summary.events > 0
+            if summary.events and not keep_events:
+                warnings.append(
+                    f"{path}: its {summary.events} engine-wide event(s) left out: their order counts another "
+                    f"recording's engine calls than {events_from}'s"
+                )
+            events_from = path if keep_events else events_from
             with CassetteReader(path) as reader:
                 for record in reader.records():
-                    writer.append_redacted(record)
-    return Written(Path(out), list(owners), truncation_warnings(summaries))
+                    if keep_events or not isinstance(record, EngineEvent):
+                        writer.append_redacted(record)
+    return Written(Path(out), list(owners), warnings)
 
 
 def replay_settings(header: Header) -> dict[str, Any]:

@@ -51,6 +51,9 @@ class EngineExchange:
     dialect: str | None = None  # `tito_rl.trajectory.dialects.view.DIALECTS`; None: read from the call
     raw: bytes | None = None  # the answer's body as the engine sent it (a stream's whole text); None: not kept
     content_type: str | None = None  # the answer's Content-Type, as the engine sent it
+    # `[started, answered]` on the recorder's engine counter (`recorder/taps/recording.py`): where the call sits
+    # among every engine call and engine-wide event (a trainer's weight update); None: not counted
+    order: list[int] | None = None
 
 
 class TrafficTap(Protocol):
@@ -67,6 +70,21 @@ class TrafficTap(Protocol):
 
     def session_dropped(self, session: str, source: str) -> None:
         """The session was forgotten without samples (`DELETE /tito/sessions/<sid>`)."""
+
+
+class EngineEventTap(Protocol):
+    """A tap that also keeps engine calls of no session (`tito_rl.cassette.writer.CassetteWriter.engine_event`):
+    a trainer's weight updates, pauses and aborts, as the recorder's engine tap hears them."""
+
+    def engine_event(self, exchange: EngineExchange) -> None: ...
+
+
+def tell_engine_event(tap: object, exchange: EngineExchange) -> None:
+    """Hand `tap` an engine-wide call where it keeps them (`EngineEventTap`); a tap that does not (a replay's,
+    tito's own adapter's) never hears of it."""
+    keep = getattr(tap, "engine_event", None)
+    if callable(keep):
+        keep(exchange)
 
 
 class NullTap:
