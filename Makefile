@@ -112,8 +112,8 @@ corpus-table: install
 # tests/test_conformance.py), then the committed corpus replayed through slime (needs TITO_SLIME_PATH, a slime
 # checkout). The findings written above the tables are kept.
 # Then the live table: the scenario corpus recorded through every target present (tito; slime with TITO_SLIME_PATH;
-# rllm where rllm-model-gateway is installed; miles with TITO_MILES_PATH and TITO_MILES_PYTHON; verifiers and Agent
-# Lightning in their own Pythons, docs/targets.md) into a temporary folder, each recording audited (tito audit
+# rllm where rllm-model-gateway is installed; miles with TITO_MILES_PATH and its Python, TITO_MILES_PYTHON or the
+# cached one; verifiers and Agent Lightning in their own Pythons, docs/targets.md) into a temporary folder, each recording audited (tito audit
 # --json), gateways side by side (replayer/live_conformance.py; real CLIs, JOBS at once; with all six gateways about 21 minutes on two loaded cores).
 conformance: install
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/slime_mixed.tito
