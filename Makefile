@@ -55,14 +55,15 @@ test: install
 	# PYTHONDONTWRITEBYTECODE emptied: the suite starts ~200 Python processes (tito subcommands, servers, pytest runs),
 	# each compiling tito's modules and pytest rewriting them again wherever no bytecode cache may be written. Compiled
 	# once first, so that a fresh clone's first processes do not all compile the same modules at once.
-	# verifiers, Agent Lightning and NeMo Gym run in Pythons of their own (docs/targets.md): their environments are made
-	# once and cached in ~/.cache/tito (a stat afterwards; on a fresh machine about 4 minutes of pip, made meanwhile
-	# ruff and compileall run); where no Python new enough is found their tests skip, saying so. The pinned agent CLIs
+	# verifiers, Agent Lightning, NeMo Gym and miles run in Pythons of their own (docs/targets.md): their environments are
+	# made once and cached in ~/.cache/tito (a stat afterwards; on a fresh machine about 4 minutes of pip, made meanwhile
+	# ruff and compileall run); where no Python new enough is found their tests skip, saying so (miles' is a layer over
+	# the real SGLang, `make real-sglang`: where that is not built it is not made). The pinned agent CLIs
 	# the real-CLI tests run are installed meanwhile too (npm into .tools/npm, pip into ~/.cache/tito), here rather
 	# than at a test's first use, where pytest's capture would hide the lines that say so: each one-time build prints a
 	# line when it starts and one with its size and time when done (recorder/one_time_build.py). Ray (`make ray`, the
 	# `--ray` tests' extra) is installed meanwhile too; mypy reads it as Any either way (pyproject.toml).
-	$(BIN)/python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning nemogym & envs=$$!; \
+	$(BIN)/python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning nemogym miles & envs=$$!; \
 	  $(BIN)/python -m tito_rl.recorder.agents.install & clis=$$!; \
 	  $(MAKE) --no-print-directory ray & ray=$$!; \
 	  $(MAKE) --no-print-directory style && \
@@ -111,8 +112,8 @@ corpus-table: install
 # tests/test_conformance.py), then the committed corpus replayed through slime (needs TITO_SLIME_PATH, a slime
 # checkout). The findings written above the tables are kept.
 # Then the live table: the scenario corpus recorded through every target present (tito; slime with TITO_SLIME_PATH;
-# rllm where rllm-model-gateway is installed; miles with TITO_MILES_PATH and TITO_MILES_PYTHON; verifiers and Agent
-# Lightning in their own Pythons, docs/targets.md) into a temporary folder, each recording audited (tito audit
+# rllm where rllm-model-gateway is installed; miles with TITO_MILES_PATH and its Python, TITO_MILES_PYTHON or the
+# cached one; verifiers and Agent Lightning in their own Pythons, docs/targets.md) into a temporary folder, each recording audited (tito audit
 # --json), gateways side by side (replayer/live_conformance.py; real CLIs, JOBS at once; with all six gateways about 21 minutes on two loaded cores).
 conformance: install
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/slime_mixed.tito

@@ -1,15 +1,17 @@
 """Gateways around an MoE engine that serves expert routes (issue 46, point 5): the committed recordings made with
 the fake engine started as `--enable-return-routed-experts` with `moe: 2,2,8` (`cassettes/targets/moe_*.tito`,
-`slime_moe.tito`), what reaches each gateway's samples, and their replays through the gateway where it is installed
-(skipped, saying why, where it is not). The audit needs no gateway: it runs everywhere."""
+`slime_moe.tito`, `miles_moe.tito`), what reaches each gateway's samples, and their replays through the gateway
+where it is installed (skipped, saying why, where it is not). The audit needs no gateway: it runs everywhere."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tests.target_support import slime_missing
@@ -106,3 +108,80 @@ def test_the_slime_moe_scenario_through_titos_adapter_carries_the_routes(tmp_pat
     assert samples and all(len(s["rollout_routed_experts"]) == len(s["tokens"]) - 1 for s in samples)
     rules = fired(audit_cassette(out))
     assert not {r for r in rules if r.startswith(("routes", "kept", "version", "stale"))}, rules
+
+
+MILES = TARGETS / "miles_moe.tito"
+MILES_CONFIG = TARGETS / "miles_moe.miles.yaml"  # TITO_MILES_CONFIG when it was recorded: routing replay on
+
+
+def test_miles_asks_for_routes_with_routing_replay_and_they_reach_its_samples() -> None:
+    """miles' session server with `use_rollout_routing_replay` asks every chat call for `return_routed_experts` and
+    `return_meta_info` (no `routed_experts_start_len`: v1 without in-place pauses), reads the routes from the
+    choice's `meta_info`, and each sample holds the last turn's rows over its whole sequence: exactly what the
+    engine routed for every token but the last. The weight version comes once per merged turn; no kept set is
+    asked or kept. The audit fires no channel rule; what it fires is the `reasoning-dropped` rollback (the chat echo
+    drops `reasoning_content`: miles re-renders the session, and the first turn of `miles-moe-env` is never
+    trained)."""
+    from tito_rl.fake_engine.channels.moe import MoeShape, routes
+
+    engine, samples = legs(MILES)
+    assert len(engine) == 7 and all(r.dialect == "sglang-openai" for r in engine)
+    for record in engine:
+        request, response = record.request or {}, record.response or {}
+        assert request.get("return_routed_experts") is True and request.get("return_meta_info") is True
+        assert "routed_experts_start_len" not in request and "return_top_p_token_ids" not in str(request)
+        meta = response["choices"][0]["meta_info"]
+        assert meta["routed_experts"] and meta["weight_version"] == "7"
+    shape = MoeShape.parse("2,2,8")
+    merged_turns = []
+    for sample in samples:
+        rows = np.asarray(sample["rollout_routed_experts"])
+        assert rows.shape == (len(sample["tokens"]) - 1, 2, 2)
+        assert np.array_equal(rows, routes(sample["tokens"], shape)[:-1])
+        assert "rollout_top_p_token_ids" not in sample
+        merged_turns.append(sample["weight_versions"])
+    assert sorted(merged_turns) == [["7"], ["7", "7"], ["7", "7", "7"]]
+    result = audit_cassette(MILES)
+    assert result.findings.channels  # the channel rules read it, and none fires
+    assert set(fired(result)) == {"coverage", "never-trained", "prefix-break"}
+
+
+def _miles_missing() -> str | None:
+    from tito_rl.recorder.targets import miles
+    from tito_rl.recorder.targets.base import TargetError
+    from tito_rl.recorder.targets.own_python.envs import gateway_python
+
+    try:
+        miles.locate()
+        gateway_python("miles")
+    except TargetError as exc:  # TargetUnavailable included
+        return str(exc)
+    return None
+
+
+def replay_miles(*args: str, config: Path | None = MILES_CONFIG) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TITO_MILES_CONFIG"}
+    if config is not None:
+        env["TITO_MILES_CONFIG"] = str(config)
+    return subprocess.run(
+        [sys.executable, "-m", "tito_rl", "replay", str(MILES), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+@pytest.mark.skipif(_miles_missing() is not None, reason=f"needs miles: {_miles_missing()}")
+def test_miles_moe_replays_through_a_fresh_miles_session_server() -> None:
+    run = replay_miles()
+    assert run.returncode == 0 and "3 session(s): 3 ok, 0 failed" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_miles_missing() is not None, reason=f"needs miles: {_miles_missing()}")
+def test_miles_without_routing_replay_stops_asking_and_the_replay_names_the_field() -> None:
+    run = replay_miles("--session", "miles-moe-files", config=None)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "engine request differs at return_routed_experts: recorded true, replayed '<absent>'" in run.stdout

@@ -1,5 +1,7 @@
 """The built-in `miles` target: miles' session server (`miles/rollout/session/server.py`, radixark/miles), run from
-the user's miles checkout (`TITO_MILES_PATH`) in a Python that has miles' requirements (`TITO_MILES_PYTHON`).
+the user's miles checkout (`TITO_MILES_PATH`) in a Python that has miles' requirements (`TITO_MILES_PYTHON`, else
+the cached environment `own_python/envs.py` makes over the real SGLang: `python -m
+tito_rl.recorder.targets.own_python.envs miles`).
 
 Why a process of its own, not tito's: miles' session server imports torch (`miles/utils/types.py`, and
 `miles/backends/megatron_utils/__init__.py` by way of `miles/utils/logging_utils.py`), ray (`miles/utils/misc.py`,
@@ -19,7 +21,14 @@ through miles' HTTP API as miles' rollout uses it (`miles/rollout/generate_utils
   `Authorization` (`recorder/taps/attribution.py`).
 - finish: `OpenAIEndpointTracer.collect_samples`' steps: `POST /sessions/{id}/samples`, `DELETE /sessions/{id}`, and
   miles' own `decode_samples_and_merge_input_sample` onto a default `Sample()`; the reward is tito's (miles' v1
-  wire carries none: its reward model scores the sample later).
+  wire carries none: its reward model scores the sample later). The decoded `Sample` keeps its per-token channels:
+  `rollout_routed_experts` (miles asks SGLang for them with `use_rollout_routing_replay`, reads them from the
+  choice's `meta_info` and reshapes them with `num_layers`, `generate_endpoint_utils.py`) and `weight_versions`
+  (one per turn, from `meta_info.weight_version`, `samples/merge.py`).
+
+`TITO_MILES_CONFIG`: a YAML file whose mapping is laid over miles' `args` (its own argument names, e.g.
+`use_rollout_routing_replay: true` and the model's `num_layers` for an MoE run), for record and replay alike; the
+header's `settings.config` records it. The keys the driver sets for the session server itself are refused.
 """
 
 from __future__ import annotations
@@ -28,24 +37,30 @@ import asyncio
 import contextlib
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
+import numpy as np
+import yaml
 
 from tito_rl.recorder.targets.base import TargetError, TargetFinish, TargetInfo, TargetOptions, TargetUnavailable
+from tito_rl.recorder.targets.own_python.envs import gateway_python
 from tito_rl.recorder.targets.slime_env import git_commit
 from tito_rl.trajectory.records import Sample
 from tito_rl.trajectory.tokens.tokenizer import fingerprint, resolve_dir
 
 PATH_ENV = "TITO_MILES_PATH"
 PYTHON_ENV = "TITO_MILES_PYTHON"
+CONFIG_ENV = "TITO_MILES_CONFIG"
+# What the driver sets for the server itself: the tokenizer, the server mode, where the engine is.
+CONFIG_KEYS_SET = ("hf_checkpoint", "use_session_server", "session_server_instance_id", "miles_router_timeout")
 SERVER_FILE = Path("miles") / "rollout" / "session" / "server.py"
 HOW = (
     f"set {PATH_ENV} to a miles checkout (git clone https://github.com/radixark/miles) and {PYTHON_ENV} to a "
-    "Python with miles' requirements (torch, ray, setproctitle, pybase64, sglang 0.5.16 or miles' sglang-miles)"
+    "Python with miles' requirements (torch, ray, setproctitle, pybase64, sglang 0.5.16 or miles' sglang-miles; "
+    "`python -m tito_rl.recorder.targets.own_python.envs miles` makes one over the real SGLang)"
 )
 # miles passes the engine's reply through (re-serialised; a streamed one as a single chunk): SGLang's random ids
 # and wall clock.
@@ -97,7 +112,10 @@ async def finish(sid):
         return {"error": f"POST /sessions/{{id}}/samples answered {reply.status_code}: {reply.text[:500]}"}
     got = decode_samples_and_merge_input_sample(reply.content, Sample())
     samples = [{"tokens": s.tokens, "response_length": s.response_length, "loss_mask": s.loss_mask,
-                "rollout_log_probs": s.rollout_log_probs, "status": s.status.value, "metadata": s.metadata}
+                "rollout_log_probs": s.rollout_log_probs, "status": s.status.value, "metadata": s.metadata,
+                "weight_versions": list(s.weight_versions),
+                "rollout_routed_experts": None if s.rollout_routed_experts is None
+                else s.rollout_routed_experts.tolist()}
                for s in got.samples]
     return {"samples": samples, "calls": calls.pop(sid, 0), "records": records, "empty_reason": got.empty_reason,
             "mismatch": got.session_metadata.get("tito_session_mismatch")}
@@ -159,9 +177,10 @@ def locate() -> Path:
 def miles_args(options: TargetOptions) -> dict[str, Any]:
     """miles' `args` for the session server, as its CPU tests build them; a named `tito_model` (default `qwen3`
     for tito's embedded Qwen3 tokenizer) is resolved in the server process, as miles' argument check does."""
-    extra = options.extra
+    extra = {**config_file(), **options.extra}
     tito_model = str(extra.get("tito_model", "qwen3" if options.tokenizer_dir is None else "default"))
-    return {
+    given = {k: v for k, v in extra.items() if k not in DRIVER_OPTIONS}
+    return given | {
         "hf_checkpoint": str(resolve_dir(options.tokenizer_dir).resolve()),
         "tito_model": tito_model,
         "chat_template_path": extra.get("chat_template_path"),
@@ -173,7 +192,31 @@ def miles_args(options: TargetOptions) -> dict[str, Any]:
         "save_debug_trajectory_data": None,
         "session_server_instance_id": None,
         "use_session_server": True,
+        "use_rollout_routing_replay": bool(extra.get("use_rollout_routing_replay", False)),
+        "num_layers": extra.get("num_layers"),
     }
+
+
+# The driver's own options (`TargetOptions.extra`), the rest being miles' argument names.
+DRIVER_OPTIONS = ("host", "timeout_s", "profile")
+
+
+def config_file() -> dict[str, Any]:
+    """`TITO_MILES_CONFIG`'s mapping of miles' arguments ({} where unset); a bad file is one line."""
+    path = os.environ.get(CONFIG_ENV, "").strip()
+    if not path:
+        return {}
+    where = f"target 'miles': {CONFIG_ENV}={path}"
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise TargetError(f"{where}: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise TargetError(f"{where}: expected a mapping of miles' argument names")
+    taken = sorted(k for k in data if k in CONFIG_KEYS_SET)
+    if taken:
+        raise TargetError(f"{where}: {', '.join(taken)} set by tito's driver")
+    return data
 
 
 class MilesTarget:
@@ -181,9 +224,7 @@ class MilesTarget:
 
     def __init__(self, options: TargetOptions) -> None:
         self.root = locate()
-        self.python = os.environ.get(PYTHON_ENV, "").strip() or sys.executable
-        if not os.access(self.python, os.X_OK):
-            raise TargetError(f"target 'miles': {PYTHON_ENV}={self.python} is not an executable: {HOW}")
+        self.python = gateway_python("miles")  # TITO_MILES_PYTHON, else the cached environment
         self.host = str(options.extra.get("host", "127.0.0.1"))
         self.args = miles_args(options)
         self.proc: asyncio.subprocess.Process | None = None
@@ -191,6 +232,9 @@ class MilesTarget:
         self.http: aiohttp.ClientSession | None = None
         self.url = ""
         settings = {k: self.args[k] for k in ("tito_model", "session_message_matcher", "max_seq_len")}
+        config = config_file()
+        if config:
+            settings["config"] = config
         self.info = TargetInfo(
             name="miles",
             version=git_commit(self.root),
@@ -319,6 +363,7 @@ def tito_sample(sample: dict[str, Any], reward: float) -> dict[str, Any]:
     """A decoded miles `Sample` in tito's layout, its invariants checked; its status kept, its wall-clock
     lifecycle segments (`miles/utils/lifecycle.py`) left out, as no replay can reproduce them."""
     metadata = {k: v for k, v in sample["metadata"].items() if k != "lifecycle"} | {"status": sample["status"]}
+    routes = sample.get("rollout_routed_experts")
     return Sample(
         tokens=[int(t) for t in sample["tokens"]],
         response_length=int(sample["response_length"]),
@@ -326,6 +371,8 @@ def tito_sample(sample: dict[str, Any], reward: float) -> dict[str, Any]:
         rollout_log_probs=[float(x) for x in sample["rollout_log_probs"]],
         reward=float(reward),
         metadata=metadata,
+        rollout_routed_experts=None if routes is None else np.asarray(routes, dtype=np.int32),
+        weight_versions=[str(v) for v in sample.get("weight_versions") or []],
     ).to_dict()
 
 
