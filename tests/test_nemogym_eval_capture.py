@@ -5,7 +5,8 @@ engine (vLLM's OpenAI API, a seeded random policy) gets 13 calls of one rollout 
 streamed), 13 under the training-capture prefix, Responses calls (JSON and SSE), and a second start on the same
 capture folder. Every call is written there (a failed one with the engine's 529, though the client got 500). The
 one loss found: a rollout call whose path ends in a slash is served (200) and written nowhere, the capture folder
-marking nothing incomplete (docs/conformance.md, NeMo Gym's finding 4)."""
+marking nothing incomplete (docs/conformance.md, NeMo Gym's finding 4). And its own reply, echoed whole in the next
+request, is refused (finding 8)."""
 
 from __future__ import annotations
 
@@ -114,3 +115,44 @@ def test_the_evaluation_capture_writes_every_call_of_a_rollout_but_one_whose_pat
     for rollout in ("json", "sse", "train", "responses"):
         assert len(again[rollout]) == len(first[rollout]) + len(second[rollout]), rollout
     assert "slash" not in again
+
+
+async def _echoes(engine: str) -> tuple[httpx.Response, httpx.Response]:
+    """A reply's assistant message echoed whole in the next request, and echoed as role, content and token ids."""
+    target, url = await _start(engine)
+    path = "/ng-rollout/echo/training-token-capture/v1/chat/completions"
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            first = await client.post(path, json=_chat(0))
+            assert first.status_code == 200, first.text[:300]
+            message = first.json()["choices"][0]["message"]
+            kept = ("role", "content", "prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+            def then(echoed: dict[str, Any]) -> dict[str, Any]:
+                body = _chat(0)
+                body["messages"] += [echoed, {"role": "user", "content": "and then?"}]
+                return body
+
+            whole = await client.post(path, json=then(message))
+            trimmed = await client.post(path, json=then({k: message[k] for k in kept}))
+    finally:
+        await target.stop()
+    return whole, trimmed
+
+
+def test_its_own_reply_message_echoed_whole_is_refused(tmp_path: Path) -> None:
+    """A client echoing the assistant message as it came (mini-swe-agent through litellm) gets 422: the reply's
+    `annotations`, `reasoning` and `routed_experts` (null) are fields its request model forbids."""
+    _nemogym()
+    port = free_port()
+    engine = f"http://127.0.0.1:{port}"
+    args = ["fake-engine", "--policy", "random", "--seed", "1", "--listen", f"127.0.0.1:{port}"]
+    with tito(*args, "--openai-dialect", "vllm-openai", ready=f"{engine}/health"):
+        whole, trimmed = asyncio.run(_echoes(engine))
+    assert whole.status_code == 422 and trimmed.status_code == 200, (whole.text[:300], trimmed.text[:300])
+    forbidden = {
+        str(d["loc"][-1])
+        for d in whole.json()["detail"]
+        if d["type"] == "extra_forbidden" and "Assistant" in str(d["loc"])
+    }
+    assert {"annotations", "reasoning", "routed_experts"} <= forbidden
