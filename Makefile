@@ -120,7 +120,7 @@ conformance: install
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/rllm_mixed.tito cassettes/targets/rllm_opencode_tool_loop.tito cassettes/targets/rllm_qwen_tool_loop.tito
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/verifiers_mixed.tito cassettes/targets/verifiers_opencode_tool_loop.tito cassettes/targets/verifiers_qwen_tool_loop.tito
 	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/agentlightning_mini_tool_loop.tito cassettes/targets/agentlightning_mixed.tito
-	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/nemogym_mixed.tito cassettes/targets/nemogym_opencode_tool_loop.tito
+	$(BIN)/python -m tito_rl.replayer.conformance --target tito cassettes/targets/nemogym_cookie.tito cassettes/targets/nemogym_mixed.tito cassettes/targets/nemogym_opencode_tool_loop.tito
 	@if [ -z "$$TITO_SLIME_PATH" ]; then echo "make conformance: the slime table needs TITO_SLIME_PATH=/path/to/slime (a checkout of https://github.com/THUDM/slime); not rewritten"; else $(BIN)/python -m tito_rl.replayer.conformance --target slime cassettes/; fi
 	$(BIN)/python -m tito_rl.replayer.live_conformance --jobs $(JOBS)
 

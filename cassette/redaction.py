@@ -50,7 +50,9 @@ DEFAULT_PATTERNS = (
 # everywhere); they are still never stored in their header, and session ids are always digested.
 MIN_LITERAL_LEN = 6
 REDACTED = "<redacted>"
-PUBLIC_SOURCE_KINDS = frozenset({"header", "cookie", "path"})  # `--session-from` kinds, as `header:NAME`
+PUBLIC_SOURCE_KINDS = frozenset(
+    {"header", "cookie", "session-cookie", "path"}
+)  # `--session-from` kinds, as `header:NAME`
 
 
 def _all_ints(values: list[Any]) -> bool:

@@ -150,7 +150,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--session-from",
         metavar="WHERE",
         help="where the target takes the session from on the agent leg: bearer (the API key, "
-        "the default), header:NAME, cookie:NAME or path:PREFIX with {sid} for the session's "
+        "the default), header:NAME, cookie:NAME, session-cookie:NAME (the session_id in a signed session "
+        "cookie: NeMo Gym's) or path:PREFIX with {sid} for the session's "
         "segment (e.g. path:/proxy/rollout/{sid}); a request naming none is no session's "
         "(docs/targets.md)",
     )

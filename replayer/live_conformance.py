@@ -11,6 +11,7 @@ by hand around it are kept. The recordings go to a temporary folder: they are ev
     python -m tito_rl.replayer.live_conformance --targets tito,rllm --print
     python -m tito_rl.replayer.live_conformance --keep /tmp/live      # keep the recordings and their audits
     python -m tito_rl.replayer.live_conformance --keep /tmp/live --reuse   # record only what is not there yet
+    python -m tito_rl.replayer.live_conformance --targets nemogym --merge  # one gateway's columns into the page's
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tito_rl.replayer.live_table import SCENARIOS_ROW, LiveTable, TableError, merge, parse, render
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "conformance.md"
@@ -59,6 +62,7 @@ class Target:
     # it also finds a session by its bearer token: a scripted session with no `path_prefix` (rllm's gateway and
     # miles find sessions only in their URL; a CLI is handed the URL by the launchers, so CLIs run either way)
     bearer: bool = True
+    session_cookie: str = ""  # the signed session cookie it keys sessions by (scripted `session_cookie:`)
 
 
 TARGETS = (
@@ -81,7 +85,15 @@ TARGETS = (
     ),
     # NeMo Gym's model server: chat (JSON, and SSE it synthesizes), the rollout in its own URL
     # (`/ng-rollout/<id>/training-token-capture`); Responses requests with `include` are refused
-    Target("nemogym", frozenset({"chat"}), "vllm-openai", session_in_url=True, url_prefix="/ng-rollout/"),
+    # (or its signed session cookie, `VLLMModel___policy_model`)
+    Target(
+        "nemogym",
+        frozenset({"chat"}),
+        "vllm-openai",
+        session_in_url=True,
+        url_prefix="/ng-rollout/",
+        session_cookie="VLLMModel___policy_model",
+    ),
 )
 
 
@@ -96,6 +108,7 @@ class Scenario:
     streams: bool = True  # a session streams (every npm CLI does), or it is not known
     # a real CLI plays every session: its base URL gets the target's session path (TargetInfo.session_path)
     clis_only: bool = False
+    cookies: frozenset[str] = frozenset()  # the scripted sessions' `session_cookie` values: a gateway's own
 
     @property
     def name(self) -> str:
@@ -108,6 +121,7 @@ def read_scenario(path: Path) -> Scenario:
     wires: set[str] = set()
     prefix = False
     prefixes: set[str] = set()
+    cookies: set[str] = set()
     streams = False
 
     def walk(node: Any) -> None:
@@ -116,6 +130,8 @@ def read_scenario(path: Path) -> Scenario:
             prefix = prefix or "path_prefix" in node
             if "path_prefix" in node:
                 prefixes.add(str(node["path_prefix"]))
+            if "session_cookie" in node:
+                cookies.add(str(node["session_cookie"]))
             streams = streams or node.get("stream") is True
             if "wire" in node:
                 wires.add(str(node["wire"]))
@@ -130,7 +146,9 @@ def read_scenario(path: Path) -> Scenario:
     wires |= {WIRE_OF_AGENT.get(a, a) for a in agents}
     streams = streams or bool(agents - UNSTREAMED_AGENTS) or not client
     clis_only = bool(agents) and "scripted" not in _agents(client) and not _scripted_sessions(client)
-    return Scenario(path, frozenset(wires or {"anthropic"}), prefix, frozenset(prefixes), streams, clis_only)
+    return Scenario(
+        path, frozenset(wires or {"anthropic"}), prefix, frozenset(prefixes), streams, clis_only, frozenset(cookies)
+    )
 
 
 def _scripted_sessions(client: dict[str, Any]) -> bool:
@@ -150,6 +168,8 @@ def _agents(node: Any) -> set[str]:
 def runs_through(scenario: Scenario, target: Target) -> bool:
     if not scenario.wires <= target.wires or (scenario.streams and not target.streams):
         return False
+    if scenario.cookies:  # sessions in a gateway's own signed cookie: only that gateway reads them
+        return scenario.cookies == {target.session_cookie}
     if not scenario.path_prefix:
         # a gateway that takes its session from its own URL needs a scripted prefix, or a CLI given its session path;
         # a scripted session with neither reaches only a gateway that also reads the bearer token
@@ -323,70 +343,74 @@ def figures(report: dict[str, Any], cassettes: list[str] | None = None) -> Figur
 # ---- the page ---------------------------------------------------------------------------------------------------
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+INTRO = (
+    "Recorded live with `tito simulate --target` (the scenario's real CLI or scripted client → the target → the fake "
+    "engine), audited with `tito audit --json`. "
+)
 
 
-def build(runs: list[Run], report: dict[str, Any], targets: list[str], missing: dict[str, str]) -> str:
-    """The markdown between the markers: gateways side by side over the scenarios all of them recorded, then each
-    over all it recorded, then scenario by scenario."""
+def column(found: Figures) -> dict[str, str]:
+    """One target's cells in a summary table, by row label."""
+    return {SCENARIOS_ROW: f"{found.cassettes} ({found.sessions})", **{lbl: found.cell(r, h) for lbl, r, h in ROWS}}
+
+
+def table(runs: list[Run], report: dict[str, Any], targets: list[str], missing: dict[str, str]) -> LiveTable:
+    """Gateways side by side over the scenarios all of them recorded, then each over all it recorded, then scenario
+    by scenario."""
     by_target = {t: [r for r in runs if r.target == t] for t in targets}
     recorded = {t: {r.scenario: str(r.cassette) for r in rs if r.cassette is not None} for t, rs in by_target.items()}
     compared, apart = shared(recorded)
     common = sorted(set.intersection(*(set(recorded[t]) for t in compared))) if compared else []
-    if apart:
-        names = "; ".join(f"{t}: {', '.join(sorted(recorded[t])) or 'none'}" for t in apart)
-        first = (
-            f"On the {len(common)} scenario(s) every other target recorded ({', '.join(common) or 'none'}; "
-            f"{', '.join(apart)} recorded none of them, only its own: {names})"
-        )
-    else:
-        first = f"On the {len(common)} scenario(s) every target recorded ({', '.join(common) or 'none'})"
-    lines = [
-        f"Recorded live with `tito simulate --target` (the scenario's real CLI or scripted client → the target "
-        f"→ the fake engine), audited with `tito audit --json`. Targets: {', '.join(targets)}"
-        + (f"; not run here: {'; '.join(f'{t} ({why})' for t, why in missing.items())}" if missing else "")
-        + ".",
-        "",
-    ]
-    for title, picks, columns in (
-        (first, {t: [recorded[t][s] for s in common] for t in compared}, compared),
-        ("On every scenario each target recorded", {t: list(recorded[t].values()) for t in targets}, targets),
-    ):
-        side = {t: figures(report, picks[t]) for t in columns}
-        lines += [
-            f"**{title}.**",
-            "",
-            "| | " + " | ".join(columns) + " |",
-            "|---|" + "---|" * len(columns),
-            "| scenarios (sessions) | "
-            + " | ".join(f"{side[t].cassettes} ({side[t].sessions})" for t in columns)
-            + " |",
-        ]
-        lines += [
-            f"| {label} | " + " | ".join(_cell(side[t].cell(rule, how)) for t in columns) + " |"
-            for label, rule, how in ROWS
-        ]
-        lines.append("")
-    scenarios = sorted({r.scenario for r in runs})
-    lines += [
-        "**Scenario by scenario** (the rules that fired; `-`: not recorded through that target, its wire not served).",
-        "",
-        "| scenario | " + " | ".join(targets) + " |",
-        "|---|" + "---|" * len(targets),
-    ]
-    for name in scenarios:
-        cells = []
+    out = LiveTable(
+        intro=INTRO,
+        targets=list(targets),
+        missing=dict(missing),
+        common=common,
+        apart={t: sorted(recorded[t]) for t in apart},
+        labels=[SCENARIOS_ROW, *(label for label, _, _ in ROWS)],
+    )
+    out.first = {t: column(figures(report, [recorded[t][s] for s in common])) for t in compared}
+    out.every = {t: column(figures(report, list(recorded[t].values()))) for t in targets}
+    for name in sorted({r.scenario for r in runs}):
+        row = out.by_scenario.setdefault(name, {})
         for t in targets:
             run = next((r for r in by_target[t] if r.scenario == name), None)
             if run is None:
-                cells.append("-")
+                row[t] = "-"
             elif run.cassette is None:
-                cells.append(f"not recorded: {run.error}")
+                row[t] = f"not recorded: {run.error}"
             else:
-                cells.append(figures(report, [str(run.cassette)]).fired())
-        lines.append(f"| {name} | " + " | ".join(_cell(c) for c in cells) + " |")
-    return "\n".join(lines)
+                row[t] = figures(report, [str(run.cassette)]).fired()
+    return out
+
+
+def build(runs: list[Run], report: dict[str, Any], targets: list[str], missing: dict[str, str]) -> str:
+    """The markdown between the markers (`table`, written)."""
+    return render(table(runs, report, targets, missing))
+
+
+def merged(page: str, runs: list[Run], report: dict[str, Any], targets: list[str], missing: dict[str, str]) -> str:
+    """The page's live table with `targets`' columns from these runs, the other columns as the page has them."""
+    start, end = f"<!-- conformance:{MARKER}:start -->", f"<!-- conformance:{MARKER}:end -->"
+    if start not in page or end not in page:
+        raise TableError(f"the page has no live table to merge into (no {start})")
+    old = parse(page.split(start, 1)[1].split(end, 1)[0])
+    recorded = {
+        t: {r.scenario: str(r.cassette) for r in runs if r.target == t and r.cassette is not None} for t in targets
+    }
+    files = {p.stem: p for folder in SCENARIOS for p in folder.glob("*.yaml")}
+    by_name = {t.name: t for t in TARGETS}
+
+    def goes(scenario: str, target: str) -> bool:
+        return scenario in files and target in by_name and runs_through(read_scenario(files[scenario]), by_name[target])
+
+    def column_over(target: str, scenarios: list[str]) -> dict[str, str] | None:
+        if not set(scenarios) <= set(recorded[target]):
+            return None
+        return column(figures(report, [recorded[target][s] for s in scenarios]))
+
+    new = table(runs, report, targets, missing)
+    return render(merge(old, new, [t.name for t in TARGETS], goes, column_over))
 
 
 def shared(recorded: dict[str, dict[str, str]]) -> tuple[list[str], list[str]]:
@@ -425,9 +449,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--page", default=str(PAGE))
     parser.add_argument("--print", action="store_true", help="print the table, leave the page alone")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --targets: put these targets' columns into the page's table, keeping the others as they are",
+    )
     args = parser.parse_args(argv)
     if args.reuse and not args.keep:
         parser.error("--reuse needs --keep DIR")
+    if args.merge and not args.targets:
+        parser.error("--merge needs --targets (the columns to put in)")
     targets, missing = present(args.targets.split(",") if args.targets else None)
     for name, why in missing.items():
         print(f"live conformance: {name} not run: {why}", file=sys.stderr)
@@ -449,11 +480,20 @@ def main(argv: list[str] | None = None) -> int:
         report = audit(done) if done else {"schema": "tito-audit", "version": 1, "cassettes": []}
         if args.keep:
             (folder / "audit.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
-        text = build(runs, report, [t.name for t in targets], missing)
+        page = Path(args.page)
+        names = [t.name for t in targets]
+        try:
+            text = (
+                merged(page.read_text(encoding="utf-8"), runs, report, names, missing)
+                if args.merge
+                else build(runs, report, names, missing)
+            )
+        except TableError as exc:
+            print(f"live conformance: {page}: {exc}", file=sys.stderr)
+            return 2
     if args.print:
         print(text)
         return 0
-    page = Path(args.page)
     page.write_text(place(page.read_text(encoding="utf-8"), text), encoding="utf-8")
     print(
         f"{page}: {MARKER}: {len(done)} recording(s) of {len(plan)} through {len(targets)} target(s)", file=sys.stderr

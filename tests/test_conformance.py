@@ -80,7 +80,7 @@ def test_rllm_recordings_replay_through_tito_and_their_table_is_current() -> Non
             "| agentlightning_mini_tool_loop | agentlightning-mini- | OpenAI/Python, Chat JSON | 4/4 |",
         ),
         # NeMo Gym: vLLM chat calls with no prompt ids (a /tokenize follows each), served from their token_id:N output
-        ("nemogym_", 2, "| nemogym_opencode_tool_loop | nemogym-opencode-too | opencode/1.18.33, Chat SSE | 8/8 |"),
+        ("nemogym_", 3, "| nemogym_opencode_tool_loop | nemogym-opencode-too | opencode/1.18.33, Chat SSE | 8/8 |"),
     ],
 )
 def test_verifiers_and_agent_lightning_recordings_replay_through_tito_and_their_tables_are_current(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tito_rl.replayer import live_conformance as live
+from tito_rl.replayer import live_table
 from tito_rl.replayer.live_conformance import Run, Scenario, build, figures, place, read_scenario, runs_through
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,6 +155,9 @@ def test_the_corpus_goes_through_the_targets_that_serve_its_wires() -> None:
     assert [t.name for t in live.TARGETS if runs_through(scenarios["nemogym_mixed"], t)] == ["nemogym"]
     assert runs_through(scenarios["opencode_tool_loop"], nemogym) and not runs_through(scenarios["rllm_mixed"], nemogym)
     assert not runs_through(scenarios["verifiers_mixed"], nemogym)
+    # ... and its signed session cookie: the scripted sessions keyed by it go through NeMo Gym alone
+    assert scenarios["nemogym_cookie"].cookies == {"VLLMModel___policy_model"}
+    assert [t.name for t in live.TARGETS if runs_through(scenarios["nemogym_cookie"], t)] == ["nemogym"]
 
 
 def test_a_failed_recording_says_why_in_one_line() -> None:
@@ -192,3 +196,96 @@ def test_reuse_takes_a_recording_already_kept_and_records_nothing(tmp_path: Path
     assert kept.read_bytes() == b"an earlier run's recording"  # not re-recorded
     with pytest.raises(SystemExit):
         live.main(["--reuse"])  # it needs --keep
+
+
+# ---- one gateway recorded later, its columns merged into the page's table (--merge) -------------------------------
+
+NEMOGYM = [
+    _cassette("/r/loop.nemogym.tito", "nemogym", 100, 10, never_trained=_rule(90, {"masked": 90})),
+    _cassette("/r/ngmix.nemogym.tito", "nemogym", 20, 20),
+]
+NEMOGYM_RUNS = [
+    Run("loop", "nemogym", Path("/r/loop.nemogym.tito")),
+    Run("ngmix", "nemogym", Path("/r/ngmix.nemogym.tito")),
+    Run("qwen", "nemogym", error="exit 2"),
+]
+
+
+def _page(block: str) -> str:
+    return f"# Conformance\n\n<!-- conformance:live:start -->\n{block}\n<!-- conformance:live:end -->\n"
+
+
+def _only_nemogym(report: dict[str, object]) -> dict[str, object]:
+    return {**report, "cassettes": NEMOGYM}
+
+
+def test_a_target_merged_in_gets_the_columns_a_whole_run_would_have_given_it() -> None:
+    old = build(RUNS, REPORT, ["tito", "slime", "rllm"], {})
+    merged = live.merged(_page(old), NEMOGYM_RUNS, _only_nemogym(REPORT), ["nemogym"], {})
+    cassettes = list(REPORT["cassettes"])  # type: ignore[call-overload]  # the canned report's list
+    whole = build(
+        [*RUNS, *NEMOGYM_RUNS],
+        {**REPORT, "cassettes": [*cassettes, *NEMOGYM]},
+        ["tito", "slime", "rllm", "nemogym"],
+        {},
+    )
+    assert merged.splitlines()[0] == whole.splitlines()[0][:-1] + "; merged in a later run: nemogym."
+    assert merged.splitlines()[1:] == whole.splitlines()[1:]  # every table, every cell
+    assert "| emitted-token coverage (trained once, engine's logprob) | 1.000 (100/100) | 0.400 (40/100) | " in merged
+    assert "| ngmix | - | - | - | coverage 1.00 |" in merged  # its own scenario: the others never run it
+    # merged again (a re-run of the same gateway): its columns replaced, nothing added
+    assert live.merged(_page(merged), NEMOGYM_RUNS, _only_nemogym(REPORT), ["nemogym"], {}) == merged
+
+
+def test_a_merged_target_that_missed_the_common_scenarios_is_set_apart_not_compared_on_others() -> None:
+    old = build(RUNS, REPORT, ["tito", "slime", "rllm"], {})
+    runs = [r for r in NEMOGYM_RUNS if r.scenario != "loop"]
+    lines = live.merged(_page(old), runs, _only_nemogym(REPORT), ["nemogym"], {}).splitlines()
+    title = (
+        "**On the 1 scenario(s) every other target recorded (loop; nemogym recorded none of them, only its own: "
+        "nemogym: ngmix).**"
+    )
+    assert lines[lines.index(title) + 2] == "| | tito | slime | rllm |"
+    everything = lines.index("**On every scenario each target recorded.**")
+    assert lines[everything + 2] == "| | tito | slime | rllm | nemogym |"
+
+
+def test_nemogym_merged_into_the_committed_page_leaves_every_other_column_as_written() -> None:
+    """The page's own table (six gateways, recorded before NeMo Gym's driver existed) read back and NeMo Gym's
+    columns put in: a scenario the old run had not got reads so for the targets that would have run it."""
+    page = (ROOT / "docs" / "conformance.md").read_text(encoding="utf-8")
+    block = page.split("<!-- conformance:live:start -->\n", 1)[1].split("\n<!-- conformance:live:end -->", 1)[0]
+    assert live_table.render(live_table.parse(block)) == block  # read back exactly as written
+    old = live_table.parse(block)
+    if "nemogym" in old.targets:
+        old = live_table.LiveTable(**{**old.__dict__, "targets": [t for t in old.targets if t != "nemogym"]})
+    report = {
+        **REPORT,
+        "cassettes": [
+            _cassette("/r/mini.nemogym.tito", "nemogym", 224, 19, never_trained=_rule(205, {"realign": 205})),
+            _cassette("/r/ngo.nemogym.tito", "nemogym", 300, 0, prefix_break=_rule(6, {"separator": 6})),
+        ],
+    }
+    runs = [
+        Run("agentlightning_mini_tool_loop", "nemogym", Path("/r/mini.nemogym.tito")),
+        Run("nemogym_opencode_tool_loop", "nemogym", Path("/r/ngo.nemogym.tito")),
+    ]
+    new = live_table.parse(live.merged(_page(live_table.render(old)), runs, report, ["nemogym"], {}))
+    assert new.targets == [*old.targets, "nemogym"] and new.merged == ["nemogym"]
+    assert new.common == old.common == ["agentlightning_mini_tool_loop"]
+    for target in old.targets:  # the others' cells, as written
+        assert new.first[target] == old.first[target] and new.every[target] == old.every[target]
+        for name, row in old.by_scenario.items():
+            assert new.by_scenario[name][target] == row[target]
+    assert new.first["nemogym"]["emitted-token coverage (trained once, engine's logprob)"] == "0.085 (19/224)"
+    assert new.every["nemogym"]["prefix breaks, by kind"] == "6: separator 6"
+    row = new.by_scenario["nemogym_opencode_tool_loop"]  # opencode: every chat gateway would have run it
+    assert row["tito"] == row["rllm"] == live_table.LATER and row["agentlightning"] == "-"  # it streams
+    assert row["nemogym"].startswith("coverage 0.00; prefix-break 6")
+
+
+def test_a_page_without_a_live_table_is_refused_in_one_line() -> None:
+    with pytest.raises(live_table.TableError, match="no <!-- conformance:live:start -->"):
+        live.merged("# Conformance\n", NEMOGYM_RUNS, _only_nemogym(REPORT), ["nemogym"], {})
+    with pytest.raises(live_table.TableError, match="header line"):
+        live_table.parse("| a | b |")

@@ -26,6 +26,7 @@ TARGETS = ROOT / "cassettes" / "targets"
 CASSETTES = sorted(TARGETS.glob("nemogym_*.tito"))
 MIXED = TARGETS / "nemogym_mixed.tito"
 OPENCODE = TARGETS / "nemogym_opencode_tool_loop.tito"
+COOKIE = TARGETS / "nemogym_cookie.tito"
 
 
 def _build(items: list[dict[str, Any]], mask: bool, **metrics: Any) -> dict[str, Any]:
@@ -141,7 +142,7 @@ def run_tito(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_corpus_has_the_recordings_with_their_goldens_and_scenarios() -> None:
-    assert CASSETTES == [MIXED, OPENCODE]
+    assert CASSETTES == [COOKIE, MIXED, OPENCODE]
     for cassette in CASSETTES:
         assert cassette.with_suffix(".golden").is_file()
         assert (TARGETS / "scenarios" / f"{cassette.stem}.yaml").is_file()
@@ -217,6 +218,41 @@ def test_a_real_cli_through_nemo_gym_its_title_request_in_the_same_rollout() -> 
     ((sample,),) = [r.samples for r in records if isinstance(r, SamplesRecord)]
     gym = sample["metadata"]["nemogym"]
     assert gym["n_calls"] == 8 and gym["roots"] == 8 and gym["mask_sample"] and sample["response_length"] == 7
+
+
+def test_two_cookie_sessions_at_once_each_keyed_by_the_id_inside_its_signed_cookie_never_mixed() -> None:
+    """NeMo Gym's other session: its signed `VLLMModel___policy_model` cookie, kept across turns by each scripted
+    session (`session_cookie:`). tito names the session by the `session_id` inside (`session-cookie:NAME`), the
+    value itself (signed again at every response) never reaching the cassette; no rollout path, so no token capture
+    and no sample, NeMo Gym's consumer saying why."""
+    from tito_rl.cassette.format.records import AgentRecord, EngineRecord, SamplesRecord, SessionStart
+    from tito_rl.cassette.reader import CassetteReader
+
+    with CassetteReader(COOKIE) as reader:
+        header, records = reader.header, list(reader.records())
+    assert header.target["name"] == "nemogym"
+    assert header.target["session_from"] == "session-cookie:VLLMModel___policy_model"
+    starts = [r for r in records if isinstance(r, SessionStart)]
+    assert {(r.session, r.source) for r in starts} == {
+        ("ng-cookie-a", "session-cookie:VLLMModel___policy_model"),
+        ("ng-cookie-b", "session-cookie:VLLMModel___policy_model"),
+    }
+    agent = [r for r in records if isinstance(r, AgentRecord)]
+    engine = [r for r in records if isinstance(r, EngineRecord)]
+    for sid, folder in (("ng-cookie-a", "/work/cookie-a"), ("ng-cookie-b", "/work/cookie-b")):
+        own = [r for r in agent if r.session == sid]
+        assert len(own) == 4 and {r.status for r in own} == {200}  # two prompts, a tool call in each
+        assert all(r.path == "/v1/chat/completions" for r in own)  # no rollout in the URL
+        assert all(folder in json.loads(r.body)["messages"][0]["content"] for r in own)  # its own turns only
+        calls = [r for r in engine if r.session == sid]
+        assert len(calls) == 8 and all(folder in r.request["messages"][0]["content"] for r in calls)
+        # the cookie went and came back on every turn, and is in the cassette as neither value nor payload
+        assert all(r.headers["Cookie"] == "<redacted>" and r.reply_headers["Set-Cookie"] == "<redacted>" for r in own)
+    assert json.loads(next(r.body for r in agent if r.session == "ng-cookie-b"))["stream"] is True
+    signed = "eyJzZXNzaW9uX2lkIjog"  # base64 of '{"session_id": ', how every value of the cookie starts
+    assert not any(signed in json.dumps([r.headers, r.reply_headers]) for r in agent)
+    assert not any(signed in json.dumps(r.headers) for r in engine)
+    assert all(not r.samples for r in records if isinstance(r, SamplesRecord))
 
 
 @pytest.mark.slow

@@ -85,7 +85,7 @@ def test_the_shipped_profiles_are_valid_and_versioned() -> None:
         ({"colour": 1}, "unknown key 'colour'"),
         ({"start": {"command": [], "ready": {"path": "/h"}}}, "start.command"),
         ({"sessions": {"from": "path:/x"}}, "names the session's segment once, as {sid}"),
-        ({"sessions": {"from": "query:x"}}, "expected bearer, header:NAME, cookie:NAME or path:PREFIX"),
+        ({"sessions": {"from": "query:x"}}, "expected bearer, header:NAME, cookie:NAME, session-cookie:NAME or path:"),
         ({"setup": [{"path": "api/models"}]}, "setup[0]: path must start with '/'"),
         ({"samples": {"calls": {"items": "[*]", "prompt_ids": "p", "output_ids": "o"}}}, "give request"),
         ({"samples": {"function": "nocolon"}}, "function must be module:function"),

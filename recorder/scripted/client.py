@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from tito_rl.recorder.scripted.script import (
     Step,
 )
 from tito_rl.recorder.scripted.wires import WIRE_CODECS, AssistantReply, ToolCallOut, Wire
+from tito_rl.trajectory.adapters.signed_cookie import sign_session
 
 # Words of generated tool output (`{lines: N}` results): code-ish, so a line costs about as many tokens as a
 # line of real output.
@@ -191,6 +193,10 @@ class SessionRunner:
         if session.wire == "anthropic":
             self.headers.update({"anthropic-version": "2023-06-01", "X-Stainless-Retry-Count": "0"})
         self.disconnects: dict[int, Disconnect] = {d.request: d for d in session.disconnects}
+        # a signed session cookie (`session_cookie`): minted for the first request, then what the gateway last set
+        self.cookie = (
+            sign_session(session.id, session.session_cookie, int(time.time())) if session.session_cookie else None
+        )
 
     async def run(self) -> SessionResult:
         if self.session.start_after_ms:
@@ -293,8 +299,9 @@ class SessionRunner:
         url = self.base_url + self.session.prefix + self.wire.path
         for attempt in range(self.session.retries + 1):
             self.result.sent += 1
-            async with self.http.post(url, data=body, headers=self.headers) as resp:
+            async with self.http.post(url, data=body, headers=self.with_cookie()) as resp:
                 raw, status = await resp.read(), resp.status
+                self.keep_cookie(resp)
             if status == 200:
                 return raw
             if status not in RETRY_STATUSES or attempt == self.session.retries:
@@ -302,6 +309,18 @@ class SessionRunner:
             self.result.retries += 1
             await asyncio.sleep(self.session.retry_delay_ms / 1000)
         raise AssertionError("unreachable")
+
+    def with_cookie(self) -> dict[str, str]:
+        if self.session.session_cookie is None or self.cookie is None:
+            return self.headers
+        return {**self.headers, "Cookie": f"{self.session.session_cookie}={self.cookie}"}
+
+    def keep_cookie(self, resp: aiohttp.ClientResponse) -> None:
+        """The session cookie's new value where the gateway set one (it signs it again at every response)."""
+        if self.session.session_cookie is not None:
+            morsel = resp.cookies.get(self.session.session_cookie)
+            if morsel is not None and morsel.value:
+                self.cookie = morsel.value
 
     async def walk_away(self, body: bytes, plan: Disconnect) -> None:
         """Send the request on a connection of its own and close it after `after_ms`, mid-generation."""
@@ -312,7 +331,7 @@ class SessionRunner:
             try:
                 async with (
                     asyncio.timeout(plan.after_ms / 1000),
-                    own.post(url, data=body, headers=self.headers) as resp,
+                    own.post(url, data=body, headers=self.with_cookie()) as resp,
                 ):
                     await resp.read()
             except TimeoutError:
@@ -341,5 +360,6 @@ async def run_script(script: ClientScript, base_url: str, timeout_s: float = 300
         async with gate:
             return await SessionRunner(http, base_url, session).run()
 
-    async with aiohttp.ClientSession(timeout=timeout) as http:
+    # no shared cookie jar: each session keeps its own cookie (`session_cookie`), never another session's
+    async with aiohttp.ClientSession(timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()) as http:
         return list(await asyncio.gather(*(run(http, s) for s in script.sessions)))

@@ -13,6 +13,7 @@ script (`fake_engine/policies/scripted.py`, which ignores `client:`) and what th
           path_prefix: /sessions/{id}          # optional: the session in the URL too (rllm's gateway, miles)
           headers: {x-session-id: "{id}"}      # optional: sent with every model request ({id}: the session id)
           api_key: sk-test-...                 # optional: the bearer token instead of the session id
+          session_cookie: VLLMModel___policy_model   # optional: a signed session cookie kept across turns
           system: You are a coding agent.
           tools: [Bash, Read, Agent]           # catalog names (TOOL_CATALOG) or {name, description, parameters}
           results:                             # canned tool results by tool name (nothing is executed)
@@ -36,6 +37,10 @@ agent tap (`/tito/sessions/<id>/finish`), which is not the gateway's. The prefix
 `/`, query or fragment, and `{id}` is its only placeholder. `headers` are for a gateway that keeps its sessions in a
 header or a cookie (`x-session-id: "{id}"`, `Cookie: "sid={id}"`; `tito record --session-from header:x-session-id`
 or `cookie:sid`); `api_key` makes the bearer token something other than the session id (a rollout's own secret).
+`session_cookie: NAME` is for a gateway that keeps its session in a Starlette signed session cookie (NeMo Gym's
+`VLLMModel___policy_model`, signed with its own name as the key): the first request carries `{"session_id": <the
+session id>}` signed so, each later one the value the gateway last set (`Set-Cookie`), as a client keeping cookies
+does; `tito record --session-from session-cookie:NAME` reads the id inside.
 
 `client.concurrency: N` runs at most N sessions at once (default: all of them), as a training step's rollouts.
 The Structs below are the format (`fake_engine/scenario_model.py`): an unknown key or a wrong type is an error
@@ -205,6 +210,7 @@ class ClientSession(Strict):
     path_prefix: str | None = None  # the model requests' path before the wire's (`/sessions/{id}`); None: none
     headers: dict[str, str] = {}  # extra headers of every model request, `{id}` replaced by the session id
     api_key: str | None = None  # the bearer token (None: the session id)
+    session_cookie: str | None = None  # a signed session cookie's name (its key too), kept across turns
     system: str = ""
     tools: tuple[str | ToolSpec, ...] = ()
     results: dict[str, Result] = {}

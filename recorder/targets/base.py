@@ -51,8 +51,9 @@ class TargetInfo:
     # URL `{agent tap}{this}`; None: the session travels as the bearer token only.
     session_path: str | None = None
     # Where the gateway keeps its session on the agent leg (`trajectory.adapters.session_from`): `bearer` (the
-    # credentials, and a `/sessions/<sid>/` URL), `header:NAME`, `cookie:NAME` or `path:PREFIX` with `{sid}`
-    # (`path:/proxy/rollout/{sid}`). A request that names none is no session's. `--session-from` sets it.
+    # credentials, and a `/sessions/<sid>/` URL), `header:NAME`, `cookie:NAME`, `session-cookie:NAME` or
+    # `path:PREFIX` with `{sid}` (`path:/proxy/rollout/{sid}`). A request that names none is no session's.
+    # `--session-from` sets it.
     session_from: str = "bearer"
     # What tito's fake engine must be told to play this gateway's engine (`tito simulate`, `make corpus`, the live
     # conformance run): a gateway whose client reads an older vLLM's answers names that release here

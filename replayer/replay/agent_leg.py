@@ -3,11 +3,12 @@
 A request goes back as it was recorded (method, path with any `/s/<sid>` prefix, query, headers, body
 bytes), with the session's name where the credential was: the cassette redacted the live token, and the
 name is what the adapter derives everything from. A session a gateway keeps elsewhere (`--session-from`: the
-session's source is `header:NAME`, `cookie:NAME` or `path:PREFIX`) goes back where it was: a path or a plain
-header holds it verbatim already; a cookie (redacted with the rest of the `Cookie` header) or a credential
-header gets the session's name again. One header, `X-Tito-Replay: <exchange> <session>` (the name
-percent-quoted: any name a cassette holds survives a header), tells the replay's middleware which exchange a
-request is, so engine calls and the reply are attributed exactly.
+session's source is `header:NAME`, `cookie:NAME`, `session-cookie:NAME` or `path:PREFIX`) goes back where it was: a
+path or a plain header holds it verbatim already; a cookie (redacted with the rest of the `Cookie` header) or a
+credential header gets the session's name again, a signed session cookie the name signed again. One
+header, `X-Tito-Replay: <exchange> <session>` (the name percent-quoted: any name a cassette holds survives a
+header), tells the replay's middleware which exchange a request is, so engine calls and the reply are attributed
+exactly.
 The adapter's answer is read off its tap (`ReplayTap`): the reply bytes or SSE events it sent, its status,
 turn index and flags, exactly as a recorder would have seen them.
 """
@@ -15,6 +16,7 @@ turn index and flags, exactly as a recorder would have seen them.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode
@@ -24,7 +26,8 @@ from aiohttp import web
 from tito_rl.cassette.format.records import AgentRecord
 from tito_rl.cassette.redaction import REDACTED
 from tito_rl.replayer.replay.engine_leg import CURRENT_EXCHANGE
-from tito_rl.trajectory.adapters.session_from import COOKIE, HEADER, from_source
+from tito_rl.trajectory.adapters.session_from import COOKIE, HEADER, SESSION_COOKIE, from_source
+from tito_rl.trajectory.adapters.signed_cookie import sign_session
 from tito_rl.trajectory.adapters.tap import AgentExchange, EngineExchange
 
 REPLAY_HEADER = "X-Tito-Replay"
@@ -51,6 +54,10 @@ def request_headers(record: AgentRecord, source: str, name: str, index: int) -> 
                 headers[key] = name  # a credential header the session came in: its name in its place
             elif where is not None and where.kind == COOKIE and lower == "cookie":
                 headers[key] = f"{where.name}={name}"  # the session's cookie; the others were redacted
+            elif where is not None and where.kind == SESSION_COOKIE and lower == "cookie":
+                # a signed session cookie (NeMo Gym's): the session's id signed again, at the replay's time, with
+                # the key the gateway signs with (the cookie's name: trajectory/adapters/signed_cookie.py)
+                headers[key] = f"{where.name}={sign_session(name, where.name, int(time.time()))}"
             continue
         headers[key] = value
     headers[REPLAY_HEADER] = f"{index} {quote(name, safe='')}"

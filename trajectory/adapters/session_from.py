@@ -1,11 +1,13 @@
-"""Where a gateway keeps its session, for the agent leg: `--session-from bearer|header:NAME|cookie:NAME|path:PREFIX`.
+"""Where a gateway keeps its session, for the agent leg: `--session-from bearer|header:NAME|cookie:NAME|
+session-cookie:NAME|path:PREFIX`.
 
 tito's own adapter (and a gateway that takes the session from the agent's API key) reads it from the
 credentials (`bearer`, the default: `session.resolve_session`, and a gateway's `/sessions/<sid>/` URL). Other
 gateways keep it elsewhere: a header (`x-session-id`) or a cookie, or the URL: Agent Lightning
-(`/proxy/rollout/{rollout_id}/attempt/...`), NeMo Gym (`/ng-rollout/{rollout_id}/...`; its cookie only picks an
-engine). `SessionFrom.resolve` says which session a request names, or None for a request that names none (a health
-check, a model list): such a request is no session's.
+(`/proxy/rollout/{rollout_id}/attempt/...`), NeMo Gym (`/ng-rollout/{rollout_id}/...`, or its signed session
+cookie: `session-cookie:NAME`, the `session_id` inside it, as its value is signed again at every turn:
+`signed_cookie.py`). `SessionFrom.resolve` says which session a request names, or None for a request that names
+none (a health check, a model list): such a request is no session's.
 
 A session's *source* (what a cassette's `SessionStart` keeps) is the spec itself (`header:x-session-id`,
 `cookie:sid`, `path:/proxy/rollout/{sid}`), so a replay knows where to put the session back. An id taken from a
@@ -23,11 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tito_rl.trajectory.adapters.session import _SID, CREDENTIAL_HEADERS, SessionRef, resolve_session
+from tito_rl.trajectory.adapters.signed_cookie import payload_session
 
 BEARER, HEADER, COOKIE, PATH = "bearer", "header", "cookie", "path"
+SESSION_COOKIE = "session-cookie"  # a Starlette signed session cookie: its payload's `session_id`
 SID = "{sid}"
 GATEWAY_SESSIONS = "/sessions/"  # rllm's gateway and miles' session server: `/sessions/<sid>/v1/...`
-USAGE = "bearer, header:NAME, cookie:NAME or path:PREFIX (e.g. path:/proxy/rollout/{sid})"
+USAGE = "bearer, header:NAME, cookie:NAME, session-cookie:NAME or path:PREFIX (e.g. path:/proxy/rollout/{sid})"
 
 
 class SessionFromError(ValueError):
@@ -73,28 +77,32 @@ class SessionFrom:
             return _ref(value, self.spec)
         if self.kind == COOKIE:
             return _ref(cookie_value(_header(headers, "cookie") or "", self.name), self.spec)
+        if self.kind == SESSION_COOKIE:
+            value = cookie_value(_header(headers, "cookie") or "", self.name)
+            return _ref(payload_session(value) if value else None, self.spec)
         if self.kind == PATH:
             return _ref(path_sid(self.name, path), self.spec)
         return bearer_session(path, headers, query, body)
 
 
 def parse_session_from(text: str) -> SessionFrom:
-    """`bearer`, `header:NAME`, `cookie:NAME` or `path:PREFIX`; a bad one is a one-line `SessionFromError`."""
+    """`bearer`, `header:NAME`, `cookie:NAME`, `session-cookie:NAME` or `path:PREFIX`; a bad one is a one-line
+    `SessionFromError`."""
     text = (text or "").strip()
     if text == BEARER:
         return SessionFrom()
     kind, colon, name = text.partition(":")
     name = name.strip()
-    if not colon or kind not in (HEADER, COOKIE, PATH) or not name:
+    if not colon or kind not in (HEADER, COOKIE, SESSION_COOKIE, PATH) or not name:
         raise SessionFromError(f"--session-from {text!r}: expected {USAGE}")
     if kind == HEADER:
         if not _token(name):
             raise SessionFromError(f"--session-from {text!r}: {name!r} is not a header name")
         return SessionFrom(HEADER, name.lower())
-    if kind == COOKIE:
+    if kind in (COOKIE, SESSION_COOKIE):
         if not _token(name):
             raise SessionFromError(f"--session-from {text!r}: {name!r} is not a cookie name")
-        return SessionFrom(COOKIE, name)
+        return SessionFrom(kind, name)
     segments = name.split("/")
     if not name.startswith("/") or name.endswith("/") or "" in segments[1:] or any(c in name for c in "?# "):
         raise SessionFromError(
@@ -113,7 +121,7 @@ def parse_session_from(text: str) -> SessionFrom:
 def from_source(source: str) -> SessionFrom | None:
     """A cassette session's source back as where its id lives (None for tito's older sources: bearer,
     x-api-key, query-key, body, path, ...)."""
-    if source.split(":", 1)[0] not in (HEADER, COOKIE, PATH) or ":" not in source:
+    if source.split(":", 1)[0] not in (HEADER, COOKIE, SESSION_COOKIE, PATH) or ":" not in source:
         return None
     try:
         return parse_session_from(source)

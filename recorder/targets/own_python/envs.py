@@ -8,7 +8,9 @@ module makes (`~/.cache/tito/<name>-venv`, or under `$XDG_CACHE_HOME`). `make te
 
     python -m tito_rl.recorder.targets.own_python.envs verifiers agentlightning nemogym miles
 
-which creates what is missing (a stat where its stamp says what pip was told) with a Python new enough:
+which creates what is missing (a stat where its stamp says what pip was told) with a Python new enough; an
+environment is made under a file lock beside it (`<name>-venv.lock`), so two `make test`s at once do not delete each
+other's half-made environment: the second waits, then finds it stamped.
 `TITO_GATEWAY_BASE_PYTHON`, else `python3.12`/`python3.13`/`python3.14` on the PATH that runs, else a pyenv-installed
 one. Where none is found it says so in one line and exits 0: the tests of that gateway then skip, saying why.
 
@@ -25,6 +27,7 @@ miles' pinned transformers (about 500 MB). Where the real SGLang is not built it
 from __future__ import annotations
 
 import argparse
+import fcntl
 import glob
 import io
 import os
@@ -63,6 +66,14 @@ class GatewayEnv:
     @property
     def stamp(self) -> Path:
         return self.folder / ".tito-installed"
+
+    @property
+    def lock(self) -> Path:
+        """Held while the environment is made: beside the folder, which is deleted and made again."""
+        return self.folder.with_name(f"{self.folder.name}.lock")
+
+    def stamped(self) -> bool:
+        return self.stamp.is_file() and self.stamp.read_text(encoding="utf-8") == self.stamp_text
 
     @property
     def stamp_text(self) -> str:
@@ -177,10 +188,17 @@ def base_python(minimum: tuple[int, int]) -> str | None:
 def ensure(name: str, quiet: bool = False) -> str | None:
     """Make gateway `name`'s cached environment where it is missing; its Python, or None (said in one line)."""
     env = ENVS[name]
-    if os.environ.get(env.python_env, "").strip() or (
-        env.stamp.is_file() and env.stamp.read_text(encoding="utf-8") == env.stamp_text
-    ):
+    if os.environ.get(env.python_env, "").strip() or env.stamped():
         return gateway_python(name)
+    env.lock.parent.mkdir(parents=True, exist_ok=True)
+    with env.lock.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed; a process that dies releases it too
+        if env.stamped():  # made by another process while this one waited
+            return gateway_python(name)
+        return _make_locked(env, quiet)
+
+
+def _make_locked(env: GatewayEnv, quiet: bool) -> str | None:
     if env.over_real_sglang:
         real = real_sglang_python()
         if real is None:
@@ -205,16 +223,20 @@ def ensure(name: str, quiet: bool = False) -> str | None:
     return str(env.python) if build.ok else None
 
 
-def _make(env: GatewayEnv, base: str) -> bool:
-    """A fresh environment at `env.folder`, stamped once its module imports; False where a step failed (said)."""
-    shutil.rmtree(env.folder, ignore_errors=True)
-    env.folder.parent.mkdir(parents=True, exist_ok=True)
+def _steps(env: GatewayEnv, base: str) -> list[list[str]]:
     pip = [str(env.python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     steps = [[base, "-m", "venv", str(env.folder)]]
     if env.no_deps:
         steps.append([*pip, "--no-deps", *env.no_deps])
-    steps += [[*pip, env.spec, *env.pip_args], [str(env.python), "-c", f"import {env.module}"]]
-    for i, step in enumerate(steps):
+    return [*steps, [*pip, env.spec, *env.pip_args], [str(env.python), "-c", f"import {env.module}"]]
+
+
+def _make(env: GatewayEnv, base: str) -> bool:
+    """A fresh environment at `env.folder`, stamped once its module imports; False where a step failed (said). Only
+    under `env.lock`: it deletes what is there."""
+    shutil.rmtree(env.folder, ignore_errors=True)
+    env.folder.parent.mkdir(parents=True, exist_ok=True)
+    for i, step in enumerate(_steps(env, base)):
         if i == 1 and env.over_real_sglang:  # before pip runs: it then takes what the real SGLang has as installed
             site = Path(subprocess.run([str(env.python), "-c", SITE], capture_output=True, text=True).stdout.strip())
             (site / "tito-real-sglang.pth").write_text(f"{real_sglang_site()}\n")

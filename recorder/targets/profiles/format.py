@@ -78,7 +78,8 @@ class PythonSpec(Strict):
 class Sessions(Strict):
     """Where the gateway keeps its sessions, and what it needs around each."""
 
-    # where the agent leg carries the session: bearer, header:NAME, cookie:NAME, path:PREFIX with {sid}
+    # where the agent leg carries the session: bearer, header:NAME, cookie:NAME, session-cookie:NAME, path:PREFIX
+    # with {sid}
     session_from: str = msgspec.field(name="from", default="bearer")
     # the path agents put before the API's own (`/v1/...`), `{id}` standing for the session id; the real CLIs'
     # base URL is `{agent tap}{base_path}/v1`
