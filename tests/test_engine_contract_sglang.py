@@ -8,13 +8,14 @@ import base64
 
 import numpy as np
 
-from tito_rl.recorder.engine_contract.answers import Recording, load_recording
+from tito_rl.recorder.engine_contract.answers import Exchange, Recording, load_recording
 from tito_rl.recorder.engine_contract.exchange import DONE, Answer, send
 from tito_rl.recorder.engine_contract.fake import RealTokensPolicy, running_fake
 from tito_rl.recorder.engine_contract.generated import all_requests, field_requests, structure_key
-from tito_rl.recorder.engine_contract.left_out import LEFT_OUT
-from tito_rl.recorder.engine_contract.requests import ROUTES, SGLANG
+from tito_rl.recorder.engine_contract.left_out import LEFT_OUT, left_out_for
+from tito_rl.recorder.engine_contract.requests import FULL, ROUTES, SGLANG, ContractRequest
 from tito_rl.recorder.engine_contract.runner import check_fake
+from tito_rl.recorder.real_engine.sglang_answers import route_requests
 from tito_rl.recorder.real_engine.sglang_paths import SGLANG_VERSION
 from tito_rl.trajectory.tokens.tokenizer import load_tokenizer
 
@@ -65,10 +66,17 @@ def test_the_recording_holds_every_generated_request_as_the_real_sglang_answered
 
 def test_the_field_requests_are_the_cassettes_own_deduplicated_by_structure():
     drawn = field_requests(SGLANG)
-    assert [r.name for r in drawn] == ["field slime_mixed 1"]  # slime_retry's calls have the same structure
+    # slime_retry's calls have slime_mixed's structure; slime_moe's, recorded around an engine serving expert
+    # routes (top_p 0.9, routes not asked), go to the MoE started with --enable-return-routed-experts
+    assert [(r.name, r.mode) for r in drawn] == [("field slime_mixed 1", SGLANG), ("field slime_moe 1", ROUTES)]
     body = drawn[0].body or {}
     assert "rid" not in body and body["sampling_params"]["max_new_tokens"] <= 6
+    assert [r.name for r in all_requests(SGLANG) if r.name.startswith("field ")] == ["field slime_mixed 1"]
+    assert [r.name for r in route_requests() if r.name.startswith("field ")] == ["field slime_moe 1"]
     vllm = field_requests("vllm")
+    # moe_verifiers' calls have verifiers_mixed's structure (vLLM sends routes unasked: nothing to ask), and stay
+    # in the full mode: vLLM 0.32's CPU build refuses --enable-return-routed-experts at start
+    assert {r.mode for r in vllm} == {FULL} and not [r for r in vllm if "moe" in r.name]
     # NeMo Gym's gateway reads the prompt's ids back with `POST /tokenize` (chat `messages`) after each completion
     paths = {"/v1/chat/completions", "/inference/v1/generate", "/v1/completions", "/tokenize"}
     assert {r.path for r in vllm} == paths
@@ -77,6 +85,31 @@ def test_the_field_requests_are_the_cassettes_own_deduplicated_by_structure():
     assert all("messages" in (r.body or {}) and "max_tokens" not in (r.body or {}) for r in tokenize)  # as recorded
     keys = [structure_key(r.path, r.dialect, r.body or {}) for r in vllm]
     assert len(keys) == len(set(keys))
+
+
+def test_the_fake_moe_answers_every_recorded_routes_request_with_the_real_structure():
+    recording = routes()
+    verdict = check_fake(recording)
+    assert verdict.differences == {}
+    assert verdict.checked == len(recording.exchanges) == len(route_requests())
+    # The one difference kept: stock SGLang 0.5.23 takes slime's kept-set key and answers none (JSON: 2 fields;
+    # streamed: the same 2 in the first chunk and in the token chunks), the fake answers as slime's patched SGLang.
+    assert {key: len(lines) for key, lines in verdict.left_out.items()} == {"kept-set-patch": 6}
+    real = {e.request.name: e.answer for e in recording.exchanges}
+    kept = real["generate routes kept set"]
+    assert kept.status == 200 and "routed_experts" in kept.body["meta_info"]
+    assert "top_p_token_ids" not in kept.body["meta_info"]
+    # slime's adapters, recorded around an engine serving routes, do not ask for them: none come back
+    assert "routed_experts" not in real["field slime_moe 1"].body["meta_info"]
+
+
+def test_a_route_difference_on_the_moes_own_generate_is_not_left_out():
+    request = ContractRequest("generate routes", ROUTES, "POST", "/generate", {"input_ids": [1]}, dialect=SGLANG)
+    exchange = Exchange(request, Answer(status=200, body={}))
+    line = "routes generate routes: meta_info.routed_experts: the real engine sends it (str), the fake one does not"
+    assert left_out_for(exchange, line) is None
+    on_vllm = Exchange(ContractRequest("sglang generate path", FULL, "POST", "/generate"), Answer(status=200, body={}))
+    assert left_out_for(on_vllm, line).key == "one-port-every-dialect"
 
 
 def _routes(answer_body: dict, where: str = "meta_info") -> np.ndarray:
@@ -133,3 +166,5 @@ def test_the_committed_requests_are_what_the_generator_draws_today():
         recorded = {(e.request.mode, e.request.name): e.request.body for e in load_recording(engine, version).exchanges}
         for request in all_requests(engine):
             assert recorded.get((request.mode, request.name)) == request.body, (engine, request.name)
+    moe = {e.request.name: e.request.body for e in routes().exchanges}
+    assert moe == {request.name: request.body for request in route_requests()}

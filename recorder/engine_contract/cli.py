@@ -1,6 +1,7 @@
 """The contract's make targets and its live form for any engine (docs/engine-dialects.md, "The contract").
 
     python -m tito_rl.recorder.engine_contract.cli check-fake [--engine sglang]   # make engine-contract (no engine)
+      (SGLang: the dense model's answers, then the MoE's with expert routes, `sglang-0.5.23-routes.json`)
     python -m tito_rl.recorder.engine_contract.cli record [--engine sglang] --check-drift  # engine-contract-live
     python -m tito_rl.recorder.engine_contract.cli live --url URL [--mode full|bare]
     python -m tito_rl.recorder.engine_contract.cli live --engine sglang --url URL    # any running SGLang
@@ -135,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.action == "check-fake":
             if args.engine == SGLANG:
-                return report(check_fake(load_recording(SGLANG, SGLANG_VERSION)), f"SGLang {SGLANG_VERSION}")
+                from tito_rl.recorder.real_engine.sglang_answers import ROUTES_VERSION
+
+                dense = report(check_fake(load_recording(SGLANG, SGLANG_VERSION)), f"SGLang {SGLANG_VERSION}")
+                moe = report(check_fake(load_recording(SGLANG, ROUTES_VERSION)), f"SGLang {SGLANG_VERSION}'s MoE")
+                return max(dense, moe)
             return report(check_fake(load_recording("vllm", args.vllm_version)), f"vLLM {args.vllm_version}")
         if args.action == "live":
             mode = SGLANG if args.engine == SGLANG else args.mode

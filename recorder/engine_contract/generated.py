@@ -5,11 +5,15 @@ contract grows with what tito records:
 
 - **From the field** (`field_requests`): every engine request in the committed cassettes of the gateways tito knows
   (FIELD_CASSETTES: those of `cassettes/targets/` and `cassettes/real_vllm/` the committed answers were recorded for,
-  read with tito's cassette reader), deduplicated by
-  structure (route, dialect and the body's key paths and types, plus the values that change an answer's structure:
-  `stream`, `tool_choice`, `n`). Each is sent as recorded, made repeatable: the served model's name, a short output
-  (`max_tokens`/`max_new_tokens` at most MAX_TOKENS; none added to `/tokenize`), no `rid`/`request_id` (random per
-  call); no seed is added (see `repeatable`).
+  read with tito's cassette reader), deduplicated by start mode and structure (route, dialect and the body's key
+  paths and types, plus the values that change an answer's structure: `stream`, `tool_choice`, `n`). Each is sent
+  as recorded, made repeatable: the served model's name, a short output (`max_tokens`/`max_new_tokens` at most
+  MAX_TOKENS; none added to `/tokenize`), no `rid`/`request_id` (random per call); no seed is added (see
+  `repeatable`). An SGLang request that asks for expert routes, or comes from a cassette recorded around an engine
+  serving them (its header's `engine_server_info` says `enable_return_routed_experts`), goes to the routes mode:
+  the real tiny MoE started with `--enable-return-routed-experts` (`sglang-0.5.23-routes.json`), not the dense
+  model. A vLLM one stays in the full mode: vLLM 0.32's CPU build refuses that flag at start
+  (docs/engine-dialects.md, "Left out").
 - **Options in combination** (`option_requests`): each route tito's dialects use, JSON and SSE, with each option
   they send (tools and tool choices incl. `required`, stop ids and strings, `logit_bias`, `n`, batches, seeds,
   `top_logprobs`/`top_logprobs_num`, `logprob_start_len`, `return_tokens_as_token_ids`, ...), `/tokenize` and
@@ -31,6 +35,7 @@ from tito_rl.recorder.engine_contract.requests import (
     MESSAGES,
     MODEL,
     PROMPT_TEXT,
+    ROUTES,
     SEED,
     SGLANG,
     STOP_ID,
@@ -55,10 +60,12 @@ FIELD_CASSETTES = tuple(
         "rllm_opencode_tool_loop",
         "rllm_qwen_tool_loop",
         "slime_mixed",
+        "slime_moe",
         "slime_retry",
         "verifiers_mixed",
         "verifiers_opencode_tool_loop",
         "verifiers_qwen_tool_loop",
+        "moe_verifiers",
     )
 ) + tuple(f"cassettes/real_vllm/{name}.tito" for name in ("rllm_vllm", "tito_vllm_generate", "tito_vllm_openai"))
 SGLANG_DIALECTS = ("sglang", "sglang-openai", None)  # None: a cassette from before dialects (SGLang's /generate)
@@ -69,7 +76,8 @@ LOGIT_BIAS = {"0": -100}  # a bias that changes no greedy choice of the tiny mod
 
 
 def field_requests(engine: str, root: Path = ROOT) -> list[ContractRequest]:
-    """One request per distinct structure of the engine requests recorded in the committed gateway cassettes."""
+    """One request per start mode and distinct structure of the engine requests recorded in the committed gateway
+    cassettes (SGLang's in the dense mode or, where routes are asked or served, the MoE's routes mode)."""
     from tito_rl.cassette.reader import read_cassette
 
     out: list[ContractRequest] = []
@@ -78,6 +86,7 @@ def field_requests(engine: str, root: Path = ROOT) -> list[ContractRequest]:
         path = str(root / relative)
         cassette = read_cassette(path)
         stem = Path(path).stem
+        routes_served = serves_routes(cassette.header.extra)
         for log in cassette.sessions.values():
             for record in log.engine:
                 if not isinstance(record.request, dict) or record.method != "POST":
@@ -88,15 +97,25 @@ def field_requests(engine: str, root: Path = ROOT) -> list[ContractRequest]:
                 dialect = record.dialect or "sglang"  # a cassette from before dialects: /generate's
                 # as sent: two that differ only in a seed are one
                 body = repeatable(record.request, sglang, record.path)
-                key = structure_key(record.path, dialect, body)
+                mode = (ROUTES if routes_served or asks_routes(body) else SGLANG) if sglang else FULL
+                key = mode + " " + structure_key(record.path, dialect, body)
                 if key in seen:
                     continue
                 seen.add(key)
                 name = f"field {stem} {len([r for r in out if r.name.startswith(f'field {stem} ')]) + 1}"
-                mode = SGLANG if sglang else FULL
                 why = f"recorded in {relative.split('/')[1]}/{stem}.tito ({record.path})"
                 out.append(ContractRequest(name, mode, "POST", record.path, body, why=why, dialect=dialect))
     return out
+
+
+def serves_routes(extra: dict[str, Any]) -> bool:
+    """Whether a cassette was recorded around an engine serving expert routes (its header's start arguments)."""
+    info = extra.get("engine_server_info") if isinstance(extra, dict) else None
+    return isinstance(info, dict) and info.get("enable_return_routed_experts") is True
+
+
+def asks_routes(body: dict[str, Any]) -> bool:
+    return body.get("return_routed_experts") is True
 
 
 def structure_key(path: str, dialect: str | None, body: dict[str, Any]) -> str:
@@ -332,8 +351,15 @@ def _identity(request: ContractRequest) -> str:
 
 
 def all_requests(engine: str, root: Path = ROOT) -> list[ContractRequest]:
-    """The listed requests, then the field's, then the options in combination (each once)."""
+    """The listed requests, then the field's, then the options in combination (each once); SGLang's to the dense
+    model only (the routes mode's field requests are `route_field_requests`)."""
     from tito_rl.recorder.engine_contract.requests import requests_for
 
     listed = requests_for(engine)
-    return listed + without_repeats(listed, field_requests(engine, root) + option_requests(engine))
+    field = [r for r in field_requests(engine, root) if r.mode != ROUTES]
+    return listed + without_repeats(listed, field + option_requests(engine))
+
+
+def route_field_requests(root: Path = ROOT) -> list[ContractRequest]:
+    """The field's SGLang requests for the MoE started with `--enable-return-routed-experts` (the routes mode)."""
+    return [r for r in field_requests(SGLANG, root) if r.mode == ROUTES]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tito_rl.recorder.engine_contract.answers import Exchange
 from tito_rl.recorder.engine_contract.exchange import DONE
-from tito_rl.recorder.engine_contract.requests import FULL, SGLANG
+from tito_rl.recorder.engine_contract.requests import FULL, ROUTES, SGLANG
 
 THINK_END_ID = 151668  # </think> in the Qwen3 tokenizer
 
@@ -98,6 +98,23 @@ def _empty_tools(exchange: Exchange, line: str) -> bool:
     )
 
 
+KEPT_SET_FIELDS = ("meta_info.top_p_token_ids:", "meta_info.top_p_token_offsets:")
+
+
+def _kept_set_patch(exchange: Exchange, line: str) -> bool:
+    body = exchange.request.body or {}
+    params = body.get("sampling_params")
+    custom = params.get("custom_params") if isinstance(params, dict) else None
+    asked = isinstance(custom, dict) and custom.get("return_top_p_token_ids") is True
+    return (
+        exchange.request.mode in (SGLANG, ROUTES)
+        and exchange.request.path == "/generate"
+        and asked
+        and any(field in line for field in KEPT_SET_FIELDS)
+        and "the fake engine sends it" in line
+    )
+
+
 LEFT_OUT = (
     LeftOut(
         "unclosed-thinking",
@@ -112,7 +129,7 @@ LEFT_OUT = (
         "one-port-every-dialect",
         "SGLang's `/generate` answers on the fake engine however it is started (vLLM answers 404): one fake "
         "engine serves the targets of every dialect, and `tito check-engine` reports each dialect it finds.",
-        lambda exchange, line: exchange.request.path == "/generate" and exchange.request.mode != SGLANG,
+        lambda exchange, line: exchange.request.path == "/generate" and exchange.request.mode not in (SGLANG, ROUTES),
     ),
     LeftOut(
         "server-args",
@@ -140,6 +157,15 @@ LEFT_OUT = (
         "it would change that session's engine answer until it is re-recorded with NeMo Gym. Against the real "
         "vLLM 0.32 that call gets the 400.",
         _empty_tools,
+    ),
+    LeftOut(
+        "kept-set-patch",
+        "The top-p kept set (`meta_info.top_p_token_ids` / `top_p_token_offsets`, asked with "
+        "`sampling_params.custom_params.return_top_p_token_ids`) comes from slime's patch to SGLang "
+        "(`docker/patch/latest/sglang-top_p.patch`), which slime's rollouts run on; stock SGLang 0.5.23 takes "
+        "`custom_params` and ignores the key (200, no kept set: the routes recording's `generate routes kept set`). "
+        "The fake engine answers as the patched SGLang slime trains with.",
+        _kept_set_patch,
     ),
 )
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from tito_rl.recorder.engine_contract.answers import Recording, answers_path
 from tito_rl.recorder.engine_contract.exchange import Unreachable
-from tito_rl.recorder.engine_contract.generated import all_requests
+from tito_rl.recorder.engine_contract.generated import all_requests, route_field_requests
 from tito_rl.recorder.engine_contract.requests import MODEL, ContractRequest
 from tito_rl.recorder.engine_contract.runner import base_values, record_live, served_model
 from tito_rl.recorder.real_engine.server import RealEngineError
@@ -53,10 +53,21 @@ def _generate(**extra: Any) -> dict[str, Any]:
     } | extra
 
 
+KEPT_SET = {
+    "max_new_tokens": NEW_TOKENS,
+    "temperature": 0,
+    "top_p": 0.9,
+    "custom_params": {"return_top_p_token_ids": True},
+}
+
+
 def route_requests() -> list[ContractRequest]:
     """What a trainer asks of a MoE engine for routing replay, and the edges: a start offset, a longer prompt that
-    shares a prefix, a stream, a request that does not ask, and the OpenAI route."""
+    shares a prefix, a stream, a request that does not ask, and the OpenAI route; then the top-p kept set as slime
+    asks for it (`custom_params.return_top_p_token_ids`, which its patched SGLang answers), and the field's
+    requests recorded around an MoE engine (`generated.route_field_requests`: slime's adapters)."""
     r = ContractRequest
+    kept = _generate(routed_experts_start_len=3, sampling_params=KEPT_SET)
     return [
         r("generate routes", ROUTES, "POST", "/generate", _generate(), dialect=SGLANG),
         r("generate routes from 3", ROUTES, "POST", "/generate", _generate(routed_experts_start_len=3), dialect=SGLANG),
@@ -84,6 +95,9 @@ def route_requests() -> list[ContractRequest]:
             },
             dialect=SGLANG_OPENAI,
         ),
+        r("generate routes kept set", ROUTES, "POST", "/generate", kept, dialect=SGLANG),
+        r("generate routes kept set sse", ROUTES, "POST", "/generate", kept | {"stream": True}, dialect=SGLANG),
+        *route_field_requests(),
     ]
 
 
