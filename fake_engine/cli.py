@@ -12,7 +12,7 @@ import sys
 
 import msgspec
 
-from tito_rl.fake_engine.channels.moe import MoeShape, config_shape
+from tito_rl.fake_engine.channels.moe import DEFAULT_MOE, MoeShape, config_shape
 from tito_rl.fake_engine.faults import ALLOWED_STATUSES, FaultSchedule, FaultSpec
 from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION, VLLM_PROFILES
 from tito_rl.fake_engine.scenario_model import ScenarioError, validate
@@ -158,6 +158,21 @@ def model_moe(model_path: str | None, moe: MoeShape | None) -> MoeShape | None:
     if moe is not None and stated is not None and moe != stated:
         raise ValueError(f"--moe {moe} disagrees with {model_path}/config.json, which states {stated}")
     return moe or stated
+
+
+def served_routes_shape(argv: list[str], scenario_moe: MoeShape | None = None) -> MoeShape | None:
+    """The MoE shape a fake engine started with `argv` (its command line) routes by, `scenario_moe` being its
+    scenario's `moe:`; None where it serves no routes (no `--enable-return-routed-experts`). For a caller that starts
+    the fake and knows no model folder to tell its adapter the split by (`tito simulate`); a ValueError as `run`'s."""
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_arguments(parser)
+    try:
+        args, _ = parser.parse_known_args(argv)
+    except argparse.ArgumentError as exc:
+        raise ValueError(str(exc)) from None
+    if not args.enable_return_routed_experts:
+        return None
+    return model_moe(args.model_path, MoeShape.parse(args.moe) if args.moe else scenario_moe) or DEFAULT_MOE
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,8 +27,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tito_rl.recorder.processes import free_port, stop, wait_http
+
+if TYPE_CHECKING:
+    from tito_rl.fake_engine.channels.moe import MoeShape
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,6 +112,34 @@ def driver_engine_args(record_args: list[str], given: tuple[str, ...] = ()) -> t
     return wanted
 
 
+def with_routes_layout(
+    record_args: list[str], scenario: Path, moe: MoeShape | None, engine_args: tuple[str, ...]
+) -> list[str]:
+    """`record_args` plus `--routes-layout LAYERS,TOP_K` where tito's adapter will call the fake engine in SGLang's
+    `/generate` and the fake serves routes: SGLang's rows are flat, and the adapter learns their split from the
+    model folder the engine names, which the fake has not unless `--model-path` gives one. The simulator started the
+    fake, so it knows the shape; the adapter keeps it in the header as a setting (no path: the cassette is the same
+    wherever it was recorded). Unchanged where the flag is given, another gateway is recorded, or no shape is known."""
+    from tito_rl.fake_engine.cli import served_routes_shape
+    from tito_rl.recorder.record_options import add_arguments
+    from tito_rl.recorder.targets.base import TargetError
+    from tito_rl.recorder.targets.registry import TITO, parse_target
+    from tito_rl.trajectory.dialects.view import SGLANG
+
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_arguments(parser)
+    try:
+        parsed, _ = parser.parse_known_args(["--engine", "http://-", "--out", "-", *record_args])
+        if parsed.routes_layout is not None or parse_target(parsed.target).kind != TITO:
+            return record_args
+        if (parsed.engine_dialect or SGLANG) != SGLANG:
+            return record_args
+        shape = served_routes_shape(["--script", str(scenario), *engine_args], moe)
+    except (argparse.ArgumentError, ValueError, TargetError):  # the fake engine or tito record says why, at start
+        return record_args
+    return record_args if shape is None else [*record_args, "--routes-layout", f"{shape.layers},{shape.top_k}"]
+
+
 def simulate(
     scenario: Path,
     out: Path,
@@ -137,6 +169,7 @@ def simulate(
         raise InvalidScenario(str(exc)) from None
     engine_args = (*checked.engine_args, *engine_args)
     engine_args = (*driver_engine_args(record_args, engine_args), *engine_args)
+    record_args = with_routes_layout(record_args, scenario, checked.engine.moe_shape, engine_args)
     try:
         install_clis(scenario, agent, task)
     except (OSError, ValueError, RuntimeError) as exc:

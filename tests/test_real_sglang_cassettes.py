@@ -85,9 +85,10 @@ def replayed_to_live_samples(path: Path) -> list[dict[str, Any]]:
 
 
 def routes_of(answer: dict[str, Any]) -> np.ndarray:
-    """`meta_info.routed_experts`: base64 of raw little-endian int32, one flat row of layers x top_k per token."""
+    """`meta_info.routed_experts`: base64 of raw little-endian int32, one flat row of layers x top_k per token, here
+    in slime's layout `[rows, layers, top_k]` (layer-major, as SGLang's capturer fills a row)."""
     raw = base64.b64decode(answer["meta_info"]["routed_experts"])
-    return np.frombuffer(raw, dtype="<i4").reshape(-1, 1, LAYERS * TOP_K)
+    return np.frombuffer(raw, dtype="<i4").reshape(-1, LAYERS, TOP_K)
 
 
 @pytest.mark.parametrize("name", BY_NAME)
@@ -116,12 +117,14 @@ def test_committed_cassette_replays_with_no_engine_to_its_live_samples(name: str
         if not moe:
             assert routes is None
             continue
-        # The engine's rows are flat and tito's embedded tokenizer has no model config to split them by: the
-        # sample keeps `[tokens - 1, 1, layers * top_k]` and says so.
+        # The engine's rows are flat; the adapter split them as the model folder the real server names says
+        # (`model_path`, learned at start, kept in the header): slime's `[tokens - 1, layers, top_k]`, no note.
         array = np.asarray(routes)
-        assert array.shape == (len(sample["tokens"]) - 1, 1, LAYERS * TOP_K)
+        assert array.shape == (len(sample["tokens"]) - 1, LAYERS, TOP_K)
         assert array.min() >= 0 and array.max() < EXPERTS  # every row known: no -1
-        assert sample["metadata"]["routes_layout"].startswith("flat: [tokens - 1, 1, 4]")
+        assert "routes_layout" not in sample["metadata"]
+    if moe:
+        assert recorded.header.adapter["engine_routes_layout"] == [LAYERS, TOP_K]
 
 
 def test_the_moe_samples_routes_are_the_engine_answers_end_to_end() -> None:

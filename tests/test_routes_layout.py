@@ -154,6 +154,50 @@ def test_the_adapter_learns_the_split_with_the_routes_flag_when_not_told_at_star
     assert np.array_equal(np.asarray(sample["rollout_routed_experts"]), slime_layout(sample))
 
 
+def test_a_recording_whose_engine_was_not_up_at_start_replays_split_as_recorded(tmp_path: Path) -> None:
+    """`tito record` started before its engine: the header is written with no layout, the adapter learns it before
+    its first generation, and the recorded samples keep it. A replay (in process, and `tito replay` through its
+    planner and a worker) splits as they do, with the model folder gone, and exports the live samples' bytes."""
+    folder = model_folder(tmp_path)
+    path = tmp_path / "late.tito"
+    [sample], settings = record(path, str(folder), learn_at_start=False)
+    assert settings.engine_routes_layout is None
+    assert read_cassette(path).header.adapter["engine_routes_layout"] is None  # learned after the header
+    rows = np.asarray(sample["rollout_routed_experts"])
+    assert rows.shape == (len(sample["tokens"]) - 1, 3, 2) and np.array_equal(rows, slime_layout(sample))
+    shutil.rmtree(folder)
+    [session] = asyncio.run(replay_cassette_async(path)).sessions
+    assert session.ok and not session.differences, session.differences
+    [replayed] = session.finishes[0].samples
+    assert np.array_equal(np.asarray(replayed["rollout_routed_experts"]), rows)
+    assert "routes_layout" not in replayed["metadata"]
+    exported, live = tmp_path / "replayed.jsonl", tmp_path / "live.jsonl"
+    command = ["replay", str(path), "--update-goldens", "--export-samples", str(exported)]
+    run = subprocess.run(
+        [sys.executable, "-m", "tito_rl", *command, "--export-live-samples", str(live)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    [row] = [json.loads(line) for line in exported.read_text().splitlines()]
+    assert np.array_equal(np.asarray(row["rollout_routed_experts"]), rows)
+    assert exported.read_bytes() == live.read_bytes()
+
+
+def test_a_recording_kept_flat_replays_flat(tmp_path: Path) -> None:
+    """Where the live samples kept the rows flat (nothing said the split), the replay reads no split from them."""
+    path = tmp_path / "flat.tito"
+    [sample], _ = record(path, "tito-test/not-a-cached-model", learn_at_start=False)
+    assert sample["metadata"]["routes_layout"].startswith("flat:")
+    [session] = asyncio.run(replay_cassette_async(path)).sessions
+    assert session.ok and not session.differences, session.differences
+    [replayed] = session.finishes[0].samples
+    assert np.asarray(replayed["rollout_routed_experts"]).shape == (len(sample["tokens"]) - 1, 1, 6)
+    assert replayed["metadata"]["routes_layout"] == sample["metadata"]["routes_layout"]
+
+
 def test_the_option_wins_over_the_engine(tmp_path: Path) -> None:
     [sample], settings = record(None, str(model_folder(tmp_path)), engine_routes_layout=(2, 3))
     assert settings.engine_routes_layout == (2, 3)  # not relearned from the engine
@@ -245,3 +289,35 @@ def test_a_header_with_a_bad_layout_is_unusable_input(tmp_path: Path) -> None:
     assert settings_problem(header) is None
     header.adapter["engine_routes_layout"] = [3, 0]
     assert (settings_problem(header) or "").startswith("adapter.engine_routes_layout [3, 0]: expected LAYERS,TOP_K")
+
+
+def test_simulate_tells_titos_adapter_the_shape_it_starts_the_fake_with(tmp_path: Path) -> None:
+    """`tito simulate`'s fake names no model folder, so the simulator passes the shape it starts the fake with (its
+    flags, else the scenario's `moe:`, else the model folder's config, else the fake's default) to tito's adapter in
+    SGLang's dialect; never to another gateway, a vLLM dialect (its routes come shaped), over the user's own flag,
+    or for a fake that serves no routes. (`tests/test_target_moe.py` records and replays it end to end.)"""
+    from tito_rl.recorder.simulate import with_routes_layout
+
+    scenario = ROOT / "cassettes" / "targets" / "scenarios" / "slime_moe.yaml"
+    routed = ("--enable-return-routed-experts",)
+    assert with_routes_layout(["--target", "tito"], scenario, MoeShape(2, 2, 8), routed) == [
+        "--target",
+        "tito",
+        "--routes-layout",
+        "2,2",
+    ]
+    assert with_routes_layout([], scenario, MoeShape(2, 2, 8), (*routed, "--moe", "4,8,64")) == [
+        "--routes-layout",
+        "4,8",
+    ]
+    assert with_routes_layout([], scenario, None, routed) == ["--routes-layout", "2,2"]  # the fake's default
+    folder = str(model_folder(tmp_path))
+    assert with_routes_layout([], scenario, None, (*routed, "--model-path", folder)) == ["--routes-layout", "3,2"]
+    for unchanged, moe, engine in (
+        (["--target", "slime"], SHAPE, routed),
+        (["--engine-dialect", "vllm-generate"], SHAPE, routed),
+        (["--routes-layout", "6,1"], SHAPE, routed),
+        (["--routes-layout=6,1"], SHAPE, routed),
+        ([], SHAPE, ()),  # the fake serves no routes: nothing to split
+    ):
+        assert with_routes_layout(unchanged, scenario, moe, engine) == unchanged

@@ -5,6 +5,8 @@ where it is installed (skipped, saying why, where it is not). The audit needs no
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -98,14 +100,34 @@ def test_moe_verifiers_replays_through_verifiers() -> None:
 
 def test_the_slime_moe_scenario_through_titos_adapter_carries_the_routes(tmp_path: Path) -> None:
     """The same client and MoE engine recorded through tito's adapter with `tito record` (its writer process
-    included): tito asks, the sample holds a row per token but the last, and no channel rule fires."""
+    included): tito asks, the sample holds a row per token but the last, and no channel rule fires. The fake serves
+    no model folder, so `tito simulate` tells the adapter the shape it started the fake with (`moe: 2,2,8`): the
+    samples are slime's `[len(tokens) - 1, 2, 2]`, the fake's own routes, the header keeps `[2, 2]` and no path of
+    this run, and the replay splits the same way."""
+    from tito_rl.fake_engine.channels.moe import MoeShape, routes
     from tito_rl.recorder.simulate import simulate
+    from tito_rl.replayer.replay.cassette_replay import replay_cassette_async
 
     out = tmp_path / "slime_moe_through_tito.tito"
     simulate(TARGETS / "scenarios" / "slime_moe.yaml", out, target="tito", golden=False)
     engine, samples = legs(out)
     assert engine and all(r.request.get("return_routed_experts") for r in engine)
     assert samples and all(len(s["rollout_routed_experts"]) == len(s["tokens"]) - 1 for s in samples)
+    for sample in samples:
+        rows = np.asarray(sample["rollout_routed_experts"])
+        assert rows.shape == (len(sample["tokens"]) - 1, 2, 2)
+        assert np.array_equal(rows, routes(sample["tokens"], MoeShape(2, 2, 8))[:-1])
+        assert "routes_layout" not in sample["metadata"]
+    with CassetteReader(out) as reader:
+        header = reader.header
+    assert header.adapter["engine_routes_layout"] == [2, 2]
+    assert str(tmp_path) not in json.dumps(header.to_dict(), default=str)
+    [session] = asyncio.run(replay_cassette_async(out)).sessions
+    assert session.ok and not session.differences, session.differences
+    replayed = [s for finish in session.finishes for s in finish.samples]
+    assert [np.asarray(s["rollout_routed_experts"]).shape for s in replayed] == [
+        np.asarray(s["rollout_routed_experts"]).shape for s in samples
+    ]
     rules = fired(audit_cassette(out))
     assert not {r for r in rules if r.startswith(("routes", "kept", "version", "stale"))}, rules
 

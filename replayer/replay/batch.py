@@ -31,6 +31,7 @@ from tito_rl.replayer.replay.loading import (
     load_cassette,
     recorded_engine_model,
     recorded_target,
+    replay_routes_layout,
     replay_target,
     select_sessions,
     unreadable,
@@ -197,16 +198,19 @@ class CassetteSettings:
     tokenizer: str | None
     goldens_apply: bool
     engine_model: str | None = None
+    routes_layout: tuple[int, int] | None = None  # how SGLang's route rows split (`loading.replay_routes_layout`)
+    same_adapter: bool = False  # replayed through tito's adapter: `routes_layout` is given to it
 
 
 def cassette_settings(work: CassetteWork, options: ReplayOptions) -> CassetteSettings:
     cassette, tokenizer = _cassette(work.path, work.tokenizer)
-    model = None
+    model, layout, tito = None, None, False
     if replay_target(cassette.header, options.target, work.path, options.trust_cassette).kind == TITO:
         settings = adapter_settings(cassette.header, tokenizer, options.adapter)
         if settings.engine_dialect != SGLANG and not settings.engine_model:
             model = recorded_engine_model(cassette)
-    return CassetteSettings(work.path, tokenizer, work.goldens_apply, model)
+        layout, tito = replay_routes_layout(cassette, settings), True
+    return CassetteSettings(work.path, tokenizer, work.goldens_apply, model, layout, tito)
 
 
 @dataclass
@@ -231,6 +235,8 @@ class ReplayUnits:
         options = self.job.options
         if settings.engine_model is not None:
             options = replace(options, adapter={**options.adapter, "engine_model": settings.engine_model})
+        if settings.same_adapter:  # found over the whole cassette: a unit holds only its own sessions
+            options = replace(options, adapter={**options.adapter, "engine_routes_layout": settings.routes_layout})
         done: list[SessionOutcome] = []
         run_sync(_replay_unit(cassette, settings, unit.names, replace(self.job, options=options), done.append))
         return done

@@ -39,6 +39,7 @@ from tito_rl.replayer.replay.loading import (
     adapter_settings,
     recorded_engine_model,
     recorded_target,
+    replay_routes_layout,
     replay_target,
 )
 from tito_rl.replayer.replay.options import ReplayOptions
@@ -206,6 +207,8 @@ class Harness(HarnessBase):
         self.settings = adapter_settings(cassette.header, tokenizer, options.adapter)
         if self.settings.engine_dialect != SGLANG and not self.settings.engine_model:
             self.settings.engine_model = recorded_engine_model(cassette)
+        if "engine_routes_layout" not in options.adapter:  # a unit's worker gets the planner's, from every session
+            self.settings.engine_routes_layout = replay_routes_layout(cassette, self.settings)
         self.settings.clock = self._created
         self.manager = CapturingManager(**{**(cassette.header.adapter.get("manager") or {}), **options.manager})
         self.tap = ReplayTap()

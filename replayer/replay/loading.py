@@ -19,6 +19,7 @@ from tito_rl.recorder.targets.profiles.trust import ReplayTarget, recorded_ref, 
 from tito_rl.recorder.targets.registry import TargetSpec
 from tito_rl.trajectory.adapters.app import AdapterSettings
 from tito_rl.trajectory.adapters.engine.routes_layout import given_layout
+from tito_rl.trajectory.dialects.view import SGLANG
 from tito_rl.trajectory.manager import TrajectoryManager
 from tito_rl.trajectory.tokens.tokenizer import fingerprint
 
@@ -172,3 +173,36 @@ def replay_choice(header: Header, chosen: str | None, path: str, trust: bool = F
 def replay_target(header: Header, chosen: str | None, path: str, trust: bool = False) -> TargetSpec:
     """`replay_choice`'s target."""
     return replay_choice(header, chosen, path, trust).spec
+
+
+def recorded_routes_layout(cassette: Cassette) -> tuple[int, int] | None:
+    """How the live adapter split SGLang's flat route rows where the header does not say: its engine was not up when
+    `tito record` started, so it learned the split before its first generation, after the header was written. The
+    recorded samples keep that split (their routes' shape, `[rows, layers, top_k]`), so a replay splits the same way
+    with no model folder. The first sample with routes decides: None where it keeps them flat (its
+    `metadata.routes_layout` says so); a session whose `/generate` calls never asked for routes ends the search (the
+    adapter asks every call once the engine serves them), so a recording without routes reads one session."""
+    import numpy as np
+
+    for name in cassette.sessions:
+        log = cassette.sessions[name]
+        asked = [isinstance(r.request, dict) and bool(r.request.get("return_routed_experts")) for r in log.engine]
+        if asked and not any(asked):
+            return None
+        for sample in log.samples:
+            routes = sample.get("rollout_routed_experts")
+            if routes is None:
+                continue
+            metadata = sample.get("metadata")
+            if isinstance(metadata, dict) and "routes_layout" in metadata:
+                return None
+            shape = np.shape(routes)
+            return (int(shape[1]), int(shape[2])) if len(shape) == 3 and min(shape[1:]) > 0 else None
+    return None
+
+
+def replay_routes_layout(cassette: Cassette, settings: AdapterSettings) -> tuple[int, int] | None:
+    """The route split a replay's adapter is given: the header's, else (SGLang's rows) the recorded samples'."""
+    if settings.engine_routes_layout is not None or settings.engine_dialect != SGLANG:
+        return settings.engine_routes_layout
+    return recorded_routes_layout(cassette)
