@@ -23,6 +23,7 @@ from tito_rl.cassette.writer_process import Layout, WriterProcessTap
 from tito_rl.recorder.taps.progress import ProgressTap
 from tito_rl.recorder.taps.sampling import SamplingTap
 from tito_rl.trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
+from tito_rl.trajectory.adapters.engine.routes_layout import fetch_server_info
 from tito_rl.trajectory.adapters.tap import TrafficTap
 from tito_rl.trajectory.tokens.tokenizer import fingerprint
 
@@ -54,21 +55,8 @@ KEPT_SERVER_ARGS = ("enable_return_routed_experts",)
 async def fetch_server_args(engine_url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     """The `KEPT_SERVER_ARGS` an SGLang engine's `/server_info` (or `/get_server_info`) sets true; {} where it sets
     none or does not answer, so a recording's header changes only for an engine started with them."""
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
-        for path in ("/server_info", "/get_server_info"):
-            try:
-                async with http.get(engine_url.rstrip("/") + path) as resp:
-                    if resp.status != 200:
-                        continue
-                    info = await resp.json(content_type=None)
-            except ValueError:
-                continue
-            except (aiohttp.ClientError, TimeoutError):
-                return {}
-            if isinstance(info, dict):
-                return {key: True for key in KEPT_SERVER_ARGS if info.get(key) is True}
-    return {}
+    info = await fetch_server_info(engine_url, timeout_s) or {}
+    return {key: True for key in KEPT_SERVER_ARGS if info.get(key) is True}
 
 
 def adapter_settings_dict(settings: AdapterSettings) -> dict[str, Any]:
