@@ -67,12 +67,22 @@ def test_the_recording_holds_every_generated_request_as_the_real_sglang_answered
 def test_the_field_requests_are_the_cassettes_own_deduplicated_by_structure():
     drawn = field_requests(SGLANG)
     # slime_retry's calls have slime_mixed's structure; slime_moe's, recorded around an engine serving expert
-    # routes (top_p 0.9, routes not asked), go to the MoE started with --enable-return-routed-experts
-    assert [(r.name, r.mode) for r in drawn] == [("field slime_mixed 1", SGLANG), ("field slime_moe 1", ROUTES)]
+    # routes (top_p 0.9, routes not asked), go to the MoE started with --enable-return-routed-experts, and so do
+    # miles_moe's chat calls (they ask for routes and meta_info); its 7 calls have 5 message structures (the
+    # streamed session's calls reach the engine unstreamed: miles answers its client one chunk)
+    miles = [f"field miles_moe {n}" for n in range(1, 6)]
+    assert [(r.name, r.mode) for r in drawn] == [("field slime_mixed 1", SGLANG), ("field slime_moe 1", ROUTES)] + [
+        (name, ROUTES) for name in miles
+    ]
     body = drawn[0].body or {}
     assert "rid" not in body and body["sampling_params"]["max_new_tokens"] <= 6
     assert [r.name for r in all_requests(SGLANG) if r.name.startswith("field ")] == ["field slime_mixed 1"]
-    assert [r.name for r in route_requests() if r.name.startswith("field ")] == ["field slime_moe 1"]
+    assert [r.name for r in route_requests() if r.name.startswith("field ")] == ["field slime_moe 1", *miles]
+    for request in drawn[2:]:
+        chat = request.body or {}
+        assert request.path == "/v1/chat/completions" and request.dialect == "sglang-openai"
+        assert chat["return_routed_experts"] is True and chat["return_meta_info"] is True and "stream" not in chat
+        assert chat["input_ids"] and chat["max_tokens"] <= 6
     vllm = field_requests("vllm")
     # moe_verifiers' calls have verifiers_mixed's structure (vLLM sends routes unasked: nothing to ask), and stay
     # in the full mode: vLLM 0.32's CPU build refuses --enable-return-routed-experts at start
@@ -101,6 +111,12 @@ def test_the_fake_moe_answers_every_recorded_routes_request_with_the_real_struct
     assert "top_p_token_ids" not in kept.body["meta_info"]
     # slime's adapters, recorded around an engine serving routes, do not ask for them: none come back
     assert "routed_experts" not in real["field slime_moe 1"].body["meta_info"]
+    # miles' chat calls (return_meta_info and return_routed_experts, its own prompt ids): the real MoE answers the
+    # routes in the choice's meta_info and none at the root, as the fake engine does
+    miles = [name for name in real if name.startswith("field miles_moe ")]
+    assert len(miles) == 5
+    for name in miles:
+        assert "sglext" not in real[name].body and real[name].body["choices"][0]["meta_info"]["routed_experts"]
 
 
 def test_a_route_difference_on_the_moes_own_generate_is_not_left_out():
@@ -113,7 +129,9 @@ def test_a_route_difference_on_the_moes_own_generate_is_not_left_out():
 
 
 def _routes(answer_body: dict, where: str = "meta_info") -> np.ndarray:
-    holder = answer_body["meta_info"] if where == "meta_info" else answer_body["sglext"]
+    holders = {"meta_info": lambda b: b["meta_info"], "sglext": lambda b: b["sglext"]}
+    holders["choice"] = lambda b: b["choices"][0]["meta_info"]
+    holder = holders[where](answer_body)
     raw = base64.b64decode(holder["routed_experts"])
     assert len(raw) % 4 == 0
     return np.frombuffer(raw, dtype="<i4").reshape(-1, LAYERS, TOP_K)
@@ -145,6 +163,9 @@ def test_the_fake_engines_routes_have_the_real_moes_shape_encoding_start_and_pre
     chat = fake["chat routes"].body
     assert _routes(chat, "sglext").shape == _routes(real["chat routes"].body, "sglext").shape
     assert "routed_experts" not in str(chat["choices"])  # at the root, not under choices
+    for name in [n for n in real if n.startswith("field miles_moe ")]:  # return_meta_info: in the choice instead
+        assert "sglext" not in fake[name].body, name
+        assert _routes(fake[name].body, "choice").shape == _routes(real[name].body, "choice").shape, name
 
 
 def test_the_fake_engine_imitates_the_sglang_release_checked_live_by_default():

@@ -455,6 +455,16 @@ def test_the_committed_route_answers_are_what_sglang_sent():
     chat = by_name["chat routes"].body
     rows = routes_of({"meta_info": chat["sglext"]})
     assert len(rows) == chat["usage"]["prompt_tokens"] + chat["usage"]["completion_tokens"] - 1
+    # miles' chat calls (return_meta_info with routes, token ids in): the routes in the choice's meta_info instead,
+    # none at the root, over miles' own prompt ids (taken over its messages) and the output.
+    miles = [e for e in recording.exchanges if e.request.name.startswith("field miles_moe ")]
+    assert miles
+    for exchange in miles:
+        body, prompt_ids = exchange.answer.body, (exchange.request.body or {})["input_ids"]
+        meta = body["choices"][0]["meta_info"]
+        assert "sglext" not in body and meta["prompt_tokens"] == len(prompt_ids)
+        assert len(routes_of(body["choices"][0])) == len(prompt_ids) + meta["completion_tokens"] - 1
+        assert len(meta["output_token_logprobs"]) == meta["completion_tokens"] and "weight_version" in meta
 
 
 @pytest.mark.real_engine
@@ -470,6 +480,10 @@ def test_the_committed_route_answers_repeat_live(real_engines):
             assert new.answer.body["meta_info"].get("routed_experts") == old.answer.body["meta_info"].get(
                 "routed_experts"
             ), old.request.name
+        elif old.request.name.startswith("field miles_moe "):  # the chat choice's meta_info (return_meta_info)
+            was, now = old.answer.body["choices"][0]["meta_info"], new.answer.body["choices"][0]["meta_info"]
+            assert [t[1] for t in now["output_token_logprobs"]] == [t[1] for t in was["output_token_logprobs"]]
+            assert now["routed_experts"] == was["routed_experts"], old.request.name
 
 
 def contract_answers() -> Recording:

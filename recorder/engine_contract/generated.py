@@ -66,6 +66,7 @@ FIELD_CASSETTES = tuple(
         "verifiers_opencode_tool_loop",
         "verifiers_qwen_tool_loop",
         "moe_verifiers",
+        "miles_moe",
     )
 ) + tuple(f"cassettes/real_vllm/{name}.tito" for name in ("rllm_vllm", "tito_vllm_generate", "tito_vllm_openai"))
 SGLANG_DIALECTS = ("sglang", "sglang-openai", None)  # None: a cassette from before dialects (SGLang's /generate)
