@@ -46,7 +46,7 @@ from tito_rl.fake_engine.openai.vllm_bodies import models_list as vllm_models_li
 from tito_rl.fake_engine.openai.vllm_versions import VLLM_DEFAULT_VERSION
 from tito_rl.fake_engine.policy import FinishKind, GenerateRequest, Generation, Policy, PolicyError
 from tito_rl.fake_engine.serving import Dropped, Prepared, Tracked, drop, dumps, json_response
-from tito_rl.fake_engine.sessions import session_key, turn_index
+from tito_rl.fake_engine.sessions import continued_tokens, session_key, turn_index
 from tito_rl.fake_engine.sglang.logprob_layout import LogprobLayout, laid_out
 from tito_rl.fake_engine.sglang.responses import (
     DEFAULT_PROFILE,
@@ -368,6 +368,9 @@ class Engine:
                         self.options.logprob_seed, greq.session_key, greq.turn_index, pos + 1, ids[pos + 1]
                     )
                     lps = lps[: pos + 1] + [extra] + lps[pos + 1 :]
+        done = continued_tokens(greq.input_ids, ids)  # a continuation after an abort: the rest of the reply
+        if done:
+            ids, lps = ids[done:], lps[done:]
         cuts: tuple[tuple[int | None, FinishKind], ...] = (
             (faults.finish_length, "length"),
             (faults.abort_after, "abort"),

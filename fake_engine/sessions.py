@@ -71,6 +71,31 @@ def session_key(input_ids: list[int], routing_key: str | None) -> str:
     return f"k:{routing_key}" if routing_key else prompt_digest(input_ids)
 
 
+NEWLINE = 198  # the `\n` that ends the generation prompt `<|im_start|>assistant\n`
+
+
+def open_reply(input_ids: list[int]) -> list[int]:
+    """The reply tokens after the prompt's open generation prompt: a gateway continuing a generation the engine
+    aborted (a weight update's `abort_all_requests`) sends the prompt and the partial output again, as slime's
+    partial rollout does; [] where the prompt ends at the generation prompt, or holds no open one."""
+    starts = _positions(input_ids, IM_START, ROLE_ASSISTANT)
+    if not starts or IM_END in input_ids[starts[-1] :]:
+        return []
+    head = starts[-1] + 2
+    if head < len(input_ids) and input_ids[head] == NEWLINE:
+        head += 1
+    return input_ids[head:]
+
+
+def continued_tokens(input_ids: list[int], output_ids: list[int]) -> int:
+    """How many of a turn's output tokens the prompt already holds as its open reply (`open_reply`): a model
+    continues after them, so they are not generated again. 0 unless they are a strict prefix of the output."""
+    tail = open_reply(input_ids)
+    if tail and len(tail) < len(output_ids) and output_ids[: len(tail)] == tail:
+        return len(tail)
+    return 0
+
+
 def turn_index(input_ids: list[int]) -> int:
     """Assistant turns already in the prompt; a trailing generation prompt does not count."""
     starts = _positions(input_ids, IM_START, ROLE_ASSISTANT)

@@ -85,11 +85,8 @@ def check(args: argparse.Namespace) -> str | None:
         return str(exc)
     if spec.kind == "http" and not args.engine_listen:
         return f"--target {spec.text} needs --engine-listen HOST:PORT: the engine URL that gateway was started with"
-    if spec.kind == TITO and (args.engine_listen or args.volatile or args.session_from or args.routing_header):
-        return (
-            "--engine-listen, --volatile, --routing-header and --session-from are for a target other than "
-            "tito's own adapter"
-        )
+    if spec.kind == TITO and (args.volatile or args.session_from or args.routing_header):
+        return "--volatile, --routing-header and --session-from are for a target other than tito's own adapter"
     if spec.kind == TITO and args.engine_dialect not in (None, *ADAPTER_DIALECTS):
         return (
             f"--engine-dialect {args.engine_dialect}: tito's adapter calls the engine in {', '.join(ADAPTER_DIALECTS)}"
@@ -269,10 +266,14 @@ async def serve_until_signal(args: argparse.Namespace) -> int:
 async def _start_tito(
     args: argparse.Namespace, settings: Any, manager: Any, tap: Any, progress: Any
 ) -> tuple[Callable[[], Awaitable[None]], str]:
-    """tito's own adapter app with the cassette's tap inside it (exact attribution of every engine call)."""
+    """tito's own adapter app with the cassette's tap inside it (exact attribution of every engine call), and the
+    trainer's engine URL beside it (--engine-listen, else a free loopback port): a trainer that updates weights,
+    pauses or aborts through it is recorded as around a target (`recorder/taps/trainer_tap.py`)."""
     from aiohttp import web
 
+    from tito_rl.recorder.taps.around import serve as serve_tap
     from tito_rl.recorder.taps.proxy import create_recording_app
+    from tito_rl.recorder.taps.trainer_tap import TRAINER_TAP_KEY
     from tito_rl.trajectory.runtime.server_process import prepare_to_serve
 
     host, port = serve.parse_listen(args.listen)
@@ -282,16 +283,31 @@ async def _start_tito(
     prepare_to_serve(app)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        trainer, trainer_url = await serve_tap(
+            app[TRAINER_TAP_KEY].app(), *serve.parse_listen(args.engine_listen or "127.0.0.1:0")
+        )
+    except BaseException:
+        await runner.cleanup()
+        raise
     model = f", model {settings.engine_model}" if settings.engine_model else ""
     print(
         f"tito record: proxy on http://{host}:{port} -> {settings.engine_url} ({settings.engine_dialect}{model}), "
-        f"writing {args.out}",
+        f"writing {args.out}; a trainer's engine URL: {trainer_url} (its weight updates, pauses and aborts "
+        "are recorded)",
         file=sys.stderr,
         flush=True,
     )
-    return runner.cleanup, f"http://{host}:{port}"
+
+    async def stop() -> None:
+        try:
+            await trainer.cleanup()
+        finally:
+            await runner.cleanup()  # finalizes the open sessions and closes the cassette
+
+    return stop, f"http://{host}:{port}"
 
 
 async def _start_around(

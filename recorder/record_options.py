@@ -130,7 +130,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine-listen",
         metavar="HOST:PORT",
         help="where the engine tap listens, the target's engine URL (required with an http:// "
-        "target; a driver's gateway gets a free loopback port by default)",
+        "target; a driver's gateway gets a free loopback port by default); with tito's own adapter, the "
+        "trainer's engine URL, whose weight updates, pauses and aborts are recorded (default: a free loopback "
+        "port, printed at start)",
     )
     targets.add_argument(
         "--volatile",

@@ -1,8 +1,9 @@
 """Engine-wide events (issue 46, format version 7): a trainer's weight updates, pauses and aborts made on the engine
 directly, outside every session, recorded in the cassette in their order among the sessions' engine calls, and
-audited: the sessions an update aborted are named by `aborted-by-update`, a sample spanning more versions than
-`--max-staleness` by `stale-tokens` (live too), a token of a version the recorded updates had not made current by
-`version-not-current`.
+audited: tito's adapter continues the turns an update aborted (`aborted-by-update` names them only where a gateway
+passed the abort on: a copy with the continuations left out), a sample spanning more versions than
+`--max-staleness` is named by `stale-tokens` (live too), a token of a version the recorded updates had not made
+current by `version-not-current`.
 
 The recording is real HTTP on loopback: the fake engine, tito's adapter as the target between the recorder's two
 taps (`TapsAround`), four agent sessions and a "trainer" client that calls the engine through the engine tap, as a
@@ -24,7 +25,7 @@ from aiohttp.test_utils import TestServer
 from tests.audit_support import Recording
 from tito_rl.cassette.format.errors import CorruptCassetteError
 from tito_rl.cassette.format.frames import encode_frame
-from tito_rl.cassette.format.records import ENGINE_WIDE, FORMAT_VERSION, EngineEvent
+from tito_rl.cassette.format.records import ENGINE_WIDE, FORMAT_VERSION, EngineEvent, EngineRecord
 from tito_rl.cassette.reader import CassetteReader, open_cassette, read_cassette, summarize
 from tito_rl.cassette.writer import CassetteWriter
 from tito_rl.cassette.writer_process import Layout, _observer
@@ -120,7 +121,8 @@ async def _record(path: Path) -> None:
             await _until(lambda: state.paused.is_set() and len(state.tracked) == 2, "A and B in flight, paused")
             await trainer("/update_weight_version", {"new_version": "2"})  # abort_all_requests: SGLang's default
             await trainer("/continue_generation", {})
-            await asyncio.gather(*first)
+            replies = await asyncio.gather(*first)  # each answered once, whole: the adapter continued the abort
+            assert [r["content"] for r in replies] == ["Let me look at the files first."] * 2
             for sid in (A, B):
                 await _turn(http, ends.agent_url, sid, chats[sid])
                 await _finish(http, ends.agent_url, sid)
@@ -170,9 +172,13 @@ def test_the_trainers_calls_are_kept_in_order_among_the_sessions_calls(recorded:
     calls = {sid: [r for r in cassette.sessions[named[sid]].engine if r.path == "/generate"] for sid in named}
     update = events[0].order
     for sid in (A, B):  # in flight when the update came: started before it, answered (aborted) after it started
-        aborted = calls[sid][0]
+        aborted, continued = calls[sid][:2]
         assert aborted.order is not None and aborted.order[0] < update[0] < aborted.order[1]
         assert aborted.response["meta_info"]["finish_reason"]["type"] == "abort"
+        # tito's adapter continued it: the prompt and the partial output sent again, after the update
+        assert continued.request["input_ids"] == aborted.request["input_ids"] + aborted.response["output_ids"]
+        assert continued.order is not None and update[0] < continued.order[0]
+    assert len(calls[A][0].response["output_ids"]) == 2 and calls[B][0].response["output_ids"] == []
     c_first, c_second = (r.order for r in calls[C])
     assert c_first is not None and c_second is not None
     assert c_first[1] < events[2].order[0] and events[3].order[1] < c_second[0]  # C's turns on either side
@@ -192,11 +198,22 @@ def test_the_audit_names_the_aborted_sessions_the_stale_sample_and_the_version_n
     named = names(recorded)
     result = audit_cassette(recorded, options=AuditOptions(max_staleness=1))
     rules = result.findings.rules
-    assert rules["aborted-by-update"].sessions == {named[A]: 1, named[B]: 1}
-    assert rules["aborted-by-update"].kinds == {"engine-wide update": 2}
+    # A and B were aborted by the update, and tito's adapter continued both: nothing thrown away, nothing trained
+    # that no engine call emitted (A's partial output is the first call's, the rest the continuation's)
+    assert not rules["aborted-by-update"].fired and not rules["trained-not-emitted"].fired
+    # the same traffic with the continuations left out (a gateway that passed the abort on) names both
+    passed_on = recorded.parent / "passed_on.tito"
+    continuations = {(named[sid], 2) for sid in (A, B)}  # each session's second engine call
+    with CassetteReader(recorded) as reader, CassetteWriter(passed_on, reader.header, header_redacted=True) as writer:
+        for record in reader.records():
+            if not (isinstance(record, EngineRecord) and (record.session, record.seq) in continuations):
+                writer.append_redacted(record)
+    given_up = audit_cassette(passed_on, options=AuditOptions(max_staleness=1)).findings.rules
+    assert given_up["aborted-by-update"].sessions == {named[A]: 1, named[B]: 1}
+    assert given_up["aborted-by-update"].kinds == {"engine-wide update": 2}
     assert (
         "/update_weight_version (engine-wide, no session's) made while it ran"
-        in rules["aborted-by-update"].examples[0].detail
+        in given_up["aborted-by-update"].examples[0].detail
     )
     assert rules["stale-tokens"].sessions == {named[C]: 1}
     assert "versions 2 to 4, 2 apart" in rules["stale-tokens"].examples[0].detail
@@ -206,18 +223,18 @@ def test_the_audit_names_the_aborted_sessions_the_stale_sample_and_the_version_n
     assert rules["version-not-current"].total == rules["version-not-current"].sessions[named[D]] > 0
     assert not rules["version-uncovered"].fired
     # JSON, text and the HTML page say the same; parts (-j) give the same report as one pass
-    assert main(["audit", str(recorded), "--json", "--max-staleness", "1", "--fail-on", "aborted-by-update"]) == 1
+    assert main(["audit", str(recorded), "--json", "--max-staleness", "1", "--fail-on", "version-not-current"]) == 1
     out = json.loads(capsys.readouterr().out)
     json_rules = out["cassettes"][0]["rules"]
-    assert json_rules["aborted-by-update"]["sessions"] == {named[A]: 1, named[B]: 1}
+    assert json_rules["stale-tokens"]["sessions"] == {named[C]: 1} and not json_rules["aborted-by-update"]["sessions"]
     assert json_rules["version-not-current"]["sessions"] == {named[D]: rules["version-not-current"].total}
     assert out["rules"]["version-not-current"]["description"].startswith("an output token of a weight version")
     assert main(["audit", str(recorded), "--max-staleness", "1", "--fail-on", ""]) == 0
     text = capsys.readouterr().out
-    assert "aborted-by-update" in text and "version-not-current" in text and named[A] in text
+    assert "stale-tokens" in text and "version-not-current" in text and named[C] in text
     page = Path(recorded.parent / "audit.html")
     assert main(["audit", str(recorded), "--html", str(page), "--fail-on", ""]) == 0
-    assert ">version-not-current</a>" in page.read_text() and ">aborted-by-update</a>" in page.read_text()
+    assert ">version-not-current</a>" in page.read_text() and ">stale-tokens</a>" in page.read_text()
     one = to_json(audit([str(recorded)], options=AuditOptions(1)))
     parts = to_json(audit([str(recorded)], dispatch=pool_dispatch(1), unit_most=1, options=AuditOptions(1)))
     assert json.dumps(parts) == json.dumps(one)
@@ -229,7 +246,10 @@ def test_the_audit_names_the_aborted_sessions_the_stale_sample_and_the_version_n
             if not isinstance(record, EngineEvent):
                 writer.append_redacted(record)
     unseen = audit_cassette(blind, options=AuditOptions(max_staleness=1)).findings.rules
-    assert unseen["aborted-by-update"].kinds == {"version changed": 1} and not unseen["version-not-current"].fired
+    assert not unseen["aborted-by-update"].fired and not unseen["version-not-current"].fired
+    # A's sample spans versions 1 and 2 (its first turn across the update): within --max-staleness 1, beyond 0
+    strict = audit_cassette(recorded, options=AuditOptions(max_staleness=0)).findings.rules["stale-tokens"]
+    assert named[A] in strict.sessions and named[B] not in strict.sessions
 
 
 def test_live_metrics_count_stale_samples_and_tokens_with_max_staleness(recorded: Path) -> None:
@@ -250,9 +270,10 @@ def test_live_metrics_count_stale_samples_and_tokens_with_max_staleness(recorded
             live.record(record)
     live.close()
     audited = audit_cassette(recorded, options=AuditOptions(max_staleness=1))
-    for rule in ("stale-tokens", "aborted-by-update", "version-not-current"):
+    for rule in ("stale-tokens", "aborted-by-update", "version-not-current", "trained-not-emitted"):
         value = metrics.registry.get_sample_value("tito_audit_findings_total", {"target": "t", "rule": rule})
-        assert value == audited.findings.rules[rule].total > 0, rule
+        assert value == audited.findings.rules[rule].total, rule
+        assert (value > 0) == (rule in ("stale-tokens", "version-not-current")), rule  # the aborts were continued
     stale = metrics.registry.get_sample_value("tito_audit_stale_tokens_total", {"target": "t"})
     assert stale is not None and stale > 0  # C's first turn: version 2, two behind its sample's newest (4)
     # without the option nothing is stale, as `tito audit` without --max-staleness

@@ -255,3 +255,55 @@ def test_fake_engine_refuses_a_cassette_whose_engine_leg_it_cannot_serve_in_one_
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "its engine leg is not SGLang's /generate (15 vllm-openai call(s))" in lines[0]
     assert "tito replay" in lines[0]
+
+
+def test_plain_record_serves_a_trainers_engine_url_and_keeps_its_updates_as_events(tmp_path: Path) -> None:
+    """Plain `tito record` (tito's adapter, no --target) serves the trainer an engine URL (--engine-listen, printed
+    at start): what a trainer does there reaches the engine, and its weight updates are engine-wide events in the
+    cassette, placed on one counter with the adapter's own calls, as around a target."""
+    from tito_rl.cassette.format.records import ENGINE_WIDE
+    from tito_rl.replayer.audit.runner import audit_cassette
+
+    out = tmp_path / "trainer.tito"
+    engine_port, proxy_port, trainer_port = free_port(), free_port(), free_port()
+    engine, trainer = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{trainer_port}"
+    with (
+        tito("fake-engine", "--script", SCRIPT, "--port", str(engine_port), ready=engine + "/health"),
+        tito(
+            "record",
+            "--engine",
+            engine,
+            "--listen",
+            f"127.0.0.1:{proxy_port}",
+            "--engine-listen",
+            f"127.0.0.1:{trainer_port}",
+            "--out",
+            str(out),
+            ready=trainer + "/health",  # relayed to the engine: the trainer's URL is up
+        ) as rec,
+    ):
+        update = json.dumps({"new_version": "7", "abort_all_requests": False}).encode()
+        status, body = post(trainer + "/update_weight_version", update)
+        assert status == 200 and json.loads(body)["new_version"] == "7"
+        status, body = post(f"http://127.0.0.1:{proxy_port}/v1/messages?beta=true", capture("baseline_001.json"),
+                            agent_headers())  # fmt: skip
+        assert status == 200, body[:500]
+        rec.send_signal(signal.SIGTERM)
+        assert rec.wait(timeout=30) == 0
+        assert rec.stderr is not None
+        printed = rec.stderr.read().decode()
+    assert f"a trainer's engine URL: {trainer}" in printed
+    cassette = read_cassette(out)
+    (event,) = cassette.events
+    assert (event.session, event.path, event.request, event.status) == (
+        ENGINE_WIDE,
+        "/update_weight_version",
+        {"new_version": "7", "abort_all_requests": False},
+        200,
+    )
+    (log,) = cassette.sessions.values()
+    (call,) = [e for e in log.engine if e.path.endswith("/generate")]
+    assert call.order is not None and event.order[1] < call.order[0]  # the adapter's call placed after the update
+    assert call.response["meta_info"]["weight_version"] == "7"
+    rules = audit_cassette(out).findings.rules
+    assert not rules["version-not-current"].fired and not rules["aborted-by-update"].fired

@@ -364,8 +364,9 @@ def test_an_agent_option_the_run_would_ignore_is_refused_in_one_line(tmp_path: P
     )
     assert problem("--engine-dialect", "sglang") is None and problem("--engine-dialect", "vllm-openai") is None
     assert problem("--session-from", "cookie:sid").startswith(
-        "--engine-listen, --volatile, --routing-header and --session-from are for a target other"
+        "--volatile, --routing-header and --session-from are for a target other"
     )
+    assert problem("--engine-listen", "127.0.0.1:0") is None  # tito's adapter: the trainer's engine URL
     assert problem("--target", "rllm", "--volatile", "id").startswith(
         "--volatile and --routing-header are for an http:// target"
     )

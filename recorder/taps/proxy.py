@@ -22,6 +22,7 @@ from tito_rl.cassette.writer import CassetteWriter, PerSessionTap
 from tito_rl.cassette.writer_process import Layout, WriterProcessTap
 from tito_rl.recorder.taps.progress import ProgressTap
 from tito_rl.recorder.taps.sampling import SamplingTap
+from tito_rl.recorder.taps.trainer_tap import TRAINER_TAP_KEY, TrainerTap
 from tito_rl.trajectory.adapters.app import ADAPTER_KEY, AdapterSettings, create_app
 from tito_rl.trajectory.adapters.engine.routes_layout import fetch_server_info
 from tito_rl.trajectory.adapters.tap import TrafficTap
@@ -117,9 +118,14 @@ def create_recording_app(
     sample_rate: float = 1.0,
     wrap: Callable[[TrafficTap], TrafficTap] | None = None,
 ) -> web.Application:
-    """The adapter app with `tap` on both legs; closing the app finalizes open sessions and the cassette."""
+    """The adapter app with `tap` on both legs; closing the app finalizes open sessions and the cassette. Its
+    `TRAINER_TAP_KEY` holds the trainer's engine URL's tap (`trainer_tap`), whose app the caller serves."""
     counted = recorded_tap(tap, progress, sample_rate, wrap)
     app = create_app(settings, manager=manager, tap=counted)
+    # the trainer's engine URL (its app served beside this one): its updates are placed among the adapter's calls
+    trainer = TrainerTap(counted, settings.engine_url, settings.engine_dialect)
+    app[ADAPTER_KEY].engine.order = trainer.next_order
+    app[TRAINER_TAP_KEY] = trainer
 
     @web.middleware
     async def refuse_once_recording_failed(request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -113,6 +113,9 @@ class Call:
     examples: list[Example] = field(default_factory=list)  # told their exchange when it is known
     record: EngineRecord | None = None  # the raw record, while the families are fed it (then let go)
     order: tuple[int, int] | None = None  # `EngineRecord.order`: its place among every engine call and event
+    # Aborted by the engine (a weight update), then continued by the session's next call, whose prompt is this
+    # call's prompt and output (tito's adapter, slime's partial rollout): its output was sampled and sent on.
+    continued: bool = False
 
     @property
     def generates(self) -> bool:
@@ -128,8 +131,15 @@ class Call:
 
     @property
     def generated(self) -> bool:
-        """A generation the engine completed and returned (an aborted one is not)."""
-        return self.generates and not self.failed and not self.aborted and len(self.output) > 0
+        """A generation the engine completed and returned (an aborted one is not, unless it was continued)."""
+        return self.generates and not self.failed and (not self.aborted or self.continued) and len(self.output) > 0
+
+    def continued_by(self, prompt: np.ndarray) -> bool:
+        """Whether `prompt` (a later call's) is this aborted call's prompt and output: a continuation of it."""
+        p = self.prompt_len
+        if not self.aborted or self.failed or p is None or len(prompt) != p + len(self.output):
+            return False
+        return bool(np.array_equal(prompt[p:], self.output)) and digest(prompt[:p]) == self.prompt_digest
 
 
 @dataclass
@@ -337,6 +347,10 @@ class Feed:
             prompt, call.prompt_len, call.prompt_digest = tokenized, len(tokenized), digest(tokenized)
         state.calls += 1
         self.findings.figure(state.name).engine_calls += 1
+        if prompt is not None and call.generates:  # an abort this call continues is a generation after all
+            before = next((c for c in reversed(state.pending) if c.generates), None)
+            if before is not None and before.continued_by(prompt):
+                before.continued = True
         call.record = record  # read by the channel rules while the call is fed (replayer/audit/channels)
         for family in self.families:
             family.call(state, call, prompt)

@@ -31,6 +31,7 @@ from aiohttp import web
 from tito_rl.trajectory.adapters.canonical import EchoMemory, fold_system_messages, message, tool_call
 from tito_rl.trajectory.adapters.disconnects import DisconnectWatcher
 from tito_rl.trajectory.adapters.engine import fast_json
+from tito_rl.trajectory.adapters.engine.continuation import MAX_CONTINUATIONS, Continuing, joined
 from tito_rl.trajectory.adapters.engine.generate import EngineClient, EngineError, Generation, new_rid, sampling_params
 from tito_rl.trajectory.adapters.engine.routes_layout import config_layout, given_layout
 from tito_rl.trajectory.adapters.engine.transport import EngineTransport
@@ -58,6 +59,8 @@ SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contro
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
+# The side turn of a generation the engine aborted on its own every time the adapter continued it.
+NOT_CONTINUED = f"aborted by the engine: not continued after {MAX_CONTINUATIONS} continuations"
 # Engine calls of a request not yet handed to the tap.
 PENDING_ENGINE_EXCHANGES = web.RequestKey("tito_engine_exchanges", list)
 
@@ -302,15 +305,21 @@ class Adapter:
             self._record_aborted(ref, messages, turn, prompt_ids, partial)
             self._report(ref, state, request, body, 499, {}, started, digest, side=True)
 
+        continuing = Continuing(rid)
         try:
             gen = await self._generate(
-                request, ref, state, rid, prompt_ids, turn, on_disconnect, prompt.splice.routes_from
+                request, ref, state, continuing, prompt_ids, turn, on_disconnect, prompt.splice.routes_from
             )
         except EngineError as exc:
             status = wire.OVERLOADED_STATUS if exc.overloaded else exc.status
             return await self._fail(request, ref, state, wire, body, started, status, exc.message, digest)
         if gen is None:
             return web.Response(status=499)
+        if gen.finish_reason == "abort":  # the engine aborted it every time it was continued: the agent gets none
+            self._record_aborted(ref, messages, turn, prompt_ids, gen, NOT_CONTINUED)
+            status = wire.OVERLOADED_STATUS
+            text = f"the engine aborted the generation {len(continuing.parts)} times (weight updates?); send it again"
+            return await self._fail(request, ref, state, wire, body, started, status, text, digest)
         parsed = self.parse_output(gen.output_ids, turn.tools)
         # Ids derive from the session's stable name and the request's number in the session (not its bytes: the
         # cassette stores the body with the live credential replaced by the name). A replay authenticates with
@@ -343,15 +352,17 @@ class Adapter:
         request: web.Request,
         ref: SessionRef,
         state: SessionState,
-        rid: str,
+        continuing: Continuing,
         prompt_ids: list[int],
         turn: TurnRequest,
         on_disconnect: Callable[[Generation], None],
         routes_from: int = 0,
     ) -> Generation | None:
-        """The generation, or None when the client went away (then aborted, and reported to on_disconnect).
-        `routes_from`: the first position whose expert route the answer must hold (the spliced prefix's came with
-        the turn spliced onto)."""
+        """The generation, or None when the client went away (then aborted, and reported to on_disconnect). An
+        abort the engine made on its own (a weight update) is continued (`EngineClient.generate_whole`);
+        `continuing.rid` names the call in flight. `routes_from`: the first position whose expert route the answer
+        must hold (the spliced prefix's came with the turn spliced onto)."""
+        rid = continuing.rid
         params = sampling_params(
             turn.sampling,
             len(prompt_ids),
@@ -363,11 +374,12 @@ class Adapter:
             return Generation(rid, [], [], "length", len(prompt_ids), created=int(self.engine.clock()))
         on_exchange = self._engine_reporter(ref, request)
         task = asyncio.ensure_future(
-            self.engine.generate(ref.sid, rid, prompt_ids, params, on_exchange, state.t0, routes_from)
+            self.engine.generate_whole(ref.sid, continuing, prompt_ids, params, on_exchange, state.t0, routes_from)
         )
 
         async def abort(task: asyncio.Future[Generation]) -> None:
-            told = await self.engine.abort(rid, on_exchange, state.t0)
+            continuing.stopped = True  # the abort is the adapter's: its partial answer is not continued
+            told = await self.engine.abort(continuing.rid, on_exchange, state.t0)
             try:  # an engine told of the abort answers the request with its partial output
                 if not told:
                     raise TimeoutError
@@ -375,7 +387,9 @@ class Adapter:
             except (TimeoutError, EngineError):
                 task.cancel()  # dropping the call is the abort where the engine has no route for one (vLLM)
                 await asyncio.gather(task, return_exceptions=True)  # its exchange reported before the agent's
-                partial = Generation(rid, [], [], "abort", len(prompt_ids))
+                held = continuing.parts  # the calls answered before this one (aborted, continued)
+                partial = joined(held, routes_from) if held else Generation(rid, [], [], "abort", len(prompt_ids))
+                partial.finish_reason = "abort"
             on_disconnect(partial)
 
         gone = self.disconnects.watch(request)
@@ -392,7 +406,8 @@ class Adapter:
             raise
         except EngineError as exc:
             if exc.status == 504:
-                await self.engine.abort(rid, on_exchange, state.t0)
+                continuing.stopped = True
+                await self.engine.abort(continuing.rid, on_exchange, state.t0)
             raise
         finally:
             self.disconnects.unwatch(gone)
@@ -422,7 +437,13 @@ class Adapter:
             self.tap.engine_exchange(ref.sid, ref.source, exchange)
 
     def _record_aborted(
-        self, ref: SessionRef, messages: list[dict[str, Any]], turn: TurnRequest, prompt_ids: list[int], gen: Generation
+        self,
+        ref: SessionRef,
+        messages: list[dict[str, Any]],
+        turn: TurnRequest,
+        prompt_ids: list[int],
+        gen: Generation,
+        label: str = "aborted: client disconnected",
     ) -> None:
         # The agent never saw this output: kept for inspection as a side turn, never trained.
         parsed = self.parse_output(gen.output_ids, turn.tools)
@@ -432,7 +453,7 @@ class Adapter:
             "abort",
             gen.output_log_probs,
             parsed.ill_formed,
-            label="aborted: client disconnected",
+            label=label,
             **_channels(gen),
         )
         self.manager.record_side_turn(ref.sid, messages, self.reply_message(parsed), record)

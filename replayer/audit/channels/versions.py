@@ -332,8 +332,8 @@ class VersionRules(RuleFamily):
         mine = notes(state)
         pending, mine.aborted = mine.aborted, []
         for call, started, ended, rid in pending:
-            if rid is not None and rid in mine.gateway_aborts:
-                continue
+            if (rid is not None and rid in mine.gateway_aborts) or call.continued:
+                continue  # the gateway's own abort, or one it continued: no work thrown away
             update = next((u for u in mine.updates if started <= u[0] <= ended), None)
             before = mine.last_version.get(call.index)
             after = next((v for i, v in sorted(mine.first_version.items()) if i > call.index), None)

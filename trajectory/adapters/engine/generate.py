@@ -18,6 +18,13 @@ from typing import Any
 import aiohttp
 
 from tito_rl.trajectory.adapters.engine import vllm
+from tito_rl.trajectory.adapters.engine.continuation import (
+    MAX_CONTINUATIONS,
+    Continuing,
+    joined,
+    rest_params,
+    routes_end,
+)
 from tito_rl.trajectory.adapters.engine.generation import EngineError, Generation, failed_call
 from tito_rl.trajectory.adapters.engine.routes_layout import RoutesLayout, engine_layout
 from tito_rl.trajectory.adapters.engine.served_model import MODELS_PATH, ServedModelError, read_listing
@@ -116,6 +123,9 @@ class EngineClient:
         self.engine_layout: RoutesLayout | None = None  # learned from the engine's /get_server_info
         self.fallback_layout = fallback_layout
         self._learning: asyncio.Lock | None = None
+        # The recorder's engine counter (`EngineRecord.order`), where one places this adapter's calls among a
+        # trainer's updates (plain `tito record`'s engine tap shares it); None: calls are not placed.
+        self.order: Callable[[], int] | None = None
 
     async def close(self) -> None:
         await self.transport.close()
@@ -129,10 +139,14 @@ class EngineClient:
         on_exchange: ExchangeCallback,
         t0: float,
         base: str | None = None,
+        placed: bool = True,
     ) -> EngineAnswer:
+        """`placed`: a session's call, placed on the recorder's engine counter where there is one (`order`)."""
         exchange = EngineExchange(
             method, path, body, 0, headers=dict(headers), started_s=time.monotonic() - t0, dialect=self.dialect
         )
+        order = self.order if placed else None
+        at = order() if order is not None else None
         started = time.monotonic()
         try:
             answer = await self.transport.send(method, (base or self.base_url) + path, body, headers)
@@ -148,6 +162,8 @@ class EngineClient:
             raise
         finally:
             exchange.duration_s = time.monotonic() - started
+            if order is not None and at is not None:
+                exchange.order = [at, order()]
             if base:
                 exchange.path = base + path
             on_exchange(exchange)
@@ -159,7 +175,7 @@ class EngineClient:
             self._learning = self._learning or asyncio.Lock()
             async with self._learning:
                 if self.model is None:
-                    answer = await self._call("GET", MODELS_PATH, None, {}, lambda _exchange: None, t0)
+                    answer = await self._call("GET", MODELS_PATH, None, {}, lambda _exchange: None, t0, placed=False)
                     if answer.status != 200:
                         raise failed_call(MODELS_PATH, answer.status, _error_text(answer.body))
                     try:
@@ -176,7 +192,9 @@ class EngineClient:
             async with self._learning:
                 if self.routes is None:
                     try:
-                        answer = await self._call("GET", SERVER_INFO_PATH, None, {}, lambda _exchange: None, t0)
+                        answer = await self._call(
+                            "GET", SERVER_INFO_PATH, None, {}, lambda _exchange: None, t0, placed=False
+                        )
                     except EngineError:
                         return False  # not learned: asked again before the next generation
                     info = answer.body if answer.status == 200 and isinstance(answer.body, dict) else {}
@@ -224,6 +242,40 @@ class EngineClient:
             generation = vllm.parse_answer(self.dialect, path, rid, body, answer.body)
         generation.created = int(self.clock())
         return generation
+
+    async def generate_whole(
+        self,
+        sid: str,
+        run: Continuing,
+        input_ids: list[int],
+        params: dict[str, Any],
+        on_exchange: ExchangeCallback,
+        t0: float,
+        routes_from: int = 0,
+    ) -> Generation:
+        """The turn's whole generation: where the engine aborts it on its own (a weight update's
+        `abort_all_requests`, a trainer's pause or abort) and the adapter did not ask (`run.stopped`), the prompt
+        and the partial output are sent again for the rest (`continuation`), at most `MAX_CONTINUATIONS` times;
+        the calls' answers joined into one. Each call is reported as made, so a recording holds every one."""
+        run.parts.append(await self.generate(sid, run.rid, input_ids, params, on_exchange, t0, routes_from))
+        while run.parts[-1].finish_reason == "abort" and not run.stopped and len(run.parts) <= MAX_CONTINUATIONS:
+            rest = rest_params(params, run.done)
+            if rest is None:  # aborted as the token budget ran out: the reply is as long as it may be
+                run.parts[-1].finish_reason = "length"
+                break
+            run.rid = self.rid_factory()
+            run.parts.append(
+                await self.generate(
+                    sid,
+                    run.rid,
+                    input_ids + run.output_ids(),
+                    rest,
+                    on_exchange,
+                    t0,
+                    routes_end(run.parts, routes_from),
+                )
+            )
+        return joined(run.parts, routes_from)
 
     async def abort(self, rid: str, on_exchange: ExchangeCallback, t0: float) -> bool:
         """Best effort; True when the engine was told, so the generation's call answers with its partial output.
