@@ -19,7 +19,7 @@ from tito_rl.cassette.format.errors import (
     UnsupportedVersionError,
 )
 from tito_rl.cassette.format.frames import FRAME_HEADER, MAGIC, encode_frame
-from tito_rl.cassette.format.records import AgentRecord, EngineRecord, Header
+from tito_rl.cassette.format.records import FORMAT_VERSION, AgentRecord, EngineRecord, Header
 from tito_rl.cassette.reader import CassetteReader, read_cassette
 from tito_rl.cassette.redaction import REDACTED, Redactor, session_digest
 from tito_rl.cassette.writer import CassetteWriter
@@ -212,7 +212,11 @@ def test_each_broken_cassette_has_its_own_clear_error(recorded: Path, tmp_path: 
         "magic-cut": (MAGIC[:4], TruncatedHeaderError, "truncated cassette header"),
         "header-cut": (_header_only()[:-3], TruncatedHeaderError, "ends inside it"),
         "not-a-cassette": (b'{"interactions": []}', CorruptCassetteError, "not a tito cassette"),
-        "wrong-version": (_header_only(version=7), UnsupportedVersionError, "version 7 is not supported"),
+        "wrong-version": (
+            _header_only(version=FORMAT_VERSION + 1),
+            UnsupportedVersionError,
+            f"version {FORMAT_VERSION + 1} is not supported",
+        ),
     }
     for name, (content, error, message) in cases.items():
         path = tmp_path / f"{name}.tito"

@@ -134,7 +134,11 @@ def recorded_engine_model(cassette: Cassette) -> str | None:
     """The served model the recording's engine calls named: what a replay sends where the header does not say it
     (an adapter that asked the engine mid-run, `EngineClient.served_model`)."""
     for name in cassette.sessions:
-        for record in cassette.sessions[name].engine:
+        try:
+            engine = cassette.sessions[name].engine
+        except CassetteError:  # passed over: its own replay reports it
+            continue
+        for record in engine:
             model = record.request.get("model") if isinstance(record.request, dict) else None
             if isinstance(model, str) and model:
                 return model
@@ -181,11 +185,18 @@ def recorded_routes_layout(cassette: Cassette) -> tuple[int, int] | None:
     recorded samples keep that split (their routes' shape, `[rows, layers, top_k]`), so a replay splits the same way
     with no model folder. The first sample with routes decides: None where it keeps them flat (its
     `metadata.routes_layout` says so); a session whose `/generate` calls never asked for routes ends the search (the
-    adapter asks every call once the engine serves them), so a recording without routes reads one session."""
+    adapter asks every call once the engine serves them), so a recording without routes reads one session. A header
+    with the engine's `/model_info` was written with the engine up, when `tito record` learned what split there was
+    to learn: no session is read. A session that does not read is passed over: its own replay reports it."""
     import numpy as np
 
+    if cassette.header.engine is not None:
+        return None
     for name in cassette.sessions:
-        log = cassette.sessions[name]
+        try:
+            log = cassette.sessions[name]
+        except CassetteError:
+            continue
         asked = [isinstance(r.request, dict) and bool(r.request.get("return_routed_experts")) for r in log.engine]
         if asked and not any(asked):
             return None
