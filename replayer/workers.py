@@ -87,7 +87,7 @@ class RayWorkers:
         target = resolve_address(address)
         if target is not None:
             check_reachable(address, target)
-        connect(self.ray, address, target or "auto", CONNECT_TIMEOUT_S * 6)
+        connect(self.ray, address, target or "auto", driver_timeout_s())
         cpus = self.ray.cluster_resources().get("CPU", 1)
         self.slots = max(1, int(cpus))
 
@@ -141,6 +141,19 @@ def resolve_address(address: str) -> str | None:
     if address == "auto":
         return os.environ.get("RAY_ADDRESS") or None
     return address
+
+
+RAY_TIMEOUT_ENV = "TITO_RAY_CONNECT_TIMEOUT_S"
+
+
+def driver_timeout_s() -> float:
+    """How long `ray.init` may take as the cluster's driver: six times `CONNECT_TIMEOUT_S`, or `RAY_TIMEOUT_ENV`'s
+    seconds (a host so loaded that a driver takes over a minute to join; an unusable value is the default)."""
+    try:
+        given = float(os.environ.get(RAY_TIMEOUT_ENV, ""))
+    except ValueError:
+        return CONNECT_TIMEOUT_S * 6
+    return given if given > 0 else CONNECT_TIMEOUT_S * 6
 
 
 def check_reachable(given: str, target: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:

@@ -253,3 +253,16 @@ def test_ray_is_neither_with_jobs_nor_through_a_running_gateway(capsys: pytest.C
         "tito replay: --ray cannot replay through the running gateway http://127.0.0.1:9: its engine leg is one port "
         "here\n"
     )
+
+
+@pytest.mark.parametrize(("given", "bound"), [(None, 60.0), ("300", 300.0), ("0", 60.0), ("soon", 60.0)])
+def test_the_drivers_join_is_bounded_by_60_s_or_the_users_seconds(
+    given: str | None, bound: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`TITO_RAY_CONNECT_TIMEOUT_S` lets a loaded host's driver take longer to join; what is not a positive number
+    leaves the default."""
+    if given is None:
+        monkeypatch.delenv(workers.RAY_TIMEOUT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(workers.RAY_TIMEOUT_ENV, given)
+    assert workers.driver_timeout_s() == bound
