@@ -17,6 +17,14 @@ from pathlib import Path
 # Ray binds a cluster to the machine's outward address unless told it is a one-machine cluster; a driver connecting
 # to it must be told too (Ray reads this when it is imported).
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+# The cluster's own node is declared dead by its GCS after 5 health checks of 10 s missed 3 s apart (Ray's defaults):
+# on a two-core host under the whole suite's load (load average 8-10) a starved raylet can miss them, and the cluster
+# then no longer takes a driver ("did not answer as a Ray cluster"). The test cluster is patient instead.
+PATIENT = {
+    "RAY_health_check_period_ms": "10000",
+    "RAY_health_check_timeout_ms": "60000",
+    "RAY_health_check_failure_threshold": "30",
+}
 
 
 @contextmanager
@@ -35,7 +43,7 @@ def local_cluster(cpus: int = 2) -> Iterator[str]:
             "--include-dashboard=false",
             "--disable-usage-stats",
         ],
-        env={**os.environ, **LOOPBACK},
+        env={**os.environ, **LOOPBACK, **PATIENT},
         capture_output=True,
         text=True,
         timeout=180,
