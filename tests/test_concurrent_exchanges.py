@@ -216,7 +216,7 @@ def test_update_goldens_plain_jobs_ray_and_pytest_agree_ten_times_in_a_row(recor
         if importlib.util.find_spec("ray") is not None:  # the `ray` extra (`make test` installs it)
             from tests.ray_support import LOOPBACK, local_cluster
 
-            for name, value in {**LOOPBACK, "TITO_RAY_CONNECT_TIMEOUT_S": "300"}.items():  # a loaded host's driver
+            for name, value in LOOPBACK.items():
                 stack.enter_context(env_var(name, value))
             modes.append(("--ray", stack.enter_context(local_cluster(cpus=2))))
         for _ in range(ROUNDS):
